@@ -1,0 +1,84 @@
+"""tensorgraphs: a deep-learning compiler with a lazy, PyTorch-named Tensor API.
+
+    import tensorgraphs as tg
+    x = tg.randn(4, 3, requires_grad=True)
+    (x @ x.T).relu().sum().backward()
+"""
+
+from tensorgraphs import dtypes
+from tensorgraphs.autograd.backward import grad
+from tensorgraphs.dtypes import (
+    bfloat16,
+    bool_ as bool,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    promote_types,
+    uint8,
+)
+from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, TGError, UnsupportedError
+from tensorgraphs.frontend import methods as _methods  # noqa: F401  (attaches Tensor methods)
+from tensorgraphs.frontend.creation import *  # noqa: F401,F403
+from tensorgraphs.frontend.elementwise import *  # noqa: F401,F403
+from tensorgraphs.frontend.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from tensorgraphs.frontend.linalg import bmm, dot, einsum, matmul, mm, outer
+from tensorgraphs.frontend.movement import (
+    broadcast_tensors,
+    broadcast_to,
+    cat,
+    chunk,
+    flatten,
+    flip,
+    gather,
+    index_select,
+    movedim,
+    narrow,
+    permute,
+    repeat_interleave,
+    reshape,
+    roll,
+    scatter_add,
+    split,
+    squeeze,
+    stack,
+    take_along_dim,
+    tile,
+    transpose,
+    tril,
+    triu,
+    unbind,
+    unflatten,
+    unsqueeze,
+)
+from tensorgraphs.frontend.reduce import (
+    all,
+    amax,
+    amin,
+    any,
+    argmax,
+    argmin,
+    count_nonzero,
+    cumprod,
+    cumsum,
+    logsumexp,
+    max,
+    mean,
+    min,
+    norm,
+    prod,
+    std,
+    sum,
+    var,
+    var_mean,
+)
+from tensorgraphs.frontend.tensor import Tensor
+
+half, double, long, short = float16, float64, int64, int16
+float = float32
+int = int32
+concat = concatenate = cat
+__version__ = "0.1.0"

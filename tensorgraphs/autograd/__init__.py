@@ -1,0 +1,1 @@
+"""Reverse-mode differentiation on the graph, ahead of time: a backward pass is itself a graph."""

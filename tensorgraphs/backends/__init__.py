@@ -1,0 +1,1 @@
+"""Backends execute graphs. `numpy` is the reference interpreter every other backend is tested against."""

@@ -1,0 +1,1 @@
+"""The lazy, PyTorch-named Tensor API."""

@@ -1,0 +1,182 @@
+"""Tensor creation with PyTorch's names: tensor, zeros, ones, arange, rand, ..."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tensorgraphs import dtypes
+from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import random as rng
+from tensorgraphs.frontend.tensor import Tensor, as_tensor, cast, is_scalar
+from tensorgraphs.graph import node as g
+
+
+def _size(args: tuple[Any, ...], op: str) -> tuple[int, ...]:
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = tuple(args[0])
+    shape = tuple(int(a) for a in args)
+    if any(s < 0 for s in shape):
+        fail(op, f"negative dimension in size {shape}", kind=ArgumentError)
+    return shape
+
+
+def _dtype(dtype: Any, default: dtypes.DType = dtypes.default_float) -> dtypes.DType:
+    return default if dtype is None else dtypes.to_dtype(dtype)
+
+
+def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
+    return t.requires_grad_() if requires_grad else t
+
+
+def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    if isinstance(data, Tensor):
+        data = data.detach()
+        t = data if dtype is None else cast(data, dtypes.to_dtype(dtype))
+        return _leaf(Tensor.from_numpy(t.numpy(), t.dtype), requires_grad)
+    t = as_tensor(data, None if dtype is None else dtypes.to_dtype(dtype))
+    if t.node.op is not g.Op.BUFFER:
+        t = Tensor.from_numpy(np.asarray(t._value()), t.dtype)
+    return _leaf(t, requires_grad)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    return Tensor.from_numpy(array)
+
+
+def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    if dtype is None:
+        dtype = dtypes.scalar_dtype(fill_value)
+    return _leaf(Tensor(g.const(fill_value, dtypes.to_dtype(dtype), _size((size,), "full"))), requires_grad)
+
+
+def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return full(_size(size, "zeros"), 0, dtype=_dtype(dtype), requires_grad=requires_grad)
+
+
+def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return full(_size(size, "ones"), 1, dtype=_dtype(dtype), requires_grad=requires_grad)
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return zeros(*size, dtype=dtype, requires_grad=requires_grad)
+
+
+def _like(x: Tensor, dtype: Any) -> tuple[tuple[int, ...], dtypes.DType]:
+    return x.shape, x.dtype if dtype is None else dtypes.to_dtype(dtype)
+
+
+def zeros_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, dt = _like(x, dtype)
+    return full(shape, 0, dtype=dt, requires_grad=requires_grad)
+
+
+def ones_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    shape, dt = _like(x, dtype)
+    return full(shape, 1, dtype=dt, requires_grad=requires_grad)
+
+
+def empty_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return zeros_like(x, dtype=dtype, requires_grad=requires_grad)
+
+
+def full_like(x: Tensor, fill_value: Any, *, dtype: Any = None, device: Any = None,
+              requires_grad: bool = False) -> Tensor:
+    shape, dt = _like(x, dtype)
+    return full(shape, fill_value, dtype=dt, requires_grad=requires_grad)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None,
+           requires_grad: bool = False) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        fail("arange", "step must be nonzero", kind=ArgumentError)
+    length = max(0, math.ceil((end - start) / step))
+    all_int = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, end, step))
+    out_dtype = _dtype(dtype, dtypes.int64 if all_int else dtypes.default_float)
+    index = Tensor(g.iota(length, dtypes.int64 if all_int else dtypes.float64))
+    values = ew.add(ew.mul(index, step), start) if (start, step) != (0, 1) else index
+    return _leaf(cast(values, out_dtype), requires_grad)
+
+
+def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False) -> Tensor:
+    """PyTorch's symmetric formula: the first half counts up from start, the second down from end."""
+    if steps < 0:
+        fail("linspace", f"number of steps must be non-negative, got {steps}", kind=ArgumentError)
+    out_dtype = _dtype(dtype)
+    if steps == 1:
+        return full((1,), start, dtype=out_dtype, requires_grad=requires_grad)
+    step = (end - start) / max(steps - 1, 1)
+    index = Tensor(g.iota(steps, dtypes.float64))
+    up = ew.add(ew.mul(index, step), float(start))
+    down = ew.sub(float(end), ew.mul(ew.sub(float(steps - 1), index), step))
+    values = ew.where(ew.lt(index, steps // 2), up, down)
+    return _leaf(cast(values, out_dtype), requires_grad)
+
+
+def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    m = n if m is None else m
+    rows = Tensor(g.iota(n, dtypes.int64)).reshape(n, 1)
+    cols = Tensor(g.iota(m, dtypes.int64)).reshape(1, m)
+    return _leaf(cast(ew.eq(rows, cols), _dtype(dtype)), requires_grad)
+
+
+def manual_seed(seed: int) -> None:
+    rng.manual_seed(seed)
+
+
+def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+         generator: Any = None) -> Tensor:
+    return _leaf(rng.rand(_size(size, "rand"), _dtype(dtype)), requires_grad)
+
+
+def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+          generator: Any = None) -> Tensor:
+    return _leaf(rng.randn(_size(size, "randn"), _dtype(dtype)), requires_grad)
+
+
+def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, device: Any = None) -> Tensor:
+    if size is None:
+        low, high, size = 0, low, high
+    if size is None:
+        fail("randint", "size is required", kind=ArgumentError)
+    return rng.randint(int(low), int(high), _size((size,), "randint"), _dtype(dtype, dtypes.int64))
+
+
+def rand_like(x: Tensor, *, dtype: Any = None) -> Tensor:
+    return rand(x.shape, dtype=x.dtype if dtype is None else dtype)
+
+
+def randn_like(x: Tensor, *, dtype: Any = None) -> Tensor:
+    return randn(x.shape, dtype=x.dtype if dtype is None else dtype)
+
+
+def randint_like(x: Tensor, low: int, high: Any = None, *, dtype: Any = None) -> Tensor:
+    if high is None:
+        low, high = 0, low
+    return randint(low, high, x.shape, dtype=x.dtype if dtype is None else dtype)
+
+
+def randperm(n: int, *, dtype: Any = None) -> Tensor:
+    """Argsort of random keys, computed on the host (a data-dependent permutation)."""
+    keys = rand(n, dtype=dtypes.float64)
+    return Tensor.from_numpy(np.argsort(keys.numpy(), kind="stable"), _dtype(dtype, dtypes.int64))
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def numel(x: Tensor) -> int:
+    return x.numel()
+
+
+def scalar_tensor(value: Any, *, dtype: Any = None) -> Tensor:
+    if not is_scalar(value):
+        fail("scalar_tensor", f"expected a number, got {type(value).__name__}", kind=ArgumentError)
+    return full((), value, dtype=_dtype(dtype))

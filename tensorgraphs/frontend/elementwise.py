@@ -1,0 +1,611 @@
+"""Elementwise math, each op a short composition of primitives (see docs/ops.md).
+
+Transcendental functions without a primitive use the documented approximations
+below; their accuracy is tested against PyTorch in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tensorgraphs import dtypes
+from tensorgraphs.dtypes import DType
+from tensorgraphs.errors import DTypeError, fail
+from tensorgraphs.frontend.tensor import Scalar, Tensor, apply, apply_composite, cast, is_scalar, operands
+from tensorgraphs.graph.composite import Composite, register
+from tensorgraphs.graph.ops import Op
+
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
+
+# ---------------------------------------------------------------------------
+# dtype helpers
+# ---------------------------------------------------------------------------
+
+
+def to_float(x: Tensor) -> Tensor:
+    """Integer and bool inputs of float functions become the default float, as in PyTorch."""
+    return x if x.dtype.is_floating_point else cast(x, dtypes.default_float)
+
+
+def _require(op: str, x: Tensor, allowed: str) -> None:
+    if x.dtype.kind not in allowed:
+        kinds = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f": "floating point"}
+        wanted = " or ".join(sorted({kinds[k] for k in allowed}))
+        fail(op, f"expected {wanted} input, got {x.dtype.name}", kind=DTypeError)
+
+
+def _const_like(value: Scalar, x: Tensor) -> Tensor:
+    from tensorgraphs.frontend.tensor import full_like_node
+
+    return full_like_node(value, x)
+
+
+# ---------------------------------------------------------------------------
+# arithmetic
+# ---------------------------------------------------------------------------
+
+
+def add(a: Any, b: Any, *, alpha: Scalar = 1) -> Tensor:
+    if alpha != 1:
+        b = mul(b, alpha)
+    (x, y), dtype = operands("add", a, b)
+    return apply(Op.ADD, x, y)
+
+
+def sub(a: Any, b: Any, *, alpha: Scalar = 1) -> Tensor:
+    (x, y), dtype = operands("sub", a, b)
+    if dtype.is_bool:
+        fail("sub", "subtraction of bool tensors is not supported; use logical_xor or ~", kind=DTypeError)
+    return apply(Op.ADD, x, neg(y) if alpha == 1 else mul(y, -alpha))
+
+
+def rsub(a: Any, b: Any) -> Tensor:
+    return sub(b, a)
+
+
+def mul(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("mul", a, b)
+    return apply(Op.MUL, x, y)
+
+
+def neg(x: Tensor) -> Tensor:
+    if x.dtype.is_bool:
+        fail("neg", "negation of a bool tensor is not supported; use ~ or logical_not", kind=DTypeError)
+    return apply(Op.MUL, x, _const_like(-1, x))
+
+
+def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> Tensor:
+    """True division, or with rounding_mode "floor"/"trunc" as torch.div."""
+    if rounding_mode is None:
+        (x, y), dtype = operands("div", a, b)
+        if not dtype.is_floating_point:
+            x, y = to_float(x), to_float(y)
+        return apply(Op.DIV, x, y)
+    if rounding_mode not in ("floor", "trunc"):
+        fail("div", f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+    (x, y), dtype = operands("div", a, b)
+    if dtype.is_bool:
+        x, y = cast(x, dtypes.int64), cast(y, dtypes.int64)
+    if dtype.is_floating_point:
+        quotient = apply(Op.DIV, x, y)
+        return floor(quotient) if rounding_mode == "floor" else trunc(quotient)
+    floored = apply(Op.DIV, x, y)
+    if rounding_mode == "floor":
+        return floored
+    inexact = ne(mul(floored, y), x)
+    return where(logical_and(lt(floored, 0), inexact), add(floored, 1), floored)
+
+
+def floor_divide(a: Any, b: Any) -> Tensor:
+    return div(a, b, rounding_mode="floor")
+
+
+def remainder(a: Any, b: Any) -> Tensor:
+    """Python's modulo: the result has the divisor's sign."""
+    (x, y), dtype = operands("remainder", a, b)
+    if dtype.is_integer:
+        return apply(Op.MOD, x, y)
+    _require("remainder", x, "f")
+    return sub(x, mul(y, floor(apply(Op.DIV, x, y))))
+
+
+def fmod(a: Any, b: Any) -> Tensor:
+    """C's fmod: the result has the dividend's sign."""
+    (x, y), dtype = operands("fmod", a, b)
+    if dtype.is_integer:
+        return sub(x, mul(div(x, y, rounding_mode="trunc"), y))
+    return sub(x, mul(y, trunc(apply(Op.DIV, x, y))))
+
+
+def reciprocal(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return apply(Op.DIV, _const_like(1.0, x), x)
+
+
+def pow(base: Any, exponent: Any) -> Tensor:
+    """torch.pow: exact repeated multiplication for small integer exponents, exp2/log2 otherwise."""
+    if isinstance(base, Tensor) and is_scalar(exponent):
+        return _pow_scalar_exponent(base, exponent)
+    (x, y), dtype = operands("pow", base, exponent)
+    if not dtype.is_floating_point:
+        return cast(_pow_float(to_float(x), to_float(y)), dtype)
+    return _pow_float(x, y)
+
+
+def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
+    (x,), dtype = operands("pow", x, dtype=dtypes.result_type([x.dtype] if x.ndim else [], [] if x.ndim else [x.dtype], [exponent]))
+    if float(exponent).is_integer() and 0 <= exponent <= 8:
+        result = _const_like(1, x)
+        for _ in range(int(exponent)):
+            result = mul(result, x)
+        return result
+    if exponent == 0.5:
+        return sqrt(x)
+    if exponent == -0.5:
+        return rsqrt(x)
+    if float(exponent).is_integer() and -8 <= exponent < 0 and dtype.is_floating_point:
+        return reciprocal(_pow_scalar_exponent(x, -exponent))
+    if dtype.is_integer and exponent < 0:
+        fail("pow", "integers to negative integer powers are not allowed", kind=DTypeError)
+    return _pow_float(to_float(x), _const_like(float(exponent), to_float(x)))
+
+
+def _pow_float(x: Tensor, y: Tensor) -> Tensor:
+    magnitude = exp2(mul(y, log2(abs(x))))
+    y_is_integer = eq(floor(y), y)
+    y_is_odd = logical_and(y_is_integer, ne(remainder(y, 2.0), 0.0))
+    signed = where(logical_and(lt(x, 0), y_is_odd), neg(magnitude), magnitude)
+    invalid = logical_and(lt(x, 0), logical_not(y_is_integer))
+    result = where(invalid, _const_like(math.nan, x), signed)
+    return where(eq(y, 0), _const_like(1.0, x), result)
+
+
+def rpow(a: Any, b: Any) -> Tensor:
+    return pow(b, a)
+
+
+# ---------------------------------------------------------------------------
+# comparisons and logic
+# ---------------------------------------------------------------------------
+
+
+def lt(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("lt", a, b)
+    return apply(Op.CMPLT, x, y)
+
+
+def gt(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("gt", a, b)
+    return apply(Op.CMPLT, y, x)
+
+
+def ne(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("ne", a, b)
+    return apply(Op.CMPNE, x, y)
+
+
+def eq(a: Any, b: Any) -> Tensor:
+    return logical_not(ne(a, b))
+
+
+def le(a: Any, b: Any) -> Tensor:
+    return logical_or(lt(a, b), eq(a, b))
+
+
+def ge(a: Any, b: Any) -> Tensor:
+    return logical_or(gt(a, b), eq(a, b))
+
+
+def _as_bool(x: Any) -> Any:
+    return cast(x, dtypes.bool_) if isinstance(x, Tensor) else bool(x)
+
+
+def logical_not(x: Tensor) -> Tensor:
+    x = _as_bool(x)
+    return apply(Op.XOR, x, _const_like(True, x))
+
+
+def logical_and(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("logical_and", _as_bool(a), _as_bool(b))
+    return apply(Op.AND, x, y)
+
+
+def logical_or(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("logical_or", _as_bool(a), _as_bool(b))
+    return apply(Op.OR, x, y)
+
+
+def logical_xor(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("logical_xor", _as_bool(a), _as_bool(b))
+    return apply(Op.XOR, x, y)
+
+
+def _bitwise(op_name: str, op: Op, a: Any, b: Any) -> Tensor:
+    (x, y), dtype = operands(op_name, a, b)
+    _require(op_name, x, "biu")
+    return apply(op, x, y)
+
+
+def bitwise_and(a: Any, b: Any) -> Tensor:
+    return _bitwise("bitwise_and", Op.AND, a, b)
+
+
+def bitwise_or(a: Any, b: Any) -> Tensor:
+    return _bitwise("bitwise_or", Op.OR, a, b)
+
+
+def bitwise_xor(a: Any, b: Any) -> Tensor:
+    return _bitwise("bitwise_xor", Op.XOR, a, b)
+
+
+def bitwise_not(x: Tensor) -> Tensor:
+    _require("bitwise_not", x, "biu")
+    return apply(Op.XOR, x, _const_like(True if x.dtype.is_bool else -1, x))
+
+
+def _shift_factor(op: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
+    (x, y), dtype = operands(op, a, b)
+    _require(op, x, "iu")
+    factor = cast(exp2(cast(y, dtypes.float64)), dtype)
+    return x, factor
+
+
+def bitwise_left_shift(a: Any, b: Any) -> Tensor:
+    x, factor = _shift_factor("bitwise_left_shift", a, b)
+    return apply(Op.MUL, x, factor)
+
+
+def bitwise_right_shift(a: Any, b: Any) -> Tensor:
+    """Arithmetic shift: floor division by a power of two."""
+    x, factor = _shift_factor("bitwise_right_shift", a, b)
+    return apply(Op.DIV, x, factor)
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    if not isinstance(condition, Tensor):
+        fail("where", f"condition must be a Tensor, got {type(condition).__name__}", kind=DTypeError)
+    (x, y), dtype = operands("where", a, b)
+    (c, x, y), _ = _broadcast3(_as_bool(condition), x, y)
+    return apply(Op.WHERE, c, x, y)
+
+
+def _broadcast3(c: Tensor, x: Tensor, y: Tensor) -> tuple[list[Tensor], DType]:
+    from tensorgraphs.frontend.tensor import broadcast_shapes, expand_to
+
+    shape = broadcast_shapes("where", c.shape, x.shape, y.shape)
+    return [expand_to(t, shape) for t in (c, x, y)], x.dtype
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    (x, y), _ = operands("maximum", a, b)
+    return apply(Op.MAX, x, y)
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    """NaN propagates; ties pick the first operand."""
+    (x, y), dtype = operands("minimum", a, b)
+    if dtype.is_bool:
+        return logical_and(x, y)
+    if dtype.is_floating_point:
+        return neg(apply(Op.MAX, neg(x), neg(y)))
+    return where(lt(y, x), y, x)
+
+
+def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    if min is None and max is None:
+        fail("clamp", "at least one of 'min' or 'max' must not be None")
+    result = x
+    if min is not None:
+        result = maximum(result, min)
+    if max is not None:
+        result = minimum(result, max)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# float functions
+# ---------------------------------------------------------------------------
+
+
+def exp2(x: Tensor) -> Tensor:
+    return apply(Op.EXP2, to_float(x))
+
+
+def log2(x: Tensor) -> Tensor:
+    return apply(Op.LOG2, to_float(x))
+
+
+def exp(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return apply(Op.EXP2, mul(x, LOG2E))
+
+
+def log(x: Tensor) -> Tensor:
+    return mul(log2(x), LN2)
+
+
+def log10(x: Tensor) -> Tensor:
+    return mul(log2(x), math.log10(2.0))
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return apply(Op.SQRT, to_float(x))
+
+
+def rsqrt(x: Tensor) -> Tensor:
+    return reciprocal(sqrt(x))
+
+
+def sin(x: Tensor) -> Tensor:
+    return apply(Op.SIN, to_float(x))
+
+
+def cos(x: Tensor) -> Tensor:
+    """sin(x + pi/2): absolute error about one ulp of |x|."""
+    x = to_float(x)
+    return sin(add(x, math.pi / 2))
+
+
+def tan(x: Tensor) -> Tensor:
+    return div(sin(x), cos(x))
+
+
+def log1p(x: Tensor) -> Tensor:
+    """Kahan's formula: log(u) * x / (u - 1) with u = 1 + x keeps small x accurate."""
+    x = to_float(x)
+    u = add(x, 1.0)
+    small = eq(u, 1.0)
+    scaled = div(mul(log(u), x), sub(u, 1.0))
+    return where(small, x, where(isinf(u), u, scaled))
+
+
+def expm1(x: Tensor) -> Tensor:
+    """Kahan's formula: (u - 1) * x / log(u) with u = exp(x)."""
+    x = to_float(x)
+    u = exp(x)
+    u_minus_1 = sub(u, 1.0)
+    scaled = div(mul(u_minus_1, x), log(u))
+    exact = logical_or(isinf(u), eq(u_minus_1, -1.0))
+    return where(eq(u, 1.0), x, where(exact, u_minus_1, scaled))
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return reciprocal(add(exp(neg(x)), 1.0))
+
+
+def tanh(x: Tensor) -> Tensor:
+    """-t / (t + 2) with t = expm1(-2|x|), sign restored: accurate near 0, exact +-1 far out."""
+    x = to_float(x)
+    t = expm1(mul(abs(x), -2.0))
+    magnitude = div(neg(t), add(t, 2.0))
+    return where(lt(x, 0), neg(magnitude), magnitude)
+
+
+def sinh(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return mul(sub(expm1(x), expm1(neg(x))), 0.5)
+
+
+def cosh(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return mul(add(exp(x), exp(neg(x))), 0.5)
+
+
+def asinh(x: Tensor) -> Tensor:
+    x = to_float(x)
+    a = abs(x)
+    near = log1p(add(a, div(mul(a, a), add(sqrt(add(mul(a, a), 1.0)), 1.0))))
+    far = add(log(a), LN2)
+    magnitude = where(gt(a, 1e8), far, near)
+    return where(lt(x, 0), neg(magnitude), magnitude)
+
+
+def acosh(x: Tensor) -> Tensor:
+    x = to_float(x)
+    near = log(add(x, sqrt(sub(mul(x, x), 1.0))))
+    return where(gt(x, 1e8), add(log(x), LN2), near)
+
+
+def atanh(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return mul(log1p(div(mul(x, 2.0), sub(1.0, x))), 0.5)
+
+
+def atan(x: Tensor) -> Tensor:
+    """Cephes atanf: reduce to |x| <= tan(pi/8), odd polynomial; relative error ~2e-7."""
+    x = to_float(x)
+    a = abs(x)
+    big = gt(a, 2.414213562373095)
+    mid = logical_and(gt(a, 0.4142135623730950), logical_not(big))
+    reduced = where(big, div(-1.0, a), where(mid, div(sub(a, 1.0), add(a, 1.0)), a))
+    offset = where(big, _const_like(math.pi / 2, a), where(mid, _const_like(math.pi / 4, a), _const_like(0.0, a)))
+    z = mul(reduced, reduced)
+    poly = add(mul(sub(mul(add(mul(sub(mul(z, 8.05374449538e-2), 1.38776856032e-1), z), 1.99777106478e-1), z),
+                       3.33329491539e-1), mul(z, reduced)), reduced)
+    magnitude = add(offset, poly)
+    return where(lt(x, 0), neg(magnitude), magnitude)
+
+
+def atan2(y: Any, x: Any) -> Tensor:
+    (y, x), dtype = operands("atan2", y, x)
+    y, x = to_float(y), to_float(x)
+    base = atan(div(y, x))
+    pi = _const_like(math.pi, base)
+    negative_y = logical_or(lt(y, 0), logical_and(eq(y, 0), signbit(y)))
+    shifted = where(lt(x, 0), where(negative_y, sub(base, pi), add(base, pi)), base)
+    on_axis = where(negative_y, _const_like(-math.pi / 2, base), _const_like(math.pi / 2, base))
+    zero_x = where(eq(y, 0), where(signbit(x), where(negative_y, neg(pi), pi), mul(y, 1.0)), on_axis)
+    return where(eq(x, 0), zero_x, shifted)
+
+
+def signbit(x: Tensor) -> Tensor:
+    """True for negative numbers and -0.0 (1/-0.0 is -inf)."""
+    if not x.dtype.is_floating_point:
+        return lt(x, 0)
+    return logical_or(lt(x, 0), logical_and(eq(x, 0), lt(reciprocal(x), 0)))
+
+
+def asin(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return atan2(x, sqrt(sub(1.0, mul(x, x))))
+
+
+def acos(x: Tensor) -> Tensor:
+    x = to_float(x)
+    return atan2(sqrt(sub(1.0, mul(x, x))), x)
+
+
+_ERF_SERIES = (1.0, -1.0 / 3, 1.0 / 10, -1.0 / 42, 1.0 / 216, -1.0 / 1320, 1.0 / 9360)
+_ERF_AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def _erf_decomposition(x: Tensor) -> Tensor:
+    """Taylor series for |x| < 0.5, Abramowitz-Stegun 7.1.26 beyond (abs. error < 1.5e-7)."""
+    a = abs(x)
+    z = mul(x, x)
+    series = _const_like(_ERF_SERIES[-1], x)
+    for c in reversed(_ERF_SERIES[:-1]):
+        series = add(mul(series, z), c)
+    series = mul(mul(series, x), 2.0 / math.sqrt(math.pi))
+    t = reciprocal(add(mul(a, 0.3275911), 1.0))
+    poly = _const_like(_ERF_AS[-1], x)
+    for c in reversed(_ERF_AS[:-1]):
+        poly = add(mul(poly, t), c)
+    tail = sub(1.0, mul(mul(poly, t), exp(neg(z))))
+    tail = where(lt(x, 0), neg(tail), tail)
+    return where(lt(a, 0.5), series, tail)
+
+
+def _erf_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
+    return (mul(grad, mul(exp(neg(mul(x, x))), 2.0 / math.sqrt(math.pi))),)
+
+
+ERF = register(Composite("erf", infer=lambda x: (x.dtype, x.shape), decompose=_erf_decomposition, grad=_erf_grad))
+
+
+def erf(x: Tensor) -> Tensor:
+    return apply_composite(ERF, to_float(x))
+
+
+def erfc(x: Tensor) -> Tensor:
+    return sub(1.0, erf(x))
+
+
+# ---------------------------------------------------------------------------
+# rounding and classification
+# ---------------------------------------------------------------------------
+
+_MANTISSA_BITS = {"float16": 10, "bfloat16": 7, "float32": 23, "float64": 52}
+
+
+def _is_exact_integer_range(x: Tensor) -> Tensor:
+    """|x| below 2**mantissa: larger floats are already integers (and NaN/Inf stay as they are)."""
+    return lt(abs(x), float(2 ** _MANTISSA_BITS[x.dtype.name]))
+
+
+def round(x: Tensor, decimals: int = 0) -> Tensor:
+    """Round half to even, exactly: adding and subtracting 2**mantissa rounds in the FPU."""
+    if not x.dtype.is_floating_point:
+        return x
+    if decimals:
+        scale = 10.0**decimals
+        return div(round(mul(x, scale)), scale)
+    magic = float(2 ** _MANTISSA_BITS[x.dtype.name])
+    a = abs(x)
+    rounded = sub(add(a, magic), magic)
+    signed = where(lt(x, 0), neg(rounded), rounded)
+    return where(_is_exact_integer_range(x), signed, x)
+
+
+def trunc(x: Tensor) -> Tensor:
+    if not x.dtype.is_floating_point:
+        return x
+    truncated = cast(cast(x, dtypes.int64), x.dtype)
+    return where(_is_exact_integer_range(x), truncated, x)
+
+
+def floor(x: Tensor) -> Tensor:
+    if not x.dtype.is_floating_point:
+        return x
+    t = trunc(x)
+    return where(gt(t, x), sub(t, 1.0), t)
+
+
+def ceil(x: Tensor) -> Tensor:
+    if not x.dtype.is_floating_point:
+        return x
+    t = trunc(x)
+    return where(lt(t, x), add(t, 1.0), t)
+
+
+def frac(x: Tensor) -> Tensor:
+    return sub(x, trunc(x))
+
+
+def abs(x: Tensor) -> Tensor:
+    if x.dtype.is_bool or x.dtype.kind == "u":
+        return x
+    return where(lt(x, 0), neg(x), x)
+
+
+def sign(x: Tensor) -> Tensor:
+    if x.dtype.is_bool:
+        return x
+    positive = cast(gt(x, 0), x.dtype)
+    negative = cast(lt(x, 0), x.dtype)
+    result = sub(positive, negative)
+    return where(isnan(x), x, result) if x.dtype.is_floating_point else result
+
+
+def isnan(x: Tensor) -> Tensor:
+    return ne(x, x)
+
+
+def isinf(x: Tensor) -> Tensor:
+    if not x.dtype.is_floating_point:
+        return ne(x, x)
+    return logical_or(eq(x, math.inf), eq(x, -math.inf))
+
+
+def isfinite(x: Tensor) -> Tensor:
+    return logical_not(logical_or(isnan(x), isinf(x)))
+
+
+def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    if not x.dtype.is_floating_point:
+        return x
+    info = _finfo(x.dtype)
+    x = where(isnan(x), nan, x)
+    x = where(eq(x, math.inf), info[1] if posinf is None else posinf, x)
+    return where(eq(x, -math.inf), info[0] if neginf is None else neginf, x)
+
+
+def _finfo(dtype: DType) -> tuple[float, float]:
+    import numpy as np
+
+    if dtype is dtypes.bfloat16:
+        return -3.3895313892515355e38, 3.3895313892515355e38
+    info = np.finfo(dtype.storage)
+    return float(info.min), float(info.max)
+
+
+def lerp(start: Any, end: Any, weight: Any) -> Tensor:
+    """PyTorch's two-sided formula: exact at weight 0 and 1."""
+    (a, b, w), _ = operands("lerp", start, end, weight)
+    diff = sub(b, a)
+    return where(lt(abs(w), 0.5), add(a, mul(w, diff)), sub(b, mul(diff, sub(1.0, w))))
+
+
+def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
+    if not mask.dtype.is_bool:
+        fail("masked_fill", f"mask must be a bool tensor, got {mask.dtype.name}", kind=DTypeError)
+    from tensorgraphs.frontend.tensor import broadcast_shapes
+
+    if broadcast_shapes("masked_fill", x.shape, mask.shape) != x.shape:
+        fail("masked_fill", f"mask of shape {mask.shape} does not broadcast to the tensor's shape {x.shape}")
+    value = cast(value, x.dtype) if isinstance(value, Tensor) else value
+    (fill, kept), _ = operands("masked_fill", value, x, dtype=x.dtype)
+    return where(mask, fill, kept)

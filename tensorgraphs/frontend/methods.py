@@ -1,0 +1,102 @@
+"""Attach the op functions to `Tensor` as methods and Python operators, PyTorch's names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorgraphs import dtypes
+from tensorgraphs.frontend import creation, linalg
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.tensor import Tensor, cast
+
+_METHODS = {
+    ew: """add sub mul div floor_divide remainder fmod reciprocal pow neg abs sign exp exp2 log log2 log10 log1p
+           expm1 sqrt rsqrt sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh erf erfc sigmoid
+           floor ceil round trunc frac maximum minimum clamp lerp masked_fill isnan isinf isfinite nan_to_num
+           lt gt le ge eq ne logical_not logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor
+           bitwise_not bitwise_left_shift bitwise_right_shift signbit where""",
+    rd: """sum mean prod amax amin argmax argmin max min var std logsumexp all any norm cumsum cumprod
+           count_nonzero""",
+    mv: """reshape view permute transpose movedim expand squeeze unsqueeze flatten unflatten flip contiguous
+           narrow split chunk unbind repeat tile repeat_interleave roll tril triu gather scatter_add index_select
+           take_along_dim pad_dim""",
+    linalg: "matmul mm bmm dot outer",
+}
+
+for module, names in _METHODS.items():
+    for name in names.split():
+        setattr(Tensor, name, getattr(module, name))
+
+Tensor.where = lambda self, condition, other: ew.where(condition, self, other)  # torch: x.where(cond, y)
+Tensor.clip = ew.clamp
+Tensor.absolute = ew.abs
+Tensor.negative = ew.neg
+Tensor.subtract = ew.sub
+Tensor.multiply = ew.mul
+Tensor.divide = ew.div
+Tensor.true_divide = ew.div
+Tensor.greater = ew.gt
+Tensor.less = ew.lt
+Tensor.equal = lambda self, other: bool(rd.all(ew.eq(self, other))) if self.shape == other.shape else False
+Tensor.type_as = lambda self, other: cast(self, other.dtype)
+Tensor.broadcast_to = mv.broadcast_to
+Tensor.expand_as = lambda self, other: mv.expand(self, other.shape)
+Tensor.view_as = lambda self, other: mv.reshape(self, other.shape)
+Tensor.reshape_as = lambda self, other: mv.reshape(self, other.shape)
+Tensor.T = property(mv.T)
+Tensor.mT = property(mv.mT)
+Tensor.softmax = lambda self, dim, dtype=None: _functional().softmax(self, dim, dtype=dtype)
+Tensor.log_softmax = lambda self, dim, dtype=None: _functional().log_softmax(self, dim, dtype=dtype)
+Tensor.relu = lambda self: _functional().relu(self)
+Tensor.zero_ = lambda self: self.assign(creation.zeros_like(self))
+Tensor.fill_ = lambda self, value: self.assign(creation.full_like(self, value))
+Tensor.copy_ = lambda self, src: self.assign(src)
+
+
+def _functional() -> Any:
+    from tensorgraphs.nn import functional
+
+    return functional
+
+
+def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """tensor.to(dtype) / to(device) / to(other); only the reference device exists so far."""
+    target = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, Tensor):
+            target = a.dtype
+        elif isinstance(a, dtypes.DType) or str(a).replace("torch.", "") in {d.name for d in dtypes.ALL_DTYPES}:
+            target = dtypes.to_dtype(a)
+    return self if target is None else cast(self, dtypes.to_dtype(target))
+
+
+Tensor.to = to
+for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half": dtypes.float16,
+                      "bfloat16": dtypes.bfloat16, "int": dtypes.int32, "long": dtypes.int64, "bool": dtypes.bool_,
+                      "byte": dtypes.uint8, "short": dtypes.int16, "char": dtypes.int8}.items():
+    setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
+Tensor.cpu = lambda self: self
+Tensor.clone = lambda self: self
+Tensor.__getitem__ = mv.getitem
+Tensor.__setitem__ = mv.setitem_unsupported
+
+_OPERATORS = {
+    "__add__": ew.add, "__radd__": lambda a, b: ew.add(b, a),
+    "__sub__": ew.sub, "__rsub__": ew.rsub,
+    "__mul__": ew.mul, "__rmul__": lambda a, b: ew.mul(b, a),
+    "__truediv__": ew.div, "__rtruediv__": lambda a, b: ew.div(b, a),
+    "__floordiv__": ew.floor_divide, "__rfloordiv__": lambda a, b: ew.floor_divide(b, a),
+    "__mod__": ew.remainder, "__rmod__": lambda a, b: ew.remainder(b, a),
+    "__pow__": ew.pow, "__rpow__": ew.rpow,
+    "__matmul__": linalg.matmul, "__rmatmul__": lambda a, b: linalg.matmul(b, a),
+    "__neg__": ew.neg, "__pos__": lambda a: a, "__abs__": ew.abs, "__invert__": ew.bitwise_not,
+    "__and__": ew.bitwise_and, "__rand__": lambda a, b: ew.bitwise_and(b, a),
+    "__or__": ew.bitwise_or, "__ror__": lambda a, b: ew.bitwise_or(b, a),
+    "__xor__": ew.bitwise_xor, "__rxor__": lambda a, b: ew.bitwise_xor(b, a),
+    "__lshift__": ew.bitwise_left_shift, "__rshift__": ew.bitwise_right_shift,
+    "__lt__": ew.lt, "__gt__": ew.gt, "__le__": ew.le, "__ge__": ew.ge, "__eq__": ew.eq, "__ne__": ew.ne,
+}
+for _name, _fn in _OPERATORS.items():
+    setattr(Tensor, _name, _fn)

@@ -1,0 +1,334 @@
+"""The lazy `Tensor`: a node in the graph plus autograd bookkeeping.
+
+Operations build nodes and check shapes and dtypes at the call, raising errors
+that name the op, the operands and the user's line. Nothing runs until a value
+is needed (`numpy()`, `item()`, `realize()`, printing).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from tensorgraphs import dtypes
+from tensorgraphs.dtypes import DType
+from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, fail
+from tensorgraphs.frontend.grad_mode import is_grad_enabled
+from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import Composite, make_node
+from tensorgraphs.graph.node import Node, Shape
+from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime.buffer import Buffer
+from tensorgraphs.runtime.realize import realize
+
+Scalar = bool | int | float
+DEFAULT_DEVICE = "numpy"
+
+
+class Tensor:
+    """A lazily evaluated n-dimensional array with PyTorch's names and semantics."""
+
+    __slots__ = ("node", "requires_grad", "grad", "__weakref__")
+    __array_priority__ = 1000  # numpy scalars on the left defer to our operators
+
+    def __init__(self, node: Node, requires_grad: bool = False) -> None:
+        self.node = node
+        self.grad: Tensor | None = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # -- construction ------------------------------------------------------
+    @staticmethod
+    def from_numpy(array: np.ndarray, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:
+        array = np.asarray(array)
+        dtype = dtypes.from_numpy_dtype(array.dtype) if dtype is None else dtype
+        data = np.ascontiguousarray(array.astype(dtype.storage))
+        data = dtypes.round_to_storage(data, dtype)
+        buf = Buffer(DEFAULT_DEVICE, dtype, tuple(data.shape), data)
+        return Tensor(g.buffer(buf, dtype, data.shape), requires_grad=requires_grad)
+
+    @staticmethod
+    def result(node: Node, *parents: Tensor) -> Tensor:
+        """Wrap a new node; it requires grad when recording and a parent does."""
+        out = Tensor(node)
+        out.requires_grad = is_grad_enabled() and any(p.requires_grad for p in parents)
+        return out
+
+    def node_for_op(self) -> Node:
+        """The node an op should consume: gradients are cut here when not recording."""
+        if self.requires_grad and not is_grad_enabled():
+            from tensorgraphs.frontend.composites import detach_node
+
+            return detach_node(self.node)
+        return self.node
+
+    # -- properties ----------------------------------------------------------
+    @property
+    def shape(self) -> Shape:
+        return self.node.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.node.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.node.shape)
+
+    @property
+    def device(self) -> str:
+        return DEFAULT_DEVICE
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.requires_grad or self.node.op is Op.BUFFER
+
+    def size(self, dim: int | None = None) -> Shape | int:
+        return self.shape if dim is None else self.shape[normalize_dim("size", dim, self.ndim)]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            fail("len", "len() of a 0-d tensor", kind=ShapeError)
+        return self.shape[0]
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    # -- materialization -----------------------------------------------------
+    def realize(self) -> Tensor:
+        realize([self.node])
+        return self
+
+    def numpy(self) -> np.ndarray:
+        if self.requires_grad:
+            fail("numpy", "can't call numpy() on a tensor that requires grad; use tensor.detach().numpy()",
+                 kind=ArgumentError)
+        return self._value().copy()
+
+    def _value(self) -> np.ndarray:
+        value = realize([self.node])[0]
+        return value.astype(self.dtype.storage, copy=False)
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            fail("item", f"a tensor with {self.numel()} elements cannot be converted to a Python scalar")
+        return self._value().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self._value().tolist()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self._value()
+        return value if dtype is None else value.astype(dtype)
+
+    def __repr__(self) -> str:
+        body = np.array2string(self._value(), separator=", ", prefix="tensor(")
+        extra = "" if self.dtype in (dtypes.float32, dtypes.int64, dtypes.bool_) else f", dtype={self.dtype!r}"
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}{extra}{grad})"
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            fail("bool", f"the truth value of a tensor with {self.numel()} elements is ambiguous; use .any() or .all()",
+                 kind=ArgumentError)
+        return bool(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating_point or self.numel() != 1:
+            fail("index", "only integer tensors of a single element can be converted to an index", kind=DTypeError)
+        return int(self.item())
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # -- autograd ------------------------------------------------------------
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        if requires_grad and not (self.dtype.is_floating_point):
+            fail("requires_grad_", f"only floating point tensors can require gradients, got {self.dtype.name}",
+                 kind=DTypeError)
+        if requires_grad and self.node.op is not Op.BUFFER:
+            if self.requires_grad:
+                fail("requires_grad_", "only leaf tensors can change requires_grad", kind=ArgumentError)
+            self.node = _materialize(self.node)
+        if self.node.op is Op.BUFFER:
+            self.node.arg.grad_leaf = weakref.ref(self) if requires_grad else None
+        self.requires_grad = requires_grad
+        return self
+
+    def detach(self) -> Tensor:
+        from tensorgraphs.frontend.composites import detach_node
+
+        return Tensor(detach_node(self.node) if self.requires_grad else self.node)
+
+    def backward(self, gradient: Tensor | None = None) -> None:
+        from tensorgraphs.autograd.backward import backward
+
+        backward(self, gradient)
+
+    def assign(self, value: Tensor | np.ndarray | Scalar) -> Tensor:
+        """Replace this tensor's contents (shape and dtype kept), like an in-place copy_."""
+        value = as_tensor(value, dtype=self.dtype)
+        if value.shape != self.shape:
+            value = value.expand(self.shape)
+        value = value.to(self.dtype)
+        if self.node.op is Op.BUFFER and self.requires_grad:
+            data = realize([value.node])[0].astype(self.dtype.storage)
+            self.node.arg.data = np.ascontiguousarray(data)
+            self.node = _materialize(self.node)  # a new node: graphs built before keep the old values
+            self.node.arg.grad_leaf = weakref.ref(self)
+        else:
+            self.node = value.node
+        return self
+
+    # Operators and methods are attached by tensorgraphs.frontend.methods.
+
+
+def _materialize(node: Node) -> Node:
+    """A fresh BUFFER node holding `node`'s value."""
+    data = np.ascontiguousarray(realize([node])[0].astype(node.dtype.storage))
+    return g.buffer(Buffer(DEFAULT_DEVICE, node.dtype, node.shape, data), node.dtype, node.shape)
+
+
+# ---------------------------------------------------------------------------
+# Helpers every op module uses.
+# ---------------------------------------------------------------------------
+
+
+def is_scalar(value: object) -> bool:
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def as_tensor(value: Any, dtype: DType | None = None) -> Tensor:
+    """A Tensor from a Tensor, a scalar, a numpy array or nested lists."""
+    if isinstance(value, Tensor):
+        return value if dtype is None else value.to(dtype)
+    if is_scalar(value):
+        dtype = dtypes.scalar_dtype(value) if dtype is None else dtype
+        return Tensor(g.const(value, dtype))
+    array = np.asarray(value)
+    if array.dtype == object:
+        fail("tensor", f"could not convert {type(value).__name__} to a tensor", kind=ArgumentError)
+    if dtype is None:
+        if array.dtype.kind == "f":
+            dtype = dtypes.default_float if array.dtype != np.float64 or not isinstance(value, (list, tuple)) else dtypes.default_float
+            dtype = dtypes.from_numpy_dtype(array.dtype) if isinstance(value, np.ndarray) else dtypes.default_float
+        elif array.dtype.kind in "iu":
+            dtype = dtypes.from_numpy_dtype(array.dtype) if isinstance(value, np.ndarray) else dtypes.int64
+        else:
+            dtype = dtypes.from_numpy_dtype(array.dtype)
+    return Tensor.from_numpy(array, dtype)
+
+
+def normalize_dim(op: str, dim: int, ndim: int) -> int:
+    """A possibly negative dim as an index in [0, ndim); a 0-d tensor accepts 0 and -1."""
+    bound = max(ndim, 1)
+    if not -bound <= dim < bound:
+        fail(op, f"dim {dim} is out of range for a tensor with {ndim} dimensions (expected [{-bound}, {bound - 1}])",
+             kind=ShapeError)
+    return dim % bound
+
+
+def normalize_dims(op: str, dim: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """`None` means every dim; duplicates are an error, as in PyTorch."""
+    if dim is None:
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    normalized = tuple(normalize_dim(op, d, ndim) for d in dims)
+    if len(set(normalized)) != len(normalized):
+        fail(op, f"dim {tuple(dims)} appears multiple times in the list of dims", kind=ShapeError)
+    return tuple(d for d in normalized if d < ndim)
+
+
+def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(ndim):
+        sizes = {s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            listed = " and ".join(str(tuple(s)) for s in shapes)
+            fail(op, f"shapes {listed} cannot be broadcast together (dim {axis - ndim}: sizes {sorted(sizes)})")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def cast(t: Tensor, dtype: DType) -> Tensor:
+    if t.dtype is dtype:
+        return t
+    return Tensor.result(g.unary(Op.CAST, t.node_for_op(), dtype), *([t] if dtype.is_floating_point else []))
+
+
+def expand_to(t: Tensor, shape: Shape) -> Tensor:
+    """Broadcast `t` to `shape` (shapes already checked)."""
+    if t.shape == shape:
+        return t
+    node = t.node_for_op()
+    lead = (1,) * (len(shape) - t.ndim) + t.shape
+    node = g.movement(Op.RESHAPE, node, lead)
+    return Tensor.result(g.movement(Op.EXPAND, node, shape), t)
+
+
+def operands(op: str, *values: Any, dtype: DType | None = None) -> tuple[list[Tensor], DType]:
+    """Tensors and scalars promoted to one dtype (PyTorch rules) and broadcast to one shape."""
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    scalars = [v for v in values if not isinstance(v, Tensor)]
+    for s in scalars:
+        if not is_scalar(s):
+            fail(op, f"expected a Tensor or a number, got {type(s).__name__}", kind=DTypeError)
+    if dtype is None:
+        dtype = dtypes.result_type([t.dtype for t in tensors if t.ndim], [t.dtype for t in tensors if not t.ndim], scalars)
+    shape = broadcast_shapes(op, *(t.shape for t in tensors))
+    out = []
+    for v in values:
+        t = cast(v, dtype) if isinstance(v, Tensor) else Tensor(g.const(v, dtype))
+        out.append(expand_to(t, shape))
+    return out, dtype
+
+
+def apply(op: Op, *inputs: Tensor, arg: Any = None) -> Tensor:
+    """Build one primitive node from already-checked inputs."""
+    nodes = [t.node_for_op() for t in inputs]
+    if op in (Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT):
+        node = g.unary(op, nodes[0])
+    elif op is Op.WHERE:
+        node = g.where(*nodes)
+    elif op in (Op.REDUCE_SUM, Op.REDUCE_MAX):
+        node = g.reduce(op, nodes[0], arg)
+    elif op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.PAD, Op.SHRINK, Op.FLIP):
+        node = g.movement(op, nodes[0], arg)
+    elif op is Op.GATHER:
+        node = g.gather(nodes[0], nodes[1], arg)
+    elif op is Op.SCATTER_ADD:
+        node = g.scatter_add(nodes[0], nodes[1], nodes[2], arg)
+    else:
+        node = g.binary(op, *nodes)
+    return Tensor.result(node, *inputs)
+
+
+def apply_composite(composite: Composite, *inputs: Tensor, **params: Any) -> Tensor:
+    dtype, shape = composite.infer(*inputs, **params)
+    node = make_node(composite, tuple(t.node_for_op() for t in inputs), params, dtype, shape)
+    return Tensor.result(node, *inputs)
+
+
+def full_like_node(value: Scalar, t: Tensor, dtype: DType | None = None) -> Tensor:
+    return Tensor(g.const(value, t.dtype if dtype is None else dtype, t.shape))
+
+
+def tensors_of(values: Iterable[Any]) -> list[Tensor]:
+    return [v for v in values if isinstance(v, Tensor)]

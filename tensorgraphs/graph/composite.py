@@ -1,0 +1,63 @@
+"""Composites: named ops with a reference decomposition into primitives.
+
+The graph keeps a composite node (op = the `Composite`) until planning, so a
+dedicated kernel can replace it whole; its decomposition is the oracle every
+such kernel is tested against. Decompositions and gradient rules are written
+with the Tensor API, which builds nodes without tracking gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tensorgraphs.dtypes import DType
+from tensorgraphs.graph.node import Node, Shape
+
+Params = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Composite:
+    """`decompose(*inputs, **params)` and `infer(*inputs, **params) -> (dtype, shape)` take Tensors.
+
+    `grad(node_tensor, grad, *inputs, **params)` returns one gradient (or None) per
+    input; without it autograd differentiates the decomposition.
+    """
+
+    name: str
+    infer: Callable[..., tuple[DType, Shape]]
+    decompose: Callable[..., Any]
+    grad: Callable[..., tuple[Any, ...]] | None = None
+
+    def __repr__(self) -> str:
+        return f"Composite({self.name})"
+
+
+REGISTRY: dict[str, Composite] = {}
+
+
+def register(composite: Composite) -> Composite:
+    if composite.name in REGISTRY:
+        raise ValueError(f"composite {composite.name!r} is already registered")
+    REGISTRY[composite.name] = composite
+    return composite
+
+
+def params_of(node: Node) -> dict[str, Any]:
+    return dict(node.arg)
+
+
+def make_node(composite: Composite, src: tuple[Node, ...], params: dict[str, Any], dtype: DType, shape: Shape) -> Node:
+    frozen: Params = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
+    return Node(composite, dtype, tuple(shape), src, frozen)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def is_composite(node: Node) -> bool:
+    return isinstance(node.op, Composite)

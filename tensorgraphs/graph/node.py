@@ -1,0 +1,211 @@
+"""`Node`: the one IR, immutable and hash-consed.
+
+Building the same node twice returns the same object, so equal subgraphs are
+one object and common-subexpression elimination is free. Shape and dtype rules
+are checked here as assertions: the Tensor API has already validated user input
+and raised a readable error, so a failure here is a bug in tensorgraphs.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Callable, Iterator
+
+from tensorgraphs import dtypes
+from tensorgraphs.dtypes import DType
+from tensorgraphs.graph.ops import BINARY, COMPARISON, MOVEMENT, REDUCE, UNARY, Op
+
+Shape = tuple[int, ...]
+
+
+def _arg_key(arg: Any) -> Any:
+    """Key for an op argument: floats by repr so -0.0 and 0.0 stay apart and NaN matches NaN."""
+    if isinstance(arg, float):
+        return ("float", repr(arg))
+    if isinstance(arg, tuple):
+        return tuple(_arg_key(a) for a in arg)
+    if isinstance(arg, (bool, int, str, type(None), DType, Op)):
+        return (type(arg).__name__, arg)
+    return ("id", id(arg))  # buffers, composites: identity
+
+
+class Node:
+    """One operation in the graph. `op` is a primitive `Op` or a `Composite`."""
+
+    __slots__ = ("op", "dtype", "shape", "src", "arg", "__weakref__")
+    _interned: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+
+    op: Any
+    dtype: DType
+    shape: Shape
+    src: tuple[Node, ...]
+    arg: Any
+
+    def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
+        key = (op, dtype, shape, tuple(id(s) for s in src), _arg_key(arg))
+        found = cls._interned.get(key)
+        if found is not None:
+            return found
+        node = object.__new__(cls)
+        for name, value in (("op", op), ("dtype", dtype), ("shape", shape), ("src", src), ("arg", arg)):
+            object.__setattr__(node, name, value)
+        cls._interned[key] = node
+        return node
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Node is immutable")
+
+    def __reduce__(self):  # pragma: no cover - nodes are not meant to be pickled
+        raise TypeError("Node cannot be pickled; realize the tensor instead")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        name = self.op.name if isinstance(self.op, Op) else f"composite:{self.op.name}"
+        arg = "" if self.arg is None or self.op is Op.BUFFER else f", arg={self.arg!r}"
+        return f"Node({name}, {self.dtype.name}, {self.shape}{arg}, src={len(self.src)})"
+
+    def toposort(self) -> list[Node]:
+        """Every node this one depends on, itself last, each after its sources."""
+        return toposort([self])
+
+
+def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> list[Node]:
+    """Nodes reachable from `roots`, sources first; below a node where `stop` holds is not visited."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, Iterator[Node]]] = []
+    for root in roots:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        stack.append((root, iter(() if stop and stop(root) else root.src)))
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    stack.append((child, iter(() if stop and stop(child) else child.src)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+# ---------------------------------------------------------------------------
+# Builders: one per primitive family, each checking its shape/dtype rule.
+# ---------------------------------------------------------------------------
+
+
+def const(value: bool | int | float, dtype: DType, shape: Shape = ()) -> Node:
+    if dtype.is_bool:
+        value = bool(value)
+    elif dtype.is_integer:
+        value = int(value)
+    else:
+        value = float(value)
+    return Node(Op.CONST, dtype, tuple(shape), (), value)
+
+
+def iota(length: int, dtype: DType) -> Node:
+    return Node(Op.IOTA, dtype, (length,))
+
+
+def buffer(buf: Any, dtype: DType, shape: Shape) -> Node:
+    return Node(Op.BUFFER, dtype, tuple(shape), (), buf)
+
+
+def unary(op: Op, x: Node, dtype: DType | None = None) -> Node:
+    assert op in UNARY, op
+    if op is Op.CAST:
+        assert dtype is not None
+        return x if dtype is x.dtype else Node(op, dtype, x.shape, (x,))
+    assert x.dtype.is_floating_point, f"{op.name} needs a float input, got {x.dtype}"
+    return Node(op, x.dtype, x.shape, (x,))
+
+
+def binary(op: Op, a: Node, b: Node) -> Node:
+    assert op in BINARY, op
+    assert a.shape == b.shape and a.dtype is b.dtype, f"{op.name}: {a} vs {b}"
+    if op is Op.MOD:
+        assert a.dtype.is_integer
+    if op in (Op.AND, Op.OR, Op.XOR):
+        assert not a.dtype.is_floating_point
+    out_dtype = dtypes.bool_ if op in COMPARISON else a.dtype
+    return Node(op, out_dtype, a.shape, (a, b))
+
+
+def where(cond: Node, a: Node, b: Node) -> Node:
+    assert cond.dtype.is_bool and cond.shape == a.shape == b.shape and a.dtype is b.dtype
+    return Node(Op.WHERE, a.dtype, a.shape, (cond, a, b))
+
+
+def reduce(op: Op, x: Node, axes: tuple[int, ...]) -> Node:
+    assert op in REDUCE
+    axes = tuple(sorted(axes))
+    if not axes:
+        return x
+    shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    return Node(op, x.dtype, shape, (x,), axes)
+
+
+def movement_shape(op: Op, shape: Shape, arg: Any) -> Shape:
+    """The shape rule of every movement op (the Tensor API validates `arg` first)."""
+    assert op in MOVEMENT
+    if op is Op.RESHAPE:
+        assert math.prod(arg) == math.prod(shape), (shape, arg)
+        return tuple(arg)
+    if op is Op.PERMUTE:
+        assert sorted(arg) == list(range(len(shape))), arg
+        return tuple(shape[i] for i in arg)
+    if op is Op.EXPAND:
+        assert len(arg) == len(shape) and all(s == t or s == 1 for s, t in zip(shape, arg)), (shape, arg)
+        return tuple(arg)
+    if op is Op.PAD:
+        assert len(arg) == len(shape) and all(b >= 0 and a >= 0 for b, a in arg), arg
+        return tuple(s + b + a for s, (b, a) in zip(shape, arg))
+    if op is Op.SHRINK:
+        assert len(arg) == len(shape) and all(0 <= b <= e <= s for s, (b, e) in zip(shape, arg)), (shape, arg)
+        return tuple(e - b for b, e in arg)
+    assert all(0 <= a < len(shape) for a in arg)  # FLIP
+    return shape
+
+
+_NOOP = {
+    Op.RESHAPE: lambda shape, arg: tuple(arg) == shape,
+    Op.PERMUTE: lambda shape, arg: tuple(arg) == tuple(range(len(shape))),
+    Op.EXPAND: lambda shape, arg: tuple(arg) == shape,
+    Op.PAD: lambda shape, arg: all(p == (0, 0) for p in arg),
+    Op.SHRINK: lambda shape, arg: all(b == 0 and e == s for (b, e), s in zip(arg, shape)),
+    Op.FLIP: lambda shape, arg: not any(shape[a] > 1 for a in arg),
+}
+
+
+def movement(op: Op, x: Node, arg: Any) -> Node:
+    arg = tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in arg)
+    if op is Op.FLIP:
+        arg = tuple(sorted(arg))
+    if _NOOP[op](x.shape, arg):
+        return x
+    return Node(op, x.dtype, movement_shape(op, x.shape, arg), (x,), arg)
+
+
+def gather(x: Node, index: Node, axis: int) -> Node:
+    """out[..., i, ...] = x[..., index[..., i, ...], ...] along `axis`; other axes equal."""
+    assert index.dtype.is_integer and index.ndim == x.ndim
+    assert all(a == b for d, (a, b) in enumerate(zip(x.shape, index.shape)) if d != axis)
+    return Node(Op.GATHER, x.dtype, index.shape, (x, index), axis)
+
+
+def scatter_add(base: Node, index: Node, values: Node, axis: int) -> Node:
+    """The transpose of GATHER: out = base; out[..., index[i], ...] += values[i]."""
+    assert index.shape == values.shape and base.dtype is values.dtype and index.ndim == base.ndim
+    return Node(Op.SCATTER_ADD, base.dtype, base.shape, (base, index, values), axis)

@@ -1,0 +1,3 @@
+"""Neural-network building blocks with PyTorch's names."""
+
+from tensorgraphs.nn import functional  # noqa: F401

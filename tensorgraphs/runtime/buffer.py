@@ -1,0 +1,26 @@
+"""Buffers: data that lives outside the graph (inputs, parameters, realized results)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from tensorgraphs.dtypes import DType
+
+
+class Buffer:
+    """Storage for one tensor on one device. Identity matters: a BUFFER node refers to it."""
+
+    __slots__ = ("device", "dtype", "shape", "data", "grad_leaf", "__weakref__")
+
+    def __init__(self, device: str, dtype: DType, shape: tuple[int, ...], data: np.ndarray) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.shape = shape
+        self.data = data
+        self.grad_leaf: weakref.ref[Any] | None = None  # the leaf Tensor that owns it, if it requires grad
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.device}, {self.dtype.name}, {self.shape})"
