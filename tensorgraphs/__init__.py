@@ -76,6 +76,7 @@ from tensorgraphs.frontend.reduce import (
     var_mean,
 )
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.runtime.realize import default_device, device, set_default_device
 
 half, double, long, short = float16, float64, int64, int16
 float = float32

@@ -22,7 +22,7 @@ from tensorgraphs.graph.composite import Composite, make_node
 from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime.buffer import Buffer
-from tensorgraphs.runtime.realize import realize
+from tensorgraphs.runtime.realize import default_device, realize
 
 Scalar = bool | int | float
 DEFAULT_DEVICE = "numpy"
@@ -81,7 +81,7 @@ class Tensor:
 
     @property
     def device(self) -> str:
-        return DEFAULT_DEVICE
+        return default_device()
 
     @property
     def is_leaf(self) -> bool:
@@ -132,7 +132,7 @@ class Tensor:
         return value if dtype is None else value.astype(dtype)
 
     def __repr__(self) -> str:
-        body = np.array2string(self._value(), separator=", ", prefix="tensor(")
+        body = np.array2string(self._value(), separator=", ", prefix="tensor(", precision=4)
         extra = "" if self.dtype in (dtypes.float32, dtypes.int64, dtypes.bool_) else f", dtype={self.dtype!r}"
         grad = ", requires_grad=True" if self.requires_grad else ""
         return f"tensor({body}{extra}{grad})"
@@ -225,13 +225,10 @@ def as_tensor(value: Any, dtype: DType | None = None) -> Tensor:
     if array.dtype == object:
         fail("tensor", f"could not convert {type(value).__name__} to a tensor", kind=ArgumentError)
     if dtype is None:
-        if array.dtype.kind == "f":
-            dtype = dtypes.default_float if array.dtype != np.float64 or not isinstance(value, (list, tuple)) else dtypes.default_float
-            dtype = dtypes.from_numpy_dtype(array.dtype) if isinstance(value, np.ndarray) else dtypes.default_float
-        elif array.dtype.kind in "iu":
-            dtype = dtypes.from_numpy_dtype(array.dtype) if isinstance(value, np.ndarray) else dtypes.int64
-        else:
+        if isinstance(value, (np.ndarray, np.generic)):
             dtype = dtypes.from_numpy_dtype(array.dtype)
+        else:  # nested Python lists take PyTorch's defaults
+            dtype = {"f": dtypes.default_float, "i": dtypes.int64, "u": dtypes.int64, "b": dtypes.bool_}[array.dtype.kind]
     return Tensor.from_numpy(array, dtype)
 
 

@@ -1,24 +1,62 @@
-"""Realization: turn lazy nodes into data, remembering the results of realized tensors."""
+"""Realization: turn lazy nodes into data on the current device's backend.
+
+Results of realized tensors are remembered per node while the node lives, so a
+tensor printed twice is computed once and later graphs start from its value.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
+from typing import Iterator, Protocol
 
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
+from tensorgraphs.errors import ArgumentError
 from tensorgraphs.graph.node import Node
 
+
+class Backend(Protocol):
+    name: str
+
+    def evaluate(self, roots: list[Node], known: dict[Node, np.ndarray] | None = None) -> list[np.ndarray]: ...
+
+
+BACKENDS: dict[str, Backend] = {"numpy": REFERENCE}
+_state = threading.local()
 _realized: weakref.WeakKeyDictionary[Node, np.ndarray] = weakref.WeakKeyDictionary()
 
 
+def register_backend(backend: Backend) -> None:
+    BACKENDS[backend.name] = backend
+
+
+def default_device() -> str:
+    return getattr(_state, "device", "numpy")
+
+
+def set_default_device(name: str) -> None:
+    if name not in BACKENDS:
+        raise ArgumentError(f"unknown device {name!r}; available: {', '.join(sorted(BACKENDS))}")
+    _state.device = name
+
+
+@contextlib.contextmanager
+def device(name: str) -> Iterator[None]:
+    """Run realizations inside the block on backend `name`."""
+    previous = default_device()
+    set_default_device(name)
+    try:
+        yield
+    finally:
+        _state.device = previous
+
+
 def realize(nodes: list[Node]) -> list[np.ndarray]:
-    """Values of `nodes`, computed together (shared work done once) and remembered while each node lives."""
-    values = REFERENCE.evaluate(nodes, known=_realized)
+    """Values of `nodes`, computed together (shared work done once) on the current device."""
+    values = BACKENDS[default_device()].evaluate(nodes, known=_realized)
     for node, value in zip(nodes, values):
         _realized[node] = value
     return values
-
-
-def is_realized(node: Node) -> bool:
-    return node in _realized
