@@ -77,9 +77,20 @@ from tensorgraphs.frontend.reduce import (
 )
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.runtime.realize import default_device, device, set_default_device
+from tensorgraphs import rewrite  # noqa: E402
+from tensorgraphs.graph.show import show  # noqa: E402
+from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
+from tensorgraphs import data, optim  # noqa: E402
+from tensorgraphs.serialization import load, save  # noqa: E402
 
 half, double, long, short = float16, float64, int64, int16
 float = float32
 int = int32
 concat = concatenate = cat
 __version__ = "0.1.0"
+from tensorgraphs.backends import cpu as _cpu  # noqa: F401  (registers the "cpu" device)
+from tensorgraphs import plan as _plan  # noqa: F401  (built-in kernels, the "planned" device)
+from tensorgraphs.profiler import install_from_environment as _install_profiler, profile
+
+_install_profiler()
+from tensorgraphs.runtime.compiled import compile  # noqa: E402  (tg.compile: trace once, replay compiled)

@@ -159,7 +159,7 @@ def round_to_storage(array: np.ndarray, dtype: DType) -> np.ndarray:
     """Round a float32 array to the nearest bfloat16 (ties to even), keep NaN."""
     if dtype is not bfloat16:
         return array
-    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    bits = np.asarray(array, dtype=np.float32, order="C").view(np.uint32)
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
     rounded = ((bits + rounding) & np.uint32(0xFFFF0000)).view(np.float32)
     return np.where(np.isnan(array), array, rounded).astype(np.float32)

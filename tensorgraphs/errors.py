@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
+from types import FrameType
 from typing import NoReturn
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = __name__.partition(".")[0]
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
+_STDLIB_DIRS = tuple({os.path.realpath(sysconfig.get_path(name)) for name in ("stdlib", "platstdlib")})
 
 
 class TGError(Exception):
@@ -29,12 +33,26 @@ class UnsupportedError(TGError, NotImplementedError):
     """Something tensorgraphs does not do; the message says what to use instead."""
 
 
+def _is_user_frame(frame: FrameType) -> bool:
+    """Not tensorgraphs (by file, or by module for generated code such as dataclass methods), not the stdlib.
+
+    Frames of generated code that is not ours (`<string>`, `<ipython-input-1>`) are the user's.
+    """
+    module = frame.f_globals.get("__name__", "")
+    if module == _PACKAGE or module.startswith(_PACKAGE + "."):
+        return False
+    filename = frame.f_code.co_filename
+    if filename.startswith("<"):
+        return True
+    path = os.path.realpath(filename)
+    return not any(path.startswith(directory + os.sep) for directory in (_PACKAGE_DIR, *_STDLIB_DIRS))
+
+
 def user_location() -> str:
-    """file:line of the innermost frame outside the tensorgraphs package."""
+    """file:line of the innermost frame of the user's code: the line that called into tensorgraphs."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR + os.sep):
+        if _is_user_frame(frame):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"

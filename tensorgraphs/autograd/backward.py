@@ -67,11 +67,16 @@ def _seed_gradient(output: Tensor, gradient: Tensor | None, op: str) -> Node:
 
 
 def _grad_leaves(node: Node) -> list[tuple[Node, Tensor]]:
+    """BUFFER nodes under `node` owned by a leaf that requires grad.
+
+    A leaf's buffers from before an `assign` count too: a graph built earlier still
+    differentiates into the same leaf, as in PyTorch.
+    """
     leaves = []
     for n in toposort([node]):
         if n.op is Op.BUFFER and n.arg.grad_leaf is not None:
             leaf = n.arg.grad_leaf()
-            if leaf is not None and leaf.requires_grad and leaf.node is n:
+            if leaf is not None and leaf.requires_grad:
                 leaves.append((n, leaf))
     return leaves
 
@@ -84,31 +89,36 @@ def backward(output: Tensor, gradient: Tensor | None = None) -> None:
     seed = _seed_gradient(output, gradient, "backward")
     leaves = _grad_leaves(output.node)
     grads = vjp([output.node], [seed], [n for n, _ in leaves])
-    pairs = [(leaf, gr) for (_, leaf), gr in zip(leaves, grads) if gr is not None]
-    totals = [gr if leaf.grad is None else (leaf.grad + Tensor(gr)).node for leaf, gr in pairs]
-    values = realize(totals)
-    for (leaf, _), value in zip(pairs, values):
+    per_leaf: dict[Tensor, Tensor] = {}
+    for (_, leaf), gr in zip(leaves, grads):
+        if gr is not None:
+            per_leaf[leaf] = Tensor(gr) if leaf not in per_leaf else per_leaf[leaf] + Tensor(gr)
+    totals = [total if leaf.grad is None else leaf.grad + total for leaf, total in per_leaf.items()]
+    values = realize([t.node for t in totals])
+    for leaf, value in zip(per_leaf, values):
         leaf.grad = Tensor.from_numpy(value, leaf.dtype)
 
 
 def grad(outputs: Tensor | Sequence[Tensor], inputs: Tensor | Sequence[Tensor],
-         grad_outputs: Tensor | Sequence[Tensor | None] | None = None, allow_unused: bool = False) -> tuple[Tensor, ...]:
-    """torch.autograd.grad: gradients of `outputs` with respect to `inputs`, as lazy tensors."""
+         grad_outputs: Tensor | Sequence[Tensor | None] | None = None,
+         allow_unused: bool = False, create_graph: bool = False) -> tuple[Tensor | None, ...]:
+    """torch.autograd.grad: gradients of `outputs` with respect to `inputs`, as lazy tensors.
+
+    The gradients are ordinary graphs over the same leaves, so with `create_graph` they require grad
+    and can be differentiated again.
+    """
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if grad_outputs is None or isinstance(grad_outputs, Tensor):
         grad_outputs = [grad_outputs] * len(outputs)
     if len(grad_outputs) != len(outputs):
         fail("grad", f"got {len(grad_outputs)} grad_outputs for {len(outputs)} outputs", kind=ShapeError)
-    for t in inputs:
-        if not t.requires_grad:
-            fail("grad", "one of the differentiated tensors does not require grad", kind=ArgumentError)
+    if not all(t.requires_grad for t in (*outputs, *inputs)):
+        fail("grad", "every output and every differentiated tensor must require grad", kind=ArgumentError)
     seeds = [_seed_gradient(o, go, "grad") for o, go in zip(outputs, grad_outputs)]
     grads = vjp([o.node for o in outputs], seeds, [t.node for t in inputs])
-    result = []
-    for t, gr in zip(inputs, grads):
-        if gr is None and not allow_unused:
-            fail("grad", "one of the differentiated tensors appears to not have been used in the graph; "
-                 "pass allow_unused=True", kind=ArgumentError)
-        result.append(None if gr is None else Tensor(gr))
-    return tuple(result)
+    if None in grads and not allow_unused:
+        fail("grad", "one of the differentiated tensors appears to not have been used in the graph; "
+             "pass allow_unused=True", kind=ArgumentError)
+    wrap = (lambda node: Tensor.result(node, *outputs, *inputs)) if create_graph else Tensor
+    return tuple(None if gr is None else wrap(gr) for gr in grads)

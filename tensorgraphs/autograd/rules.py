@@ -27,10 +27,13 @@ def _unbroadcast_sum(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 
 def _max_grad(out: Tensor, grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """Ties split the gradient evenly, as PyTorch's maximum does."""
-    share_a = ew.where(ew.gt(a, b), 1.0, ew.where(ew.eq(a, b), 0.5, 0.0))
-    share_a = cast(share_a, grad.dtype)
-    return ew.mul(grad, share_a), ew.mul(grad, ew.sub(1.0, share_a))
+    """As PyTorch's maximum: ties split the gradient evenly; an operand gets all of it unless it is
+    strictly smaller (so next to a NaN both operands do)."""
+
+    def share(x: Tensor, y: Tensor) -> Tensor:
+        return cast(ew.where(ew.lt(x, y), 0.0, ew.where(ew.eq(x, y), 0.5, 1.0)), grad.dtype)
+
+    return ew.mul(grad, share(a, b)), ew.mul(grad, share(b, a))
 
 
 def _reduce_max_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:

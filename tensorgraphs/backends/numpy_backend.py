@@ -13,12 +13,22 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
+from tensorgraphs.errors import user_location
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 
 
+def _check_indices(op: str, index: np.ndarray, size: int, axis: int) -> None:
+    """Indices must lie in [0, size): numpy would wrap negative ones silently."""
+    bad = index[(index < 0) | (index >= size)]
+    if bad.size:
+        raise IndexError(f"{op}: index {bad.flat[0]} is out of bounds for axis {axis} with size {size} "
+                         f"(while computing a value needed at {user_location()})")
+
+
 def _scatter_add(base: np.ndarray, index: np.ndarray, values: np.ndarray, axis: int) -> np.ndarray:
+    _check_indices("scatter_add", index, base.shape[axis], axis)
     out = base.copy()
     where = list(np.indices(index.shape, sparse=True))
     where[axis] = index
@@ -33,17 +43,18 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _cast(x: np.ndarray, node: Node) -> np.ndarray:
+    """Conversions numpy does not do as C does; the rest happens when the result takes the node's type."""
     if node.dtype.is_bool:
         return x != 0
     if node.dtype.is_integer and x.dtype.kind == "f":
-        x = np.trunc(x)  # C semantics; NaN/Inf/out-of-range give an unspecified value
-        info = np.iinfo(node.dtype.storage)
-        x = np.where(np.isfinite(x), x, 0)
+        # C semantics: truncate. NaN/Inf/out-of-range are undefined; here NaN/Inf give 0, unsigned wraps
+        # (as the conversion through int64 compilers emit), signed saturates.
+        x = np.where(np.isfinite(x), np.trunc(x.astype(np.float64)), 0.0)
         if node.dtype.kind == "u":
-            x = np.where((x >= info.min) & (x <= info.max), x, np.mod(x, 2.0 ** node.dtype.bits))
-        else:
-            x = np.clip(x, info.min, info.max)
-    return x.astype(np.float64 if node.dtype.is_floating_point else node.dtype.storage)
+            return np.mod(x, 2.0**node.dtype.bits)
+        limit, info = 2.0 ** (node.dtype.bits - 1), np.iinfo(node.dtype.storage)
+        return np.where(x >= limit, info.max, np.where(x < -limit, info.min, x.astype(node.dtype.storage)))
+    return x
 
 
 def _pad(x: np.ndarray, widths: tuple[tuple[int, int], ...]) -> np.ndarray:
@@ -55,15 +66,16 @@ def _shrink(x: np.ndarray, bounds: tuple[tuple[int, int], ...]) -> np.ndarray:
 
 
 def _gather(x: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
-    if index.size and (index.min() < 0 or index.max() >= x.shape[axis]):
-        bad = index[(index < 0) | (index >= x.shape[axis])].flat[0]
-        raise IndexError(f"gather: index {bad} is out of bounds for axis {axis} with size {x.shape[axis]}")
+    _check_indices("gather", index, x.shape[axis], axis)
     return np.take_along_axis(x, index.astype(np.int64), axis)
 
 
 _Kernel = Callable[..., np.ndarray]
 
 KERNELS: dict[Op, _Kernel] = {
+    Op.BUFFER: lambda node: node.arg.data,
+    Op.CONST: lambda node: np.full(node.shape, node.arg),
+    Op.IOTA: lambda node: np.arange(node.shape[0]),
     Op.EXP2: lambda node, x: np.exp2(x),
     Op.LOG2: lambda node, x: np.log2(x),
     Op.SIN: lambda node, x: np.sin(x),
@@ -94,11 +106,8 @@ KERNELS: dict[Op, _Kernel] = {
     Op.COPY: lambda node, x: x,
 }
 
-_ROUNDS_TO_STORAGE = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.CAST, Op.ADD, Op.MUL, Op.DIV, Op.REDUCE_SUM})
-
-
 class NumpyBackend:
-    """Evaluates graphs node by node."""
+    """Evaluates graphs node by node; every result takes its node's storage type (bfloat16 rounded)."""
 
     name = "numpy"
 
@@ -119,22 +128,12 @@ class NumpyBackend:
         return [values[r] for r in roots]
 
     def _run(self, node: Node, values: dict[Node, np.ndarray]) -> np.ndarray:
-        if node.op is Op.BUFFER:
-            return node.arg.data.astype(self.storage_type(node.dtype), copy=False)
-        if node.op is Op.CONST:
-            return np.full(node.shape, node.arg, dtype=self.storage_type(node.dtype))
-        if node.op is Op.IOTA:
-            return np.arange(node.shape[0], dtype=self.storage_type(node.dtype))
         if is_composite(node):
             from tensorgraphs.frontend.composites import decompose
 
             return self.evaluate([decompose(node)], values)[0]
-        out = KERNELS[node.op](node, *(values[s] for s in node.src))
-        if node.op in (Op.CAST, Op.CMPLT, Op.CMPNE):
-            out = np.asarray(out, dtype=self.storage_type(node.dtype))
-        if not self.float64 and node.op in _ROUNDS_TO_STORAGE:
-            out = dtypes.round_to_storage(np.asarray(out), node.dtype)
-        return np.asarray(out)
+        out = np.asarray(KERNELS[node.op](node, *(values[s] for s in node.src)), dtype=self.storage_type(node.dtype))
+        return out if self.float64 else dtypes.round_to_storage(out, node.dtype)
 
 
 REFERENCE = NumpyBackend()

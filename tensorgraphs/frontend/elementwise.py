@@ -6,8 +6,9 @@ below; their accuracy is tested against PyTorch in float32.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
@@ -27,6 +28,42 @@ LOG2E = 1.0 / LN2
 def to_float(x: Tensor) -> Tensor:
     """Integer and bool inputs of float functions become the default float, as in PyTorch."""
     return x if x.dtype.is_floating_point else cast(x, dtypes.default_float)
+
+
+_HALF = (dtypes.float16, dtypes.bfloat16)
+
+
+def in_float32_for_halves(fn: Callable[..., Tensor], *tensors: Tensor) -> Tensor:
+    """fn(*tensors), computed in float32 when they are float16/bfloat16 (all share one dtype) and rounded
+    once at the end, as PyTorch does on CPU: rounding after every primitive compounds the error."""
+    dtype = tensors[0].dtype
+    if dtype not in _HALF:
+        return fn(*tensors)
+    return cast(fn(*(cast(t, dtypes.float32) for t in tensors)), dtype)
+
+
+def piecewise_constant(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A float function whose gradient is zero almost everywhere (floor, sign, ...): computed from the
+    detached input, its result still requires grad when the input does, as in PyTorch."""
+
+    @functools.wraps(fn)
+    def wrapper(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if not x.dtype.is_floating_point:
+            return fn(x, *args, **kwargs)
+        return Tensor.result(fn(x.detach(), *args, **kwargs).node, x)
+
+    return wrapper
+
+
+def float_function(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A float function of one tensor: integer inputs become the default float, and float16/bfloat16
+    inputs are computed in float32 (see `in_float32_for_halves`)."""
+
+    @functools.wraps(fn)
+    def wrapper(x: Tensor) -> Tensor:
+        return in_float32_for_halves(fn, to_float(x))
+
+    return wrapper
 
 
 def _require(op: str, x: Tensor, allowed: str) -> None:
@@ -55,9 +92,9 @@ def add(a: Any, b: Any, *, alpha: Scalar = 1) -> Tensor:
 
 
 def sub(a: Any, b: Any, *, alpha: Scalar = 1) -> Tensor:
-    (x, y), dtype = operands("sub", a, b)
-    if dtype.is_bool:
-        fail("sub", "subtraction of bool tensors is not supported; use logical_xor or ~", kind=DTypeError)
+    if any(isinstance(v, bool) or isinstance(v, Tensor) and v.dtype.is_bool for v in (a, b)):
+        fail("sub", "subtraction with a bool operand is not supported; use logical_xor or ~", kind=DTypeError)
+    (x, y), _ = operands("sub", a, b)
     return apply(Op.ADD, x, neg(y) if alpha == 1 else mul(y, -alpha))
 
 
@@ -79,9 +116,7 @@ def neg(x: Tensor) -> Tensor:
 def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> Tensor:
     """True division, or with rounding_mode "floor"/"trunc" as torch.div."""
     if rounding_mode is None:
-        (x, y), dtype = operands("div", a, b)
-        if not dtype.is_floating_point:
-            x, y = to_float(x), to_float(y)
+        (x, y), _ = operands("div", a, b, floating=True)
         return apply(Op.DIV, x, y)
     if rounding_mode not in ("floor", "trunc"):
         fail("div", f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
@@ -89,13 +124,26 @@ def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> Tensor:
     if dtype.is_bool:
         x, y = cast(x, dtypes.int64), cast(y, dtypes.int64)
     if dtype.is_floating_point:
-        quotient = apply(Op.DIV, x, y)
-        return floor(quotient) if rounding_mode == "floor" else trunc(quotient)
+        if rounding_mode == "floor":
+            return in_float32_for_halves(_floor_divide_float, x, y)
+        return trunc(apply(Op.DIV, x, y))
     floored = apply(Op.DIV, x, y)
     if rounding_mode == "floor":
         return floored
     inexact = ne(mul(floored, y), x)
     return where(logical_and(lt(floored, 0), inexact), add(floored, 1), floored)
+
+
+def _floor_divide_float(x: Tensor, y: Tensor) -> Tensor:
+    """PyTorch's (and Python's) float floor division: from fmod, so that x // y * y + x % y == x holds as
+    closely as it can, an infinite dividend gives NaN and a zero divisor gives x / y."""
+    mod = fmod(x, y)
+    quotient = apply(Op.DIV, sub(x, mod), y)
+    quotient = where(logical_and(ne(mod, 0), ne(lt(y, 0), lt(mod, 0))), sub(quotient, 1.0), quotient)
+    floored = floor(quotient)
+    floored = where(gt(sub(quotient, floored), 0.5), add(floored, 1.0), floored)
+    floored = where(eq(quotient, 0), mul(apply(Op.DIV, x, y), 0.0), floored)  # zero with the sign of x / y
+    return where(eq(y, 0), apply(Op.DIV, x, y), floored)
 
 
 def floor_divide(a: Any, b: Any) -> Tensor:
@@ -108,7 +156,13 @@ def remainder(a: Any, b: Any) -> Tensor:
     if dtype.is_integer:
         return apply(Op.MOD, x, y)
     _require("remainder", x, "f")
-    return sub(x, mul(y, floor(apply(Op.DIV, x, y))))
+    return in_float32_for_halves(_remainder_float, x, y)
+
+
+def _remainder_float(x: Tensor, y: Tensor) -> Tensor:
+    """PyTorch's: fmod, moved by one divisor when the signs differ (so infinities behave as in Python)."""
+    mod = _fmod_float(x, y)
+    return where(logical_and(ne(mod, 0), ne(lt(y, 0), lt(mod, 0))), add(mod, y), mod)
 
 
 def fmod(a: Any, b: Any) -> Tensor:
@@ -116,7 +170,12 @@ def fmod(a: Any, b: Any) -> Tensor:
     (x, y), dtype = operands("fmod", a, b)
     if dtype.is_integer:
         return sub(x, mul(div(x, y, rounding_mode="trunc"), y))
-    return sub(x, mul(y, trunc(apply(Op.DIV, x, y))))
+    return in_float32_for_halves(_fmod_float, x, y)
+
+
+def _fmod_float(x: Tensor, y: Tensor) -> Tensor:
+    result = sub(x, mul(y, trunc(apply(Op.DIV, x, y))))
+    return where(logical_and(isinf(y), isfinite(x)), x, result)  # x - inf * 0 would be NaN
 
 
 def reciprocal(x: Tensor) -> Tensor:
@@ -131,16 +190,17 @@ def pow(base: Any, exponent: Any) -> Tensor:
     (x, y), dtype = operands("pow", base, exponent)
     if not dtype.is_floating_point:
         return cast(_pow_float(to_float(x), to_float(y)), dtype)
-    return _pow_float(x, y)
+    return in_float32_for_halves(_pow_float, x, y)
 
 
 def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
-    (x,), dtype = operands("pow", x, dtype=dtypes.result_type([x.dtype] if x.ndim else [], [] if x.ndim else [x.dtype], [exponent]))
+    dims, zero_dim = ([x.dtype], []) if x.ndim else ([], [x.dtype])
+    (x,), dtype = operands("pow", x, dtype=dtypes.result_type(dims, zero_dim, [exponent]))
     if float(exponent).is_integer() and 0 <= exponent <= 8:
         result = _const_like(1, x)
         for _ in range(int(exponent)):
             result = mul(result, x)
-        return result
+        return Tensor.result(result.node, x)  # x ** 0 still requires grad (with gradient 0)
     if exponent == 0.5:
         return sqrt(x)
     if exponent == -0.5:
@@ -149,17 +209,20 @@ def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
         return reciprocal(_pow_scalar_exponent(x, -exponent))
     if dtype.is_integer and exponent < 0:
         fail("pow", "integers to negative integer powers are not allowed", kind=DTypeError)
-    return _pow_float(to_float(x), _const_like(float(exponent), to_float(x)))
+    x = to_float(x)
+    return in_float32_for_halves(_pow_float, x, _const_like(float(exponent), x))
 
 
 def _pow_float(x: Tensor, y: Tensor) -> Tensor:
+    """C's pow: |x|^y with the sign of x for odd integer y; NaN for finite negative x and non-integer y."""
     magnitude = exp2(mul(y, log2(abs(x))))
     y_is_integer = eq(floor(y), y)
-    y_is_odd = logical_and(y_is_integer, ne(remainder(y, 2.0), 0.0))
+    y_is_odd = eq(abs(fmod(y, 2.0)), 1.0)
     signed = where(logical_and(lt(x, 0), y_is_odd), neg(magnitude), magnitude)
-    invalid = logical_and(lt(x, 0), logical_not(y_is_integer))
-    result = where(invalid, _const_like(math.nan, x), signed)
-    return where(eq(y, 0), _const_like(1.0, x), result)
+    invalid = logical_and(logical_and(lt(x, 0), isfinite(x)), logical_not(y_is_integer))
+    result = mul(signed, where(invalid, _const_like(math.nan, x), _const_like(1.0, x)))  # NaN gradient too
+    exactly_one = logical_or(logical_or(eq(y, 0), eq(x, 1.0)), logical_and(eq(x, -1.0), isinf(y)))
+    return where(exactly_one, _const_like(1.0, x), result)
 
 
 def rpow(a: Any, b: Any) -> Tensor:
@@ -297,10 +360,12 @@ def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
     if min is None and max is None:
         fail("clamp", "at least one of 'min' or 'max' must not be None")
     result = x
-    if min is not None:
-        result = maximum(result, min)
+    if min is not None:  # where, not maximum: the gradient is 1 at the bound itself, as in PyTorch
+        (result, low), _ = operands("clamp", result, min)
+        result = where(lt(result, low), low, result)
     if max is not None:
-        result = minimum(result, max)
+        (result, high), _ = operands("clamp", result, max)
+        result = where(gt(result, high), high, result)
     return result
 
 
@@ -317,15 +382,17 @@ def log2(x: Tensor) -> Tensor:
     return apply(Op.LOG2, to_float(x))
 
 
+@float_function
 def exp(x: Tensor) -> Tensor:
-    x = to_float(x)
     return apply(Op.EXP2, mul(x, LOG2E))
 
 
+@float_function
 def log(x: Tensor) -> Tensor:
     return mul(log2(x), LN2)
 
 
+@float_function
 def log10(x: Tensor) -> Tensor:
     return mul(log2(x), math.log10(2.0))
 
@@ -334,6 +401,7 @@ def sqrt(x: Tensor) -> Tensor:
     return apply(Op.SQRT, to_float(x))
 
 
+@float_function
 def rsqrt(x: Tensor) -> Tensor:
     return reciprocal(sqrt(x))
 
@@ -342,28 +410,29 @@ def sin(x: Tensor) -> Tensor:
     return apply(Op.SIN, to_float(x))
 
 
+@float_function
 def cos(x: Tensor) -> Tensor:
-    """sin(x + pi/2): absolute error about one ulp of |x|."""
-    x = to_float(x)
-    return sin(add(x, math.pi / 2))
+    """1 - 2 sin(x/2)^2: halving is exact, so the error stays near one ulp of 1 for every x (sin(x + pi/2)
+    would lose the low bits of x in the addition)."""
+    half_sine = sin(mul(x, 0.5))
+    return sub(1.0, mul(mul(half_sine, half_sine), 2.0))
 
 
+@float_function
 def tan(x: Tensor) -> Tensor:
     return div(sin(x), cos(x))
 
 
-def log1p(x: Tensor) -> Tensor:
+def _log1p_decomposition(x: Tensor) -> Tensor:
     """Kahan's formula: log(u) * x / (u - 1) with u = 1 + x keeps small x accurate."""
-    x = to_float(x)
     u = add(x, 1.0)
     small = eq(u, 1.0)
     scaled = div(mul(log(u), x), sub(u, 1.0))
-    return where(small, x, where(isinf(u), u, scaled))
+    return where(small, x, where(eq(u, math.inf), u, scaled))
 
 
-def expm1(x: Tensor) -> Tensor:
+def _expm1_decomposition(x: Tensor) -> Tensor:
     """Kahan's formula: (u - 1) * x / log(u) with u = exp(x)."""
-    x = to_float(x)
     u = exp(x)
     u_minus_1 = sub(u, 1.0)
     scaled = div(mul(u_minus_1, x), log(u))
@@ -371,67 +440,112 @@ def expm1(x: Tensor) -> Tensor:
     return where(eq(u, 1.0), x, where(exact, u_minus_1, scaled))
 
 
+# Explicit gradients: differentiating Kahan's formulas gives 0/0 (NaN) where they switch branches (x near 0).
+LOG1P = register(Composite("log1p", infer=lambda x: (x.dtype, x.shape), decompose=_log1p_decomposition,
+                           grad=lambda out, grad, x: (div(grad, add(x, 1.0)),)))
+EXPM1 = register(Composite("expm1", infer=lambda x: (x.dtype, x.shape), decompose=_expm1_decomposition,
+                           grad=lambda out, grad, x: (mul(grad, add(out, 1.0)),)))
+
+
+@float_function
+def log1p(x: Tensor) -> Tensor:
+    return apply_composite(LOG1P, x)
+
+
+@float_function
+def expm1(x: Tensor) -> Tensor:
+    return apply_composite(EXPM1, x)
+
+
+@float_function
 def sigmoid(x: Tensor) -> Tensor:
-    x = to_float(x)
     return reciprocal(add(exp(neg(x)), 1.0))
 
 
+@float_function
 def tanh(x: Tensor) -> Tensor:
     """-t / (t + 2) with t = expm1(-2|x|), sign restored: accurate near 0, exact +-1 far out."""
-    x = to_float(x)
     t = expm1(mul(abs(x), -2.0))
     magnitude = div(neg(t), add(t, 2.0))
     return where(lt(x, 0), neg(magnitude), magnitude)
 
 
+@float_function
 def sinh(x: Tensor) -> Tensor:
-    x = to_float(x)
     return mul(sub(expm1(x), expm1(neg(x))), 0.5)
 
 
+@float_function
 def cosh(x: Tensor) -> Tensor:
-    x = to_float(x)
     return mul(add(exp(x), exp(neg(x))), 0.5)
 
 
+@float_function
 def asinh(x: Tensor) -> Tensor:
-    x = to_float(x)
+    """log1p(a + a^2 / (sqrt(a^2 + 1) + 1)), written with 1/a so that a^2 never overflows."""
     a = abs(x)
-    near = log1p(add(a, div(mul(a, a), add(sqrt(add(mul(a, a), 1.0)), 1.0))))
+    inverse = reciprocal(a)
+    near = log1p(add(a, div(a, add(sqrt(add(mul(inverse, inverse), 1.0)), inverse))))
     far = add(log(a), LN2)
     magnitude = where(gt(a, 1e8), far, near)
     return where(lt(x, 0), neg(magnitude), magnitude)
 
 
+@float_function
 def acosh(x: Tensor) -> Tensor:
-    x = to_float(x)
-    near = log(add(x, sqrt(sub(mul(x, x), 1.0))))
-    return where(gt(x, 1e8), add(log(x), LN2), near)
+    """log(x + sqrt((x - 1)(x + 1))), log(2x) far out; NaN below 1 (large negative x would give log(0))."""
+    near = log(add(x, sqrt(mul(sub(x, 1.0), add(x, 1.0)))))
+    result = where(gt(x, 1e8), add(log(x), LN2), near)
+    return where(lt(x, 1.0), _const_like(math.nan, x), result)
 
 
+@float_function
 def atanh(x: Tensor) -> Tensor:
-    x = to_float(x)
     return mul(log1p(div(mul(x, 2.0), sub(1.0, x))), 0.5)
 
 
+_ATAN_P = (-8.750608600031904122785e-1, -1.615753718733365076637e1, -7.500855792314704667340e1,
+           -1.228866684490136173410e2, -6.485021904942025371773e1)
+_ATAN_Q = (1.0, 2.485846490142306297962e1, 1.650270098316988542046e2, 4.328810604912902668951e2,
+           4.853903996359136964868e2, 1.945506571482613964425e2)
+_PI_2_LOW_BITS = 6.123233995736765886130e-17  # pi/2 - float64(pi/2)
+
+
+def _polynomial(z: Tensor, coefficients: tuple[float, ...]) -> Tensor:
+    """Horner's rule, highest power first."""
+    result = _const_like(coefficients[0], z)
+    for c in coefficients[1:]:
+        result = add(mul(result, z), c)
+    return result
+
+
+@float_function
 def atan(x: Tensor) -> Tensor:
-    """Cephes atanf: reduce to |x| <= tan(pi/8), odd polynomial; relative error ~2e-7."""
-    x = to_float(x)
+    """Cephes atan (double): reduce |x| to [0, 0.66] via pi/2 - atan(1/x) or pi/4 + atan((x-1)/(x+1)),
+    then x + x z P(z)/Q(z) with z = x^2; relative error ~1e-16, so float64 is exact too."""
     a = abs(x)
     big = gt(a, 2.414213562373095)
-    mid = logical_and(gt(a, 0.4142135623730950), logical_not(big))
+    mid = logical_and(gt(a, 0.66), logical_not(big))
     reduced = where(big, div(-1.0, a), where(mid, div(sub(a, 1.0), add(a, 1.0)), a))
     offset = where(big, _const_like(math.pi / 2, a), where(mid, _const_like(math.pi / 4, a), _const_like(0.0, a)))
+    low_bits = where(big, _const_like(_PI_2_LOW_BITS, a),
+                     where(mid, _const_like(_PI_2_LOW_BITS / 2, a), _const_like(0.0, a)))
     z = mul(reduced, reduced)
-    poly = add(mul(sub(mul(add(mul(sub(mul(z, 8.05374449538e-2), 1.38776856032e-1), z), 1.99777106478e-1), z),
-                       3.33329491539e-1), mul(z, reduced)), reduced)
-    magnitude = add(offset, poly)
+    ratio = div(mul(z, _polynomial(z, _ATAN_P)), _polynomial(z, _ATAN_Q))
+    magnitude = add(offset, add(add(mul(reduced, ratio), reduced), low_bits))
     return where(lt(x, 0), neg(magnitude), magnitude)
 
 
 def atan2(y: Any, x: Any) -> Tensor:
-    (y, x), dtype = operands("atan2", y, x)
-    y, x = to_float(y), to_float(x)
+    """atan(y / x) moved to the right quadrant; signed zeros and infinities as in C's atan2."""
+    (y, x), _ = operands("atan2", y, x, floating=True)
+    return in_float32_for_halves(_atan2_float, y, x)
+
+
+def _atan2_float(y: Tensor, x: Tensor) -> Tensor:
+    both_infinite = logical_and(isinf(y), isinf(x))  # the angle of (±1, ±1)
+    y = where(both_infinite, where(signbit(y), _const_like(-1.0, y), _const_like(1.0, y)), y)
+    x = where(both_infinite, where(signbit(x), _const_like(-1.0, x), _const_like(1.0, x)), x)
     base = atan(div(y, x))
     pi = _const_like(math.pi, base)
     negative_y = logical_or(lt(y, 0), logical_and(eq(y, 0), signbit(y)))
@@ -448,13 +562,13 @@ def signbit(x: Tensor) -> Tensor:
     return logical_or(lt(x, 0), logical_and(eq(x, 0), lt(reciprocal(x), 0)))
 
 
+@float_function
 def asin(x: Tensor) -> Tensor:
-    x = to_float(x)
     return atan2(x, sqrt(sub(1.0, mul(x, x))))
 
 
+@float_function
 def acos(x: Tensor) -> Tensor:
-    x = to_float(x)
     return atan2(sqrt(sub(1.0, mul(x, x))), x)
 
 
@@ -462,8 +576,27 @@ _ERF_SERIES = (1.0, -1.0 / 3, 1.0 / 10, -1.0 / 42, 1.0 / 216, -1.0 / 1320, 1.0 /
 _ERF_AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
+_ERF_TAYLOR = tuple((-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in reversed(range(40)))
+_ERFC_FRACTION_TERMS = 60
+
+
+def _erf_float64(x: Tensor) -> Tensor:
+    """Taylor series below |x| = 2.5, erfc's continued fraction beyond: error ~1e-14 in float64."""
+    a = abs(x)
+    z = mul(x, x)
+    series = mul(mul(_polynomial(z, _ERF_TAYLOR), x), 2.0 / math.sqrt(math.pi))
+    fraction = a
+    for k in range(_ERFC_FRACTION_TERMS, 0, -1):
+        fraction = add(div(k / 2, fraction), a)
+    tail = sub(1.0, div(exp(neg(z)), mul(fraction, math.sqrt(math.pi))))
+    return where(lt(a, 2.5), series, where(lt(x, 0), neg(tail), tail))
+
+
 def _erf_decomposition(x: Tensor) -> Tensor:
-    """Taylor series for |x| < 0.5, Abramowitz-Stegun 7.1.26 beyond (abs. error < 1.5e-7)."""
+    """float64: `_erf_float64`. Otherwise a Taylor series for |x| < 0.5 and Abramowitz-Stegun 7.1.26 beyond
+    (abs. error < 1.5e-7, float32-grade)."""
+    if x.dtype is dtypes.float64:
+        return _erf_float64(x)
     a = abs(x)
     z = mul(x, x)
     series = _const_like(_ERF_SERIES[-1], x)
@@ -486,10 +619,12 @@ def _erf_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
 ERF = register(Composite("erf", infer=lambda x: (x.dtype, x.shape), decompose=_erf_decomposition, grad=_erf_grad))
 
 
+@float_function
 def erf(x: Tensor) -> Tensor:
-    return apply_composite(ERF, to_float(x))
+    return apply_composite(ERF, x)
 
 
+@float_function
 def erfc(x: Tensor) -> Tensor:
     return sub(1.0, erf(x))
 
@@ -506,6 +641,7 @@ def _is_exact_integer_range(x: Tensor) -> Tensor:
     return lt(abs(x), float(2 ** _MANTISSA_BITS[x.dtype.name]))
 
 
+@piecewise_constant
 def round(x: Tensor, decimals: int = 0) -> Tensor:
     """Round half to even, exactly: adding and subtracting 2**mantissa rounds in the FPU."""
     if not x.dtype.is_floating_point:
@@ -520,6 +656,7 @@ def round(x: Tensor, decimals: int = 0) -> Tensor:
     return where(_is_exact_integer_range(x), signed, x)
 
 
+@piecewise_constant
 def trunc(x: Tensor) -> Tensor:
     if not x.dtype.is_floating_point:
         return x
@@ -527,6 +664,7 @@ def trunc(x: Tensor) -> Tensor:
     return where(_is_exact_integer_range(x), truncated, x)
 
 
+@piecewise_constant
 def floor(x: Tensor) -> Tensor:
     if not x.dtype.is_floating_point:
         return x
@@ -534,6 +672,7 @@ def floor(x: Tensor) -> Tensor:
     return where(gt(t, x), sub(t, 1.0), t)
 
 
+@piecewise_constant
 def ceil(x: Tensor) -> Tensor:
     if not x.dtype.is_floating_point:
         return x
@@ -548,16 +687,19 @@ def frac(x: Tensor) -> Tensor:
 def abs(x: Tensor) -> Tensor:
     if x.dtype.is_bool or x.dtype.kind == "u":
         return x
-    return where(lt(x, 0), neg(x), x)
+    if not x.dtype.is_floating_point:
+        return where(lt(x, 0), neg(x), x)
+    # ±0 maps to the constant +0.0: the sign of zero is dropped and the gradient at 0 is 0, as in PyTorch
+    return where(lt(x, 0), neg(x), where(eq(x, 0), 0.0, x))
 
 
+@piecewise_constant
 def sign(x: Tensor) -> Tensor:
     if x.dtype.is_bool:
         return x
     positive = cast(gt(x, 0), x.dtype)
     negative = cast(lt(x, 0), x.dtype)
-    result = sub(positive, negative)
-    return where(isnan(x), x, result) if x.dtype.is_floating_point else result
+    return sub(positive, negative)  # NaN gives 0, as in PyTorch
 
 
 def isnan(x: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""Whether new operations record gradients (`tg.no_grad`, `tg.enable_grad`)."""
+"""Whether new operations record gradients (`tg.no_grad`, `tg.enable_grad`, `tg.set_grad_enabled`)."""
 
 from __future__ import annotations
 
@@ -13,34 +13,56 @@ def is_grad_enabled() -> bool:
     return getattr(_state, "enabled", True)
 
 
-class set_grad_enabled:
-    """Context manager and decorator, as torch.set_grad_enabled."""
+def _set_grad_enabled(mode: bool) -> None:
+    _state.enabled = mode
+
+
+class _GradModeContext:
+    """Sets the grad mode inside a `with` block or a decorated function, restoring the previous mode after."""
 
     def __init__(self, mode: bool) -> None:
         self.mode = mode
-        self.previous: list[bool] = []
+        self._previous: list[bool] = []
 
     def __enter__(self) -> None:
-        self.previous.append(is_grad_enabled())
-        _state.enabled = self.mode
+        self._previous.append(is_grad_enabled())
+        _set_grad_enabled(self.mode)
 
     def __exit__(self, *exc: object) -> None:
-        _state.enabled = self.previous.pop()
+        _set_grad_enabled(self._previous.pop())
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        mode = self.mode
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with type(self)(self.mode) if type(self) is set_grad_enabled else type(self)():
+            with _GradModeContext(mode):
                 return fn(*args, **kwargs)
 
         return wrapper
 
 
-class no_grad(set_grad_enabled):
+class no_grad(_GradModeContext):
     def __init__(self) -> None:
         super().__init__(False)
 
 
-class enable_grad(set_grad_enabled):
+class enable_grad(_GradModeContext):
     def __init__(self) -> None:
         super().__init__(True)
+
+
+class set_grad_enabled(_GradModeContext):
+    """As torch.set_grad_enabled: a context manager, a decorator, or a plain call that sets the mode at once."""
+
+    def __init__(self, mode: bool) -> None:
+        super().__init__(mode)
+        self._previous.append(is_grad_enabled())
+        _set_grad_enabled(mode)
+
+    def __enter__(self) -> None:
+        """The mode was already set when the object was made."""
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        _set_grad_enabled(self._previous.pop())  # used as a decorator: undo the immediate effect
+        return super().__call__(fn)

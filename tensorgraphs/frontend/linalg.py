@@ -124,7 +124,9 @@ def einsum(equation: str, *operands: Any) -> Tensor:
         aligned = mv.reshape(aligned, tuple(sizes[c] if c in term else 1 for c in order))
         product = aligned if product is None else ew.mul(product, aligned)
     contracted = tuple(range(len(output), len(order)))
-    return rd.sum(product, contracted, dtype=dtype) if contracted else product
+    if not contracted:
+        return product
+    return rd.sum(product, contracted, dtype=dtype if len(operands) > 1 else None)  # torch: one operand sums as sum()
 
 
 def _expand_ellipsis(terms: list[str], output: str | None, operands: tuple) -> tuple[list[str], str]:

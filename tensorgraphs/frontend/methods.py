@@ -10,6 +10,7 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.tensor import Tensor, cast
+from tensorgraphs.graph.show import graph_text
 
 _METHODS = {
     ew: """add sub mul div floor_divide remainder fmod reciprocal pow neg abs sign exp exp2 log log2 log10 log1p
@@ -78,7 +79,8 @@ for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half":
                       "byte": dtypes.uint8, "short": dtypes.int16, "char": dtypes.int8}.items():
     setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
 Tensor.cpu = lambda self: self
-Tensor.clone = lambda self: self
+Tensor.graph = lambda self: graph_text(self)  # the graph as indented text (tg.show prints it)
+Tensor.clone = lambda self: Tensor.result(self.node, self)
 Tensor.__getitem__ = mv.getitem
 Tensor.__setitem__ = mv.setitem_unsupported
 

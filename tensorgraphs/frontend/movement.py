@@ -197,10 +197,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
         fail("index", "an index can only have a single ellipsis ('...')", kind=ArgumentError)
     if consumed > x.ndim:
         fail("index", f"too many indices for tensor of dimension {x.ndim} (got {consumed})", kind=ShapeError)
-    if Ellipsis in [i if i is Ellipsis else None for i in items]:
-        at = next(k for k, i in enumerate(items) if i is Ellipsis)
-        items[at : at + 1] = [slice(None)] * (x.ndim - consumed)
-    items += [slice(None)] * (x.ndim - consumed)
+    at = next((k for k, i in enumerate(items) if i is Ellipsis), len(items))
+    items[at : at + 1] = [slice(None)] * (x.ndim - consumed)  # a missing Ellipsis stands at the end
 
     result, dim, advanced = x, 0, []
     for item in items:
@@ -271,7 +269,7 @@ def pad_dim(x: Tensor, dim: int, before: int, after: int, value: Any = 0) -> Ten
     if value == 0 and not (isinstance(value, float) and math.copysign(1, value) < 0):
         return padded
     inside = apply(Op.PAD, Tensor(g.const(True, dtypes.bool_, x.shape)), arg=widths)
-    return ew.where(inside, padded, value)
+    return ew.where(inside, padded, Tensor(g.const(value, x.dtype)))  # the value takes x's dtype, as in torch
 
 
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
@@ -299,19 +297,23 @@ def _pad_from_edges(x: Tensor, dim: int, before: int, after: int, mode: str) -> 
         fail("pad", f"circular padding ({before}, {after}) must be at most the dim size {n}", kind=ArgumentError)
     if n == 0:
         fail("pad", f"cannot {mode}-pad an empty dim {dim}", kind=ArgumentError)
-    parts = []
-    if before:
-        left = {"reflect": lambda: flip(shrink_dim(x, dim, 1, before + 1), dim),
-                "replicate": lambda: expand_dim(shrink_dim(x, dim, 0, 1), dim, before),
-                "circular": lambda: shrink_dim(x, dim, n - before, n)}[mode]()
-        parts.append(left)
+    parts = [_edge_block(x, dim, before, mode, leading=True)] if before else []
     parts.append(x)
     if after:
-        right = {"reflect": lambda: flip(shrink_dim(x, dim, n - 1 - after, n - 1), dim),
-                 "replicate": lambda: expand_dim(shrink_dim(x, dim, n - 1, n), dim, after),
-                 "circular": lambda: shrink_dim(x, dim, 0, after)}[mode]()
-        parts.append(right)
+        parts.append(_edge_block(x, dim, after, mode, leading=False))
     return cat(parts, dim)
+
+
+def _edge_block(x: Tensor, dim: int, width: int, mode: str, leading: bool) -> Tensor:
+    """The `width` elements that padding mode `mode` puts before (leading) or after the data along `dim`."""
+    n = x.shape[dim]
+    if mode == "reflect":
+        start, stop = (1, width + 1) if leading else (n - 1 - width, n - 1)
+        return flip(shrink_dim(x, dim, start, stop), dim)
+    if mode == "replicate":
+        edge = shrink_dim(x, dim, 0, 1) if leading else shrink_dim(x, dim, n - 1, n)
+        return expand_dim(edge, dim, width)
+    return shrink_dim(x, dim, n - width, n) if leading else shrink_dim(x, dim, 0, width)  # circular
 
 
 def expand_dim(x: Tensor, dim: int, size: int) -> Tensor:

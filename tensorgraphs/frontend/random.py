@@ -12,7 +12,7 @@ import math
 import threading
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, DTypeError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend.tensor import Tensor, apply, apply_composite, cast
 from tensorgraphs.graph import node as g
@@ -23,23 +23,35 @@ _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
 _MASK = 0xFFFFFFFF
 
-_state = threading.local()
+
+class _GeneratorState:
+    """One process-wide stream, as PyTorch's default generator: threads share the seed and the call count."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seed = 0
+        self.calls = 0
+
+
+_state = _GeneratorState()
 
 
 def manual_seed(seed: int) -> None:
-    _state.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    _state.calls = 0
+    with _state.lock:
+        _state.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        _state.calls = 0
 
 
 def initial_seed() -> int:
-    return getattr(_state, "seed", 0)
+    return _state.seed
 
 
-def _next_key() -> tuple[int, int]:
-    seed = initial_seed()
-    calls = getattr(_state, "calls", 0)
-    _state.calls = calls + 1
-    return seed & _MASK, calls & _MASK
+def _next_key() -> tuple[int, int, int]:
+    """(key0, key1, counter_high) of the next random call."""
+    with _state.lock:
+        calls = _state.calls
+        _state.calls += 1
+        return _state.seed & _MASK, calls & _MASK, _state.seed >> 32
 
 
 def _u32(value: int, shape: tuple[int, ...]) -> Tensor:
@@ -83,26 +95,39 @@ RANDOM_BITS = register(Composite("random_bits", infer=_bits_shape, decompose=_bi
 
 def random_bits(shape: tuple[int, ...]) -> Tensor:
     """uint32 bits for a fresh random call."""
-    key0, key1 = _next_key()
     if math.prod(shape) >= 2**32:
         fail("random", f"at most 2**32 - 1 random numbers per call, asked for shape {shape}", kind=ArgumentError)
-    return apply_composite(RANDOM_BITS, shape=tuple(shape), key0=key0, key1=key1, counter_high=initial_seed() >> 32)
+    key0, key1, counter_high = _next_key()
+    return apply_composite(RANDOM_BITS, shape=tuple(shape), key0=key0, key1=key1, counter_high=counter_high)
+
+
+# How many random bits a uniform float gets: as many as its significand holds (float64 is limited
+# by the 32-bit word), so every value k * 2**-bits is exact and rounding can never reach 1.0.
+_UNIFORM_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes.float64: 32}
 
 
 def uniform_bits_to_float(bits: Tensor, dtype: dtypes.DType) -> Tensor:
-    """The top 24 bits as a float in [0, 1)."""
-    top = apply(Op.DIV, bits, _u32(256, bits.shape))
-    return ew.mul(cast(cast(top, dtypes.int64), dtype), 2.0**-24)
+    """The top bits of `bits` as a float in [0, 1), exact in `dtype`."""
+    kept = _UNIFORM_BITS[dtype]
+    top = apply(Op.DIV, bits, _u32(1 << (32 - kept), bits.shape)) if kept < 32 else bits
+    return ew.mul(cast(cast(top, dtypes.int64), dtype), 2.0**-kept)
+
+
+def _require_float(op: str, dtype: dtypes.DType) -> None:
+    if not dtype.is_floating_point:
+        fail(op, f"expected a floating point dtype, got {dtype.name} (use randint for integers)", kind=DTypeError)
 
 
 def rand(shape: tuple[int, ...], dtype: dtypes.DType) -> Tensor:
+    _require_float("rand", dtype)
     return uniform_bits_to_float(random_bits(shape), dtype)
 
 
 def randn(shape: tuple[int, ...], dtype: dtypes.DType) -> Tensor:
-    """Box-Muller on two uniforms; u1 is in (0, 1] so the log is finite."""
+    """Box-Muller on two uniforms (in float32, or float64 for float64); u1 is in (0, 1] so the log is finite."""
+    _require_float("randn", dtype)
     n = math.prod(shape)
-    u = rand((2, n), dtypes.float32)
+    u = rand((2, n), dtypes.float64 if dtype is dtypes.float64 else dtypes.float32)
     u1 = ew.sub(1.0, u[0])
     radius = ew.sqrt(ew.mul(ew.log(u1), -2.0))
     normal = ew.mul(radius, ew.cos(ew.mul(u[1], 2 * math.pi)))
@@ -116,8 +141,9 @@ def randint(low: int, high: int, shape: tuple[int, ...], dtype: dtypes.DType) ->
     if span > 2**32:
         fail("randint", f"the range high - low must be at most 2**32, got {span}", kind=ArgumentError)
     bits = random_bits(shape)
-    drawn = cast(bits, dtypes.int64) if span == 2**32 else cast(apply(Op.MOD, bits, _u32(span, bits.shape)), dtypes.int64)
-    return cast(ew.add(drawn, low), dtype)
+    if span < 2**32:
+        bits = apply(Op.MOD, bits, _u32(span, bits.shape))
+    return cast(ew.add(cast(bits, dtypes.int64), low), dtype)
 
 
 def bernoulli_mask(shape: tuple[int, ...], p: float) -> Tensor:

@@ -162,7 +162,10 @@ def var(x: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool
 
 def std(x: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool = False, *,
         correction: float | None = None) -> Tensor:
-    return ew.sqrt(var(x, dim, unbiased, keepdim, correction=correction))
+    """sqrt(var); where var is 0 the gradient is 0 (as in PyTorch), not 0 * inf."""
+    variance = var(x, dim, unbiased, keepdim, correction=correction)
+    zero = ew.eq(variance, 0)
+    return ew.where(zero, 0.0, ew.sqrt(ew.where(zero, 1.0, variance)))
 
 
 def var_mean(x: Tensor, dim: Dims = None, *, correction: float = 1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
@@ -182,16 +185,20 @@ def logsumexp(x: Tensor, dim: Dims, keepdim: bool = False) -> Tensor:
 
 
 def all(x: Tensor, dim: Dims = None, keepdim: bool = False) -> Tensor:
-    return ew.logical_not(any(ew.logical_not(x), dim, keepdim))
+    """uint8 inputs give uint8 results, as in PyTorch; every other dtype gives bool."""
+    result = ew.logical_not(any(ew.logical_not(x), dim, keepdim))
+    return cast(result, dtypes.uint8) if x.dtype is dtypes.uint8 else result
 
 
 def any(x: Tensor, dim: Dims = None, keepdim: bool = False) -> Tensor:
     dims = normalize_dims("any", dim, x.ndim)
     flags = ew.ne(x, 0) if not x.dtype.is_bool else x
     if x.numel() == 0:
-        return _finish(Tensor(g.const(False, dtypes.bool_, tuple(1 if i in dims else s for i, s in enumerate(x.shape)))),
-                       dims, keepdim)
-    return _finish(_max_along(flags, dims), dims, keepdim)
+        kept = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+        result = _finish(Tensor(g.const(False, dtypes.bool_, kept)), dims, keepdim)
+    else:
+        result = _finish(_max_along(flags, dims), dims, keepdim)
+    return cast(result, dtypes.uint8) if x.dtype is dtypes.uint8 else result
 
 
 def count_nonzero(x: Tensor, dim: Dims = None) -> Tensor:

@@ -46,16 +46,16 @@ class Tensor:
     def from_numpy(array: np.ndarray, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:
         array = np.asarray(array)
         dtype = dtypes.from_numpy_dtype(array.dtype) if dtype is None else dtype
-        data = np.ascontiguousarray(array.astype(dtype.storage))
+        data = array.astype(dtype.storage, order="C")  # a fresh copy; keeps 0-d arrays 0-d
         data = dtypes.round_to_storage(data, dtype)
         buf = Buffer(DEFAULT_DEVICE, dtype, tuple(data.shape), data)
         return Tensor(g.buffer(buf, dtype, data.shape), requires_grad=requires_grad)
 
     @staticmethod
     def result(node: Node, *parents: Tensor) -> Tensor:
-        """Wrap a new node; it requires grad when recording and a parent does."""
+        """Wrap a new node; it requires grad when recording, a parent does and it is float (as in PyTorch)."""
         out = Tensor(node)
-        out.requires_grad = is_grad_enabled() and any(p.requires_grad for p in parents)
+        out.requires_grad = is_grad_enabled() and node.dtype.is_floating_point and any(p.requires_grad for p in parents)
         return out
 
     def node_for_op(self) -> Node:
@@ -162,10 +162,13 @@ class Tensor:
         if requires_grad and not (self.dtype.is_floating_point):
             fail("requires_grad_", f"only floating point tensors can require gradients, got {self.dtype.name}",
                  kind=DTypeError)
-        if requires_grad and self.node.op is not Op.BUFFER:
-            if self.requires_grad:
-                fail("requires_grad_", "only leaf tensors can change requires_grad", kind=ArgumentError)
-            self.node = _materialize(self.node)
+        if not self.is_leaf:
+            if not requires_grad:
+                fail("requires_grad_", "only leaf tensors can change requires_grad; use tensor.detach() to get a "
+                     "tensor that does not require grad", kind=ArgumentError)
+            return self
+        if requires_grad and not self.requires_grad:
+            self.node = _own_buffer(self.node)  # other tensors holding the old node must not send gradient here
         if self.node.op is Op.BUFFER:
             self.node.arg.grad_leaf = weakref.ref(self) if requires_grad else None
         self.requires_grad = requires_grad
@@ -182,15 +185,17 @@ class Tensor:
         backward(self, gradient)
 
     def assign(self, value: Tensor | np.ndarray | Scalar) -> Tensor:
-        """Replace this tensor's contents (shape and dtype kept), like an in-place copy_."""
+        """Replace this tensor's contents (shape and dtype kept), like an in-place `copy_`.
+
+        Graphs built before keep reading the old values (nodes are immutable); a leaf that requires grad
+        gets a fresh buffer holding the new values and stays a leaf.
+        """
         value = as_tensor(value, dtype=self.dtype)
         if value.shape != self.shape:
             value = value.expand(self.shape)
-        value = value.to(self.dtype)
-        if self.node.op is Op.BUFFER and self.requires_grad:
-            data = realize([value.node])[0].astype(self.dtype.storage)
-            self.node.arg.data = np.ascontiguousarray(data)
-            self.node = _materialize(self.node)  # a new node: graphs built before keep the old values
+        value = cast(value, self.dtype)
+        if self.requires_grad:
+            self.node = _materialize(value.node)
             self.node.arg.grad_leaf = weakref.ref(self)
         else:
             self.node = value.node
@@ -201,8 +206,15 @@ class Tensor:
 
 def _materialize(node: Node) -> Node:
     """A fresh BUFFER node holding `node`'s value."""
-    data = np.ascontiguousarray(realize([node])[0].astype(node.dtype.storage))
+    data = realize([node])[0].astype(node.dtype.storage, order="C")
     return g.buffer(Buffer(DEFAULT_DEVICE, node.dtype, node.shape, data), node.dtype, node.shape)
+
+
+def _own_buffer(node: Node) -> Node:
+    """A BUFFER node no other tensor has, with `node`'s value (a buffer's data is shared, as torch's detach does)."""
+    if node.op is not Op.BUFFER:
+        return _materialize(node)
+    return g.buffer(Buffer(node.arg.device, node.dtype, node.shape, node.arg.data), node.dtype, node.shape)
 
 
 # ---------------------------------------------------------------------------
@@ -228,7 +240,8 @@ def as_tensor(value: Any, dtype: DType | None = None) -> Tensor:
         if isinstance(value, (np.ndarray, np.generic)):
             dtype = dtypes.from_numpy_dtype(array.dtype)
         else:  # nested Python lists take PyTorch's defaults
-            dtype = {"f": dtypes.default_float, "i": dtypes.int64, "u": dtypes.int64, "b": dtypes.bool_}[array.dtype.kind]
+            defaults = {"f": dtypes.default_float, "i": dtypes.int64, "u": dtypes.int64, "b": dtypes.bool_}
+            dtype = defaults[array.dtype.kind]
     return Tensor.from_numpy(array, dtype)
 
 
@@ -280,15 +293,23 @@ def expand_to(t: Tensor, shape: Shape) -> Tensor:
     return Tensor.result(g.movement(Op.EXPAND, node, shape), t)
 
 
-def operands(op: str, *values: Any, dtype: DType | None = None) -> tuple[list[Tensor], DType]:
-    """Tensors and scalars promoted to one dtype (PyTorch rules) and broadcast to one shape."""
+def operands(op: str, *values: Any, dtype: DType | None = None,
+             floating: bool = False) -> tuple[list[Tensor], DType]:
+    """Tensors and scalars promoted to one dtype (PyTorch rules) and broadcast to one shape.
+
+    `floating` ops (true division, atan2, ...) compute an integer or bool result type in the default
+    float, so Python scalars convert to it directly (uint8 / -3 is -1/3, not 1/253).
+    """
     tensors = [v for v in values if isinstance(v, Tensor)]
     scalars = [v for v in values if not isinstance(v, Tensor)]
     for s in scalars:
         if not is_scalar(s):
             fail(op, f"expected a Tensor or a number, got {type(s).__name__}", kind=DTypeError)
     if dtype is None:
-        dtype = dtypes.result_type([t.dtype for t in tensors if t.ndim], [t.dtype for t in tensors if not t.ndim], scalars)
+        dims, zero_dims = [t.dtype for t in tensors if t.ndim], [t.dtype for t in tensors if not t.ndim]
+        dtype = dtypes.result_type(dims, zero_dims, scalars)
+    if floating and not dtype.is_floating_point:
+        dtype = dtypes.default_float
     shape = broadcast_shapes(op, *(t.shape for t in tensors))
     out = []
     for v in values:

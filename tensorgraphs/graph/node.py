@@ -56,6 +56,9 @@ class Node:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Node is immutable")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Node is immutable")
+
     def __reduce__(self):  # pragma: no cover - nodes are not meant to be pickled
         raise TypeError("Node cannot be pickled; realize the tensor instead")
 
@@ -105,22 +108,40 @@ def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> l
 # ---------------------------------------------------------------------------
 
 
+def _checked_shape(shape: Any) -> Shape:
+    """A shape as a tuple of non-negative Python ints (numpy ints would leak into every later shape)."""
+    checked = tuple(int(s) for s in shape)
+    assert all(s >= 0 for s in checked), f"negative size in shape {checked}"
+    return checked
+
+
+def _check_axes(axes: tuple[int, ...], ndim: int) -> None:
+    assert all(0 <= a < ndim for a in axes) and len(set(axes)) == len(axes), f"axes {axes} for rank {ndim}"
+
+
 def const(value: bool | int | float, dtype: DType, shape: Shape = ()) -> Node:
     if dtype.is_bool:
         value = bool(value)
     elif dtype.is_integer:
-        value = int(value)
+        value = _wrap_integer(int(value), dtype)
     else:
         value = float(value)
-    return Node(Op.CONST, dtype, tuple(shape), (), value)
+    return Node(Op.CONST, dtype, _checked_shape(shape), (), value)
+
+
+def _wrap_integer(value: int, dtype: DType) -> int:
+    """An integer outside `dtype`'s range wraps around (two's complement), as PyTorch's scalars do."""
+    bits = dtype.bits
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if dtype.kind == "i" and value >= 1 << (bits - 1) else value
 
 
 def iota(length: int, dtype: DType) -> Node:
-    return Node(Op.IOTA, dtype, (length,))
+    return Node(Op.IOTA, dtype, _checked_shape((length,)))
 
 
 def buffer(buf: Any, dtype: DType, shape: Shape) -> Node:
-    return Node(Op.BUFFER, dtype, tuple(shape), (), buf)
+    return Node(Op.BUFFER, dtype, _checked_shape(shape), (), buf)
 
 
 def unary(op: Op, x: Node, dtype: DType | None = None) -> Node:
@@ -151,6 +172,7 @@ def where(cond: Node, a: Node, b: Node) -> Node:
 def reduce(op: Op, x: Node, axes: tuple[int, ...]) -> Node:
     assert op in REDUCE
     axes = tuple(sorted(axes))
+    _check_axes(axes, x.ndim)
     if not axes:
         return x
     shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
@@ -161,7 +183,7 @@ def movement_shape(op: Op, shape: Shape, arg: Any) -> Shape:
     """The shape rule of every movement op (the Tensor API validates `arg` first)."""
     assert op in MOVEMENT
     if op is Op.RESHAPE:
-        assert math.prod(arg) == math.prod(shape), (shape, arg)
+        assert math.prod(arg) == math.prod(shape) and all(s >= 0 for s in arg), (shape, arg)
         return tuple(arg)
     if op is Op.PERMUTE:
         assert sorted(arg) == list(range(len(shape))), arg
@@ -175,37 +197,46 @@ def movement_shape(op: Op, shape: Shape, arg: Any) -> Shape:
     if op is Op.SHRINK:
         assert len(arg) == len(shape) and all(0 <= b <= e <= s for s, (b, e) in zip(shape, arg)), (shape, arg)
         return tuple(e - b for b, e in arg)
-    assert all(0 <= a < len(shape) for a in arg)  # FLIP
+    _check_axes(arg, len(shape))  # FLIP
     return shape
 
 
-_NOOP = {
-    Op.RESHAPE: lambda shape, arg: tuple(arg) == shape,
-    Op.PERMUTE: lambda shape, arg: tuple(arg) == tuple(range(len(shape))),
-    Op.EXPAND: lambda shape, arg: tuple(arg) == shape,
-    Op.PAD: lambda shape, arg: all(p == (0, 0) for p in arg),
-    Op.SHRINK: lambda shape, arg: all(b == 0 and e == s for (b, e), s in zip(arg, shape)),
-    Op.FLIP: lambda shape, arg: not any(shape[a] > 1 for a in arg),
-}
+def is_noop_view(op: Op, shape: Shape, arg: Any) -> bool:
+    """Whether a movement op with this argument leaves every index where it is."""
+    if op in (Op.RESHAPE, Op.EXPAND):
+        return tuple(arg) == shape
+    if op is Op.PERMUTE:
+        return tuple(arg) == tuple(range(len(shape)))
+    if op is Op.PAD:
+        return all(p == (0, 0) for p in arg)
+    if op is Op.SHRINK:
+        return all(b == 0 and e == s for (b, e), s in zip(arg, shape))
+    return not any(shape[a] > 1 for a in arg)  # FLIP of size-1 axes
+
+
+def _plain_ints(arg: Any) -> Any:
+    """Nested tuples of Python ints, so equal arguments given as lists or numpy ints share one node."""
+    return tuple(_plain_ints(a) if isinstance(a, (list, tuple)) else int(a) for a in arg)
 
 
 def movement(op: Op, x: Node, arg: Any) -> Node:
-    arg = tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in arg)
+    arg = _plain_ints(arg)
     if op is Op.FLIP:
         arg = tuple(sorted(arg))
-    if _NOOP[op](x.shape, arg):
-        return x
-    return Node(op, x.dtype, movement_shape(op, x.shape, arg), (x,), arg)
+    shape = movement_shape(op, x.shape, arg)
+    return x if is_noop_view(op, x.shape, arg) else Node(op, x.dtype, shape, (x,), arg)
 
 
 def gather(x: Node, index: Node, axis: int) -> Node:
     """out[..., i, ...] = x[..., index[..., i, ...], ...] along `axis`; other axes equal."""
-    assert index.dtype.is_integer and index.ndim == x.ndim
-    assert all(a == b for d, (a, b) in enumerate(zip(x.shape, index.shape)) if d != axis)
+    assert index.dtype.is_integer and index.ndim == x.ndim and 0 <= axis < x.ndim, (x, index, axis)
+    assert all(a == b for d, (a, b) in enumerate(zip(x.shape, index.shape)) if d != axis), (x, index, axis)
     return Node(Op.GATHER, x.dtype, index.shape, (x, index), axis)
 
 
 def scatter_add(base: Node, index: Node, values: Node, axis: int) -> Node:
     """The transpose of GATHER: out = base; out[..., index[i], ...] += values[i]."""
-    assert index.shape == values.shape and base.dtype is values.dtype and index.ndim == base.ndim
+    assert index.dtype.is_integer and index.shape == values.shape and base.dtype is values.dtype
+    assert index.ndim == base.ndim and 0 <= axis < base.ndim, (base, index, axis)
+    assert all(i <= b for d, (b, i) in enumerate(zip(base.shape, index.shape)) if d != axis), (base, index, axis)
     return Node(Op.SCATTER_ADD, base.dtype, base.shape, (base, index, values), axis)

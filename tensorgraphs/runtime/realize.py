@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Iterator, Protocol
+from typing import Iterator, Mapping, Protocol
 
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.errors import ArgumentError
 from tensorgraphs.graph.node import Node
+from tensorgraphs.rewrite import optimize
 
 
 class Backend(Protocol):
@@ -26,7 +27,8 @@ class Backend(Protocol):
 
 BACKENDS: dict[str, Backend] = {"numpy": REFERENCE}
 _state = threading.local()
-_realized: weakref.WeakKeyDictionary[Node, np.ndarray] = weakref.WeakKeyDictionary()
+_realized: dict[str, weakref.WeakKeyDictionary[Node, np.ndarray]] = {}
+"""Per device: values of realized nodes, kept while the node lives (devices never share results)."""
 
 
 def register_backend(backend: Backend) -> None:
@@ -54,9 +56,21 @@ def device(name: str) -> Iterator[None]:
         _state.device = previous
 
 
+def realized_values(name: str) -> Mapping[Node, np.ndarray]:
+    """The values device `name` has realized and still remembers."""
+    return _realized.setdefault(name, weakref.WeakKeyDictionary())
+
+
 def realize(nodes: list[Node]) -> list[np.ndarray]:
-    """Values of `nodes`, computed together (shared work done once) on the current device."""
-    values = BACKENDS[default_device()].evaluate(nodes, known=_realized)
+    """Values of `nodes`, computed together (shared work done once) on the current device.
+
+    The active rewrite rule sets run first (canonical form, user rules); results are remembered under
+    the original nodes.
+    """
+    name = default_device()
+    known = realized_values(name)
+    optimized = optimize(nodes, stop=known.__contains__)
+    values = BACKENDS[name].evaluate(optimized, known=known)
     for node, value in zip(nodes, values):
-        _realized[node] = value
+        known[node] = value
     return values

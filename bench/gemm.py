@@ -1,0 +1,236 @@
+"""Benchmark: the generated GEMM and conv2d kernels and the BLAS kernel against torch (MKL), in one run.
+
+    .venv/bin/python bench/gemm.py [--big] [--min-time 0.3] [--only squares,transformer,resnet,fused]
+                                   [--threads N] [--clock wall|cpu]
+
+Every row times ours and torch interleaved (ours, torch, ours, ...) so background load hits them alike, then
+BLAS, all after warm-up. It prints medians in GFLOP/s; the ratio to torch (median over adjacent pairs of runs)
+against the targets of issue 5 (GEMM >= 95% of torch, conv2d >= 80%, fused linear+gelu faster than torch's
+linear then gelu); the fraction of this machine's FMA peak (measured at start with a register-only FMA loop on
+every thread); and the spread of ours (interquartile range / median), which says how noisy the row was.
+
+On a machine shared with other work, `--threads 1 --clock cpu` compares the kernels by the CPU time of the one
+thread (time the thread was descheduled does not count), which is far less noisy than wall-clock time.
+Ours and torch share torch's OpenMP runtime (torch is imported first), so --threads sets both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tensorgraphs.kernels import blas, gemm  # noqa: E402
+
+PEAK_SOURCE = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <time.h>
+static double seconds(clockid_t clock) {
+    struct timespec now;
+    clock_gettime(clock, &now);
+    return now.tv_sec + 1e-9 * now.tv_nsec;
+}
+float fma_peak_sink[64]; /* visible outside, so the FMAs cannot be optimized away */
+double fma_peak_gflops(long reps, int cpu_clock) {
+    clockid_t clock = cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC;
+    double start = seconds(clock);
+    #pragma omp parallel
+    {
+        __m512 acc[24], x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-7f);
+        for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)i);
+        for (long r = 0; r < reps; r++) {
+            _Pragma("GCC unroll 24") for (int i = 0; i < 24; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+            __asm__ volatile("" : "+v"(x));
+        }
+        for (int i = 1; i < 24; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+        fma_peak_sink[omp_get_thread_num() % 64] = _mm512_reduce_add_ps(acc[0]);
+    }
+    return 2.0 * 16 * 24 * reps * omp_get_max_threads() / (seconds(clock) - start) * 1e-9;
+}
+"""
+
+
+def fma_peak(cpu_clock: bool) -> float:
+    """GFLOP/s of independent AVX-512 FMAs on every OpenMP thread (best of 5)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        source, library = Path(scratch) / "peak.c", Path(scratch) / "peak.so"
+        source.write_text(PEAK_SOURCE)
+        command = ["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(source)]
+        subprocess.run([*command, "-o", str(library)], check=True)
+        function = ctypes.CDLL(str(library)).fma_peak_gflops
+        function.restype, function.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_int]
+        return max(function(20_000_000, cpu_clock) for _ in range(5))
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
+
+
+def timed_runs(candidates: dict[str, Callable[[], object]], min_time: float) -> dict[str, list[float]]:
+    """Seconds per call of each candidate, timed round-robin after warm-up, until each has run min_time."""
+    for run in candidates.values():
+        for _ in range(2):
+            run()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    while min(sum(t) for t in times.values()) < min_time or min(len(t) for t in times.values()) < 7:
+        for name, run in candidates.items():
+            start = clock()
+            run()
+            times[name].append(clock() - start)
+        if len(times[next(iter(times))]) >= 200:
+            break
+    return times
+
+
+def measure(candidates: dict[str, Callable[[], object]], min_time: float) -> dict[str, list[float]]:
+    """Ours and torch interleaved (they share torch's OpenMP pool); BLAS alone afterwards, then a pause, because
+    OpenBLAS's own threads keep spinning after a call and would slow whatever runs next."""
+    times = timed_runs({name: candidates[name] for name in ("ours", "torch")}, min_time)
+    if "blas" in candidates:
+        times |= timed_runs({"blas": candidates["blas"]}, min_time)
+        time.sleep(0.2)
+    return times
+
+
+def random(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def matmul_row(batch: int, m: int, k: int, n: int, transpose_b: bool = False) -> tuple[float, dict]:
+    a = random((batch, m, k) if batch > 1 else (m, k), 1)
+    b = (
+        random((batch, n, k) if batch > 1 else (n, k), 2).swapaxes(-1, -2)
+        if transpose_b
+        else random((batch, k, n) if batch > 1 else (k, n), 2)
+    )
+    out = np.empty(a.shape[:-1] + (n,), np.float32)
+    ta, tb, tout = (
+        torch.from_numpy(a),
+        torch.from_numpy(np.ascontiguousarray(b.swapaxes(-1, -2))),
+        torch.from_numpy(out.copy()),
+    )
+    tb = tb.transpose(-1, -2) if transpose_b else torch.from_numpy(b)
+    candidates = {"ours": gemm.bind_matmul(a, b, out=out), "torch": lambda: torch.matmul(ta, tb, out=tout)}
+    if blas.available():
+        candidates["blas"] = blas.bind_matmul(a, b, out=out)
+    return 2.0 * batch * m * n * k, candidates
+
+
+def fused_row(m: int, k: int, n: int) -> tuple[float, dict]:
+    x, weight, bias = random((m, k), 1), random((n, k), 2), random((n,), 3)
+    out = np.empty((m, n), np.float32)
+    tx, tw, tbias = torch.from_numpy(x), torch.from_numpy(weight), torch.from_numpy(bias)
+    gelu = torch.nn.functional.gelu
+    candidates = {
+        "ours": gemm.bind_matmul(x, weight.T, bias=bias, activation="gelu_tanh", out=out),
+        "torch": lambda: gelu(torch.nn.functional.linear(tx, tw, tbias), approximate="tanh"),
+    }
+    if blas.available():
+        candidates["blas"] = blas.bind_matmul(x, weight.T, bias=bias, activation="gelu_tanh", out=out)
+    return 2.0 * m * n * k, candidates
+
+
+def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: int, padding: int) -> tuple[float, dict]:
+    x, weight = random((batch, cin, size, size), 1), random((cout, cin, kernel, kernel), 2)
+    tx, tw = torch.from_numpy(x), torch.from_numpy(weight)
+    out_size = (size + 2 * padding - kernel) // stride + 1
+    candidates = {
+        "ours": lambda: gemm.conv2d(x, weight, stride=stride, padding=padding),
+        "torch": lambda: torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding),
+    }
+    return 2.0 * batch * cout * out_size * out_size * cin * kernel * kernel, candidates
+
+
+RESNET18 = [  # (name, cin, input size, cout, kernel, stride, padding) at batch 8, 224x224 images
+    ("conv1", 3, 224, 64, 7, 2, 3),
+    ("layer1 3x3", 64, 56, 64, 3, 1, 1),
+    ("layer2.0 3x3/2", 64, 56, 128, 3, 2, 1),
+    ("layer2 3x3", 128, 28, 128, 3, 1, 1),
+    ("layer2 down 1x1/2", 64, 56, 128, 1, 2, 0),
+    ("layer3.0 3x3/2", 128, 28, 256, 3, 2, 1),
+    ("layer3 3x3", 256, 14, 256, 3, 1, 1),
+    ("layer3 down 1x1/2", 128, 28, 256, 1, 2, 0),
+    ("layer4.0 3x3/2", 256, 14, 512, 3, 2, 1),
+    ("layer4 3x3", 512, 7, 512, 3, 1, 1),
+    ("layer4 down 1x1/2", 256, 14, 512, 1, 2, 0),
+]
+
+
+def rows(groups: set[str], big: bool) -> list[tuple[str, str, float, Callable[[], tuple[float, dict]]]]:
+    """(group, label, target ratio to torch, builder) for every benchmark row."""
+    table = []
+    if "squares" in groups:
+        for size in (256, 512, 1024, 2048, *((4096,) if big else ())):
+            target = 0.95 if size >= 512 else 0.0
+            table.append(("square", f"{size}^3", target, lambda s=size: matmul_row(1, s, s, s)))
+    if "transformer" in groups:
+        for m, k, n in ((1024, 256, 768), (1024, 256, 256), (1024, 256, 1024), (1024, 1024, 256)):
+            table.append(("transformer", f"{m}x{k}x{n}", 0.95, lambda m=m, k=k, n=n: matmul_row(1, m, k, n)))
+        table.append(("transformer", "32x128x64x128 q@kT", 0.95, lambda: matmul_row(32, 128, 64, 128, True)))
+        table.append(("transformer", "32x128x128x64 p@v", 0.95, lambda: matmul_row(32, 128, 128, 64)))
+    if "fused" in groups:
+        for m, k, n in ((1024, 256, 1024), (1024, 768, 3072)):
+            table.append(("linear+gelu", f"{m}x{k}x{n}", 1.0, lambda m=m, k=k, n=n: fused_row(m, k, n)))
+    if "resnet" in groups:
+        for name, cin, size, cout, kernel, stride, padding in RESNET18:
+            table.append(("conv2d b8", name, 0.8, lambda c=(cin, size, cout, kernel, stride, padding): conv_row(8, *c)))
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big", action="store_true", help="add the 4096^3 square")
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of runs per implementation and row")
+    parser.add_argument("--only", default="squares,transformer,fused,resnet", help="comma-separated row groups")
+    parser.add_argument("--threads", type=int, default=None, help="threads for ours, torch and BLAS")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
+    options = parser.parse_args()
+    if options.clock == "cpu" and options.threads != 1:
+        parser.error("--clock cpu measures one thread: add --threads 1")
+    if options.threads:
+        torch.set_num_threads(options.threads)
+        os.environ["OPENBLAS_NUM_THREADS"] = str(options.threads)  # read when the BLAS kernel loads OpenBLAS
+    global clock
+    clock = CLOCKS[options.clock]
+    peak = fma_peak(options.clock == "cpu")
+    print(
+        f"threads {torch.get_num_threads()} (ours and torch), clock {options.clock}; "
+        f"blocking {gemm.blocking()}; FMA peak {peak:.0f} GFLOP/s; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'group':<12} {'shape (M x K x N)':<20} {'ours':>6} {'blas':>6} {'torch':>6} {'ours/torch':>10} "
+        f"{'target':>6} {'peak%':>6} {'spread':>6}"
+    )
+    misses = 0
+    for group, label, target, build in rows(set(options.only.split(",")), options.big):
+        flops, candidates = build()
+        times = measure(candidates, options.min_time)
+        gflops = {name: flops / statistics.median(t) / 1e9 for name, t in times.items()}
+        quartiles = statistics.quantiles(times["ours"], n=4)
+        ratio = statistics.median(t / o for o, t in zip(times["ours"], times["torch"], strict=True))
+        met = "" if target == 0 else ("ok" if ratio >= target else "MISS")
+        misses += met == "MISS"
+        print(
+            f"{group:<12} {label:<20} {gflops['ours']:6.0f} {gflops.get('blas', float('nan')):6.0f} "
+            f"{gflops['torch']:6.0f} {ratio:9.2f}x {target:5.2f} {met:<4} {100 * gflops['ours'] / peak:4.0f}% "
+            f"{100 * (quartiles[2] - quartiles[0]) / statistics.median(times['ours']):5.0f}%",
+            flush=True,
+        )
+    print(f"rows below target: {misses}; load average now {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

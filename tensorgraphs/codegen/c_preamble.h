@@ -1,0 +1,156 @@
+/* tensorgraphs C runtime: included at the top of every generated program.
+ *
+ * Everything here is branch-free where it sits in inner loops, so gcc vectorizes it with
+ * -O3 -march=native -fno-math-errno -fno-trapping-math (never -ffast-math: NaN and infinities
+ * keep IEEE behaviour). Programs are compiled with -ffp-contract=off so a*b+c rounds twice, as in
+ * the reference backend; the polynomials below ask for fma explicitly.
+ *
+ * Float32 transcendental functions (float64 uses libm's exp2, log2 and sin):
+ *   tg_exp2f: range reduction to [-1/2, 1/2] + degree-6 polynomial; error <= 1 ulp
+ *             (subnormal results included), 0 and inf on under/overflow.
+ *   tg_log2f: exponent + odd series of atanh in t = (m-1)/(m+1); error <= 3 ulp, subnormal
+ *             inputs included; log2(0) = -inf, log2(x < 0) = NaN.
+ *   tg_sinf:  computed in double: exact reduction modulo 2pi for every finite float (a table of
+ *             2^E mod 2pi), then by pi (Cody-Waite, 3 parts of 26 bits) and a degree-13 polynomial;
+ *             error <= 1 ulp for every finite float.
+ * tests/codegen/test_c_renderer.py measures these bounds.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef union { float f; uint32_t u; int32_t i; } tg_f32bits;
+
+static inline float tg_exp2f(float x) {
+    float c = x < -151.0f ? -151.0f : (x > 129.0f ? 129.0f : x); /* NaN stays NaN */
+    float k = (c + 12582912.0f) - 12582912.0f;                    /* round to nearest integer */
+    k = c == c ? k : 0.0f;
+    float f = c - k;                                              /* [-1/2, 1/2] */
+    float p = 1.53375804e-4f;
+    p = fmaf(p, f, 1.33998658e-3f);
+    p = fmaf(p, f, 9.61851981e-3f);
+    p = fmaf(p, f, 5.55032901e-2f);
+    p = fmaf(p, f, 2.40226462e-1f);
+    p = fmaf(p, f, 6.93147182e-1f);
+    p = fmaf(p, f, 1.0f);
+    int32_t n = (int32_t)k;
+    int32_t half = n / 2;
+    tg_f32bits s1, s2;
+    s1.i = (half + 127) << 23;
+    s2.i = (n - half + 127) << 23;
+    float r = p * s1.f * s2.f;
+    return c == c ? r : x;
+}
+
+static inline float tg_log2f(float x) {
+    int small = x < 1.17549435e-38f;
+    float y = small ? x * 8388608.0f : x;
+    tg_f32bits b;
+    b.f = y;
+    int32_t e = (int32_t)((b.u >> 23) & 0xff) - 127 - (small ? 23 : 0);
+    b.u = (b.u & 0x7fffffu) | 0x3f800000u;
+    float m = b.f;
+    int big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1 : e;
+    float t = (m - 1.0f) / (m + 1.0f);
+    float t2 = t * t;
+    float p = 0.320598898f;                 /* 2 / (9 ln 2) */
+    p = fmaf(p, t2, 0.412198583f);              /* 2 / (7 ln 2) */
+    p = fmaf(p, t2, 0.577078016f);              /* 2 / (5 ln 2) */
+    p = fmaf(p, t2, 0.961796694f);              /* 2 / (3 ln 2) */
+    p = fmaf(p, t2, 2.885390082f);              /* 2 / ln 2 */
+    float r = (float)e + t * p;
+    r = x == 0.0f ? -INFINITY : r;
+    r = x < 0.0f ? NAN : r;
+    r = x == INFINITY ? INFINITY : r;
+    return x == x ? r : x;
+}
+
+/* x = M * 2^E exactly (M a 24-bit integer); with t = 2^E mod 2pi from the table (as hi + lo),
+ * x = M*t (mod 2pi) and M*t < 2^27, so the reduction by pi below is exact for every finite float. */
+static inline float tg_sinf(float xf) {
+    tg_f32bits b;
+    b.f = xf;
+    int32_t field = (int32_t)((b.u >> 23) & 0xff);
+    int32_t mantissa = (int32_t)(b.u & 0x7fffff) | (field ? 0x800000 : 0);
+    int32_t entry = field ? field - 1 : 0;                    /* E = entry - 149 */
+    double m = (double)((b.u >> 31) ? -mantissa : mantissa);
+    double hi = tg_pow2_mod_2pi[entry][0], lo = tg_pow2_mod_2pi[entry][1];
+    double p = m * hi;
+    double e = fma(m, hi, -p) + m * lo;
+    double k = rint(p * 0.31830988618379067);
+    double r = p - k * 0x1.921fb50000000p+1;
+    r = r - k * 0x1.110b460000000p-25;
+    r = (r - k * 0x1.1a62633145c07p-53) + e;
+    double r2 = r * r;
+    double q = 1.6059043836821613e-10;
+    q = fma(q, r2, -2.5052108385441720e-8);
+    q = fma(q, r2, 2.7557319223985893e-6);
+    q = fma(q, r2, -1.9841269841269841e-4);
+    q = fma(q, r2, 8.3333333333333333e-3);
+    q = fma(q, r2, -1.6666666666666667e-1);
+    q = r + r * r2 * q;
+    double half = k * 0.5;
+    float result = (float)(half != floor(half) ? -q : q);
+    result = xf == 0.0f ? xf : result; /* sin(-0) = -0 */
+    return xf - xf == 0.0f ? result : NAN;
+}
+
+static inline float tg_round_f16(float x) { return (float)(_Float16)x; }
+
+static inline float tg_round_bf16(float x) { /* round to nearest even, NaN kept */
+    tg_f32bits b;
+    b.f = x;
+    b.u = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) & 0xffff0000u;
+    return x == x ? b.f : x;
+}
+
+/* float -> integer: trunc; NaN/inf give 0; signed saturates, unsigned wraps (the reference's rule). */
+static inline int64_t tg_to_signed(double x, double lo, double hi) {
+    if (x - x != 0.0) return 0;
+    return x <= lo ? (int64_t)lo : (x >= hi ? (int64_t)hi : (int64_t)x);
+}
+
+static inline uint64_t tg_to_unsigned(double x, double modulus) {
+    if (x - x != 0.0) return 0;
+    double t = trunc(x);
+    if (t >= 0.0 && t < modulus) return (uint64_t)t;
+    double m = fmod(t, modulus);
+    return (uint64_t)(m < 0.0 ? m + modulus : m);
+}
+
+/* Integer division rounds toward -inf, modulo has the divisor's sign; division by zero gives 0. */
+#define TG_INT_DIVISION(T, U)                                                             \
+    static inline T tg_floordiv_##T(T a, T b) {                                           \
+        if (b == 0) return 0;                                                             \
+        if (b == (T)-1) return (T)((U)0 - (U)a);                                          \
+        T q = (T)(a / b);                                                                 \
+        return (T)((q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q);                     \
+    }                                                                                     \
+    static inline T tg_mod_##T(T a, T b) {                                                \
+        if (b == 0 || b == (T)-1) return 0;                                               \
+        T r = (T)(a % b);                                                                 \
+        return (T)((r != 0 && ((r < 0) != (b < 0))) ? r + b : r);                         \
+    }
+TG_INT_DIVISION(int8_t, uint8_t)
+TG_INT_DIVISION(int16_t, uint16_t)
+TG_INT_DIVISION(int32_t, uint32_t)
+TG_INT_DIVISION(int64_t, uint64_t)
+
+#define TG_UINT_DIVISION(T)                                                               \
+    static inline T tg_floordiv_##T(T a, T b) { return b == 0 ? 0 : (T)(a / b); }          \
+    static inline T tg_mod_##T(T a, T b) { return b == 0 ? 0 : (T)(a % b); }
+TG_UINT_DIVISION(uint8_t)
+TG_UINT_DIVISION(uint32_t)
+
+static inline int64_t tg_floordiv_index(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t tg_mod_index(int64_t a, int64_t b) { int64_t r = a % b; return r < 0 ? r + b : r; }
+static inline int64_t tg_clamp_index(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : (a > hi ? hi : a); }
+
+/* A gathered/scattered position outside [0, n) flags the call (IndexError in Python) and reads element 0. */
+static inline int64_t tg_checked_index(int64_t i, int64_t n, int *status) {
+    if (i >= 0 && i < n) return i;
+    __atomic_store_n(status, 1, __ATOMIC_RELAXED);
+    return 0;
+}

@@ -1,0 +1,382 @@
+"""Loop IR -> one C translation unit per program.
+
+Each kernel becomes a `static void` function taking its buffers as `restrict`
+pointers; an entry point `tg_program(void **buffers)` calls them in order, so a
+whole step is one native call. Outer loops carry `#pragma omp parallel for`;
+inner loops are plain counted loops gcc vectorizes. A reduction's innermost
+loop keeps LANES independent partial results (combined in order afterwards), so
+float sums and NaN-propagating maxima vectorize without reassociation flags.
+
+Spelling of every op lives in the tables below (`BINARY`, `UNARY_FLOAT`, ...).
+Every identifier in the source is generated here or sanitized (`c_identifier`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tensorgraphs import dtypes
+from tensorgraphs.codegen import index as ix
+from tensorgraphs.codegen.loop_ir import (
+    Accumulate,
+    Kernel,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Operand,
+    Reduce,
+    Ref,
+    Stmt,
+    Store,
+)
+from tensorgraphs.dtypes import DType
+from tensorgraphs.graph.ops import Op
+
+
+def _pi(digits: int = 120) -> Fraction:
+    """pi to `digits` decimals (Machin's formula in integers): enough for 2^E mod 2pi up to E = 127."""
+    def arctan_inverse(x: int, one: int) -> int:
+        total = term = one // x
+        n, sign = 1, -1
+        while term:
+            term //= x * x
+            n += 2
+            total += sign * (term // n)
+            sign = -sign
+        return total
+
+    one = 10 ** (digits + 10)
+    return Fraction(16 * arctan_inverse(5, one) - 4 * arctan_inverse(239, one), one)
+
+
+def _sin_table() -> str:
+    """tg_pow2_mod_2pi[E + 149] = 2^E mod 2pi as (hi, lo) doubles, E = -149 .. 105 (every float exponent)."""
+    two_pi = 2 * _pi()
+    rows = []
+    for exponent in range(-149, 106):
+        t = Fraction(2) ** exponent % two_pi
+        hi = float(t)
+        rows.append(f"    {{{hi.hex()}, {float(t - Fraction(hi)).hex()}}},")
+    return "static const double tg_pow2_mod_2pi[256][2] = {\n" + "\n".join(rows) + "\n    {0, 0}};\n"
+
+
+_HEADER = (Path(__file__).parent / "c_preamble.h").read_text()
+_SPLIT = _HEADER.index("typedef union")
+PREAMBLE = _HEADER[:_SPLIT] + _sin_table() + "\n" + _HEADER[_SPLIT:]
+LANES = 16
+"""Independent accumulators in a reduction's inner loop: one AVX-512 register of float32."""
+
+STORAGE = {
+    dtypes.bool_: "uint8_t", dtypes.uint8: "uint8_t", dtypes.uint32: "uint32_t", dtypes.int8: "int8_t",
+    dtypes.int16: "int16_t", dtypes.int32: "int32_t", dtypes.int64: "int64_t", dtypes.float16: "_Float16",
+    dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double",
+}
+"""C element type of each dtype's array (bfloat16 is stored as float32 holding bfloat16 values)."""
+
+COMPUTE = {**STORAGE, dtypes.float16: "float"}
+"""C type scalars are computed in; float16 and bfloat16 values are rounded after each rounding op."""
+
+ROUND = {dtypes.float16: "tg_round_f16", dtypes.bfloat16: "tg_round_bf16"}
+"""Every op's float16/bfloat16 result is rounded to its storage, as the reference backend does."""
+
+
+def c_identifier(text: str) -> str:
+    """A safe C identifier from any string (user strings never reach the source unescaped)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_]", "_", text)[:48]
+    return cleaned if re.match(r"[A-Za-z_]", cleaned) else f"_{cleaned}"
+
+
+def literal(value: object, dtype: DType) -> str:
+    """A C literal equal to `value` stored as `dtype` (floats exact, via hexadecimal)."""
+    if dtype.is_bool:
+        return "1" if value else "0"
+    if dtype.is_integer:
+        number = int(value)  # type: ignore[call-overload]
+        if dtype is dtypes.int64 and number == -(2**63):
+            return "(-INT64_C(9223372036854775807) - 1)"
+        return f"INT64_C({number})" if dtype is dtypes.int64 else (f"{number}u" if dtype.kind == "u" else str(number))
+    stored = float(dtypes.round_to_storage(np.asarray(value, dtype=dtype.storage), dtype))
+    suffix = "" if dtype is dtypes.float64 else "f"
+    if math.isnan(stored):
+        return "NAN"
+    if math.isinf(stored):
+        return "INFINITY" if stored > 0 else "(-INFINITY)"
+    return f"{stored.hex()}{suffix}" if stored >= 0 else f"(-{(-stored).hex()}{suffix})"
+
+
+def render_index(e: ix.Expr) -> str:
+    if isinstance(e, ix.Const):
+        return str(e.value)
+    if isinstance(e, (ix.Var, ix.Opaque)):
+        return e.name
+    if isinstance(e, ix.Sum):
+        parts = [render_index(t) if c == 1 else f"{render_index(t)} * {c}" for t, c in e.terms]
+        return "(" + " + ".join(parts + ([str(e.constant)] if e.constant else [])) + ")"
+    if isinstance(e, ix.Div):
+        inner = render_index(e.x)
+        return f"({inner} / {e.divisor})" if e.x.lo >= 0 else f"tg_floordiv_index({inner}, {e.divisor})"
+    if isinstance(e, ix.Mod):
+        inner = render_index(e.x)
+        return f"({inner} % {e.divisor})" if e.x.lo >= 0 else f"tg_mod_index({inner}, {e.divisor})"
+    if isinstance(e, ix.And):
+        return f"({render_index(e.x)} & {e.mask})"
+    assert isinstance(e, ix.Clamp), e
+    return f"tg_clamp_index({render_index(e.x)}, {e.low}, {e.high})"
+
+
+def operand(o: Operand) -> str:
+    if isinstance(o, Ref):
+        return o.name
+    if isinstance(o, Lit):
+        return literal(o.value, o.dtype)
+    return render_index(o.expr)
+
+
+# ---------------------------------------------------------------------------
+# Op spellings. Each takes the operand strings and the operands' dtype.
+# ---------------------------------------------------------------------------
+
+Spelling = Callable[[list[str], DType], str]
+
+
+def _wrapping(op: str) -> Spelling:
+    """Integer + and * wrap around (through unsigned arithmetic for 32/64-bit types)."""
+    def spell(a: list[str], t: DType) -> str:
+        if t.is_floating_point or t.itemsize < 4:
+            return f"({a[0]} {op} {a[1]})"
+        unsigned = f"uint{t.bits}_t"
+        return f"({STORAGE[t]})(({unsigned}){a[0]} {op} ({unsigned}){a[1]})"
+    return spell
+
+
+def _int_or_float(int_spelling: str, float_spelling: str) -> Spelling:
+    return lambda a, t: (float_spelling if t.is_floating_point else int_spelling).format(*a, T=STORAGE[t])
+
+
+BINARY: dict[Op, Spelling] = {
+    Op.ADD: lambda a, t: f"({a[0]} | {a[1]})" if t.is_bool else _wrapping("+")(a, t),
+    Op.MUL: lambda a, t: f"({a[0]} & {a[1]})" if t.is_bool else _wrapping("*")(a, t),
+    Op.DIV: _int_or_float("tg_floordiv_{T}({0}, {1})", "({0} / {1})"),
+    Op.MOD: lambda a, t: f"tg_mod_{STORAGE[t]}({a[0]}, {a[1]})",  # integers only
+    Op.MAX: _int_or_float("({0} > {1} ? {0} : {1})", "(({0} > {1} || {0} != {0}) ? {0} : {1})"),
+    Op.CMPLT: lambda a, t: f"({a[0]} < {a[1]})",
+    Op.CMPNE: lambda a, t: f"({a[0]} != {a[1]})",
+    Op.AND: lambda a, t: f"({a[0]} & {a[1]})",
+    Op.OR: lambda a, t: f"({a[0]} | {a[1]})",
+    Op.XOR: lambda a, t: f"({a[0]} ^ {a[1]})",
+}
+
+UNARY_FLOAT = {  # (float32 compute, float64 compute)
+    Op.EXP2: ("tg_exp2f", "exp2"),
+    Op.LOG2: ("tg_log2f", "log2"),
+    Op.SIN: ("tg_sinf", "sin"),
+    Op.SQRT: ("sqrtf", "sqrt"),
+}
+
+EXTRA: dict[str, Spelling] = {
+    "in_range": lambda a, t: f"({a[0]} >= {a[1]} && {a[0]} < {a[2]})",
+    "checked_index": lambda a, t: f"tg_checked_index({a[0]}, {a[1]}, status)",
+    "zero_unless": lambda a, t: f"({a[0]} ? {a[1]} : 0)",
+}
+
+
+def cast(value: str, source: DType, target: DType) -> str:
+    if target.is_bool:
+        return f"({value} != 0)"
+    if target.is_integer and source.is_floating_point:
+        if target.kind == "u":
+            return f"({STORAGE[target]})tg_to_unsigned({value}, {float(2 ** target.bits)!r})"
+        info = np.iinfo(target.storage)
+        return f"({STORAGE[target]})tg_to_signed({value}, {float(info.min)!r}, {float(info.max)!r})"
+    return f"({COMPUTE[target]})({value})"
+
+
+def spell_let(let: Let) -> str:
+    args = [operand(a) for a in let.args]
+    source_dtype = let.args[0].dtype if let.args else let.dtype
+    if isinstance(let.op, str):
+        return EXTRA[let.op](args, source_dtype)
+    if let.op is Op.CAST:
+        text = cast(args[0], source_dtype, let.dtype)
+    elif let.op is Op.WHERE:
+        text = f"({args[0]} ? {args[1]} : {args[2]})"
+    elif let.op in UNARY_FLOAT:
+        single, double = UNARY_FLOAT[let.op]
+        text = f"{double if let.dtype is dtypes.float64 else single}({args[0]})"
+    else:
+        text = BINARY[let.op](args, source_dtype)
+    if let.dtype in ROUND:
+        text = f"{ROUND[let.dtype]}({text})"
+    return text
+
+
+# ---------------------------------------------------------------------------
+# Reductions.
+# ---------------------------------------------------------------------------
+
+
+def accumulator_type(op: Op, dtype: DType) -> str:
+    """float sums accumulate in double (16 lanes, then in order): no float32 drift on long rows."""
+    if op is Op.ADD and dtype.is_floating_point:
+        return "double"
+    return COMPUTE[dtype]
+
+
+def identity(op: Op, dtype: DType) -> str:
+    if op is Op.ADD:
+        return "0"
+    if dtype.is_floating_point:
+        return "(-INFINITY)"
+    return "0" if dtype.kind in "ub" else f"INT{dtype.bits}_MIN"
+
+
+def combine(op: Op, acc: str, value: str, dtype: DType) -> str:
+    if op is Op.ADD:
+        return f"{acc} + {value}" if dtype.is_floating_point else BINARY[Op.ADD]([acc, value], dtype)
+    return BINARY[Op.MAX]([value, acc], dtype)
+
+
+class KernelRenderer:
+    """Renders one kernel function."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.lines: list[str] = []
+        self.uses_status = False
+        self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
+
+    def render(self) -> str:
+        body_lines = self.block(self.kernel.body, 1)
+        params = [f"{'' if b.writes else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in self.kernel.buffers]
+        if self.uses_status:
+            params.append("int *status")
+        header = f"static void {c_identifier(self.kernel.name)}({', '.join(params) or 'void'}) {{"
+        return "\n".join([header, *body_lines, "}"])
+
+    def block(self, stmts: list[Stmt], depth: int) -> list[str]:
+        lines: list[str] = []
+        for stmt in stmts:
+            lines += self.statement(stmt, depth)
+        return lines
+
+    def statement(self, stmt: Stmt, depth: int) -> list[str]:
+        pad = "    " * depth
+        if isinstance(stmt, Let):
+            self.uses_status |= stmt.op == "checked_index"
+            return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {spell_let(stmt)};"]
+        if isinstance(stmt, Load):
+            return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {stmt.buffer}[{render_index(stmt.index)}];"]
+        if isinstance(stmt, Store):
+            return [self.store(stmt, pad)]
+        if isinstance(stmt, Loop):
+            pragma = [f"{pad}#pragma omp parallel for schedule(static)"] if stmt.parallel else []
+            head = f"{pad}for (int64_t {stmt.var.name} = 0; {stmt.var.name} < {stmt.var.extent}; {stmt.var.name}++) {{"
+            return pragma + [head, *self.block(stmt.body, depth + 1), pad + "}"]
+        if isinstance(stmt, Reduce):
+            return self.reduce(stmt, depth)
+        assert isinstance(stmt, Accumulate), stmt
+        op, dtype = self.reduce_dtypes[stmt.acc]
+        return [f"{pad}{stmt.acc} = {combine(op, stmt.acc, operand(stmt.value), dtype)};"]
+
+    def store(self, stmt: Store, pad: str) -> str:
+        target = f"{stmt.buffer}[{render_index(stmt.index)}]"
+        dtype = next(b.dtype for b in self.kernel.buffers if b.name == stmt.buffer)
+        value = operand(stmt.value)
+        if stmt.accumulate:
+            value = BINARY[Op.ADD]([target, value], dtype)
+            if dtype in ROUND:
+                value = f"{ROUND[dtype]}({value})"
+        return f"{pad}{target} = ({STORAGE[dtype]})({value});"
+
+    def reduce(self, stmt: Reduce, depth: int) -> list[str]:
+        pad = "    " * depth
+        acc_type = accumulator_type(stmt.op, stmt.dtype)
+        self.reduce_dtypes[f"{stmt.acc}_sum"] = (stmt.op, stmt.dtype)
+        lines = [f"{pad}{acc_type} {stmt.acc}_sum = {identity(stmt.op, stmt.dtype)};", f"{pad}{{"]
+        inner = _rename_accumulator(stmt.body, stmt.acc, f"{stmt.acc}_sum")
+        lines += self.lanes_or_block(inner, stmt, depth + 1)
+        lines.append(f"{pad}}}")
+        final = f"({COMPUTE[stmt.dtype]}){stmt.acc}_sum"
+        if stmt.dtype in ROUND and stmt.op is Op.ADD:
+            final = f"{ROUND[stmt.dtype]}({final})"
+        lines.append(f"{pad}const {COMPUTE[stmt.dtype]} {stmt.acc} = {final};")
+        return lines
+
+    def lanes_or_block(self, stmts: list[Stmt], stmt: Reduce, depth: int) -> list[str]:
+        """The innermost loop that accumulates runs LANES partial results when long enough."""
+        lines: list[str] = []
+        for s in stmts:
+            if isinstance(s, Loop) and any(isinstance(b, Accumulate) for b in s.body) and s.var.extent >= 2 * LANES:
+                lines += self.lane_loop(s, stmt, depth)
+            elif isinstance(s, Loop):
+                pad = "    " * depth
+                v = s.var.name
+                lines.append(f"{pad}for (int64_t {v} = 0; {v} < {s.var.extent}; {v}++) {{")
+                lines += self.lanes_or_block(s.body, stmt, depth + 1)
+                lines.append(pad + "}")
+            else:
+                lines += self.statement(s, depth)
+        return lines
+
+    def lane_loop(self, loop: Loop, stmt: Reduce, depth: int) -> list[str]:
+        pad, v, n = "    " * depth, loop.var.name, loop.var.extent
+        acc = f"{stmt.acc}_sum"
+        acc_type = accumulator_type(stmt.op, stmt.dtype)
+        main = n - n % LANES
+        lanes = f"{stmt.acc}_lane"
+        self.reduce_dtypes[lanes + "[lane]"] = (stmt.op, stmt.dtype)
+        per_lane = _rename_accumulator(loop.body, acc, lanes + "[lane]")
+        lines = [
+            f"{pad}{acc_type} {lanes}[{LANES}];",
+            f"{pad}for (int lane = 0; lane < {LANES}; lane++) {lanes}[lane] = {identity(stmt.op, stmt.dtype)};",
+            f"{pad}for (int64_t {v}_block = 0; {v}_block < {main}; {v}_block += {LANES}) {{",
+            f"{pad}    #pragma omp simd",  # without it gcc leaves the NaN-propagating max scalar
+            f"{pad}    for (int lane = 0; lane < {LANES}; lane++) {{",
+            f"{pad}        const int64_t {v} = {v}_block + lane;",
+            *self.block(per_lane, depth + 2),
+            f"{pad}    }}",
+            f"{pad}}}",
+            f"{pad}for (int lane = 0; lane < {LANES}; lane++) "
+            f"{acc} = {combine(stmt.op, acc, f'{lanes}[lane]', stmt.dtype)};",
+        ]
+        if main < n:
+            lines += [f"{pad}for (int64_t {v} = {main}; {v} < {n}; {v}++) {{", *self.block(loop.body, depth + 1),
+                      f"{pad}}}"]
+        return lines
+
+
+def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stmt]:
+    """The same statements with the Accumulates into `source` writing to `target` (a lane, the sum)."""
+    renamed: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Accumulate) and s.acc == source:
+            renamed.append(Accumulate(target, s.op, s.value))
+        elif isinstance(s, Loop):
+            renamed.append(Loop(s.var, _rename_accumulator(s.body, source, target), s.parallel))
+        else:
+            renamed.append(s)
+    return renamed
+
+
+def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
+    """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order."""
+    parts = [PREAMBLE]
+    calls = []
+    slot = {name: i for i, name in enumerate(buffers)}
+    for kernel in kernels:
+        renderer = KernelRenderer(kernel)
+        parts.append(renderer.render())
+        args = [f"({STORAGE[b.dtype]} *)buffers[{slot[b.name]}]" for b in kernel.buffers]
+        if renderer.uses_status:
+            args.append("&status")
+        calls.append(f"    {c_identifier(kernel.name)}({', '.join(args)});")
+    entry = ["int tg_program(void **buffers) {", "    int status = 0;", *calls, "    return status;", "}"]
+    return "\n\n".join(parts + ["\n".join(entry)]) + "\n"
+

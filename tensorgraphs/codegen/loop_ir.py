@@ -1,0 +1,168 @@
+"""The loop IR: what one kernel does, as loops, scalar lets, loads, stores and reductions.
+
+Produced by `tensorgraphs.schedule.lower` from a fused group of graph nodes and
+turned into C by `tensorgraphs.codegen.c_renderer`. Values are scalar SSA
+names; every memory access carries a simplified symbolic index (`codegen.index`).
+Nothing here knows C: the renderer owns every spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorgraphs.codegen.index import Expr, Var
+from tensorgraphs.dtypes import DType
+from tensorgraphs.graph.ops import Op
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A scalar computed earlier in the kernel."""
+
+    name: str
+    dtype: DType
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A constant scalar (bool, int or float, already rounded to `dtype`'s storage)."""
+
+    value: Any
+    dtype: DType
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """The value of an index expression (an IOTA element, a bounds check operand)."""
+
+    expr: Expr
+    dtype: DType
+
+    def __repr__(self) -> str:
+        return f"idx({self.expr!r})"
+
+
+Operand = Ref | Lit | IndexValue
+
+
+@dataclass(frozen=True)
+class Let:
+    """`name = op(*args)`; op is an elementwise `Op` or one of the extra names in `EXTRA_OPS`."""
+
+    name: str
+    dtype: DType
+    op: Op | str
+    args: tuple[Operand, ...]
+
+    def __repr__(self) -> str:
+        op = self.op.name if isinstance(self.op, Op) else self.op
+        return f"{self.name}: {self.dtype.name} = {op}({', '.join(map(repr, self.args))})"
+
+
+EXTRA_OPS = {
+    "in_range": "1 when low <= args[0] < high (args: index, low, high); guards padded loads",
+    "checked_index": "args[0] clamped into [0, args[1]); an out-of-range value raises IndexError after the call",
+    "zero_unless": "args[1] when args[0] is true, else 0 (the padding value)",
+}
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    dtype: DType
+    buffer: str
+    index: Expr
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.dtype.name} = {self.buffer}[{self.index!r}]"
+
+
+@dataclass(frozen=True)
+class Store:
+    """`buffer[index] = value`, or `buffer[index] += value` when `accumulate` (scatter-add)."""
+
+    buffer: str
+    index: Expr
+    value: Operand
+    accumulate: bool = False
+
+    def __repr__(self) -> str:
+        return f"{self.buffer}[{self.index!r}] {'+=' if self.accumulate else '='} {self.value!r}"
+
+
+@dataclass
+class Loop:
+    """for var in range(var.extent): body. `parallel`: split across threads (no carried dependence)."""
+
+    var: Var
+    body: list[Stmt] = field(default_factory=list)
+    parallel: bool = False
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    """acc = op(acc, value) inside a `Reduce`'s loops."""
+
+    acc: str
+    op: Op
+    value: Operand
+
+    def __repr__(self) -> str:
+        return f"{self.acc} {self.op.name}= {self.value!r}"
+
+
+@dataclass
+class Reduce:
+    """acc = identity of op; run body (loops ending in an `Accumulate`); acc is then a usable scalar."""
+
+    acc: str
+    dtype: DType
+    op: Op
+    body: list[Stmt] = field(default_factory=list)
+
+
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate
+
+
+@dataclass
+class Buffer:
+    """A kernel parameter: one array of the program."""
+
+    name: str
+    dtype: DType
+    size: int
+    writes: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    buffers: list[Buffer]
+    body: list[Stmt]
+
+    def __str__(self) -> str:
+        params = ", ".join(f"{'out ' if b.writes else ''}{b.name}: {b.dtype.name}[{b.size}]" for b in self.buffers)
+        return f"kernel {self.name}({params})\n" + "\n".join(format_stmts(self.body, 1))
+
+
+def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
+    """Readable listing (TG_DEBUG=schedule, test failures)."""
+    pad = "  " * depth
+    lines = []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            lines.append(f"{pad}{'parallel ' if stmt.parallel else ''}for {stmt.var.name} < {stmt.var.extent}:")
+            lines += format_stmts(stmt.body, depth + 1)
+        elif isinstance(stmt, Reduce):
+            lines.append(f"{pad}{stmt.acc}: {stmt.dtype.name} = reduce {stmt.op.name}:")
+            lines += format_stmts(stmt.body, depth + 1)
+        else:
+            lines.append(pad + repr(stmt))
+    return lines

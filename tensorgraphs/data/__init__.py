@@ -1,0 +1,8 @@
+"""Datasets and data loading with torch.utils.data's names."""
+
+from tensorgraphs.data.dataloader import DataLoader, default_collate
+from tensorgraphs.data.dataset import Dataset, Subset, TensorDataset, random_split
+from tensorgraphs.data.sampling import BatchSampler, RandomSampler, SequentialSampler
+
+__all__ = ["BatchSampler", "DataLoader", "Dataset", "RandomSampler", "SequentialSampler", "Subset", "TensorDataset",
+           "default_collate", "random_split"]

@@ -1,0 +1,15 @@
+"""The kernel database: measured kernel times per device, in SQLite in the user cache dir."""
+
+from tensorgraphs.kerneldb.db import SCHEMA_VERSION, DevicePeaks, KernelDB, Measurement, cache_dir, default_db
+from tensorgraphs.kerneldb.fingerprint import device_description, device_fingerprint
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DevicePeaks",
+    "KernelDB",
+    "Measurement",
+    "cache_dir",
+    "default_db",
+    "device_description",
+    "device_fingerprint",
+]

@@ -1,0 +1,252 @@
+"""SQLite store of kernel measurements (standard library only).
+
+One row per (device fingerprint, kernel id, implementation hash, dtype, shape key)
+holding the median and minimum time and how many runs they summarize. The file
+lives in the user cache dir (`TG_CACHE_DIR` overrides), in WAL mode so readers
+never block the writer; writes are single upserts in their own transaction, so
+several processes measuring at once lose nothing. A file that cannot be read,
+is corrupt or has another schema version is moved aside with a warning and
+rebuilt: the database is a cache, it never stops a run.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+_FILE_NAME = "kernels.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS devices (
+    fingerprint TEXT PRIMARY KEY,
+    description TEXT NOT NULL,
+    bandwidth REAL,            -- bytes per second, measured once
+    flops REAL,                -- floating-point operations per second, measured once
+    overhead REAL,             -- seconds per executed kernel call, measured once
+    measured_at REAL
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    fingerprint TEXT NOT NULL,
+    kernel TEXT NOT NULL,      -- kernel id, e.g. numpy.matmul, reference.ADD, torch.copy_in
+    impl_hash TEXT NOT NULL,   -- hash of the kernel's code and library version: a changed kernel is re-measured
+    dtype TEXT NOT NULL,
+    shape TEXT NOT NULL,       -- input shapes and parameters, as text
+    flops REAL NOT NULL,
+    bytes REAL NOT NULL,
+    median REAL NOT NULL,      -- seconds
+    min REAL NOT NULL,
+    count INTEGER NOT NULL,
+    measured_at REAL NOT NULL,
+    PRIMARY KEY (fingerprint, kernel, impl_hash, dtype, shape)
+);
+"""
+
+_UPSERT = """
+INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (fingerprint, kernel, impl_hash, dtype, shape) DO UPDATE SET
+    median = (median * count + excluded.median * excluded.count) / (count + excluded.count),
+    min = MIN(min, excluded.min),
+    count = count + excluded.count,
+    measured_at = excluded.measured_at
+"""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One stored row: `median` is the count-weighted mean of the medians of every batch of runs."""
+
+    kernel: str
+    impl_hash: str
+    dtype: str
+    shape: str
+    flops: float
+    bytes: float
+    median: float
+    min: float
+    count: int
+    measured_at: float
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """What a roofline estimate needs: memory bandwidth, arithmetic throughput and per-call overhead."""
+
+    bandwidth: float
+    flops: float
+    overhead: float
+
+
+class _StaleSchema(Exception):
+    pass
+
+
+def cache_dir() -> Path:
+    """`TG_CACHE_DIR`, else the platform's user cache dir + /tensorgraphs."""
+    if os.environ.get("TG_CACHE_DIR"):
+        return Path(os.environ["TG_CACHE_DIR"])
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "tensorgraphs"
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "tensorgraphs" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tensorgraphs"
+
+
+class KernelDB:
+    """The measurements of one database file. Connections are opened lazily, one per process.
+
+    `generation` grows with every write made through this object, so in-process
+    caches built from the rows (the cost model's fits, the planner's plans) know
+    when to rebuild.
+    """
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else cache_dir() / _FILE_NAME
+        self.generation = 0
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+
+    # -- connection and recovery --------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():  # a forked child must not reuse the parent's
+            self._conn = self._open()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            return self._in_memory(f"cannot create {self.path.parent} ({error})")
+        try:
+            return self._open_file()
+        except sqlite3.OperationalError as error:
+            if "locked" in str(error) or "unable to open" in str(error):  # busy or not ours: not broken
+                return self._in_memory(f"cannot open {self.path} ({error})")
+            self._move_aside(error)
+        except (sqlite3.DatabaseError, _StaleSchema) as error:
+            self._move_aside(error)
+        try:
+            return self._open_file()
+        except (sqlite3.Error, _StaleSchema, OSError) as error:
+            return self._in_memory(f"cannot rebuild {self.path} ({error})")
+
+    def _open_file(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 60000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            if conn.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                raise sqlite3.DatabaseError("integrity check failed")
+            self._ensure_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _ensure_schema(conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")  # one process creates the schema; the others wait, then see it
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if version != SCHEMA_VERSION and (version != 0 or tables):
+                raise _StaleSchema(f"schema version {version}, expected {SCHEMA_VERSION}")
+            if version == 0:
+                for statement in _SCHEMA.split(";")[:-1]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+    def _move_aside(self, error: Exception) -> None:
+        aside = self.path.with_name(f"{self.path.name}.broken-{int(time.time())}-{os.getpid()}")
+        try:
+            os.replace(self.path, aside)
+        except FileNotFoundError:
+            pass  # another process moved it already
+        except OSError as move_error:
+            warnings.warn(f"kernel database {self.path} is unusable ({error}) and cannot be moved ({move_error})",
+                          RuntimeWarning, stacklevel=4)
+            return
+        for suffix in ("-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        warnings.warn(f"kernel database {self.path} was unusable ({error}); moved it to {aside} and started a new "
+                      "one (measurements will be taken again)", RuntimeWarning, stacklevel=4)
+
+    def _in_memory(self, why: str) -> sqlite3.Connection:
+        warnings.warn(f"kernel database: {why}; keeping measurements in memory for this run", RuntimeWarning,
+                      stacklevel=4)
+        conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._ensure_schema(conn)
+        return conn
+
+    def _execute(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """One statement; a database that fails mid-run is replaced by an in-memory one (warned), never raised."""
+        with self._lock:
+            try:
+                return self._connection().execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as error:
+                self._conn = self._in_memory(f"{self.path} failed ({error})")
+                return self._conn.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    # -- measurements ----------------------------------------------------------
+    def record(self, fingerprint: str, kernel: str, impl_hash: str, dtype: str, shape: str, flops: float,
+               nbytes: float, samples: list[float]) -> None:
+        """Add one batch of timed runs (seconds) of a kernel on one shape."""
+        row = (fingerprint, kernel, impl_hash, dtype, shape, flops, nbytes, statistics.median(samples), min(samples),
+               len(samples), time.time())
+        self._execute(_UPSERT, row)
+        self.generation += 1
+
+    def measurements(self, fingerprint: str, kernel: str | None = None) -> list[Measurement]:
+        """Rows of one device, of one kernel id or all."""
+        query = "SELECT kernel, impl_hash, dtype, shape, flops, bytes, median, min, count, measured_at " \
+                "FROM measurements WHERE fingerprint = ?"
+        args: tuple = (fingerprint,)
+        if kernel is not None:
+            query += " AND kernel = ?"
+            args += (kernel,)
+        return [Measurement(*row) for row in self._execute(query + " ORDER BY kernel, shape", args)]
+
+    def count(self) -> int:
+        return self._execute("SELECT count(*) FROM measurements")[0][0]
+
+    # -- devices -----------------------------------------------------------------
+    def device_peaks(self, fingerprint: str) -> DevicePeaks | None:
+        rows = self._execute("SELECT bandwidth, flops, overhead FROM devices WHERE fingerprint = ? "
+                             "AND bandwidth IS NOT NULL", (fingerprint,))
+        return DevicePeaks(*rows[0]) if rows else None
+
+    def store_device(self, fingerprint: str, description: str, peaks: DevicePeaks) -> None:
+        self._execute("INSERT OR REPLACE INTO devices VALUES (?, ?, ?, ?, ?, ?)",
+                      (fingerprint, description, peaks.bandwidth, peaks.flops, peaks.overhead, time.time()))
+        self.generation += 1
+
+
+_DEFAULT: dict[Path, KernelDB] = {}
+
+
+def default_db() -> KernelDB:
+    """The database in the current cache dir (re-read from `TG_CACHE_DIR` on every call)."""
+    path = cache_dir() / _FILE_NAME
+    if path not in _DEFAULT:
+        _DEFAULT[path] = KernelDB(path)
+    return _DEFAULT[path]

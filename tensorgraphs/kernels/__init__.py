@@ -1,0 +1,1 @@
+"""Hand-written native kernels (GEMM, convolution, BLAS) that generated programs call by their C names."""

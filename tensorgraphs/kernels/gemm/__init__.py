@@ -1,0 +1,289 @@
+"""The generated GEMM and conv2d kernels: C with AVX-512 intrinsics, built once per machine and cached.
+
+Generated C calls them by name (`C_FUNCTIONS`, declared in `HEADER`, linked from `library_path()`); Python
+calls them on numpy arrays through `matmul` and `conv2d` below, which the tests and the benchmark use.
+The contract of every argument is in gemm.h.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tensorgraphs.errors import ArgumentError, ShapeError, fail
+from tensorgraphs.kernels.gemm.build import SOURCE_DIR, build_library, load_library
+
+LIBRARY = "tg_gemm"
+SOURCES = ("gemm.c", "conv.c")
+HEADER = SOURCE_DIR / "gemm.h"
+C_FUNCTIONS = {"matmul": "tg_gemm_f32", "conv2d": "tg_conv2d_f32"}
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu_tanh": 2}
+STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", -3: "out of memory"}
+
+_i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
+GEMM_ARGTYPES = (
+    [_i64] * 4 + [_ptr, _i64, _i64, _i64] * 2 + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i32]
+)
+CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_f32, _ptr, _i32]
+
+
+def library_path() -> Path:
+    """The compiled library (built on first call) for generated programs to link against."""
+    return build_library(LIBRARY, SOURCES)
+
+
+@functools.cache
+def _functions() -> dict[str, Callable[..., int]]:
+    library = load_library(LIBRARY, SOURCES)
+    functions = {}
+    for name, argtypes in (("matmul", GEMM_ARGTYPES), ("conv2d", CONV_ARGTYPES)):
+        function = getattr(library, C_FUNCTIONS[name])
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+        functions[name] = function
+    library.tg_gemm_config.argtypes = [ctypes.POINTER(ctypes.c_int64 * 5)]
+    functions["config"] = library.tg_gemm_config
+    return functions
+
+
+def blocking() -> dict[str, int]:
+    """The register tile and cache blocks compiled in (MR, NR, MC, KC, NC)."""
+    values = (ctypes.c_int64 * 5)()
+    _functions()["config"](ctypes.byref(values))
+    return dict(zip(("MR", "NR", "MC", "KC", "NC"), values, strict=True))
+
+
+def _check_status(op: str, status: int) -> None:
+    if status != 0:
+        fail(op, f"the kernel rejected its arguments: {STATUS.get(status, status)}", ArgumentError)
+
+
+def _address(array: np.ndarray, offset: int = 0) -> int:
+    return array.ctypes.data + 4 * offset
+
+
+def _element_strides(array: np.ndarray) -> tuple[int, ...]:
+    return tuple(stride // 4 for stride in array.strides)
+
+
+def _merge_batch_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[tuple[int, list[int]]]:
+    """Adjacent batch dims that every operand walks with one stride become one dim: [(size, strides)]."""
+    merged: list[tuple[int, list[int]]] = []
+    for dim, size in enumerate(shape):
+        if size == 1:
+            continue
+        inner = [operand[dim] for operand in strides]
+        if merged and all(outer == stride * size for outer, stride in zip(merged[-1][1], inner, strict=True)):
+            merged[-1] = (merged[-1][0] * size, inner)
+        else:
+            merged.append((size, inner))
+    return merged
+
+
+def _float32(op: str, name: str, value: object) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype != np.float32:
+        fail(op, f"{name} must be float32, got {array.dtype}", ArgumentError)
+    if any(stride % 4 for stride in array.strides):
+        array = np.ascontiguousarray(array)
+    return array
+
+
+def _gemm_operands(
+    a: np.ndarray,
+    b: np.ndarray,
+    bias: np.ndarray | None,
+    residual: np.ndarray | None,
+    activation: str,
+    out: np.ndarray | None,
+) -> tuple[list[np.ndarray], tuple[int, int, int]]:
+    """[a, b, out, bias?, residual?] as views of the output's batch shape, and (M, N, K); checks everything."""
+    a, b = _float32("matmul", "a", a), _float32("matmul", "b", b)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        fail("matmul", f"shapes {a.shape} and {b.shape} cannot be multiplied (need (..., M, K) @ (..., K, N))")
+    if activation not in ACTIVATIONS:
+        fail("matmul", f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    try:
+        batch_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        fail("matmul", f"batch dims of {a.shape} and {b.shape} do not broadcast")
+    out_shape = (*batch_shape, m, n)
+    if out is None:
+        out = np.empty(out_shape, np.float32)
+    elif out.shape != out_shape or out.dtype != np.float32 or (n > 1 and out.strides[-1] != 4):
+        fail("matmul", f"out must be float32 {out_shape} with unit column stride, got {out.dtype} {out.shape}")
+    operands = [np.broadcast_to(a, (*batch_shape, m, k)), np.broadcast_to(b, (*batch_shape, k, n)), out]
+    for extra, unit_columns in ((bias, False), (residual, True)):
+        if extra is not None:
+            view = np.broadcast_to(_float32("matmul", "epilogue operand", extra), out_shape)
+            if view.strides[-1] not in ((4,) if unit_columns else (0, 4)) and n > 1:
+                view = np.ascontiguousarray(view)
+            operands.append(view)
+    return operands, (m, n, k)
+
+
+def bind_gemm(
+    function: Callable[..., int],
+    a: np.ndarray,
+    b: np.ndarray,
+    *,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    activation: str = "none",
+    alpha: float = 1.0,
+    out: np.ndarray | None = None,
+) -> Callable[[], np.ndarray]:
+    """A call, with every argument already converted, of out = activation(alpha * (a @ b) + bias) + residual
+    through `function` (any C function with tg_gemm_f32's signature): what a generated program does, so
+    repeated calls (benchmarks) pay no Python beyond ctypes.
+
+    a (..., M, K) and b (..., K, N) broadcast their batch dims like torch.matmul (a 1-D a or b is a row or column
+    that is squeezed from the result); bias and residual broadcast to the output. Transposed or broadcast
+    operands are passed as strides, never copied.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    vector_axes = tuple(axis for axis, vector in ((-2, a.ndim == 1), (-1, b.ndim == 1)) if vector)
+    if vector_axes and out is not None:
+        fail("matmul", "out= needs matrix operands (vectors are promoted and squeezed like torch.matmul)")
+    a, b = a.reshape(1, -1) if a.ndim == 1 else a, b.reshape(-1, 1) if b.ndim == 1 else b
+    operands, (m, n, k) = _gemm_operands(a, b, bias, residual, activation, out)
+    strides = [_element_strides(operand) for operand in operands]
+    dims = _merge_batch_dims(operands[2].shape[:-2], [s[:-2] for s in strides])
+    inner_size, inner_strides = dims.pop() if dims else (1, [0] * len(operands))
+    calls = []
+    for outer in np.ndindex(*(size for size, _ in dims)):
+        offsets = [
+            sum(i * dim_strides[o] for i, (_, dim_strides) in zip(outer, dims, strict=True))
+            for o in range(len(operands))
+        ]
+        pointers = [_address(operand, offset) for operand, offset in zip(operands, offsets, strict=True)]
+        args = [inner_size, m, n, k]
+        args += [pointers[0], inner_strides[0], *strides[0][-2:], pointers[1], inner_strides[1], *strides[1][-2:]]
+        args += [pointers[2], inner_strides[2], strides[2][-2], alpha]
+        extra = iter(range(3, len(operands)))
+        args += (
+            [pointers[o := next(extra)], inner_strides[o], *strides[o][-2:]] if bias is not None else [None, 0, 0, 0]
+        )
+        args += [pointers[o := next(extra)], inner_strides[o], strides[o][-2]] if residual is not None else [None, 0, 0]
+        calls.append((*args, ACTIVATIONS[activation]))
+
+    def run() -> np.ndarray:
+        for args in calls:
+            _check_status("matmul", function(*args))
+        return operands[2].squeeze(vector_axes) if vector_axes else operands[2]  # keeps the operands alive
+
+    return run
+
+
+def call_gemm(function: Callable[..., int], a: np.ndarray, b: np.ndarray, **epilogue: object) -> np.ndarray:
+    """Run `bind_gemm`'s call once."""
+    return bind_gemm(function, a, b, **epilogue)()
+
+
+def matmul(a: np.ndarray, b: np.ndarray, **epilogue: object) -> np.ndarray:
+    """The generated GEMM on numpy float32 arrays; see `bind_gemm` for the epilogue arguments."""
+    return call_gemm(_functions()["matmul"], a, b, **epilogue)
+
+
+def bind_matmul(a: np.ndarray, b: np.ndarray, **epilogue: object) -> Callable[[], np.ndarray]:
+    """`matmul` with its arguments converted once (see `bind_gemm`)."""
+    return bind_gemm(_functions()["matmul"], a, b, **epilogue)
+
+
+def _pair(op: str, name: str, value: int | tuple[int, int]) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2:
+        fail(op, f"{name} must be an int or a pair, got {value!r}", ArgumentError)
+    return pair  # type: ignore[return-value]
+
+
+def conv2d(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    *,
+    residual: np.ndarray | None = None,
+    activation: str = "none",
+    alpha: float = 1.0,
+) -> np.ndarray:
+    """torch.nn.functional.conv2d (NCHW, groups=1) as an implicit-im2col GEMM, with the GEMM's epilogue."""
+    x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
+    if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
+        fail("conv2d", f"input {x.shape} and weight {weight.shape} do not fit (need NCHW and (Cout, Cin, kH, kW))")
+    if activation not in ACTIVATIONS:
+        fail("conv2d", f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
+    (sh, sw), (ph, pw), (dh, dw) = (
+        _pair("conv2d", n, v) for n, v in (("stride", stride), ("padding", padding), ("dilation", dilation))
+    )
+    (batch, cin, h, w), (cout, _, kh, kw) = x.shape, weight.shape
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0:
+        raise ShapeError(f"conv2d: input {x.shape} is smaller than the kernel {weight.shape}")
+    out = np.empty((batch, cout, oh, ow), np.float32)
+    extras = []
+    for name, value, shape in (("bias", bias, (cout,)), ("residual", residual, out.shape)):
+        extras.append(
+            None if value is None else np.ascontiguousarray(np.broadcast_to(_float32("conv2d", name, value), shape))
+        )
+    status = _functions()["conv2d"](
+        batch,
+        cin,
+        h,
+        w,
+        cout,
+        kh,
+        kw,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dw,
+        _address(x),
+        _address(weight),
+        extras[0] is not None and _address(extras[0]) or None,
+        _address(out),
+        alpha,
+        extras[1] is not None and _address(extras[1]) or None,
+        ACTIVATIONS[activation],
+    )
+    _check_status("conv2d", status)
+    return out
+
+
+def conv1d(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    stride: int = 1,
+    padding: int = 0,
+    dilation: int = 1,
+    *,
+    residual: np.ndarray | None = None,
+    activation: str = "none",
+    alpha: float = 1.0,
+) -> np.ndarray:
+    """torch.nn.functional.conv1d (NCL, groups=1): conv2d over images of height 1."""
+    x, weight = np.asarray(x), np.asarray(weight)
+    if x.ndim != 3 or weight.ndim != 3:
+        fail("conv1d", f"input {x.shape} and weight {weight.shape} do not fit (need NCL and (Cout, Cin, k))")
+    as_image = lambda array: None if array is None else np.asarray(array)[:, :, None, :]
+    out = conv2d(
+        as_image(x),
+        as_image(weight),
+        bias,
+        (1, stride),
+        (0, padding),
+        (1, dilation),
+        residual=as_image(residual),
+        activation=activation,
+        alpha=alpha,
+    )
+    return out[:, :, 0, :]

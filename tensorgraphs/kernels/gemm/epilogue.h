@@ -1,0 +1,75 @@
+/* The GEMM epilogue, vectorized with AVX-512: c = activation(alpha * acc + bias) + residual.
+ * Shared by the generated GEMM (applied on registers before the store) and the BLAS kernel (a pass after
+ * sgemm). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to ~2 ulp, so the
+ * loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
+#ifndef TG_EPILOGUE_H
+#define TG_EPILOGUE_H
+#include <immintrin.h>
+#include <stdint.h>
+
+typedef struct {
+    float alpha;
+    int32_t activation;    /* enum tg_activation */
+    const float *bias;     /* bias(i, j) = bias[i*bias_rs + j*bias_cs], bias_cs in {0, 1}; NULL for none */
+    int64_t bias_rs, bias_cs;
+    const float *residual; /* residual(i, j) = residual[i*residual_rs + j]; NULL for none */
+    int64_t residual_rs;
+} tg_epilogue;
+
+static inline __attribute__((always_inline)) __m512 tg_exp2_ps(__m512 t) {
+    /* Clamping keeps the polynomial finite; scalef turns |n| > 127 into 0 or inf exactly. */
+    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-150.0f)), _mm512_set1_ps(150.0f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n); /* f in [-0.5, 0.5] */
+    __m512 p = _mm512_set1_ps(1.5252734e-05f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530e-04f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* gelu, tanh form: 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_ps(__m512 x) {
+    const float sqrt_2_over_pi = 0.7978845608028654f, minus_two_log2e = -2.8853900817779268f;
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 inner = _mm512_fmadd_ps(x2, _mm512_set1_ps(sqrt_2_over_pi * 0.044715f), _mm512_set1_ps(sqrt_2_over_pi));
+    __m512 u = _mm512_mul_ps(x, inner);
+    __m512 e = tg_exp2_ps(_mm512_mul_ps(u, _mm512_set1_ps(minus_two_log2e)));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* One 16-wide vector of row `row`, columns col..col+15 (lanes outside `mask` are ignored by the caller). */
+static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, const tg_epilogue *ep, int64_t row,
+                                                                       int64_t col, __mmask16 mask) {
+    x = _mm512_mul_ps(x, _mm512_set1_ps(ep->alpha));
+    if (ep->bias) {
+        const float *bias_row = ep->bias + row * ep->bias_rs;
+        x = _mm512_add_ps(x, ep->bias_cs ? _mm512_maskz_loadu_ps(mask, bias_row + col) : _mm512_set1_ps(*bias_row));
+    }
+    if (ep->activation == 1) x = _mm512_max_ps(_mm512_setzero_ps(), x); /* max(0, NaN) is NaN: NaN is operand 2 */
+    else if (ep->activation == 2) x = tg_gelu_tanh_ps(x);
+    if (ep->residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col));
+    return x;
+}
+
+static inline __mmask16 tg_tail_mask(int64_t remaining) {
+    return remaining >= 16 ? (__mmask16)0xFFFF : remaining <= 0 ? (__mmask16)0 : (__mmask16)((1u << remaining) - 1);
+}
+
+/* The epilogue as a separate pass over an m x n block of c (for kernels that cannot fuse it). */
+static inline void tg_epilogue_rows(float *c, int64_t c_rs, int64_t m, int64_t n, const tg_epilogue *ep) {
+#pragma omp parallel for schedule(static) if (m * n > 65536)
+    for (int64_t i = 0; i < m; i++) {
+        float *row = c + i * c_rs;
+        for (int64_t j = 0; j < n; j += 16) {
+            __mmask16 mask = tg_tail_mask(n - j);
+            __m512 x = _mm512_maskz_loadu_ps(mask, row + j);
+            _mm512_mask_storeu_ps(row + j, mask, tg_epilogue_apply(x, ep, i, j, mask));
+        }
+    }
+}
+#endif

@@ -1,0 +1,333 @@
+/* Blocked GEMM with packing and an AVX-512 FMA register tile (BLIS loop order: jc, pc, ic, jr, ir).
+ * B panels (KC x NC) are packed cooperatively by the team, A blocks (MC x KC) by each thread; the TG_MR x TG_NR
+ * micro-kernel keeps its accumulators in zmm registers and applies the fused epilogue before the last store. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_internal.h"
+
+#define TG_ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Grow-only, 64-byte aligned scratch owned by the calling thread: packing buffers are reused across calls,
+ * so page faults are paid once. */
+typedef struct {
+    float *data;
+    size_t capacity;
+} scratch;
+
+static float *scratch_reserve(scratch *s, size_t count) {
+    if (count <= s->capacity) return s->data;
+    free(s->data);
+    size_t bytes = (count * sizeof(float) + 4095) & ~(size_t)4095;
+    s->data = aligned_alloc(4096, bytes);
+    s->capacity = s->data ? bytes / sizeof(float) : 0;
+    return s->data;
+}
+
+static _Thread_local scratch pack_scratch;
+
+/* ---------------------------------------------------------------- packing */
+
+/* dst[c*dst_ld + r] = src[r*src_ld + c] for r < rows <= 16, c < cols <= 16, writing `width` <= 16 floats per
+ * column (rows past `rows` as zeros): a 16x16 in-register transpose, the fast way to pack an operand whose
+ * contiguous dimension is the reduction (row-major A, column-major B). */
+static void transpose_16x16(const float *src, int64_t src_ld, int64_t rows, int64_t cols, float *dst, int64_t dst_ld,
+                            int64_t width) {
+    __m512 r[16], t[16];
+    __mmask16 col_mask = tg_tail_mask(cols), width_mask = tg_tail_mask(width);
+    for (int i = 0; i < 16; i++) {
+        r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * src_ld) : _mm512_setzero_ps();
+        if (i < rows) _mm_prefetch((const char *)(src + i * src_ld + 64), _MM_HINT_T0); /* 4 calls ahead */
+    }
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* r[4g + col]: rows 4g..4g+3 of column 4*lane + col */
+        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int col = 0; col < 4; col++) {
+        __m512 low01 = _mm512_shuffle_f32x4(r[col], r[4 + col], 0x44), low23 = _mm512_shuffle_f32x4(r[8 + col], r[12 + col], 0x44);
+        __m512 high01 = _mm512_shuffle_f32x4(r[col], r[4 + col], 0xEE), high23 = _mm512_shuffle_f32x4(r[8 + col], r[12 + col], 0xEE);
+        t[col] = _mm512_shuffle_f32x4(low01, low23, 0x88);
+        t[4 + col] = _mm512_shuffle_f32x4(low01, low23, 0xDD);
+        t[8 + col] = _mm512_shuffle_f32x4(high01, high23, 0x88);
+        t[12 + col] = _mm512_shuffle_f32x4(high01, high23, 0xDD);
+    }
+    for (int c = 0; c < cols; c++) _mm512_mask_storeu_ps(dst + c * dst_ld, width_mask, t[c]);
+}
+
+static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict dst) {
+    for (int64_t ir = 0; ir < mc; ir += TG_MR) {
+        int64_t mr = min_i64(TG_MR, mc - ir);
+        float *restrict d = dst + ir * kc;
+        const float *s = a + ir * rs;
+        if (cs == 1 && TG_MR <= 16) {
+            for (int64_t k = 0; k < kc; k += 16)
+                transpose_16x16(s + k, rs, mr, min_i64(16, kc - k), d + k * TG_MR, TG_MR, TG_MR);
+            continue;
+        }
+        if (rs == 1) {
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t ii = 0; ii < mr; ii++) d[k * TG_MR + ii] = s[k * cs + ii];
+        } else {
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t ii = 0; ii < mr; ii++) d[k * TG_MR + ii] = s[ii * rs + k * cs];
+        }
+        if (mr < TG_MR)
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t ii = mr; ii < TG_MR; ii++) d[k * TG_MR + ii] = 0.0f;
+    }
+}
+
+void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
+                       float *restrict dst) {
+    int64_t rs = src->rs, cs = src->cs;
+    const float *s = data + k0 * rs + j0 * cs;
+    if (cs == 1 || nr == 1) {
+        for (int64_t k = 0; k < kc; k++) {
+            const float *row = s + k * rs;
+            float *restrict d = dst + k * TG_NR;
+            for (int v = 0; v < TG_NV; v++) {
+                __mmask16 mask = tg_tail_mask(nr - v * 16);
+                _mm512_store_ps(d + v * 16, _mm512_maskz_loadu_ps(mask, row + v * 16));
+            }
+        }
+        return;
+    }
+    if (rs == 1) {
+        for (int v = 0; v < TG_NV; v++)
+            for (int64_t k = 0; k < kc; k += 16)
+                transpose_16x16(s + v * 16 * cs + k, cs, min_i64(16, nr - v * 16), min_i64(16, kc - k),
+                                dst + k * TG_NR + v * 16, TG_NR, 16);
+        return;
+    }
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t jj = 0; jj < TG_NR; jj++) dst[k * TG_NR + jj] = jj < nr ? s[k * rs + jj * cs] : 0.0f;
+}
+
+/* ---------------------------------------------------------------- micro-kernel */
+
+/* c[0:m_valid, 0:n_valid] (+)= a_panel (TG_MR x kc) @ b_panel (kc x 16*nv of TG_NR); the epilogue (if any) runs
+ * on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv` is a
+ * compile-time constant after inlining, so the accumulators stay in zmm registers. */
+TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, int64_t kc, const float *restrict a, const float *restrict b,
+                                           float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
+                                           const tg_epilogue *ep, int64_t row0, int64_t col0) {
+    __m512 acc[TG_MR][TG_NV];
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 bv[TG_NV];
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(b + v * 16);
+        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+        }
+        a += TG_MR;
+        b += TG_NR;
+    }
+    __mmask16 masks[TG_NV];
+    _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+        if (i >= m_valid) break;
+        float *row = c + i * c_rs;
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
+            __m512 x = acc[i][v];
+            if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(masks[v], row + v * 16));
+            if (ep) x = tg_epilogue_apply(x, ep, row0 + i, col0 + v * 16, masks[v]);
+            _mm512_mask_storeu_ps(row + v * 16, masks[v], x);
+        }
+    }
+}
+
+/* The tile computes only the 16-wide column vectors it needs: a narrow last panel costs what it holds. */
+static void micro_kernel(int64_t kc, const float *restrict a, const float *restrict b, float *c, int64_t c_rs,
+                         int64_t m_valid, int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
+                         int64_t col0) {
+    int64_t vectors = ceil_div(n_valid, 16);
+#define TG_TILE(nv) micro_kernel_vectors(nv, kc, a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)
+    if (vectors >= TG_NV) TG_TILE(TG_NV);
+#if TG_NV > 1
+    else if (vectors == 1) TG_TILE(1);
+#endif
+#if TG_NV > 2
+    else if (vectors == 2) TG_TILE(2);
+#endif
+#if TG_NV > 3
+    else if (vectors == 3) TG_TILE(3);
+#endif
+#undef TG_TILE
+}
+
+/* ---------------------------------------------------------------- blocked driver */
+
+typedef struct {
+    int64_t m, n, k;
+    const float *a;
+    int64_t a_rs, a_cs;
+    const float *b;
+    const b_source *b_src;
+    float *c;
+    int64_t c_rs;
+    tg_epilogue ep;
+} gemm_problem;
+
+static gemm_problem problem_at(const gemm_batch *g, int64_t index) {
+    gemm_problem p = {g->m, g->n, g->k, g->a + index * g->a_bs, g->a_rs, g->a_cs, g->b + index * g->b_bs,
+                      &g->b_src, g->c + index * g->c_bs, g->c_rs, g->ep};
+    if (p.ep.bias) p.ep.bias += index * g->bias_bs;
+    if (p.ep.residual) p.ep.residual += index * g->residual_bs;
+    return p;
+}
+
+/* Row block size: at most TG_MC, and a count of blocks that divides evenly among the threads. */
+static int64_t row_block(int64_t m, int nthreads) {
+    int64_t blocks = ceil_div(ceil_div(m, TG_MC), nthreads) * nthreads;
+    return ceil_div(ceil_div(m, blocks), TG_MR) * TG_MR;
+}
+
+/* Work is handed out by counters, not by a fixed split, so a thread the OS deschedules does not hold back the
+ * others: they take its share of panels and blocks. next[phase][step parity]: phase 0 packs B panels, phase 1
+ * runs row blocks; a step's counters are reset during the next step, when no thread can still be using them. */
+typedef struct {
+    int64_t next[2][2];
+} work_counters;
+
+static int64_t claim(int64_t *counter, int nthreads) {
+    return nthreads > 1 ? __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED) : (*counter)++;
+}
+
+/* One problem, run by all `nthreads` threads of the team together (nthreads == 1: by one thread alone); `step`
+ * is the calling thread's count of steps so far, the same in every thread. */
+static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int tid, int nthreads, work_counters *work,
+                        int64_t *step) {
+    int64_t mc = row_block(p->m, nthreads), m_blocks = ceil_div(p->m, mc);
+    int64_t k_blocks = p->k > 0 ? ceil_div(p->k, TG_KC) : 1, k_step = ceil_div(ceil_div(p->k, k_blocks), 8) * 8;
+    int64_t n_split = m_blocks % nthreads == 0 ? 1 : nthreads, units = m_blocks * n_split;
+    for (int64_t jc = 0; jc < p->n; jc += TG_NC) {
+        int64_t nc = min_i64(TG_NC, p->n - jc), panels = ceil_div(nc, TG_NR);
+        for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
+            int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
+            for (int64_t panel; (panel = claim(&work->next[0][parity], nthreads)) < panels;)
+                p->b_src->pack(p->b_src, p->b, pc, kc, jc + panel * TG_NR, min_i64(TG_NR, nc - panel * TG_NR),
+                               b_pack + panel * TG_NR * kc);
+            if (nthreads > 1) {
+#pragma omp barrier
+            }
+            if (tid == 0 || nthreads == 1) work->next[0][!parity] = work->next[1][!parity] = 0;
+            const tg_epilogue *ep = kb == k_blocks - 1 ? &p->ep : NULL;
+            int64_t packed_block = -1;
+            for (int64_t unit; (unit = claim(&work->next[1][parity], nthreads)) < units;) {
+                int64_t block = unit / n_split, part = unit % n_split;
+                int64_t ic = block * mc, mcur = min_i64(mc, p->m - ic);
+                if (block != packed_block) pack_a(p->a + ic * p->a_rs + pc * p->a_cs, p->a_rs, p->a_cs, mcur, kc, a_pack);
+                packed_block = block;
+                for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
+                    int64_t jr = jc + panel * TG_NR;
+                    for (int64_t ir = 0; ir < mcur; ir += TG_MR)
+                        micro_kernel(kc, a_pack + ir * kc, b_pack + panel * TG_NR * kc, p->c + (ic + ir) * p->c_rs + jr,
+                                     p->c_rs, mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
+                }
+            }
+            if (nthreads > 1) {
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+static size_t b_pack_count(const gemm_batch *g) { return (size_t)TG_KC * ceil_div(min_i64(TG_NC, g->n), TG_NR) * TG_NR; }
+
+static const size_t a_pack_count = (size_t)TG_MC * TG_KC;
+
+/* Small problems in a batch run one per thread (no barriers, no shared packing); large ones use the whole team. */
+static int batch_in_parallel(const gemm_batch *g, int nthreads) {
+    if (g->batch < nthreads) return 0;
+    if (g->batch % nthreads == 0 || g->batch >= 4 * nthreads) return 1;
+    return (double)g->m * g->n * g->k < 1 << 22;
+}
+
+int tg_run_gemm_batch(const gemm_batch *g) {
+    if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
+    int nthreads = omp_get_max_threads();
+    if (nthreads > 1 && batch_in_parallel(g, nthreads)) {
+        size_t per_thread = b_pack_count(g) + a_pack_count;
+        float *packs = scratch_reserve(&pack_scratch, per_thread * nthreads);
+        if (!packs) return TG_GEMM_NO_MEMORY;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+        for (int64_t index = 0; index < g->batch; index++) {
+            float *b_pack = packs + per_thread * omp_get_thread_num();
+            gemm_problem p = problem_at(g, index);
+            work_counters alone = {{{0}}};
+            int64_t step = 0;
+            gemm_blocks(&p, b_pack, b_pack + b_pack_count(g), 0, 1, &alone, &step);
+        }
+        return TG_GEMM_OK;
+    }
+    int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
+    float *packs = scratch_reserve(&pack_scratch, b_pack_count(g) + a_pack_count * team);
+    if (!packs) return TG_GEMM_NO_MEMORY;
+    work_counters shared = {{{0}}};
+#pragma omp parallel num_threads(team)
+    {
+        /* The team may be smaller than asked for (a call from inside another parallel region). */
+        int tid = omp_get_thread_num(), size = omp_get_num_threads();
+        float *a_pack = packs + b_pack_count(g) + a_pack_count * tid;
+        int64_t step = 0;
+        for (int64_t index = 0; index < g->batch; index++) {
+            gemm_problem p = problem_at(g, index);
+            gemm_blocks(&p, packs, a_pack, tid, size, &shared, &step);
+        }
+    }
+    return TG_GEMM_OK;
+}
+
+/* ---------------------------------------------------------------- public entry */
+
+/* A batch whose B is shared and whose other operands step by whole row blocks is one taller GEMM. */
+static void fold_batch_into_rows(gemm_batch *g) {
+    int64_t m = g->m;
+    int foldable = g->batch > 1 && g->b_bs == 0 && g->a_bs == m * g->a_rs && g->c_bs == m * g->c_rs &&
+                   (!g->ep.bias || g->bias_bs == m * g->ep.bias_rs) &&
+                   (!g->ep.residual || g->residual_bs == m * g->ep.residual_rs);
+    if (!foldable) return;
+    g->m *= g->batch;
+    g->batch = 1;
+}
+
+int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS) {
+    if (bias && bias_cs != 0 && bias_cs != 1) return TG_GEMM_BAD_STRIDE;
+    if (activation < TG_ACT_NONE || activation > TG_ACT_GELU_TANH) return TG_GEMM_BAD_ACTIVATION;
+    *g = (gemm_batch){
+        .batch = batch, .m = m, .n = n, .k = k,
+        .a = a, .a_bs = a_bs, .a_rs = a_rs, .a_cs = a_cs,
+        .b = b, .b_bs = b_bs, .b_src = {.pack = tg_pack_b_strided, .rs = b_rs, .cs = b_cs},
+        .c = c, .c_bs = c_bs, .c_rs = c_rs, .bias_bs = bias_bs, .residual_bs = residual_bs,
+        .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = bias_rs, .bias_cs = bias_cs,
+               .residual = residual, .residual_rs = residual_rs},
+    };
+    fold_batch_into_rows(g);
+    return TG_GEMM_OK;
+}
+
+int tg_gemm_f32(TG_GEMM_PARAMS) {
+    gemm_batch g;
+    int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
+    return status ? status : tg_run_gemm_batch(&g);
+}
+
+void tg_gemm_config(int64_t out[5]) {
+    out[0] = TG_MR;
+    out[1] = TG_NR;
+    out[2] = TG_MC;
+    out[3] = TG_KC;
+    out[4] = TG_NC;
+}

@@ -1,0 +1,50 @@
+/* Public C entry points of the tensorgraphs GEMM kernels (float32, row/column strides, batch strides).
+ *
+ * Element (i, j) of batch b of an operand X lives at X[b*x_bs + i*x_rs + j*x_cs]; a batch stride of 0
+ * broadcasts the operand over the batch, a transposed operand is just swapped row/column strides.
+ * The output and the residual need a unit column stride (rows may be padded: c_rs >= n).
+ *
+ * Epilogue, applied once per output element after the full K reduction, in this order:
+ *   c = activation(alpha * sum_k a(i,k) b(k,j) + bias(i,j)) + residual(i,j)
+ * bias(i, j) = bias[b*bias_bs + i*bias_rs + j*bias_cs] with bias_cs in {0, 1}: a row vector (rs 0, cs 1)
+ * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL.
+ *
+ * Every function returns 0 on success and a negative tg_gemm_status on invalid arguments. */
+#ifndef TG_GEMM_H
+#define TG_GEMM_H
+#include <stdint.h>
+
+enum tg_activation { TG_ACT_NONE = 0, TG_ACT_RELU = 1, TG_ACT_GELU_TANH = 2 };
+enum tg_gemm_status { TG_GEMM_OK = 0, TG_GEMM_BAD_STRIDE = -1, TG_GEMM_BAD_ACTIVATION = -2, TG_GEMM_NO_MEMORY = -3 };
+
+int tg_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
+                const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
+                const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
+                float *c, int64_t c_bs, int64_t c_rs,
+                float alpha,
+                const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
+                const float *residual, int64_t residual_bs, int64_t residual_rs,
+                int32_t activation);
+
+/* The same contract on OpenBLAS's sgemm (blas.c, a separate library linked against scipy-openblas32). */
+int tg_blas_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
+                     const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
+                     const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
+                     float *c, int64_t c_bs, int64_t c_rs,
+                     float alpha,
+                     const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
+                     const float *residual, int64_t residual_bs, int64_t residual_rs,
+                     int32_t activation);
+
+/* conv2d in NCHW (PyTorch layout, groups = 1): x (n, cin, h, w), weight (cout, cin, kh, kw), bias (cout) or
+ * NULL, out (n, cout, oh, ow) contiguous, with the same epilogue (alpha, activation, residual shaped like out). */
+int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w,
+                  int64_t cout, int64_t kh, int64_t kw,
+                  int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                  int64_t dilation_h, int64_t dilation_w,
+                  const float *x, const float *weight, const float *bias, float *out,
+                  float alpha, const float *residual, int32_t activation);
+
+/* The compile-time blocking, so callers and benchmarks can report what they run. */
+void tg_gemm_config(int64_t out[5]); /* MR, NR, MC, KC, NC */
+#endif

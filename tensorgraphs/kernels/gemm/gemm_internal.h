@@ -1,0 +1,72 @@
+/* What gemm.c and conv.c share: the problem description and the batched, blocked driver. */
+#ifndef TG_GEMM_INTERNAL_H
+#define TG_GEMM_INTERNAL_H
+#include "epilogue.h"
+#include "gemm.h"
+
+/* Register tile MR x NR (NR = 16 * NV) and cache blocks MC x KC (A block, L2) and KC x NC (B block),
+ * chosen by measurement on the target CPU (see bench/gemm.py --sweep); overridable with -D at build time. */
+#ifndef TG_MR
+#define TG_MR 6
+#endif
+#ifndef TG_NV
+#define TG_NV 4 /* at most 4: micro_kernel dispatches narrower tiles up to that */
+#endif
+#define TG_NR (TG_NV * 16)
+#ifndef TG_MC
+#define TG_MC 240
+#endif
+#ifndef TG_KC
+#define TG_KC 384 /* a multiple of 8 */
+#endif
+#ifndef TG_NC
+#define TG_NC 2048
+#endif
+
+typedef struct b_source b_source;
+
+/* Writes columns j0..j0+nr (nr <= TG_NR) and rows k0..k0+kc of B as one packed panel: dst[k*TG_NR + jj],
+ * zero-padded to TG_NR columns. `data` is already offset to the problem's batch entry. */
+typedef void (*pack_b_fn)(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
+                          float *dst);
+
+typedef struct {
+    int64_t cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, oh, ow;
+} conv_geometry;
+
+struct b_source {
+    pack_b_fn pack;
+    int64_t rs, cs;             /* strided matrix B */
+    const conv_geometry *conv;  /* implicit im2col of one image */
+};
+
+/* A batch of problems that differ only by per-operand batch offsets (stride 0 broadcasts). */
+typedef struct {
+    int64_t batch, m, n, k;
+    const float *a;
+    int64_t a_bs, a_rs, a_cs;
+    const float *b;
+    int64_t b_bs;
+    b_source b_src;
+    float *c;
+    int64_t c_bs, c_rs;
+    int64_t bias_bs, residual_bs;
+    tg_epilogue ep;
+} gemm_batch;
+
+/* tg_gemm_f32's parameter list (gemm.h), shared by every kernel with its signature. */
+#define TG_GEMM_PARAMS                                                                                          \
+    int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,   \
+        const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs, float *c, int64_t c_bs, int64_t c_rs,         \
+        float alpha, const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,                      \
+        const float *residual, int64_t residual_bs, int64_t residual_rs, int32_t activation
+#define TG_GEMM_ARGS                                                                                            \
+    batch, m, n, k, a, a_bs, a_rs, a_cs, b, b_bs, b_rs, b_cs, c, c_bs, c_rs, alpha, bias, bias_bs, bias_rs,     \
+        bias_cs, residual, residual_bs, residual_rs, activation
+
+/* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible). */
+int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS);
+void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
+                       float *dst);
+int tg_run_gemm_batch(const gemm_batch *g);
+#endif

@@ -1,0 +1,194 @@
+"""Activations: elementwise non-linearities, and the softmax, log_softmax and gelu composites.
+
+softmax and log_softmax carry explicit gradient rules (y * (g - sum(g * y)) and
+g - exp(y) * sum(g)), so a backward pass holds one small expression per
+softmax instead of the derivative of its decomposition.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from tensorgraphs import dtypes
+from tensorgraphs.errors import ArgumentError, DTypeError, fail
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, normalize_dim
+from tensorgraphs.graph.composite import Composite, register
+from tensorgraphs.nn.functional.arguments import finish_inplace, require_float
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+GELU_TANH_COEFF = 0.044715
+
+
+def _same_as_input(x: Tensor, **params: Any) -> tuple:
+    return x.dtype, x.shape
+
+
+# ---------------------------------------------------------------------------
+# softmax and log_softmax
+# ---------------------------------------------------------------------------
+
+
+def _shifted(x: Tensor, dim: int) -> Tensor:
+    """x minus its maximum along `dim`: exp of it cannot overflow."""
+    return ew.sub(x, rd.amax(x, dim, keepdim=True))
+
+
+def _softmax_decomposition(x: Tensor, *, dim: int) -> Tensor:
+    exps = ew.exp(_shifted(x, dim))
+    return ew.div(exps, rd.sum(exps, dim, keepdim=True))
+
+
+def _softmax_grad(y: Tensor, grad: Tensor, x: Tensor, *, dim: int) -> tuple[Tensor]:
+    return (ew.mul(y, ew.sub(grad, rd.sum(ew.mul(grad, y), dim, keepdim=True))),)
+
+
+def _log_softmax_decomposition(x: Tensor, *, dim: int) -> Tensor:
+    shifted = _shifted(x, dim)
+    return ew.sub(shifted, ew.log(rd.sum(ew.exp(shifted), dim, keepdim=True)))
+
+
+def _log_softmax_grad(y: Tensor, grad: Tensor, x: Tensor, *, dim: int) -> tuple[Tensor]:
+    return (ew.sub(grad, ew.mul(ew.exp(y), rd.sum(grad, dim, keepdim=True))),)
+
+
+SOFTMAX = register(Composite("softmax", _same_as_input, _softmax_decomposition, _softmax_grad))
+LOG_SOFTMAX = register(Composite("log_softmax", _same_as_input, _log_softmax_decomposition, _log_softmax_grad))
+
+
+def _implicit_softmax_dim(op: str, ndim: int) -> int:
+    warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X "
+                  "as an argument.", stacklevel=4)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _softmax_like(op: str, composite: Composite, x: Tensor, dim: int | None, dtype: Any) -> Tensor:
+    if dtype is not None:
+        x = cast(x, dtypes.to_dtype(dtype))
+    if not x.dtype.is_floating_point:
+        fail(op, f"expected a floating point input (or pass dtype=), got {x.dtype.name}", kind=DTypeError)
+    d = normalize_dim(op, _implicit_softmax_dim(op, x.ndim) if dim is None else dim, x.ndim)
+    if x.ndim == 0:
+        return apply_composite(composite, x.reshape(1), dim=0).reshape(())
+    if x.shape[d] == 0:
+        return x
+    return apply_composite(composite, x, dim=d)
+
+
+def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
+    return _softmax_like("softmax", SOFTMAX, input, dim, dtype)
+
+
+def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
+    return _softmax_like("log_softmax", LOG_SOFTMAX, input, dim, dtype)
+
+
+# ---------------------------------------------------------------------------
+# gelu
+# ---------------------------------------------------------------------------
+
+
+def _gelu_decomposition(x: Tensor, *, approximate: str) -> Tensor:
+    """x * Phi(x) exactly (erf), or with the tanh approximation."""
+    if approximate == "tanh":
+        inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), GELU_TANH_COEFF)), math.sqrt(2.0 / math.pi))
+        return ew.mul(ew.mul(x, 0.5), ew.add(ew.tanh(inner), 1.0))
+    return ew.mul(ew.mul(x, 0.5), ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+
+GELU = register(Composite("gelu", _same_as_input, _gelu_decomposition))
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"):
+        fail("gelu", f"approximate argument must be either none or tanh, got {approximate!r}", kind=ArgumentError)
+    require_float("gelu", input=input)
+    return apply_composite(GELU, input, approximate=approximate)
+
+
+# ---------------------------------------------------------------------------
+# elementwise activations
+# ---------------------------------------------------------------------------
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """max(x, 0) with NaN kept and a zero gradient at 0, as torch."""
+    return finish_inplace("relu", input, ew.where(ew.le(input, 0), 0, input), inplace)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    """Clamp to [min_val, max_val]; the gradient is 0 on the boundaries, NaN passes through."""
+    if min_val > max_val:
+        fail("hardtanh", f"min_val ({min_val}) cannot be greater than max_val ({max_val})", kind=ArgumentError)
+    out = ew.where(ew.le(input, min_val), min_val, ew.where(ew.ge(input, max_val), max_val, input))
+    return finish_inplace("hardtanh", input, cast(out, input.dtype), inplace)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    require_float("leaky_relu", input=input)
+    out = ew.where(ew.gt(input, 0), input, ew.mul(input, negative_slope))
+    return finish_inplace("leaky_relu", input, out, inplace)
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    require_float("elu", input=input)
+    out = ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(input), alpha))
+    return finish_inplace("elu", input, out, inplace)
+
+
+def selu(input: Tensor, inplace: bool = False) -> Tensor:
+    return finish_inplace("selu", input, ew.mul(elu(input, SELU_ALPHA), SELU_SCALE), inplace)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    require_float("silu", input=input)
+    return finish_inplace("silu", input, ew.mul(input, ew.sigmoid(input)), inplace)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta * x)) / beta, reverting to x where beta * x > threshold."""
+    require_float("softplus", input=input)
+    scaled = ew.mul(input, beta)
+    smooth = ew.div(ew.log1p(ew.exp(scaled)), beta)
+    return ew.where(ew.gt(scaled, threshold), input, smooth)
+
+
+def mish(input: Tensor, inplace: bool = False) -> Tensor:
+    return finish_inplace("mish", input, ew.mul(input, ew.tanh(softplus(input))), inplace)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return ew.sigmoid(input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    return ew.tanh(input)
+
+
+def logsigmoid(input: Tensor) -> Tensor:
+    """min(x, 0) - log1p(exp(-|x|)): no overflow for large |x|."""
+    require_float("logsigmoid", input=input)
+    return ew.sub(ew.minimum(input, 0.0), ew.log1p(ew.exp(ew.neg(ew.abs(input)))))
+
+
+def softsign(input: Tensor) -> Tensor:
+    return ew.div(input, ew.add(ew.abs(input), 1))
+
+
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
+    require_float("hardsigmoid", input=input)
+    return finish_inplace("hardsigmoid", input, ew.div(relu6(ew.add(input, 3.0)), 6.0), inplace)
+
+
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
+    """x * relu6(x + 3) / 6 (so -inf gives NaN and the joints' gradients are torch's)."""
+    require_float("hardswish", input=input)
+    return finish_inplace("hardswish", input, ew.div(ew.mul(input, relu6(ew.add(input, 3.0))), 6.0), inplace)

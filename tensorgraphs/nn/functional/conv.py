@@ -1,0 +1,207 @@
+"""Convolutions: the conv2d composite (conv1d and conv_transpose2d are built on it) and the window views
+that conv and pooling share.
+
+conv2d decomposes into one strided slice of the padded input per kernel offset
+(SHRINK/PAD/RESHAPE views), stacked into patches and contracted with the
+weights by the `matmul` composite, so the gradients are matmuls too.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import linalg
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend.tensor import Tensor, apply_composite
+from tensorgraphs.graph.composite import Composite, register
+from tensorgraphs.nn.functional.arguments import require_float, require_same_dtype, tuple_of
+
+Pads = tuple[tuple[int, int], ...]  # (before, after) per spatial dim
+
+
+# ---------------------------------------------------------------------------
+# window views shared with pooling
+# ---------------------------------------------------------------------------
+
+
+def window_count(size: int, kernel: int, stride: int, dilation: int) -> int:
+    return (size - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def pad_spatial(x: Tensor, pads: Pads, value: float = 0.0) -> Tensor:
+    """Pad (negative widths crop) the trailing len(pads) dims."""
+    first = x.ndim - len(pads)
+    for offset, (before, after) in enumerate(pads):
+        x = mv.pad_dim(x, first + offset, before, after, value)
+    return x
+
+
+def sliding_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
+    """(..., H, W) -> (..., kh * kw, Ho, Wo): for each kernel offset, the strided slice it sees."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    ho = window_count(x.shape[-2], kh, sh, dh)
+    wo = window_count(x.shape[-1], kw, sw, dw)
+    views = [x[..., i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+             for i in range(kh) for j in range(kw)]
+    return mv.stack(views, dim=-3)
+
+
+# ---------------------------------------------------------------------------
+# the conv2d composite
+# ---------------------------------------------------------------------------
+
+
+def _conv2d_infer(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilation: tuple, groups: int) -> tuple:
+    sizes = tuple(window_count(x.shape[2 + i] + sum(padding[i]), w.shape[2 + i], stride[i], dilation[i])
+                  for i in range(2))
+    return x.dtype, (x.shape[0], w.shape[0]) + sizes
+
+
+def _conv2d_decomposition(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilation: tuple,
+                          groups: int) -> Tensor:
+    """Patches (N, groups, Ho*Wo, C/groups*kh*kw) @ kernels (groups, C/groups*kh*kw, O/groups)."""
+    n, out_channels, (kh, kw) = x.shape[0], w.shape[0], w.shape[2:]
+    group_channels = w.shape[1]
+    windows = sliding_windows(pad_spatial(x, padding), (kh, kw), stride, dilation)
+    ho, wo = windows.shape[-2:]
+    patches = mv.reshape(windows, (n, groups, group_channels, kh * kw, ho, wo))
+    patches = mv.reshape(mv.permute(patches, (0, 1, 4, 5, 2, 3)), (n, groups, ho * wo, group_channels * kh * kw))
+    kernels = mv.reshape(w, (groups, out_channels // groups, group_channels * kh * kw))
+    out = linalg.matmul(patches, mv.mT(kernels))
+    return mv.reshape(mv.permute(out, (0, 1, 3, 2)), (n, out_channels, ho, wo))
+
+
+CONV2D = register(Composite("conv2d", _conv2d_infer, _conv2d_decomposition))
+
+
+# ---------------------------------------------------------------------------
+# public convolutions
+# ---------------------------------------------------------------------------
+
+
+def _resolve_padding(op: str, padding: int | Sequence[int] | str, kernel: tuple, stride: tuple,
+                     dilation: tuple) -> Pads:
+    """Explicit sizes pad both sides; 'valid' is none; 'same' keeps the size (the odd extra goes after)."""
+    n = len(kernel)
+    if isinstance(padding, str):
+        if padding == "valid":
+            return ((0, 0),) * n
+        if padding != "same":
+            fail(op, f"invalid padding string {padding!r}, should be one of {{'valid', 'same'}}", kind=ArgumentError)
+        if any(s != 1 for s in stride):
+            fail(op, "padding='same' is not supported for strided convolutions", kind=ArgumentError)
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    return tuple((p, p) for p in tuple_of(op, "padding", padding, n, minimum=0))
+
+
+def _check_conv_operands(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, n: int) -> None:
+    if input.ndim not in (n + 1, n + 2):
+        fail(op, f"expected {n + 1}D (unbatched) or {n + 2}D (batched) input, but got input of size {input.shape}")
+    if weight.ndim != n + 2:
+        fail(op, f"expected a {n + 2}D weight, got weight of size {weight.shape}")
+    require_float(op, input=input)
+    require_same_dtype(op, input=input, weight=weight, bias=bias)
+
+
+def _check_output_size(op: str, input: Tensor, out_sizes: Sequence[int]) -> None:
+    if any(s <= 0 for s in out_sizes):
+        fail(op, f"calculated output size {tuple(out_sizes)} for input of size {input.shape} is too small")
+
+
+def _add_bias(op: str, out: Tensor, bias: Tensor | None) -> Tensor:
+    if bias is None:
+        return out
+    if bias.shape != (out.shape[1],):
+        fail(op, f"expected bias of shape ({out.shape[1]},), got {bias.shape}")
+    return ew.add(out, mv.reshape(bias, (out.shape[1],) + (1,) * (out.ndim - 2)))
+
+
+def conv_nd(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, stride: int | Sequence[int],
+            padding: int | Sequence[int] | str, dilation: int | Sequence[int], groups: int, n: int) -> Tensor:
+    """conv1d/conv2d: checks, then the conv2d composite (1-D convolutions get a size-1 height)."""
+    _check_conv_operands(op, input, weight, bias, n)
+    batched = input.ndim == n + 2
+    x = input if batched else mv.unsqueeze(input, 0)
+    if groups <= 0 or weight.shape[0] % groups:
+        fail(op, f"groups must be positive and divide out_channels, got groups={groups} and weight of size "
+             f"{weight.shape}", kind=ArgumentError)
+    if x.shape[1] != weight.shape[1] * groups:
+        fail(op, f"given groups={groups}, weight of size {weight.shape}, expected input {input.shape} to have "
+             f"{weight.shape[1] * groups} channels, but got {x.shape[1]} channels instead")
+    stride = tuple_of(op, "stride", stride, n)
+    dilation = tuple_of(op, "dilation", dilation, n)
+    pads = _resolve_padding(op, padding, weight.shape[2:], stride, dilation)
+    if n == 1:
+        x, weight = mv.unsqueeze(x, 2), mv.unsqueeze(weight, 2)
+        stride, dilation, pads = (1,) + stride, (1,) + dilation, ((0, 0),) + pads
+    out = conv2d_composite(op, x, weight, stride, pads, dilation, groups)
+    if n == 1:
+        out = mv.squeeze(out, 2)
+    out = _add_bias(op, out, bias)
+    return out if batched else mv.squeeze(out, 0)
+
+
+def conv2d_composite(op: str, x: Tensor, weight: Tensor, stride: tuple, pads: Pads, dilation: tuple,
+                     groups: int) -> Tensor:
+    _, shape = _conv2d_infer(x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups)
+    _check_output_size(op, x, shape[2:])
+    return apply_composite(CONV2D, x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups)
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+           padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
+    return conv_nd("conv1d", input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+           padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
+    return conv_nd("conv2d", input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def _zero_dilate(x: Tensor, dim: int, factor: int) -> Tensor:
+    """Insert factor - 1 zeros between neighbours along `dim`: size s becomes (s - 1) * factor + 1."""
+    if factor == 1:
+        return x
+    size = x.shape[dim]
+    spread = mv.pad_dim(mv.unsqueeze(x, dim + 1), dim + 1, 0, factor - 1)
+    merged = mv.reshape(spread, x.shape[:dim] + (size * factor,) + x.shape[dim + 1 :])
+    return mv.shrink_dim(merged, dim, 0, (size - 1) * factor + 1)
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> Tensor:
+    """The gradient of conv2d with respect to its input: a stride-1 conv2d of the zero-dilated, padded input
+    with the kernels flipped and their in/out channels swapped."""
+    op = "conv_transpose2d"
+    _check_conv_operands(op, input, weight, bias, 2)
+    x = input if input.ndim == 4 else mv.unsqueeze(input, 0)
+    in_channels = weight.shape[0]
+    if groups <= 0 or in_channels % groups:
+        fail(op, f"groups must be positive and divide in_channels, got groups={groups} and weight of size "
+             f"{weight.shape}", kind=ArgumentError)
+    if x.shape[1] != in_channels:
+        fail(op, f"weight of size {weight.shape} expects input {input.shape} to have {in_channels} channels, "
+             f"but got {x.shape[1]} channels instead")
+    stride, dilation = tuple_of(op, "stride", stride, 2), tuple_of(op, "dilation", dilation, 2)
+    padding = tuple_of(op, "padding", padding, 2, minimum=0)
+    output_padding = tuple_of(op, "output_padding", output_padding, 2, minimum=0)
+    kernel = weight.shape[2:]
+    for o, s, d in zip(output_padding, stride, dilation):
+        if o >= max(s, d):
+            fail(op, f"output padding {output_padding} must be smaller than either stride {stride} or dilation "
+                 f"{dilation}", kind=ArgumentError)
+    for i in range(2):
+        x = _zero_dilate(x, 2 + i, stride[i])
+    reach = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    x = pad_spatial(x, tuple((r - p, r - p + o) for r, p, o in zip(reach, padding, output_padding)))
+    out_per_group = weight.shape[1]
+    flipped = mv.reshape(weight, (groups, in_channels // groups, out_per_group) + kernel)
+    flipped = mv.reshape(mv.transpose(flipped, 1, 2), (groups * out_per_group, in_channels // groups) + kernel)
+    flipped = mv.flip(flipped, (2, 3))
+    out = conv2d_composite(op, x, flipped, (1, 1), ((0, 0), (0, 0)), dilation, groups)
+    out = _add_bias(op, out, bias)
+    return out if input.ndim == 4 else mv.squeeze(out, 0)

@@ -1,0 +1,57 @@
+"""Linear maps and lookups: linear, embedding, and dropout."""
+
+from __future__ import annotations
+
+from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, UnsupportedError, fail
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import linalg, random
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend.tensor import Tensor, cast
+from tensorgraphs.nn.functional.arguments import finish_inplace, require_float, require_same_dtype
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """input @ weight.T + bias, with weight of shape (out_features, in_features) or (in_features,)."""
+    if weight.ndim not in (1, 2):
+        fail("linear", f"weight must be 1-D or 2-D, got shape {weight.shape}")
+    if input.ndim == 0 or input.shape[-1] != weight.shape[-1]:
+        fail("linear", f"input {input.shape} and weight {weight.shape} do not fit: the input's last dim must equal "
+             f"in_features = {weight.shape[-1]}")
+    require_same_dtype("linear", input=input, weight=weight, bias=bias)
+    out = linalg.matmul(input, mv.mT(weight) if weight.ndim == 2 else weight)
+    return out if bias is None else ew.add(out, bias)
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of `weight` picked by integer `input`; the padding row gets no gradient."""
+    if not input.dtype.is_integer:
+        fail("embedding", f"expected an integer index tensor, got {input.dtype.name}", kind=DTypeError)
+    if weight.ndim != 2:
+        fail("embedding", f"weight must be 2-D (num_embeddings, embedding_dim), got shape {weight.shape}")
+    if max_norm is not None or scale_grad_by_freq:
+        fail("embedding", "max_norm and scale_grad_by_freq are not supported; renormalize the weight yourself",
+             kind=UnsupportedError)
+    rows = weight.shape[0]
+    rows_picked = mv.index_select(weight, 0, mv.reshape(input, -1))
+    if padding_idx is not None:
+        if not -rows <= padding_idx < rows:
+            fail("embedding", f"padding_idx {padding_idx} must be within num_embeddings ({rows})", kind=ShapeError)
+        is_padding = mv.unsqueeze(ew.eq(mv.reshape(input, -1), padding_idx % rows), -1)
+        rows_picked = ew.where(is_padding, rows_picked.detach(), rows_picked)
+    return mv.reshape(rows_picked, input.shape + (weight.shape[1],))
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1 / (1 - p); random under tg.manual_seed."""
+    if not 0.0 <= p <= 1.0:
+        fail("dropout", f"dropout probability has to be between 0 and 1, but got {p}", kind=ArgumentError)
+    require_float("dropout", input=input)
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        out = ew.mul(input, 0.0)
+    else:
+        keep = random.bernoulli_mask(input.shape, p)
+        out = ew.mul(input, cast(ew.where(keep, 1.0 / (1.0 - p), 0.0), input.dtype))
+    return finish_inplace("dropout", input, out, inplace)

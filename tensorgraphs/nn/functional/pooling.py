@@ -1,0 +1,132 @@
+"""Pooling: reductions over the window views of `conv.sliding_windows`, and adaptive average pooling by gather."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from tensorgraphs import dtypes
+from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.tensor import Tensor, expand_to
+from tensorgraphs.graph import node as g
+from tensorgraphs.nn.functional.arguments import require_float, tuple_of
+from tensorgraphs.nn.functional.conv import pad_spatial, sliding_windows
+
+IntPair = int | Sequence[int]
+
+
+def _pool_output_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    """torch's pooling_output_shape: with ceil_mode the last window must still start inside the input or left pad."""
+    reach = dilation * (kernel - 1) + 1
+    out = (size + 2 * pad - reach + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+class PoolGeometry:
+    """Checked pooling arguments and the padding (with ceil_mode's extra, or a crop) that makes the window views
+    cover exactly the output positions."""
+
+    def __init__(self, op: str, x: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+                 dilation: IntPair, ceil_mode: bool) -> None:
+        if x.ndim not in (3, 4):
+            fail(op, f"expected 3D or 4D (batch mode) input, got input of size {x.shape}")
+        require_float(op, input=x)
+        self.kernel = tuple_of(op, "kernel_size", kernel_size, 2)
+        self.stride = self.kernel if stride is None or stride == [] else tuple_of(op, "stride", stride, 2)
+        self.padding = tuple_of(op, "padding", padding, 2, minimum=0)
+        self.dilation = tuple_of(op, "dilation", dilation, 2)
+        for k, p, d in zip(self.kernel, self.padding, self.dilation):
+            if p > (d * (k - 1) + 1) // 2:
+                fail(op, f"pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k} "
+                     f"and dilation={d}", kind=ArgumentError)
+        sizes = x.shape[-2:]
+        self.out = tuple(_pool_output_size(n, k, s, p, d, ceil_mode)
+                         for n, k, s, p, d in zip(sizes, self.kernel, self.stride, self.padding, self.dilation))
+        if any(o <= 0 for o in self.out):
+            fail(op, f"given input size {x.shape}, calculated output size {self.out} is too small")
+        needed = [(o - 1) * s + d * (k - 1) + 1
+                  for o, k, s, d in zip(self.out, self.kernel, self.stride, self.dilation)]
+        self.extra = tuple(need - (n + 2 * p) for need, n, p in zip(needed, sizes, self.padding))
+
+    def pad(self, x: Tensor, value: float) -> Tensor:
+        return pad_spatial(x, tuple((p, p) for p in self.padding), value)
+
+    def windows(self, padded: Tensor, pad_value: float) -> Tensor:
+        """Padded (..., H + 2p, W + 2p) -> (..., kh * kw, Ho, Wo); ceil_mode's extra is `pad_value` too."""
+        fitted = pad_spatial(padded, tuple((0, e) for e in self.extra), pad_value)
+        return sliding_windows(fitted, self.kernel, self.stride, self.dilation)
+
+
+def _positions(x: Tensor) -> Tensor:
+    """int64 (H, W) tensor holding each position's flat index h * W + w."""
+    h, w = x.shape[-2:]
+    return mv.reshape(Tensor(g.iota(h * w, dtypes.int64)), (h, w))
+
+
+def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple:
+    """Window maxima (padding is -inf, NaN propagates), picked by argmax so that, as in torch, the gradient goes
+    to the first maximum of a window rather than being shared among ties; return_indices also gives each
+    maximum's flat position h * W + w in the input."""
+    geometry = PoolGeometry("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode)
+    windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
+    best = mv.unsqueeze(rd.argmax(windows, -3), -3)
+    values = mv.squeeze(mv.gather(windows, -3, best), -3)
+    if not return_indices:
+        return values
+    positions = expand_to(geometry.windows(geometry.pad(_positions(input), -1), -1), windows.shape)
+    return values, mv.squeeze(mv.gather(positions, -3, best), -3)
+
+
+def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """Window sums over the zero-padded input divided by the window size: the whole window within the padded
+    input (count_include_pad) or only its input elements, or divisor_override."""
+    geometry = PoolGeometry("avg_pool2d", input, kernel_size, stride, padding, 1, ceil_mode)
+    sums = rd.sum(geometry.windows(geometry.pad(input, 0.0), 0.0), -3)
+    if divisor_override is not None:
+        if divisor_override == 0:
+            fail("avg_pool2d", "divisor must be not zero", kind=ArgumentError)
+        return ew.div(sums, divisor_override)
+    ones = Tensor(g.const(1.0, input.dtype, input.shape[-2:]))
+    counted = geometry.pad(ones, 1.0 if count_include_pad else 0.0)
+    return ew.div(sums, rd.sum(geometry.windows(counted, 0.0), -3))
+
+
+def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
+    """Mean over torch's adaptive windows [floor(i * n / out), ceil((i + 1) * n / out)) along `dim`, gathered
+    as (out_size, longest window) with the short windows' surplus masked out (so NaN stays in its window)."""
+    n = x.shape[dim]
+    starts = np.array([i * n // out_size for i in range(out_size)])
+    ends = np.array([-(-(i + 1) * n // out_size) for i in range(out_size)])
+    longest = int((ends - starts).max())
+    offsets = starts[:, None] + np.arange(longest)[None, :]
+    valid = offsets < ends[:, None]
+    index = Tensor.from_numpy(np.where(valid, offsets, starts[:, None]).reshape(-1).astype(np.int64))
+    gathered = mv.index_select(x, dim, index)
+    gathered = mv.reshape(gathered, x.shape[:dim] + (out_size, longest) + x.shape[dim + 1 :])
+    trailing = (1,) * (x.ndim - dim - 1)
+    mask = Tensor.from_numpy(valid.reshape((out_size, longest) + trailing))
+    counts = Tensor.from_numpy((ends - starts).reshape((out_size,) + trailing).astype(x.dtype.storage), x.dtype)
+    return ew.div(rd.sum(ew.where(mask, gathered, 0.0), dim + 1), counts)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None]) -> Tensor:
+    if input.ndim not in (3, 4) or 0 in input.shape[-3:]:
+        fail("adaptive_avg_pool2d", f"expected 3D or 4D input with non-zero non-batch dims, got {input.shape}")
+    require_float("adaptive_avg_pool2d", input=input)
+    sizes = (output_size, output_size) if output_size is None or isinstance(output_size, int) else tuple(output_size)
+    if len(sizes) != 2:
+        fail("adaptive_avg_pool2d", f"output_size must be an int or 2 sizes, got {output_size!r}", kind=ArgumentError)
+    out = input
+    for i, size in enumerate(sizes):
+        dim = input.ndim - 2 + i
+        out = _adaptive_mean(out, dim, input.shape[dim] if size is None else int(size))
+    return out

@@ -1,0 +1,169 @@
+"""The `Optimizer` base: param groups, per-parameter state, and in-graph updates committed with `assign`.
+
+A step is two halves. `step_updates()` builds, as lazy Tensor ops under `no_grad`, the new
+value of every parameter and state tensor and returns `(target, new_value)` pairs: a pure
+graph a compiled training step can capture. `commit()` evaluates all of them in one
+realization and writes them back with `Tensor.assign`, keeping every target object (so
+references held by modules, schedulers and compiled programs stay valid).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from tensorgraphs.dtypes import DType
+from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
+from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.runtime.realize import realize
+
+ParamGroup = dict[str, Any]
+Update = tuple[Tensor, Tensor]
+
+
+def state_buffer(shape: tuple[int, ...], dtype: DType, fill: float = 0.0) -> Tensor:
+    """Optimizer state starts as a buffer (not a constant), so the first step's graph has the same
+    structure as every later one and a compiled step is built once."""
+    return Tensor.from_numpy(np.full(shape, fill, dtype=dtype.storage), dtype)
+
+
+def graph_scalar(value: float) -> Tensor:
+    """A hyperparameter a scheduler changes (lr) as a 0-d input buffer, not a constant baked into the graph."""
+    return Tensor.from_numpy(np.asarray(value, dtype=np.float32))
+
+
+def clear_grad(param: Tensor, set_to_none: bool = True) -> None:
+    """Drop the gradient, or zero it in place (the same grad object, as torch's zero_grad(set_to_none=False))."""
+    if param.grad is None:
+        return
+    if set_to_none:
+        param.grad = None
+    else:
+        param.grad.zero_()
+
+
+def commit(updates: list[Update]) -> None:
+    """Evaluate every new value together, then write each into its target (fresh buffers, no history kept)."""
+    if not updates:
+        return
+    values = realize([value.node for _, value in updates])
+    for (target, _), value in zip(updates, values):
+        target.assign(Tensor.from_numpy(np.asarray(value), target.dtype))
+
+
+class Optimizer:
+    """Base class: subclasses give `defaults`, `init_state` and `update` (new values as Tensor ops)."""
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[ParamGroup], defaults: dict[str, Any]) -> None:
+        self.defaults = defaults
+        self.state: dict[Tensor, dict[str, Any]] = {}
+        self.param_groups: list[ParamGroup] = []
+        if isinstance(params, Tensor):
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                            "but got a Tensor")
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        for group in groups if isinstance(groups[0], dict) else [{"params": groups}]:
+            self.add_param_group(group)
+
+    def add_param_group(self, param_group: ParamGroup) -> None:
+        group = dict(param_group)
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        for param in group["params"]:
+            if not isinstance(param, Tensor) or not param.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        for name, default in self.defaults.items():
+            group.setdefault(name, default)
+        existing = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in existing for p in group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                clear_grad(param, set_to_none)
+
+    def init_state(self, param: Tensor, group: ParamGroup) -> dict[str, Any]:
+        """The state a parameter starts with (before its first update)."""
+        return {}
+
+    def update(self, param: Tensor, grad: Tensor, state: dict[str, Any], group: ParamGroup) -> dict[str, Tensor]:
+        """New values: key "param" for the parameter, other keys for state entries (created if absent).
+        `group["lr"]` is a 0-d tensor here (see `graph_scalar`)."""
+        raise NotImplementedError
+
+    def step_updates(self) -> list[Update]:
+        """Every (target, new value) pair of one step, as lazy in-graph Tensor ops."""
+        updates: list[Update] = []
+        with no_grad():
+            for group in self.param_groups:
+                values = {**group, "lr": graph_scalar(group["lr"])}
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    state = self.state.get(param)
+                    if state is None:
+                        state = self.state[param] = self.init_state(param, group)
+                    grad = -param.grad if group.get("maximize") else param.grad
+                    for key, value in self.update(param, grad, state, values).items():
+                        if key == "param":
+                            updates.append((param, value))
+                            continue
+                        target = state.setdefault(key, state_buffer(value.shape, value.dtype))
+                        updates.append((target, value))
+        return updates
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        commit(self.step_updates())
+        return loss
+
+    # -- state_dict ----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """torch's layout: parameters are numbered in group order; state is keyed by those numbers."""
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            numbers = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": numbers})
+        state = {index[id(p)]: dict(s) for p, s in self.state.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        by_number: dict[int, Tensor] = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                                 "optimizer's group")
+            by_number.update(zip(saved["params"], group["params"]))
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.state = {}
+        for number, saved_state in state_dict["state"].items():
+            param = by_number[int(number)]
+            self.state[param] = {k: _fresh(v) for k, v in saved_state.items()}
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines.extend(f"    {key}: {group[key]}" for key in sorted(group) if key != "params")
+        return "\n".join(lines + [")"])
+
+
+def _fresh(value: Any) -> Any:
+    """Loaded state gets its own buffers, so later assigns never touch the caller's tensors."""
+    if isinstance(value, Tensor):
+        return Tensor.from_numpy(np.asarray(value.detach()._value()), value.dtype)
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+        return Tensor.from_numpy(value.detach().numpy())
+    return value

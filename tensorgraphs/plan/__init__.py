@@ -1,0 +1,27 @@
+"""The planner: for every composite, a measured kernel on some backend or its decomposition.
+
+Importing this package registers the built-in kernels and the "planned" device.
+See docs/planner.md.
+"""
+
+from tensorgraphs.plan import library as _library  # noqa: F401  (registers the built-in kernels)
+from tensorgraphs.plan.cost import CostModel, Estimate
+from tensorgraphs.plan.executor import PLANNED, PlannedBackend
+from tensorgraphs.plan.kernels import (
+    KERNEL_BACKENDS,
+    KERNELS,
+    Kernel,
+    KernelBackend,
+    KernelRejected,
+    Sample,
+    register_kernel,
+    register_kernel_backend,
+)
+from tensorgraphs.plan.planner import DECOMPOSE, GraphPlan, Path, PlanError, Planner, default_planner
+from tensorgraphs.plan.signature import Signature, TensorSpec, signature_of
+
+__all__ = [
+    "DECOMPOSE", "KERNELS", "KERNEL_BACKENDS", "PLANNED", "CostModel", "Estimate", "GraphPlan", "Kernel",
+    "KernelBackend", "KernelRejected", "Path", "PlanError", "PlannedBackend", "Planner", "Sample", "Signature",
+    "TensorSpec", "default_planner", "register_kernel", "register_kernel_backend", "signature_of",
+]

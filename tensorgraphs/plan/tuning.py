@@ -1,0 +1,291 @@
+"""`tg tune` and `tg explain`: measure the candidate paths of a script's composites, and show the choices.
+
+Both run the script on the "planned" device and collect the signature of every
+composite it realizes (nested ones included). Tuning turns each candidate path
+into measurement tasks (each kernel, its COPY in and out, each primitive of a
+decomposition), skips those already in the database (so an interrupted tune
+resumes where it stopped), and measures the rest within the time budget.
+Explaining only reads the database: it measures nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import runpy
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from tensorgraphs.backends.numpy_backend import REFERENCE
+from tensorgraphs.plan.cost import reference_impl_hash
+from tensorgraphs.plan.executor import OBSERVERS
+from tensorgraphs.plan.kernels import KERNEL_BACKENDS, Kernel
+from tensorgraphs.plan.measure import random_array, time_samples
+from tensorgraphs.plan.planner import DECOMPOSE, Path, Planner, copy_signature
+from tensorgraphs.plan.signature import Signature, placeholder_node
+from tensorgraphs.runtime.realize import device
+
+
+class _Collector:
+    """Observer that remembers each composite signature realized, in first-seen order."""
+
+    def __init__(self) -> None:
+        self.signatures: dict[Signature, None] = {}
+
+    def on_composite(self, sig: Signature, implementation: str) -> None:
+        self.signatures.setdefault(sig, None)
+
+    def on_call(self, name: str, sig: Signature, start: float, seconds: float) -> None:
+        return None
+
+
+def collect_composites(script: str, argv: list[str] | None = None) -> list[Signature]:
+    """Run `script` as __main__ on the planned device; the composite signatures it realized."""
+    collector = _Collector()
+    saved_argv = sys.argv
+    sys.argv = [script, *(argv or [])]
+    OBSERVERS.append(collector)
+    try:
+        with device("planned"):
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        OBSERVERS.remove(collector)
+        sys.argv = saved_argv
+    return list(collector.signatures)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One measurement: `prepare()` builds inputs and returns the call to time."""
+
+    kernel: str
+    impl_hash: str
+    signature: Signature
+    prepare: Callable[[], Callable[[], Any]]
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return self.kernel, self.impl_hash, self.signature.dtype_key, self.signature.shape_key
+
+
+def _inputs(sig: Signature) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [random_array(spec, rng) for spec in sig.inputs]
+
+
+def _kernel_call(kernel: Kernel, sig: Signature) -> Callable[[], Any]:
+    """The kernel alone on inputs already on its backend (copies are measured as their own tasks)."""
+    backend = KERNEL_BACKENDS[kernel.backend]
+    native = [backend.to_native(a) for a in _inputs(sig)]
+    params = dict(sig.params)
+
+    def run() -> None:
+        kernel.fn(*native, **params)
+        backend.synchronize()
+
+    return run
+
+
+def _copy_call(backend_name: str, direction: str, sig: Signature) -> Callable[[], Any]:
+    backend = KERNEL_BACKENDS[backend_name]
+    (array,) = _inputs(sig)
+    if direction == "in":
+        return lambda: (backend.to_native(array), backend.synchronize())
+    native = backend.to_native(array)
+    return lambda: backend.to_numpy(native)
+
+
+def _primitive_call(sig: Signature) -> Callable[[], Any]:
+    node = placeholder_node(sig)
+    known = dict(zip(node.src, _inputs(sig)))
+    return lambda: REFERENCE.evaluate([node], known)
+
+
+def measurement_tasks(planner: Planner, signatures: list[Signature]) -> list[Task]:
+    """Every distinct measurement the candidate paths of `signatures` (and their nested composites) need."""
+    tasks: dict[tuple, Task] = {}
+
+    def add(task: Task) -> None:
+        tasks.setdefault(task.key, task)
+
+    def visit(sig: Signature, stack: tuple[str, ...]) -> None:
+        for kernel in planner.registry.candidates(sig, planner.backends):
+            if not planner.registry.ensure_verified(kernel):
+                continue
+            add(Task(kernel.name, kernel.impl_hash, sig, lambda k=kernel: _kernel_call(k, sig)))
+            backend = KERNEL_BACKENDS[kernel.backend]
+            if not backend.home:
+                for spec in {*sig.inputs}:
+                    copy = copy_signature(spec)
+                    add(Task(backend.copy_in, backend.impl_hash, copy,
+                             lambda b=backend.name, c=copy: _copy_call(b, "in", c)))
+                out = copy_signature(sig.output)
+                add(Task(backend.copy_out, backend.impl_hash, out,
+                         lambda b=backend.name, o=out: _copy_call(b, "out", o)))
+        decomposition = planner.valid_decomposition(sig, stack)
+        if decomposition is None:
+            return
+        for primitive in decomposition.primitives:
+            add(Task(f"reference.{primitive.name}", reference_impl_hash(), primitive,
+                     lambda p=primitive: _primitive_call(p)))
+        for child in dict.fromkeys(decomposition.composites):
+            visit(child, stack + (sig.name,))
+
+    for sig in signatures:
+        visit(sig, ())
+    return list(tasks.values())
+
+
+@dataclass
+class TuneReport:
+    measured: int = 0
+    skipped: int = 0  # already in the database
+    failed: int = 0  # raised on random inputs (e.g. indices out of range)
+    remaining: int = 0  # left when the budget ran out
+
+    def __str__(self) -> str:
+        return (f"measured {self.measured}, already in the database {self.skipped}, failed {self.failed}, "
+                f"left for a later run {self.remaining}")
+
+
+class _TextBar:
+    """A progress bar on stderr for when tqdm is not installed."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def update(self, label: str) -> None:
+        self.done += 1
+        filled = 30 * self.done // max(self.total, 1)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {label[:50]:<50}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[str], None]]:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        bar = _TextBar(total)
+        yield bar.update
+        bar.close()
+        return
+    with tqdm(total=total, unit="kernel", file=sys.stderr) as bar:
+        def update(label: str) -> None:
+            bar.set_postfix_str(label[:50])
+            bar.update()
+
+        yield update
+
+
+def tune(planner: Planner, signatures: list[Signature], budget: float = float("inf"),
+         per_task: float = 0.05) -> TuneReport:
+    """Measure the tasks of `signatures` not yet in the database until `budget` seconds have passed."""
+    model = planner.cost_model
+    tasks = measurement_tasks(planner, signatures)
+    pending = [t for t in tasks if model.measured(t.kernel, t.impl_hash, t.signature) is None]
+    report = TuneReport(skipped=len(tasks) - len(pending))
+    deadline = time.perf_counter() + budget
+    with _progress(len(pending)) as advance:
+        for i, task in enumerate(pending):
+            if time.perf_counter() >= deadline:
+                report.remaining = len(pending) - i
+                break
+            try:
+                with np.errstate(all="ignore"):
+                    samples = time_samples(task.prepare(), budget=per_task)
+            except Exception:  # noqa: BLE001 - a primitive on random inputs may legitimately fail; the model covers it
+                report.failed += 1
+            else:
+                sig = task.signature
+                model.db.record(model.fingerprint, task.kernel, task.impl_hash, sig.dtype_key, sig.shape_key,
+                                sig.flops, sig.bytes, samples)
+                report.measured += 1
+            advance(f"{task.kernel} {task.signature.shape_key}")
+    return report
+
+
+# ---------------------------------------------------------------------------
+# explain
+# ---------------------------------------------------------------------------
+
+
+def measured_seconds(planner: Planner, path: Path) -> float | None:
+    """The path's time from exact database rows only (None when any part was not measured)."""
+    model = planner.cost_model
+    parts: list[tuple[str, str, Signature]]
+    if path.implementation == DECOMPOSE:
+        primitives = planner.decomposition(path.signature).primitives
+        parts = [(f"reference.{p.name}", reference_impl_hash(), p) for p in primitives]
+    else:
+        kernel = planner.registry.get(path.implementation)
+        backend = KERNEL_BACKENDS[kernel.backend]
+        parts = [(kernel.name, kernel.impl_hash, path.signature)]
+        if not backend.home:
+            parts += [(backend.copy_in, backend.impl_hash, copy_signature(s)) for s in path.signature.inputs]
+            parts.append((backend.copy_out, backend.impl_hash, copy_signature(path.signature.output)))
+    total = 0.0
+    for kernel_id, impl_hash, sig in parts:
+        row = model.measured(kernel_id, impl_hash, sig)
+        if row is None:
+            return None
+        total += row.median
+    for child in path.children:
+        child_time = measured_seconds(planner, child)
+        if child_time is None:
+            return None
+        total += child_time
+    return total
+
+
+def _microseconds(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:,.1f} us"
+
+
+def explain(planner: Planner, signatures: list[Signature]) -> str:
+    """Per composite: the chosen implementation, predicted and measured time, and every alternative."""
+    lines = []
+    for sig in signatures:
+        chosen = planner.best(sig)
+        lines.append(f"{sig}")
+        alternatives = sorted(planner.options(sig), key=lambda p: p.estimate.seconds)
+        for path in alternatives:
+            mark = "*" if path.implementation == chosen.implementation else " "
+            lines.append(f"  {mark} {path.implementation:<36} predicted {_microseconds(path.estimate.seconds):>14} "
+                         f"({path.estimate.source}), measured {_microseconds(measured_seconds(planner, path))}")
+            if path.children:
+                nested = ", ".join(f"{c.signature.name}: {c.implementation}" for c in path.children)
+                lines.append(f"      nested: {nested}")
+    return "\n".join(lines)
+
+
+def run_tune(script: str, argv: list[str], budget: float) -> int:
+    """`tg tune`: run the script, then measure its composites' candidate paths."""
+    from tensorgraphs.plan.planner import default_planner
+
+    planner = default_planner()
+    signatures = collect_composites(script, argv)
+    print(f"{script}: {len(signatures)} distinct composite calls")
+    print(tune(planner, signatures, budget))
+    print(f"kernel database: {planner.cost_model.db.path} ({planner.cost_model.db.count()} rows)")
+    return 0
+
+
+def run_explain(script: str, argv: list[str]) -> int:
+    """`tg explain`: run the script, then print each composite's choice and alternatives (no measuring)."""
+    from tensorgraphs.plan.planner import default_planner
+
+    planner = default_planner()
+    db = planner.cost_model.db
+    before = db.count()
+    signatures = collect_composites(script, argv)
+    print(explain(planner, signatures))
+    print(f"kernel database: {db.path} ({db.count()} rows, {db.count() - before} new measurements; "
+          "* marks the chosen implementation)")
+    return 0

@@ -1,0 +1,91 @@
+"""Graph rewriting: canonical form, simplification and user rules (see docs/rewrite.md).
+
+    import tensorgraphs as tg
+    rule = tg.rewrite.rule("x*sigmoid(x) -> silu", lambda x: x * tg.sigmoid(x), lambda x: fused_silu(x))
+    tg.rewrite.register(rule)          # into the "user" rule set, applied whenever a graph is realized
+
+Rule sets: `canonical` (exact, on by default), `fast_math` (inexact, opt-in with
+`using`), `decompose` (composites to primitives, opt-in), `user` (on by default, empty until
+you register rules).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.ops import Op
+from tensorgraphs.rewrite.canonical import CANONICAL, DECOMPOSE, FAST_MATH
+from tensorgraphs.rewrite.dce import live_nodes
+from tensorgraphs.rewrite.engine import (
+    RULESETS,
+    RewriteError,
+    RuleSet,
+    active_rulesets,
+    named_ruleset,
+    optimize,
+    rewrite,
+    using,
+)
+from tensorgraphs.rewrite.pattern import Pattern, Rule, const, keep, op, var
+from tensorgraphs.rewrite.structural_hash import node_digest, structural_hash
+
+RULESETS.update(canonical=CANONICAL, fast_math=FAST_MATH, decompose=DECOMPOSE, user=RuleSet("user"))
+
+__all__ = ["CANONICAL", "DECOMPOSE", "FAST_MATH", "RULESETS", "Pattern", "Rule", "RuleSet", "RewriteError",
+           "active_rulesets", "const", "keep", "live_nodes", "named_ruleset", "node_digest", "op", "optimize",
+           "pattern_of", "register", "rewrite", "rule", "structural_hash", "unregister", "using", "var"]
+
+
+def pattern_of(fn: Callable[..., Any]) -> Pattern:
+    """The pattern a Tensor function builds, traced on 0-d float32 placeholders named after its parameters.
+
+    Constants match by value (any shape) and each parameter becomes a variable of any dtype and shape,
+    so `pattern_of(lambda x: x * tg.sigmoid(x))` matches x*sigmoid(x) for every float tensor x. Meant
+    for elementwise expressions: views traced on 0-d placeholders would match 0-d shapes only.
+    """
+    from tensorgraphs.frontend.tensor import Tensor
+
+    names = list(inspect.signature(fn).parameters)
+    placeholders = {name: Tensor.from_numpy(np.float32(0.0)) for name in names}
+    traced = optimize([fn(**placeholders).node], ["canonical"])[0]
+    variables = {placeholders[name].node: var(name) for name in names}
+    patterns: dict[Node, Pattern] = {}
+    for node in traced.toposort():
+        if node in variables:
+            patterns[node] = variables[node]
+        elif node.op is Op.CONST:
+            patterns[node] = const(node.arg)
+        else:
+            same_arg = (lambda n, arg=node.arg: n.arg == arg) if node.arg is not None else None
+            patterns[node] = op(node.op, *(patterns[s] for s in node.src), where=same_arg)
+    return patterns[traced]
+
+
+def rule(name: str, pattern: Pattern | Callable[..., Any], replace: Callable[..., Any]) -> Rule:
+    """A rule whose replacement is a Tensor function of the pattern's variables.
+
+    `pattern` is a `Pattern` (built with `var`, `op`, `const`) or a Tensor function traced by `pattern_of`.
+    """
+    from tensorgraphs.frontend.tensor import Tensor
+
+    if not isinstance(pattern, Pattern):
+        pattern = pattern_of(pattern)
+    wanted = set(inspect.signature(replace).parameters)
+
+    def replace_nodes(**bindings: Node) -> Node:
+        return replace(**{k: Tensor(v) for k, v in bindings.items() if k in wanted}).node
+
+    return Rule(name, pattern, replace_nodes)
+
+
+def register(new_rule: Rule, ruleset: str = "user") -> Rule:
+    """Add `new_rule` to a named rule set (created if new); the `user` set applies at every realization."""
+    return named_ruleset(ruleset).add(new_rule)
+
+
+def unregister(name: str, ruleset: str = "user") -> None:
+    RULESETS[ruleset].remove(name)

@@ -1,0 +1,146 @@
+"""The scheduler: partitions a graph into fused kernels.
+
+Steps, each a plain function:
+
+1. `to_primitive`: every composite is replaced by its reference decomposition
+   (recursively); large full reductions are split in two so both halves run in
+   parallel (`split_full_reduction`).
+2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
+   inputs, roots and scatter-adds always; everything else is computed inside
+   the kernels that consume it (`schedule.lower`). Fusion therefore follows from
+   what is *not* materialized: elementwise chains, elementwise producers of a
+   reduction and reductions consumed row by row (softmax, layer norm) all land
+   in one kernel. A node is materialized after all when lowering shows that
+   inlining it costs extra work:
+
+   * an expensive node (reduction, exp2/log2/sin) evaluated more often than it
+     has elements, e.g. a column reduction consumed by an elementwise op that runs
+     along its rows, or exp(x) feeding a matrix product;
+   * a reduction inlined into more than one kernel (it would run once per kernel).
+
+   Reductions are decided first: what a recomputed reduction reads is itself
+   evaluated too often only until that reduction gets its buffer.
+
+   Cheap elementwise nodes shared by several kernels are recomputed in each:
+   recomputing costs a few instructions per element; materializing costs a store
+   and a load through memory.
+
+The loop repeats until no kernel asks for a new buffer (each round only adds).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from tensorgraphs.codegen.loop_ir import Kernel
+from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.ops import REDUCE, Op
+from tensorgraphs.schedule.lower import lower_node
+
+IsInput = Callable[[Node], bool]
+
+SPLIT_MIN_SIZE = 1 << 16
+"""A full reduction over at least this many elements is split into parallel partial reductions."""
+SPLIT_PARTS = (64, 32, 16, 8, 4, 2)
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """One array of a program: `role` is input, output or temp."""
+
+    name: str
+    node: Node
+    role: str
+
+
+@dataclass
+class Schedule:
+    kernels: list[Kernel]
+    buffers: list[BufferSpec]  # position = slot in the program's pointer array
+    outputs: list[str]  # the buffer of each root
+
+    def __str__(self) -> str:
+        listed = "\n".join(f"  {b.name}: {b.role} {b.node.dtype.name}{list(b.node.shape)}" for b in self.buffers)
+        return f"schedule: {len(self.kernels)} kernels\n{listed}\n" + "\n".join(map(str, self.kernels))
+
+
+def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[Node]]:
+    """The roots rebuilt from primitives only, and the nodes that must be materialized (partial sums)."""
+    memo: dict[Node, Node] = {}
+    forced: set[Node] = set()
+
+    def convert(root: Node) -> Node:
+        for node in toposort([root], stop=lambda n: n in memo or is_input(n)):
+            if node in memo:
+                continue
+            if is_input(node):
+                memo[node] = node
+            elif is_composite(node):
+                from tensorgraphs.frontend.composites import decompose
+
+                memo[node] = convert(decompose(node))
+            else:
+                src = tuple(memo[s] for s in node.src)
+                same = all(a is b for a, b in zip(src, node.src))
+                rebuilt = node if same else Node(node.op, node.dtype, node.shape, src, node.arg)
+                memo[node] = split_full_reduction(rebuilt, forced)
+        return memo[root]
+
+    return [convert(r) for r in roots], forced
+
+
+def split_full_reduction(node: Node, forced: set[Node]) -> Node:
+    """A large reduction to one element as parts, each reducing a contiguous slice, then the parts."""
+    if node.op not in REDUCE or node.size != 1 or node.src[0].size < SPLIT_MIN_SIZE:
+        return node
+    (source,) = node.src
+    parts = next((p for p in SPLIT_PARTS if source.size % p == 0), None)
+    if parts is None:
+        return node
+    sliced = Node(Op.RESHAPE, source.dtype, (parts, source.size // parts), (source,), (parts, source.size // parts))
+    partial = Node(node.op, node.dtype, (parts, 1), (sliced,), (1,))
+    forced.add(partial)
+    total = Node(node.op, node.dtype, (1, 1), (partial,), (0,))
+    return Node(Op.RESHAPE, node.dtype, node.shape, (total,), node.shape)
+
+
+def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Schedule:
+    """Kernels computing `roots`; nodes where `is_input` holds (and BUFFERs) are read from given arrays."""
+    given = is_input or (lambda n: False)
+    leaf = lambda n: n.op is Op.BUFFER or given(n)  # noqa: E731
+    primitive_roots, materialized = to_primitive(roots, leaf)
+    order = toposort(primitive_roots, stop=leaf)
+    inputs = [n for n in order if leaf(n)]
+    materialized |= set(primitive_roots) | {n for n in order if n.op is Op.SCATTER_ADD}
+    while True:
+        buffers = _name_buffers(order, inputs, materialized, primitive_roots)
+        computed = [n for n in order if n in materialized and not leaf(n) and n.size > 0]
+        lowerings = [lower_node(f"k{i}_{n.op.name.lower()}", n, {b.node: b.name for b in buffers})
+                     for i, n in enumerate(computed)]
+        recomputed = set().union(*(low.recomputed for low in lowerings))
+        uses = Counter(n for low in lowerings for n in low.inlined if n.op in REDUCE)
+        reductions = {n for n in recomputed if n.op in REDUCE} | {n for n, count in uses.items() if count > 1}
+        wanted = reductions or recomputed  # what a recomputed reduction contains may be fine once it is a buffer
+        if not wanted:
+            break
+        materialized |= wanted
+    by_node = {b.node: b.name for b in buffers}
+    return Schedule([low.kernel() for low in lowerings], buffers, [by_node[r] for r in primitive_roots])
+
+
+def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node],
+                  roots: list[Node]) -> list[BufferSpec]:
+    outputs, given = set(roots), set(inputs)
+    specs = [BufferSpec(f"b{i}", n, "input") for i, n in enumerate(inputs)]
+    for node in order:
+        if node in materialized and node not in given:
+            specs.append(BufferSpec(f"b{len(specs)}", node, "output" if node in outputs else "temp"))
+    return specs
+
+
+def count_kernels(roots: list[Node]) -> int:
+    """How many kernels the cpu backend runs for `roots` (fusion tests assert this)."""
+    return len(schedule_kernels(roots).kernels)

@@ -1,0 +1,433 @@
+"""Lowering one fused group of primitive nodes to a loop-IR kernel.
+
+A kernel computes one materialized node: loops over its shape, and a store of
+its value at every index. The value is evaluated by walking the graph down to
+materialized nodes (loads) with a symbolic multi-index: movement ops rewrite
+the index (never copy), elementwise ops become scalar lets, and a reduction not
+materialized becomes an inner reduction loop (softmax's max and sum run inside
+the row loop of the kernel that consumes them).
+
+Every let is placed in the outermost loop where all it depends on is defined
+(loop-invariant code motion by construction), and each (node, index) pair is
+computed once per kernel. The lowering reports nodes it had to recompute (an
+expensive value evaluated more often than it has elements) so the scheduler can
+materialize them instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tensorgraphs import dtypes
+from tensorgraphs.codegen import index as ix
+from tensorgraphs.codegen.index import Const, Expr, Opaque, Var
+from tensorgraphs.codegen.loop_ir import (
+    Accumulate,
+    Buffer,
+    IndexValue,
+    Kernel,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Operand,
+    Reduce,
+    Ref,
+    Stmt,
+    Store,
+)
+from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
+
+Index = tuple[Expr, ...]
+
+EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN})
+"""Ops whose recomputation (more evaluations than elements) makes the scheduler materialize them."""
+
+TILE = 32
+"""Block size of tiled loop nests (32 x 32 float32: 4 KiB per operand, well inside L1)."""
+
+ROW_BLOCKS = (256, 128, 64, 32, 16)
+"""Output block widths of `reduce_into_output` (the largest dividing the last axis is used)."""
+
+ROW_ACCUMULATED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
+"""Dtypes a reduction may accumulate in its output buffer (float16/bfloat16 would lose precision)."""
+
+PARALLEL_MIN_WORK = 1 << 16
+"""Below this many innermost iterations a kernel runs on one thread (OpenMP start-up costs more)."""
+
+
+@dataclass
+class Scope:
+    """A loop body (or the kernel's top level): lets placed here, then nested loops."""
+
+    depth: int
+    trips: int  # how many times this body runs per kernel call
+    stmts: list[Stmt] = field(default_factory=list)
+    loops: list[tuple[Var, Scope]] = field(default_factory=list)
+
+    def child(self, var: Var) -> Scope:
+        return Scope(self.depth + 1, self.trips * var.extent)
+
+    def assemble(self) -> list[Stmt]:
+        return self.stmts + [Loop(var, scope.assemble()) for var, scope in self.loops]
+
+
+@dataclass
+class Lowering:
+    """Builds one kernel; `buffers` maps every materialized node to its buffer name."""
+
+    name: str
+    buffers: dict[Node, str]
+    inlined: set[Node] = field(default_factory=set)
+    recomputed: set[Node] = field(default_factory=set)
+    _root: Scope = field(default_factory=lambda: Scope(0, 1))
+    _scope_of: dict[str, Scope] = field(default_factory=dict)
+    _memo: dict[tuple[Node, Index], Operand] = field(default_factory=dict)
+    _same: dict[tuple, Ref] = field(default_factory=dict)  # value numbering: one let per (op, args)
+    _params: dict[str, Buffer] = field(default_factory=dict)
+    _counter: int = 0
+    _max_trips: int = 1
+    serial: bool = False  # scatter-add: its accumulating stores must not race
+    _nest: list[Var] = field(default_factory=list)  # the store nest's loop counters, outermost first
+    _loads: list[Load] = field(default_factory=list)
+    _reduce_vars: list[Var] = field(default_factory=list)
+
+    # -- entry points --------------------------------------------------------
+    def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
+                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False,
+                   tile: bool = False) -> None:
+        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store.
+
+        With `tile`, the last two loops run in TILE x TILE blocks (a transposing copy then reads
+        and writes whole cache lines).
+        """
+        if 0 in shape:  # an empty nest stores nothing (a loop-free body would run once)
+            self._param(out, node, writes=True)
+            return
+        dims = [d for d, size in enumerate(shape) if size > 1]
+        tiled = dims[-2:] if tile and len(dims) >= 2 and all(shape[d] % TILE == 0 for d in dims[-2:]) else []
+        scope = self._root
+
+        def open_loop(prefix: str, extent: int) -> Var:
+            nonlocal scope
+            var, scope = self._open_loop(scope, prefix, extent)
+            return var
+
+        index: list[Expr] = [Const(0)] * len(shape)
+        for d in dims:
+            if d not in tiled:
+                index[d] = open_loop("i", shape[d])
+        blocks = {d: open_loop("blk", shape[d] // TILE) for d in tiled}
+        for d in tiled:
+            index[d] = blocks[d] * TILE + open_loop("t", TILE)
+        self._nest = [v for v in map(index.__getitem__, dims) if isinstance(v, Var)]
+        self._max_trips = max(self._max_trips, scope.trips)
+        out_index, value = compute(tuple(index))
+        self._param(out, node, writes=True)
+        scope.stmts.append(Store(out, ix.flatten(out_index, node.shape), value, accumulate))
+
+    def reads_transposed(self) -> bool:
+        """Whether some load walks memory with a large stride along the innermost loop but not the next one."""
+        if len(self._nest) < 2:
+            return False
+        outer, inner = self._nest[-2:]
+        return any(_coefficient(load.index, inner) >= TILE and _coefficient(load.index, outer) == 1
+                   for load in self._loads)
+
+    def reduces_across_rows(self) -> bool:
+        """Whether a reduction walks memory with a large stride while the output walks it contiguously."""
+        if not self._nest or not self._reduce_vars:
+            return False
+        inner, reduced = self._nest[-1], self._reduce_vars[-1]
+        return any(_coefficient(load.index, reduced) >= TILE and _coefficient(load.index, inner) == 1
+                   for load in self._loads)
+
+    def reduce_into_output(self, node: Node, out: str, block: int) -> None:
+        """A reduction over leading rows: the output's last axis, in blocks, accumulates row after row.
+
+        out[..., j] = identity; for each reduced row r: out[..., j] = combine(out[..., j], x[r, ..., j]):
+        every load and store is contiguous along j, the innermost (vectorized) loop.
+        """
+        (source,) = node.src
+        dims = [d for d, size in enumerate(node.shape) if size > 1]
+        last = dims[-1]
+        index: list[Expr] = [Const(0)] * node.ndim
+        scope = self._root
+        for d in dims[:-1]:
+            index[d], scope = self._open_loop(scope, "i", node.shape[d])
+        blocks, block_scope = self._open_loop(scope, "blk", node.shape[last] // block)
+        self._param(out, node, writes=True)
+        start, init_scope = self._open_loop(block_scope, "t", block)
+        init_index = list(index)
+        init_index[last] = blocks * block + start
+        identity = Lit(0 if node.op is Op.REDUCE_SUM else -math.inf if node.dtype.is_floating_point
+                       else int(np.iinfo(node.dtype.storage).min), node.dtype)
+        init_scope.stmts.append(Store(out, ix.flatten(tuple(init_index), node.shape), identity))
+        source_index = list(index)
+        scope = block_scope
+        for axis in node.arg:
+            if source.shape[axis] > 1:
+                source_index[axis], scope = self._open_loop(scope, "r", source.shape[axis])
+        position, inner_scope = self._open_loop(scope, "t", block)
+        out_index = list(index)
+        out_index[last] = source_index[last] = blocks * block + position
+        self._max_trips = max(self._max_trips, inner_scope.trips)
+        combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
+        offset = ix.flatten(tuple(out_index), node.shape)
+        total = self._let(node.dtype, combine, (self._load_at(out, node.dtype, offset),
+                                                 self.value(source, tuple(source_index))))
+        inner_scope.stmts.append(Store(out, offset, total))
+
+    def _open_loop(self, scope: Scope, prefix: str, extent: int) -> tuple[Var, Scope]:
+        var = self._fresh_var(prefix, extent)
+        inner = scope.child(var)
+        scope.loops.append((var, inner))
+        self._scope_of[var.name] = inner
+        return var, inner
+
+    def kernel(self) -> Kernel:
+        body = self._root.assemble()
+        if not self.serial and self._max_trips >= PARALLEL_MIN_WORK:
+            for stmt in body:
+                if isinstance(stmt, Loop):
+                    stmt.parallel = True
+        return Kernel(self.name, list(self._params.values()), body)
+
+    # -- values --------------------------------------------------------------
+    def value(self, node: Node, index: Index) -> Operand:
+        key = (node, index)
+        found = self._memo.get(key)
+        if found is None:
+            if node in self.buffers:
+                found = self._load(node, index)
+            else:
+                self.inlined.add(node)
+                found = self.define(node, index)
+                if node.op in EXPENSIVE and isinstance(found, Ref) and self._scope_of[found.name].trips > node.size:
+                    self.recomputed.add(node)
+            self._memo[key] = found
+        return found
+
+    def define(self, node: Node, index: Index) -> Operand:
+        """The value of `node` at `index` computed from its sources."""
+        if node.op in ELEMENTWISE:
+            return self._let(node.dtype, node.op, tuple(self.value(s, index) for s in node.src))
+        if node.op in MOVEMENT:
+            return _MOVEMENT[node.op](self, node, index)
+        if node.op in REDUCE:
+            return self._reduce(node, index)
+        return _SPECIAL[node.op](self, node, index)
+
+    def _load(self, node: Node, index: Index) -> Operand:
+        buffer = self.buffers[node]
+        self._param(buffer, node, writes=False)
+        return self._load_at(buffer, node.dtype, ix.flatten(index, node.shape))
+
+    def _load_at(self, buffer: str, dtype: dtypes.DType, offset: Expr) -> Ref:
+        key = ("load", buffer, offset)
+        if key not in self._same:
+            load = Load(self._fresh("v"), dtype, buffer, offset)
+            self._loads.append(load)
+            self._same[key] = self._place(load, dtype, ix.symbols(offset))
+        return self._same[key]
+
+    def _let(self, dtype: dtypes.DType, op: Op | str, args: tuple[Operand, ...]) -> Operand:
+        key = (dtype, op, tuple((a.dtype, repr(a.value)) if isinstance(a, Lit) else a for a in args))
+        if key not in self._same:
+            let = Let(self._fresh("v"), dtype, op, args)
+            self._same[key] = self._place(let, dtype, set().union(*map(_operand_symbols, args)))
+        return self._same[key]
+
+    def _place(self, stmt: Load | Let, dtype: dtypes.DType, symbols: set[str]) -> Ref:
+        scope = self._innermost(symbols)
+        scope.stmts.append(stmt)
+        self._scope_of[stmt.name] = scope
+        return Ref(stmt.name, dtype)
+
+    def _innermost(self, symbols: set[str]) -> Scope:
+        scopes = [self._scope_of[s] for s in symbols]
+        return max(scopes, key=lambda s: s.depth, default=self._root)
+
+    def _reduce(self, node: Node, index: Index) -> Operand:
+        scope = self._innermost(set().union(*map(ix.symbols, index)))
+        (source,) = node.src
+        inner = list(index)
+        loops: list[tuple[Var, Scope]] = []
+        body_scope = scope
+        for axis in node.arg:
+            if source.shape[axis] == 1:
+                continue
+            var = self._fresh_var("r", source.shape[axis])
+            self._reduce_vars.append(var)
+            body_scope = body_scope.child(var)
+            self._scope_of[var.name] = body_scope
+            loops.append((var, body_scope))
+            inner[axis] = var
+        self._max_trips = max(self._max_trips, body_scope.trips)
+        acc = self._fresh("acc")
+        combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
+        update = self.value(source, tuple(inner))
+        accumulate = Accumulate(acc, combine, update)
+        body: list[Stmt] = [accumulate]
+        if loops:
+            body_scope.stmts.append(accumulate)
+            for (_, outer), nested in zip(loops, loops[1:]):
+                outer.loops.append(nested)
+            body = [Loop(loops[0][0], loops[0][1].assemble())]
+        scope.stmts.append(Reduce(acc, node.dtype, combine, body))
+        self._scope_of[acc] = scope
+        return Ref(acc, node.dtype)
+
+    # -- names ---------------------------------------------------------------
+    def _fresh(self, prefix: str) -> str:
+        self._counter += 1
+        return f"{prefix}{self._counter}"
+
+    def _fresh_var(self, prefix: str, extent: int) -> Var:
+        return Var(self._fresh(prefix), extent)
+
+    def _param(self, name: str, node: Node, writes: bool) -> None:
+        existing = self._params.get(name)
+        if existing is None:
+            self._params[name] = Buffer(name, node.dtype, node.size, writes)
+        else:
+            existing.writes |= writes
+
+
+def _coefficient(e: Expr, var: Var) -> int:
+    if e == var:
+        return 1
+    return dict(e.terms).get(var, 0) if isinstance(e, ix.Sum) else 0
+
+
+def _operand_symbols(operand: Operand) -> set[str]:
+    if isinstance(operand, Ref):
+        return {operand.name}
+    if isinstance(operand, IndexValue):
+        return ix.symbols(operand.expr)
+    return set()
+
+
+# ---------------------------------------------------------------------------
+# Movement ops: how each maps an index of its output to an index of its source.
+# ---------------------------------------------------------------------------
+
+
+def _reshape(low: Lowering, node: Node, index: Index) -> Operand:
+    (source,) = node.src
+    return low.value(source, ix.unflatten(ix.flatten(index, node.shape), source.shape))
+
+
+def _permute(low: Lowering, node: Node, index: Index) -> Operand:
+    source_index: list[Expr] = [Const(0)] * node.ndim
+    for out_axis, in_axis in enumerate(node.arg):
+        source_index[in_axis] = index[out_axis]
+    return low.value(node.src[0], tuple(source_index))
+
+
+def _expand(low: Lowering, node: Node, index: Index) -> Operand:
+    (source,) = node.src
+    return low.value(source, tuple(Const(0) if s == 1 else i for s, i in zip(source.shape, index)))
+
+
+def _shrink(low: Lowering, node: Node, index: Index) -> Operand:
+    return low.value(node.src[0], tuple(i + start for i, (start, _) in zip(index, node.arg)))
+
+
+def _flip(low: Lowering, node: Node, index: Index) -> Operand:
+    (source,) = node.src
+    flipped = tuple(ix.add(s - 1, ix.mul(i, -1)) if axis in node.arg else i
+                    for axis, (i, s) in enumerate(zip(index, source.shape)))
+    return low.value(source, flipped)
+
+
+def _pad(low: Lowering, node: Node, index: Index) -> Operand:
+    """Padding reads its source at a clamped index and selects 0 outside it (no out-of-bounds load)."""
+    (source,) = node.src
+    shifted = [i - before for i, (before, _) in zip(index, node.arg)]
+    inside: Operand = Lit(True, dtypes.bool_)
+    for position, size in zip(shifted, source.shape):
+        if position.lo < 0 or position.hi >= size:
+            check = low._let(dtypes.bool_, "in_range", (IndexValue(position, dtypes.int64), Lit(0, dtypes.int64),
+                                                        Lit(size, dtypes.int64)))
+            inside = check if isinstance(inside, Lit) else low._let(dtypes.bool_, Op.AND, (inside, check))
+    clamped = tuple(ix.clamp(p, 0, s - 1) for p, s in zip(shifted, source.shape))
+    value = low.value(source, clamped)
+    if isinstance(inside, Lit):
+        return value
+    return low._let(node.dtype, "zero_unless", (inside, value))
+
+
+_MOVEMENT: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
+    Op.RESHAPE: _reshape,
+    Op.PERMUTE: _permute,
+    Op.EXPAND: _expand,
+    Op.SHRINK: _shrink,
+    Op.FLIP: _flip,
+    Op.PAD: _pad,
+}
+
+
+# ---------------------------------------------------------------------------
+# Sources, indexing and state ops.
+# ---------------------------------------------------------------------------
+
+
+def _gather(low: Lowering, node: Node, index: Index) -> Operand:
+    source, positions = node.src
+    axis, size = node.arg, source.shape[node.arg]
+    position = low.value(positions, index)
+    checked = low._let(dtypes.int64, "checked_index", (position, Lit(size, dtypes.int64)))
+    assert isinstance(checked, Ref)
+    source_index = list(index)
+    source_index[axis] = Opaque(checked.name, 0, size - 1)
+    return low.value(source, tuple(source_index))
+
+
+_SPECIAL: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
+    Op.CONST: lambda low, node, index: Lit(node.arg, node.dtype),
+    Op.IOTA: lambda low, node, index: low._let(node.dtype, Op.CAST, (IndexValue(index[0], dtypes.int64),)),
+    Op.GATHER: _gather,
+    Op.ASSIGN: lambda low, node, index: low.value(node.src[1], index),
+    Op.COPY: lambda low, node, index: low.value(node.src[0], index),
+}
+
+
+def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
+    """The kernel computing materialized `node` into its buffer, every other materialized node loaded."""
+    low = Lowering(name, buffers)
+    out = buffers[node]
+    if node.op is Op.SCATTER_ADD:
+        base, positions, values = node.src
+        low.store_nest(node, out, node.shape, lambda index: (index, low.value(base, index)))
+
+        def scatter(index: Index) -> tuple[Index, Operand]:
+            position = low.value(positions, index)
+            checked = low._let(dtypes.int64, "checked_index", (position, Lit(node.shape[node.arg], dtypes.int64)))
+            assert isinstance(checked, Ref)
+            target = list(index)
+            target[node.arg] = Opaque(checked.name, 0, node.shape[node.arg] - 1)
+            return tuple(target), low.value(values, index)
+
+        low.store_nest(node, out, values.shape, scatter, accumulate=True)
+        low.serial = True
+        return low
+    low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
+    if low.reads_transposed():
+        low = Lowering(name, buffers)
+        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), tile=True)
+    elif low.reduces_across_rows() and node.dtype in ROW_ACCUMULATED:
+        reduction = node
+        while reduction.op is Op.RESHAPE and reduction.src[0] not in buffers:  # same elements, same order
+            reduction = reduction.src[0]
+        block = next((b for b in ROW_BLOCKS if reduction.shape[-1] % b == 0), None)
+        if reduction.op in REDUCE and block is not None and reduction.shape[-1] > 1:
+            low = Lowering(name, buffers)
+            low.reduce_into_output(reduction, out, block)
+    return low
+

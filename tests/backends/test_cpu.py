@@ -1,0 +1,220 @@
+"""The cpu backend against the numpy reference: values (NaN/Inf included), dtypes, errors, fusion counts.
+
+Each test evaluates several outputs in one program (one compile) and names the
+output that differs. Inputs come from fixed seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.schedule import count_kernels
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e30, -1e30, 0.5, -2.5, 3.0], np.float32)
+
+
+def floats(shape: tuple[int, ...], seed: int = 0, specials: bool = True) -> np.ndarray:
+    values = np.random.default_rng(seed).normal(0, 3, shape).astype(np.float32)
+    if specials:
+        flat = values.reshape(-1)
+        flat[: min(flat.size, SPECIALS.size)] = SPECIALS[: flat.size]
+    return values
+
+
+def ints(shape: tuple[int, ...], dtype: str, seed: int = 0, low: int = -50, high: int = 50) -> np.ndarray:
+    return np.random.default_rng(seed).integers(low, high, shape).astype(dtype)
+
+
+def compare(build: Callable[..., dict[str, Tensor]], *arrays: np.ndarray, rtol: float = 2e-6,
+            atol: float = 1e-6) -> None:
+    """Build the outputs twice from fresh tensors, evaluate on numpy and on cpu, compare each by name."""
+    expected = {k: v.numpy() for k, v in build(*[tg.tensor(a) for a in arrays]).items()}
+    with tg.device("cpu"):
+        outputs = build(*[tg.tensor(a) for a in arrays])
+        got = dict(zip(outputs, tg_realize(list(outputs.values()))))
+    for name, want in expected.items():
+        have = got[name]
+        assert have.dtype == want.dtype and have.shape == want.shape, (name, have.dtype, have.shape, want.dtype)
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(have, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=name)
+        else:
+            np.testing.assert_array_equal(have, want, err_msg=name)
+
+
+def tg_realize(tensors: list[Tensor]) -> list[np.ndarray]:
+    """All outputs in one evaluation (one program), as the user's dtypes."""
+    values = CPU.evaluate([t.node for t in tensors])
+    return [v.astype(t.dtype.storage, copy=False) for v, t in zip(values, tensors)]
+
+
+def test_float_unary_ops_with_specials() -> None:
+    compare(lambda x: {
+        "exp": x.exp(), "exp2": tg.exp2(x), "log": x.abs().log(), "log2": tg.log2(x), "sqrt": x.sqrt(),
+        "sin": x.sin(), "cos": x.cos(), "tanh": x.tanh(), "sigmoid": x.sigmoid(), "neg": -x, "abs": x.abs(),
+        "recip": x.reciprocal(), "floor": x.floor(), "ceil": x.ceil(), "trunc": x.trunc(), "round": x.round(),
+        "relu": F.relu(x), "erf": tg.erf(x),
+    }, floats((6, 37)), rtol=3e-6, atol=2e-6)
+
+
+def test_float_binary_ops_broadcast() -> None:
+    compare(lambda a, b: {
+        "add": a + b, "sub": a - b, "mul": a * b, "div": a / b, "max": tg.maximum(a, b), "min": tg.minimum(a, b),
+        "lt": a < b, "ne": a != b, "eq": a == b, "ge": a >= b, "where": tg.where(a > 0, a, b),
+        "pow": tg.pow(a.abs(), b.clamp(-3, 3)), "floordiv": tg.floor_divide(a, b), "rem": tg.remainder(a, b),
+    }, floats((5, 1, 7), 1), floats((4, 7), 2, specials=False))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64"])
+def test_integer_ops_wrap_floor_divide_and_modulo(dtype: str) -> None:
+    low = 0 if dtype == "uint8" else -100
+    a, b = ints((9, 11), dtype, 3, low, 100), ints((9, 11), dtype, 4, low, 100)
+    b[0, :3] = 0  # division by zero gives 0
+    compare(lambda x, y: {
+        "add": x + y, "mul": x * y * y, "sub": x - y, "floordiv": tg.floor_divide(x, y), "rem": tg.remainder(x, y),
+        "and": x & y, "or": x | y, "xor": x ^ y, "max": tg.maximum(x, y), "lt": x < y, "sum": x.sum(1),
+        "amax": x.amax(0), "float": x.to(tg.float32) / 3,
+    }, a, b)
+
+
+def test_int64_extremes() -> None:
+    big = np.array([2**63 - 1, -(2**63), -1, 7, -7], np.int64)
+    compare(lambda x: {"add": x + 1, "mul": x * 3, "div": tg.floor_divide(x, -1), "mod": tg.remainder(x, -3),
+                       "neg": -x}, big)
+
+
+def test_casts_of_nan_inf_and_out_of_range() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, 300.7, -300.7, 1e20, -1e20, 2.9, -2.9, 0.0, 127.5, 255.5], np.float32)
+    compare(lambda t: {name: t.to(getattr(tg, name)) for name in
+                       ("int8", "uint8", "int16", "int32", "int64", "bool", "float16", "bfloat16", "float64")}, x)
+
+
+def test_half_and_bfloat16_chains_round_like_the_reference() -> None:
+    x = floats((3, 40), 5, specials=False)
+    compare(lambda t: {
+        "f16": ((t.half() * 1.7 + 0.3).exp() / 3).sum(1), "bf16": (t.bfloat16() * 1.7 + 0.1).sin() * 2,
+        "f16max": t.half().amax(1), "bf16sum": t.bfloat16().sum(0),
+    }, x, rtol=2e-2, atol=2e-2)
+
+
+def test_reductions_long_short_and_full() -> None:
+    x = floats((3, 70, 33), 6)
+    x[1] = np.abs(x[1])  # a slice without NaN: sums and maxima are finite there
+    big = np.random.default_rng(7).normal(size=(1 << 16) + 64 * 3).astype(np.float32)
+    rows = floats((40, 64), 8)
+    compare(lambda t, b, r: {
+        "sum_last": t.sum(-1), "sum_mid": t.sum(1), "amax_first": t.amax(0), "mean_all": t[1].mean(),
+        "amax_two": t.amax((0, 2)), "sum_keep": t.sum(1, keepdim=True), "big_sum": b.sum(), "big_max": b.amax(),
+        "var": t[1].var(0), "any": (t > 2).any(1), "all": (t > -100).all(), "rows_sum": r.sum(0),
+        "rows_max": r.amax(0, keepdim=True), "rows_int": r.to(tg.int64).sum(0), "rows_min": r[4:].amin(0),
+    }, x, big, rows, rtol=1e-5, atol=1e-4)
+
+
+def test_movement_ops_are_index_expressions() -> None:
+    x = floats((4, 6, 5), 8, specials=False)
+    compare(lambda t: {
+        "permute": t.permute(2, 0, 1) + 1, "transpose_copy": t.transpose(0, 2).contiguous(),
+        "reshape": t.reshape(6, 20) * 2, "expand": t[:, :1].expand(4, 6, 5) + t, "flip": t.flip((0, 2)),
+        "pad": mv.pad(t, (1, 2, 0, 3)), "slice_step": t[1:, ::2, 3:], "cat": tg.cat([t, t * 2], 1),
+        "stack": tg.stack([t, -t], 0), "roll": t.roll(2, 1), "tril": t[0].tril(), "flatten": t.flatten(1).sum(1),
+        "reshape_transpose": t.reshape(24, 5).T.reshape(5, 4, 6) - 1,
+    }, x)
+
+
+def test_gather_scatter_add_and_index_errors() -> None:
+    x = floats((5, 8), 9, specials=False)
+    index = np.random.default_rng(10).integers(0, 5, (3, 8)).astype(np.int64)
+    compare(lambda t, i: {
+        "gather": t.gather(0, i), "scatter_add": tg.zeros(5, 8).scatter_add(0, i, t[:3] * 2),
+        "index_select": t.index_select(1, i[0, :4]), "embedding_like": t[i[0]],
+    }, x, index)
+    with tg.device("cpu"):
+        bad = tg.tensor(np.array([[0, 9]], np.int64))
+        with pytest.raises(IndexError):
+            tg.tensor(x[:1, :2]).gather(1, bad).numpy()
+
+
+def test_matmul_linear_relu_and_random_match() -> None:
+    a, w, bias = floats((6, 9), 11, False), floats((7, 9), 12, False), floats((7,), 13, False)
+    compare(lambda x, y, z: {
+        "matmul": x @ y.T, "linear_relu": F.relu(F.linear(x, y, z)),
+        "bmm": tg.bmm(x.reshape(2, 3, 9), y[:6].reshape(2, 9, 3)),
+    }, a, w, bias, rtol=1e-5, atol=1e-5)
+    tg.manual_seed(3)
+    expected = (tg.rand(5, 6) + tg.randn(5, 6)).numpy()
+    tg.manual_seed(3)
+    with tg.device("cpu"):
+        got = (tg.rand(5, 6) + tg.randn(5, 6)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_scalars_zero_dim_and_empty() -> None:
+    compare(lambda x, e: {"scalar": x.sum() * 2 + 1, "zero_dim": x[0, 0] + 3, "empty": e * 2, "empty_sum": e.sum(0),
+                          "const": tg.full((2, 3), 1.5) + x[:2, :3], "arange": tg.arange(7) * 3},
+            floats((3, 4), 14, False), np.zeros((0, 3), np.float32))
+
+
+def test_composites_softmax_layer_norm_gelu() -> None:
+    x, w, b = floats((6, 50), 15, False), floats((50,), 16, False), floats((50,), 17, False)
+    compare(lambda t, g, c: {
+        "softmax": F.softmax(t, -1), "log_softmax": F.log_softmax(t, 1), "softmax0": F.softmax(t, 0),
+        "layer_norm": F.layer_norm(t, (50,), g, c), "gelu_tanh": F.gelu(t * g + c, approximate="tanh"),
+        "gelu": F.gelu(t),
+    }, x, w, b, rtol=1e-5, atol=1e-5)
+
+
+def fused(build: Callable[[Tensor], Tensor], *shapes: tuple[int, ...]) -> int:
+    tensors = [tg.tensor(floats(s, i, False)) for i, s in enumerate(shapes)]
+    return count_kernels([build(*tensors).node])
+
+
+def test_kernel_counts() -> None:
+    assert fused(lambda x, a, b: F.gelu(x * a + b, approximate="tanh"), (64, 32), (32,), (32,)) == 1
+    assert fused(lambda x: F.softmax(x, -1), (64, 32)) <= 2
+    assert fused(lambda x, g, b: F.layer_norm(x, (32,), g, b), (64, 32), (32,), (32,)) <= 2
+    assert fused(lambda x: (x * 2 + 1).exp().sum(1), (64, 32)) == 1  # producer fused into the reduction
+    assert fused(lambda x: x - x.mean(0), (64, 32)) == 2  # a column mean feeding rows: materialized
+
+
+def test_same_structure_new_data_reuses_the_program() -> None:
+    build = lambda a: (a * 3 - 1).exp().sum(0)  # noqa: E731
+    with tg.device("cpu"):
+        first = build(tg.tensor(floats((4, 5), 18))).numpy()
+        programs = len(CPU._programs)
+        second = build(tg.tensor(floats((4, 5), 19))).numpy()
+        assert len(CPU._programs) == programs
+    assert not np.array_equal(first, second, equal_nan=True)
+
+
+@pytest.mark.parametrize("size", [1, 31, 33, 1000])
+def test_reduction_lane_split_boundaries(size: int) -> None:
+    compare(lambda t: {"sum": t.sum(-1), "max": t.amax(-1), "min": t.amin(-1)}, floats((2, size), size),
+            rtol=1e-5, atol=1e-5)
+
+
+def test_nan_propagates_through_max_in_every_lane() -> None:
+    for position in (0, 5, 16, 40, 47):
+        x = np.arange(48, dtype=np.float32)
+        x[position] = np.nan
+        with tg.device("cpu"):
+            assert math.isnan(tg.tensor(x).amax().item()), position
+
+
+def test_large_outputs_are_recycled_only_after_the_caller_drops_them() -> None:
+    x = np.ones((512, 512), np.float32)
+    program, _ = CPU.program([(tg.tensor(x) * 2).node])
+    first = program.run([x])[0]
+    address = first.ctypes.data
+    kept = program.run([x])[0]  # `first` is still alive: a new array
+    assert kept.ctypes.data != address
+    del first
+    again = program.run([x * 3])[0]
+    assert again.ctypes.data == address and again[0, 0] == 6 and kept[0, 0] == 2

@@ -1,0 +1,78 @@
+"""The C renderer: documented error bounds of the vectorized math, special values, literals, identifiers."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+from tensorgraphs import dtypes
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.codegen import compiler
+from tensorgraphs.codegen.c_renderer import c_identifier, literal
+
+ULP_BOUNDS = {"exp2": 1.0, "log2": 3.0, "sin": 1.0}  # the bounds documented in c_preamble.h
+
+
+def run_float32(fn, x: np.ndarray) -> np.ndarray:
+    return CPU.evaluate([fn(tg.tensor(x)).node])[0]
+
+
+def ulp_error(got: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    spacing = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    return np.abs(got.astype(np.float64) - exact) / spacing
+
+
+def test_math_error_bounds() -> None:
+    rng = np.random.default_rng(0)
+    cases = {
+        "exp2": np.concatenate([rng.uniform(-149, 127.9, 50000), rng.uniform(-2, 2, 20000)]),
+        "log2": np.concatenate([np.exp(rng.uniform(-100, 88, 50000)), rng.uniform(0.5, 2, 20000),
+                                rng.uniform(0, 1e-38, 1000)]),
+        "sin": np.concatenate([rng.uniform(-10, 10, 20000), rng.uniform(-1e6, 1e6, 20000),
+                               np.exp(rng.uniform(0, 88, 20000)) * rng.choice([-1, 1], 20000)]),
+    }
+    for name, values in cases.items():
+        x = values.astype(np.float32)
+        got = run_float32(getattr(tg, name), x)
+        exact = getattr(np, name)(x.astype(np.float64))
+        worst = ulp_error(got, exact).max()
+        assert worst <= ULP_BOUNDS[name], (name, worst)
+
+
+def test_math_special_values() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1.0, 200.0, -200.0, 128.0, -149.0], np.float32)
+    got = {name: run_float32(getattr(tg, name), x) for name in ("exp2", "log2", "sin", "sqrt")}
+    with np.errstate(all="ignore"):
+        for name, values in got.items():
+            np.testing.assert_allclose(values, getattr(np, name)(x), rtol=4e-7, atol=0, err_msg=name)
+    assert np.signbit(got["sin"][4]) and np.signbit(got["sqrt"][4])  # -0 stays -0
+
+
+def test_literals_are_exact_and_spell_specials() -> None:
+    assert literal(0.1, dtypes.float32) == f"{float(np.float32(0.1)).hex()}f"
+    assert literal(0.1, dtypes.float64) == (0.1).hex()
+    assert literal(float("nan"), dtypes.float32) == "NAN"
+    assert literal(float("-inf"), dtypes.float64) == "(-INFINITY)"
+    assert literal(-(2**63), dtypes.int64) == "(-INT64_C(9223372036854775807) - 1)"
+    assert float.fromhex(literal(0.1, dtypes.bfloat16)[:-1]) == float(dtypes.round_to_storage(np.float32(0.1),
+                                                                                           dtypes.bfloat16))
+
+
+def test_identifiers_are_sanitized() -> None:
+    assert c_identifier('k0_my"op;system("rm")') == "k0_my_op_system__rm__"
+    assert c_identifier("0abc") == "_0abc"
+
+
+@pytest.mark.skipif(compiler.COMPILER != "gcc", reason="the vectorization report is gcc's")
+def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
+    x, a = tg.tensor(np.ones((8, 64), np.float32)), tg.tensor(np.ones(64, np.float32))
+    program, _ = CPU.program([F.gelu(x * a + a, approximate="tanh").node, F.softmax(x, -1).node])
+    source = tmp_path / "program.c"
+    source.write_text(program.source)
+    report = subprocess.run([compiler.COMPILER, *compiler.FLAGS, "-fopt-info-vec-optimized", "-o",
+                             str(tmp_path / "p.so"), str(source)], capture_output=True, text=True).stderr
+    assert report.count("loop vectorized") >= 4, report  # gelu's loop, softmax's max and sum lanes, its output

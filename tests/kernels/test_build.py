@@ -1,0 +1,41 @@
+"""The kernel build cache: keyed by sources, flags and compiler, under TG_CACHE_DIR, never rebuilt when present."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tensorgraphs.kernels.gemm import SOURCES, build
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_key_follows_flags_and_lives_under_tg_cache_dir(cache):
+    plain = build.library_path("tg_gemm", SOURCES, build.FLAGS, ())
+    assert plain.is_relative_to(cache)
+    assert plain == build.library_path("tg_gemm", SOURCES, build.FLAGS, ())
+    assert plain != build.library_path("tg_gemm", SOURCES, (*build.FLAGS, "-DTG_KC=128"), ())
+    assert plain != build.library_path("tg_gemm", SOURCES, build.FLAGS, ("-lm",))
+
+
+def test_cached_library_is_not_rebuilt(cache, monkeypatch):
+    target = build.library_path("tg_gemm", SOURCES, build.FLAGS, ())
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"")
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the compiler ran although the library was cached")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    assert build.build_library("tg_gemm", SOURCES) == target
+
+
+def test_compiler_failure_names_the_library_and_leaves_no_file(cache):
+    with pytest.raises(build.KernelBuildError, match="tg_gemm_broken"):
+        build.build_library("tg_gemm_broken", SOURCES, (*build.FLAGS, "-Werror=no-such-warning-option"))
+    assert not list((cache / "kernels").glob("*.so"))

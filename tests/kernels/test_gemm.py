@@ -1,0 +1,215 @@
+"""The generated GEMM and the BLAS kernel against torch (float64) on odd shapes, strides, batches, epilogues."""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from tensorgraphs.errors import ArgumentError, ShapeError
+from tensorgraphs.kernels import blas, gemm
+
+IMPLEMENTATIONS = {
+    "generated": gemm.matmul,
+    "blas": pytest.param(blas.matmul, marks=pytest.mark.skipif(not blas.available(), reason="no scipy-openblas32")),
+}
+implementations = pytest.mark.parametrize("matmul", list(IMPLEMENTATIONS.values()), ids=list(IMPLEMENTATIONS))
+
+ODD_SHAPES = [(1, 1, 1), (7, 33, 255), (33, 7, 1), (1, 255, 33), (255, 1, 7), (1000, 33, 255), (33, 1000, 7)]
+
+
+def random(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def reference(a, b, *, bias=None, residual=None, activation="none", alpha=1.0) -> np.ndarray:
+    """The epilogue order of gemm.h in float64 torch: activation(alpha * a @ b + bias) + residual."""
+    as64 = lambda x: torch.from_numpy(np.asarray(x, np.float64))
+    y = alpha * torch.matmul(as64(a), as64(b))
+    if bias is not None:
+        y = y + as64(bias)
+    y = {
+        "none": lambda t: t,
+        "relu": torch.relu,
+        "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+    }[activation](y)
+    if residual is not None:
+        y = y + as64(residual)
+    return y.numpy()
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, k: int, context: str) -> None:
+    assert actual.shape == expected.shape, context
+    scale = np.sqrt(max(k, 1)) * max(1.0, float(np.abs(expected).max(initial=0.0)) / np.sqrt(max(k, 1)))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=2e-6 * scale, err_msg=context)
+
+
+@implementations
+@pytest.mark.parametrize(("m", "n", "k"), ODD_SHAPES)
+def test_odd_shapes_agree_with_torch(matmul, m, n, k):
+    a, b = random((m, k), 1), random((k, n), 2)
+    assert_close(matmul(a, b), reference(a, b), k, f"{m}x{n}x{k}")
+
+
+def test_blocks_beyond_every_cache_block():
+    """M, N, K past MC, NC and KC (several blocks each, none a multiple of the block)."""
+    blocks = gemm.blocking()
+    m, n, k = blocks["MC"] * 2 + 3, blocks["NC"] + 37, blocks["KC"] * 2 + 5
+    a, b = random((m, k), 3), random((k, n), 4)
+    assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k}")
+
+
+@implementations
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_transposed_operands_through_strides(matmul, transpose_a, transpose_b):
+    m, n, k = 37, 70, 45
+    a = random((k, m), 5).T if transpose_a else random((m, k), 5)
+    b = random((n, k), 6).T if transpose_b else random((k, n), 6)
+    assert_close(matmul(a, b), reference(a, b), k, f"transpose_a={transpose_a} transpose_b={transpose_b}")
+
+
+@implementations
+def test_general_strides(matmul):
+    """Neither stride is 1 (every other row and column): the generated kernel packs, BLAS copies."""
+    a, b = random((40, 66), 7)[::2, ::3], random((44, 34), 8)[::2, ::2]
+    assert_close(matmul(a, b), reference(a, b), 22, "strided")
+
+
+BATCH_CASES = [
+    ((4, 7, 9), (9, 5)),  # shared B: folded into one taller GEMM
+    ((7, 9), (4, 9, 5)),  # shared A: stride-0 batch
+    ((2, 1, 7, 33), (3, 33, 5)),  # two broadcast batch dims
+    ((8, 30, 40), (8, 40, 20)),  # one small problem per thread
+    ((3, 65, 40), (3, 40, 70)),  # whole team per problem
+]
+
+
+@implementations
+@pytest.mark.parametrize(("a_shape", "b_shape"), BATCH_CASES, ids=str)
+def test_batched_and_broadcast_batches(matmul, a_shape, b_shape):
+    a, b = random(a_shape, 9), random(b_shape, 10)
+    assert_close(matmul(a, b), reference(a, b), a_shape[-1], f"{a_shape} @ {b_shape}")
+
+
+@implementations
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((7,), (7,)), ((7,), (3, 7, 5)), ((2, 4, 7), (7,))], ids=str)
+def test_vectors_are_promoted_and_squeezed_like_torch(matmul, a_shape, b_shape):
+    a, b = random(a_shape, 18), random(b_shape, 19)
+    assert_close(matmul(a, b), reference(a, b), 7, f"{a_shape} @ {b_shape}")
+
+
+@implementations
+def test_batch_dims_that_do_not_merge(matmul):
+    """A permuted batch view: the wrapper loops over the outer dim and passes the inner one as a batch stride."""
+    a = random((5, 3, 7, 9), 11).transpose(1, 0, 2, 3)
+    b = random((3, 9, 4), 12)[:, None]
+    assert_close(matmul(a, b), reference(a, b), 9, "permuted batch")
+
+
+EPILOGUES = {
+    "bias": dict(bias="row"),
+    "column_bias": dict(bias="column"),
+    "relu": dict(activation="relu"),
+    "gelu": dict(activation="gelu_tanh"),
+    "residual": dict(residual=True),
+    "scale": dict(alpha=0.125),
+    "linear_bias_gelu": dict(bias="row", activation="gelu_tanh"),
+    "everything": dict(bias="row", activation="relu", residual=True, alpha=-0.5),
+}
+
+
+@implementations
+@pytest.mark.parametrize("epilogue", list(EPILOGUES.values()), ids=list(EPILOGUES))
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600)])
+def test_epilogues(matmul, epilogue, m, n, k):
+    a, b = random((2, m, k), 13), random((k, n), 14)
+    arguments = dict(epilogue)
+    bias_shape = {"row": (n,), "column": (m, 1)}
+    if "bias" in arguments:
+        arguments["bias"] = random(bias_shape[arguments["bias"]], 15)
+    if arguments.get("residual"):
+        arguments["residual"] = random((2, m, n), 16)
+    assert_close(matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{epilogue} {m}x{n}x{k}")
+
+
+@implementations
+def test_activations_propagate_nan_and_inf_like_torch(matmul):
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, -20.0, 3.0], np.float32)
+    a, b = special[:, None], np.ones((1, 17), np.float32)
+    for activation in ("relu", "gelu_tanh"):
+        expected = reference(a, b, activation=activation)
+        np.testing.assert_allclose(matmul(a, b, activation=activation), expected, rtol=1e-6, err_msg=activation)
+
+
+@implementations
+def test_empty_reduction_gives_the_epilogue_of_zero(matmul):
+    bias = random((5,), 17)
+    np.testing.assert_allclose(
+        matmul(np.ones((3, 0), np.float32), np.ones((0, 5), np.float32), bias=bias), np.broadcast_to(bias, (3, 5))
+    )
+
+
+def test_bad_arguments_raise_where_called():
+    with pytest.raises(ShapeError, match="matmul"):
+        gemm.matmul(random((3, 4), 0), random((5, 2), 0))
+    with pytest.raises(ArgumentError, match="float32"):
+        gemm.matmul(np.ones((3, 4)), random((4, 2), 0))
+    with pytest.raises(ArgumentError, match="activation"):
+        gemm.matmul(random((3, 4), 0), random((4, 2), 0), activation="tanh")
+
+
+C_CALLER = r"""
+#include <stdio.h>
+#include "gemm.h"
+int main(void) {
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, -1, 2, 0.5f, 1}, bias[2] = {10, 20}, c[4];
+    /* (2x3) @ (3x2) + bias, relu; then the BLAS kernel on the transposed b, same answer expected */
+    int status = GEMM(1, 2, 2, 3, a, 0, 3, 1, b, 0, 2, 1, c, 0, 2, 1.0f, bias, 0, 0, 1, NULL, 0, 0, TG_ACT_RELU);
+    printf("%d %g %g %g %g\n", status, c[0], c[1], c[2], c[3]);
+    return status;
+}
+"""
+
+
+@pytest.mark.parametrize("kernel", ["generated", "blas"])
+def test_a_c_program_links_and_calls_the_kernel(kernel, tmp_path):
+    """What generated C does: include gemm.h, link the cached library, call the function by name."""
+    if kernel == "blas" and not blas.available():
+        pytest.skip("no scipy-openblas32")
+    library = gemm.library_path() if kernel == "generated" else blas.library_path()
+    function = gemm.C_FUNCTIONS["matmul"] if kernel == "generated" else blas.C_FUNCTION
+    assert f"int {function}(" in gemm.HEADER.read_text()
+    (tmp_path / "caller.c").write_text(C_CALLER)
+    command = [
+        "gcc",
+        f"-DGEMM={function}",
+        f"-I{gemm.HEADER.parent}",
+        str(tmp_path / "caller.c"),
+        str(library),
+        f"-Wl,-rpath,{library.parent}",
+        "-o",
+        str(tmp_path / "caller"),
+    ]
+    subprocess.run(command, check=True)
+    output = subprocess.run([str(tmp_path / "caller")], capture_output=True, text=True, check=True).stdout.split()
+    expected = np.maximum(
+        np.arange(1, 7, dtype=np.float32).reshape(2, 3) @ np.float32([[1, 0], [-1, 2], [0.5, 1]])
+        + np.float32([10, 20]),
+        0,
+    )
+    assert output[0] == "0"
+    np.testing.assert_allclose(np.float32(output[1:]).reshape(2, 2), expected)
+
+
+@implementations
+def test_concurrent_calls_from_python_threads(matmul):
+    """ctypes drops the GIL: each calling thread has its own packing scratch and OpenMP team."""
+    pairs = [(random((150, 70), seed), random((70, 90), seed + 1)) for seed in range(0, 16, 2)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda pair: matmul(*pair), pairs))
+    for (a, b), result in zip(pairs, results, strict=True):
+        assert_close(result, reference(a, b), 70, "concurrent")

@@ -1,0 +1,154 @@
+"""conv1d, conv2d, conv_transpose2d and pooling against torch: values and gradients."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch.nn.functional as TF
+from functional_check import check, normal
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+
+CONV2D_CASES = [  # input shape, weight shape, keyword arguments
+    ((2, 3, 7, 7), (4, 3, 3, 3), {}),
+    ((1, 1, 5, 3), (2, 1, 1, 1), {"stride": 2}),
+    ((2, 4, 7, 6), (6, 2, 3, 2), {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2), "groups": 2}),
+    ((1, 3, 6, 7), (3, 1, 3, 3), {"padding": "same", "groups": 3}),
+    ((2, 2, 6, 7), (3, 2, 4, 2), {"padding": "same", "dilation": 2}),
+    ((1, 2, 5, 5), (2, 2, 3, 3), {"padding": "valid", "stride": 3}),
+    ((3, 7, 7), (2, 3, 3, 3), {"stride": 2, "padding": 1, "groups": 1}),
+]
+
+
+def _conv_inputs(x_shape: tuple, w_shape: tuple, out_channels: int) -> list[np.ndarray]:
+    return [normal(1, *x_shape), normal(2, *w_shape), normal(3, out_channels)]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", CONV2D_CASES)
+def test_conv2d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: dict) -> None:
+    if x_shape[-3] != w_shape[1] * kwargs.get("groups", 1):
+        x_shape = x_shape[:-3] + (w_shape[1] * kwargs.get("groups", 1),) + x_shape[-2:]
+    check(lambda x, w, b: F.conv2d(x, w, b, **kwargs), lambda x, w, b: TF.conv2d(x, w, b, **kwargs),
+          _conv_inputs(x_shape, w_shape, w_shape[0]), grad=[0, 1, 2], rtol=1e-4, atol=1e-4, name="conv2d")
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 3, 7), (4, 3, 3), {}),
+    ((1, 4, 9), (2, 2, 3), {"stride": 2, "padding": 1, "dilation": 2, "groups": 2}),
+    ((3, 5), (2, 3, 4), {"padding": "same"}),
+])
+def test_conv1d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: dict) -> None:
+    check(lambda x, w, b: F.conv1d(x, w, b, **kwargs), lambda x, w, b: TF.conv1d(x, w, b, **kwargs),
+          _conv_inputs(x_shape, w_shape, w_shape[0]), grad=[0, 1, 2], rtol=1e-4, atol=1e-4, name="conv1d")
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 3, 4, 5), (3, 2, 3, 3), {}),
+    ((1, 2, 3, 3), (2, 3, 3, 2), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ((2, 4, 3, 4), (4, 1, 2, 3), {"stride": (2, 3), "padding": (0, 2), "dilation": (2, 1), "groups": 2,
+                                  "output_padding": (1, 2)}),
+    ((3, 5, 5), (3, 2, 1, 1), {"stride": 3}),
+])
+def test_conv_transpose2d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: dict) -> None:
+    out_channels = w_shape[1] * kwargs.get("groups", 1)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, **kwargs),
+          lambda x, w, b: TF.conv_transpose2d(x, w, b, **kwargs),
+          _conv_inputs(x_shape, w_shape, out_channels), grad=[0, 1, 2], rtol=1e-4, atol=1e-4,
+          name="conv_transpose2d")
+
+
+def test_conv_graph_keeps_the_composite_and_differentiates_to_matmuls() -> None:
+    from tensorgraphs.graph.node import toposort
+
+    x, w = tg.randn(1, 2, 5, 5, requires_grad=True), tg.randn(3, 2, 3, 3, requires_grad=True)
+    out = F.conv2d(x, w)
+    assert out.node.op.name == "conv2d"
+    assert F.conv1d(tg.randn(1, 2, 5), tg.randn(3, 2, 3)).node.src[0].op.name == "conv2d"
+    gx, gw = tg.grad(out, [x, w], grad_outputs=tg.randn(*out.shape))
+    for g in (gx, gw):
+        names = {getattr(n.op, "name", None) for n in toposort([g.node])}
+        assert "matmul" in names
+
+
+def test_conv_errors_name_the_shapes() -> None:
+    with pytest.raises(tg.ShapeError, match=r"weight of size \(8, 3, 3, 3\).*\(2, 4, 5, 5\).*3 channels.*4 channels"):
+        F.conv2d(tg.randn(2, 4, 5, 5), tg.randn(8, 3, 3, 3))
+    with pytest.raises(tg.ArgumentError, match="strided"):
+        F.conv2d(tg.randn(1, 1, 5, 5), tg.randn(1, 1, 3, 3), stride=2, padding="same")
+    with pytest.raises(tg.ShapeError, match="too small"):
+        F.conv2d(tg.randn(1, 1, 2, 2), tg.randn(1, 1, 3, 3))
+    with pytest.raises(tg.ArgumentError, match="stride must be at least 1"):
+        F.conv2d(tg.randn(1, 1, 3, 3), tg.randn(1, 1, 3, 3), stride=(1, 0))
+    with pytest.raises(tg.DTypeError, match="conv2d"):
+        F.conv2d(tg.randn(1, 1, 3, 3), tg.randn(1, 1, 3, 3, dtype=tg.float64))
+
+
+def test_conv_propagates_nan_only_through_its_windows() -> None:
+    x = normal(4, 1, 1, 6, 6)
+    x[0, 0, 0, 0] = math.nan
+    check(lambda a, w: F.conv2d(a, w), lambda a, w: TF.conv2d(a, w), [x, normal(5, 1, 1, 2, 2)], name="conv2d")
+
+
+POOL_CASES = [  # input shape, keyword arguments
+    ((2, 3, 7, 7), {"kernel_size": 3}),
+    ((1, 1, 5, 6), {"kernel_size": 2, "stride": 1}),
+    ((2, 2, 7, 5), {"kernel_size": (3, 2), "stride": (2, 1), "padding": (1, 1)}),
+    ((1, 2, 7, 7), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+    ((3, 6, 5), {"kernel_size": 2, "ceil_mode": True}),
+    ((1, 1, 1, 1), {"kernel_size": 1}),
+]
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)
+def test_max_pool2d_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    check(lambda x: F.max_pool2d(x, **kwargs), lambda x: TF.max_pool2d(x, **kwargs), [normal(6, *x_shape)], grad=[0],
+          name="max_pool2d")
+
+
+def test_max_pool2d_dilation_indices_and_nan() -> None:
+    x = normal(7, 2, 2, 7, 7)
+    x[0, 0, 3, 3] = math.nan
+    kwargs = {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, "return_indices": True}
+    check(lambda t: F.max_pool2d(t, **kwargs), lambda t: TF.max_pool2d(t, **kwargs), [x], name="max_pool2d")
+
+
+def test_max_pool2d_gradient_goes_to_the_first_of_tied_maxima() -> None:
+    x = np.zeros((1, 2, 5, 5), np.float32)
+    x[0, 1, 1:3, 1:3] = 2.0
+    check(lambda t: F.max_pool2d(t, 3, stride=2, padding=1), lambda t: TF.max_pool2d(t, 3, stride=2, padding=1), [x],
+          grad=[0], name="max_pool2d")
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_avg_pool2d_matches_torch(x_shape: tuple, kwargs: dict, count_include_pad: bool) -> None:
+    kwargs = dict(kwargs, count_include_pad=count_include_pad)
+    check(lambda x: F.avg_pool2d(x, **kwargs), lambda x: TF.avg_pool2d(x, **kwargs), [normal(8, *x_shape)], grad=[0],
+          name="avg_pool2d")
+
+
+def test_avg_pool2d_divisor_override_and_errors() -> None:
+    check(lambda x: F.avg_pool2d(x, 2, divisor_override=3), lambda x: TF.avg_pool2d(x, 2, divisor_override=3),
+          [normal(9, 1, 2, 4, 4)], grad=[0])
+    with pytest.raises(tg.ArgumentError, match="at most half"):
+        F.avg_pool2d(tg.randn(1, 1, 5, 5), 2, padding=2)
+
+
+@pytest.mark.parametrize("x_shape,output_size", [((2, 3, 7, 7), 1), ((1, 2, 7, 5), (3, 2)), ((3, 6, 6), (4, None)),
+                                                  ((1, 1, 3, 3), (5, 7)), ((2, 2, 8, 4), (4, 2))])
+def test_adaptive_avg_pool2d_matches_torch(x_shape: tuple, output_size: object) -> None:
+    x = normal(10, *x_shape)
+    x.reshape(-1)[1] = math.nan
+    check(lambda t: F.adaptive_avg_pool2d(t, output_size), lambda t: TF.adaptive_avg_pool2d(t, output_size), [x],
+          grad=[0], name="adaptive_avg_pool2d")
+
+
+def test_float64_conv2d_and_pooling_are_exact() -> None:
+    x, w = normal(11, 2, 3, 6, 5).astype(np.float64), normal(12, 4, 3, 3, 2).astype(np.float64)
+    check(lambda a, b: F.conv2d(a, b, stride=2, padding=1), lambda a, b: TF.conv2d(a, b, stride=2, padding=1), [x, w],
+          grad=[0, 1], rtol=1e-12, atol=1e-12, name="conv2d float64")
+    check(lambda a: F.avg_pool2d(a, 3, 2, 1), lambda a: TF.avg_pool2d(a, 3, 2, 1), [x], grad=[0], rtol=1e-12,
+          atol=1e-12, name="avg_pool2d float64")

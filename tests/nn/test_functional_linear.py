@@ -1,0 +1,70 @@
+"""linear, embedding and dropout against torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from functional_check import check, normal
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+
+
+@pytest.mark.parametrize("x_shape,w_shape,bias", [((3, 7), (5, 7), True), ((1, 3), (1, 3), False),
+                                                   ((2, 3, 7), (4, 7), True), ((7,), (3, 7), True),
+                                                   ((2, 7), (7,), False)])
+def test_linear_matches_torch(x_shape: tuple, w_shape: tuple, bias: bool) -> None:
+    inputs = [normal(1, *x_shape), normal(2, *w_shape)] + ([normal(3, w_shape[0])] if bias else [])
+    check(F.linear, TF.linear, inputs, grad=range(len(inputs)), name="linear")
+
+
+def test_linear_shape_error_names_both_shapes() -> None:
+    with pytest.raises(tg.ShapeError, match=r"\(2, 3\).*\(4, 5\)"):
+        F.linear(tg.randn(2, 3), tg.randn(4, 5))
+
+
+@pytest.mark.parametrize("index_shape", [(7,), (1,), (2, 3)])
+@pytest.mark.parametrize("padding_idx", [None, 2, -1])
+def test_embedding_matches_torch(index_shape: tuple, padding_idx: int | None) -> None:
+    index = np.random.default_rng(4).integers(0, 5, index_shape)
+    index.flat[0] = 2
+    index.flat[-1] = 4
+    check(lambda i, w: F.embedding(i, w, padding_idx), lambda i, w: TF.embedding(i, w, padding_idx),
+          [index, normal(5, 5, 3)], grad=[1], name="embedding")
+
+
+def test_embedding_rejects_float_indices() -> None:
+    with pytest.raises(tg.DTypeError, match="embedding"):
+        F.embedding(tg.randn(3), tg.randn(5, 2))
+
+
+def test_dropout_is_reproducible_and_scaled() -> None:
+    x = tg.ones(64, 64, requires_grad=True)
+    tg.manual_seed(3)
+    first = F.dropout(x, 0.25)
+    tg.manual_seed(3)
+    second = F.dropout(x, 0.25)
+    a = first.detach().numpy()
+    np.testing.assert_array_equal(a, second.detach().numpy())
+    assert set(np.unique(a)) == {0.0, np.float32(1 / 0.75)}
+    assert abs((a == 0).mean() - 0.25) < 0.03
+    (grad,) = tg.grad(first.sum(), [x])
+    np.testing.assert_allclose(grad.numpy(), a)
+
+
+def test_dropout_off_cases_match_torch() -> None:
+    x = normal(6, 3, 7)
+    check(lambda t: F.dropout(t, 0.5, training=False), lambda t: TF.dropout(t, 0.5, training=False), [x], grad=[0])
+    check(lambda t: F.dropout(t, 0.0), lambda t: TF.dropout(t, 0.0), [x], grad=[0])
+    check(lambda t: F.dropout(t, 1.0), lambda t: TF.dropout(t, 1.0), [x], grad=[0])
+
+
+def test_dropout_keeps_nan_and_checks_p() -> None:
+    tg.manual_seed(0)
+    out = F.dropout(tg.full((100,), float("nan")), 0.5).numpy()
+    assert np.isnan(out).all()
+    with pytest.raises(tg.ArgumentError, match="between 0 and 1"):
+        F.dropout(tg.randn(3), 1.5)
+    assert torch.isnan(TF.dropout(torch.full((100,), float("nan")), 0.5)).all()

@@ -1,0 +1,173 @@
+"""Losses against torch: every reduction, weights, ignore_index, label smoothing, NaN."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from functional_check import check, normal, uniform
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def _targets(seed: int, shape: tuple, classes: int, ignore: int | None = None) -> np.ndarray:
+    target = np.random.default_rng(seed).integers(0, classes, shape)
+    if ignore is not None and target.size > 1:
+        target.flat[0] = ignore
+    return target
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("name,kwargs", [("mse_loss", {}), ("l1_loss", {}), ("smooth_l1_loss", {"beta": 0.5}),
+                                         ("smooth_l1_loss", {"beta": 0.0})])
+@pytest.mark.parametrize("shapes", [((3, 7), (3, 7)), ((1,), (1,)), ((2, 3, 1), (2, 3, 7))])
+def test_regression_losses_match_torch(name: str, kwargs: dict, reduction: str, shapes: tuple) -> None:
+    inputs = [normal(1, *shapes[0]), normal(2, *shapes[1])]
+    with pytest.warns(UserWarning) if shapes[0] != shapes[1] else _no_warning():
+        check(lambda a, b: getattr(F, name)(a, b, reduction=reduction, **kwargs),
+              lambda a, b: getattr(TF, name)(a, b, reduction=reduction, **kwargs), inputs, grad=[0, 1], name=name)
+
+
+class _no_warning:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_weighted_regression_losses_match_torch(name: str, reduction: str) -> None:
+    inputs = [normal(3, 3, 7), normal(4, 3, 7), uniform(5, 3, 7)]
+    check(lambda a, b, w: getattr(F, name)(a, b, reduction=reduction, weight=w),
+          lambda a, b, w: getattr(TF, name)(a, b, reduction=reduction, weight=w), inputs, grad=[0, 1, 2], name=name)
+
+
+def test_legacy_reduction_flags_match_torch() -> None:
+    inputs = [normal(6, 3, 4), normal(7, 3, 4)]
+    for flags in [{"size_average": False}, {"reduce": False}, {"size_average": True, "reduce": True}]:
+        with pytest.warns(UserWarning):
+            check(lambda a, b: F.mse_loss(a, b, **flags), lambda a, b: TF.mse_loss(a, b, **flags), inputs, grad=[0])
+
+
+OPTIONS = [{}, {"weighted": True}, {"ignore_index": 1}, {"label_smoothing": 0.2},
+           {"weighted": True, "ignore_index": 0, "label_smoothing": 0.1}]
+CLASSIFICATION_CASES = (  # every option on two layouts, the plain and the fullest option on batch 1 and unbatched
+    [(shapes, options) for shapes in [((3, 7), (3,)), ((2, 5, 3, 1), (2, 3, 1))] for options in OPTIONS]
+    + [(shapes, options) for shapes in [((1, 3), (1,)), ((7,), ())] for options in (OPTIONS[0], OPTIONS[-1])]
+)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shapes,options", CLASSIFICATION_CASES)
+def test_cross_entropy_class_indices_match_torch(reduction: str, shapes: tuple, options: dict) -> None:
+    x_shape, t_shape = shapes
+    classes = x_shape[0] if len(x_shape) == 1 else x_shape[1]
+    kwargs = {k: v for k, v in options.items() if k != "weighted"} | {"reduction": reduction}
+    inputs = [normal(8, *x_shape, scale=2.0), _targets(9, t_shape, classes, options.get("ignore_index"))]
+    if options.get("weighted"):
+        inputs.append(uniform(10, classes, low=0.2, high=2.0))
+    for fn in ("cross_entropy",) + (("nll_loss",) if "label_smoothing" not in kwargs else ()):
+        prepare = (lambda t: t) if fn == "cross_entropy" else None
+        check(lambda x, t, *w: getattr(F, fn)(x if prepare else F.log_softmax(x, 0 if x.ndim == 1 else 1), t, *w,
+                                              **kwargs),
+              lambda x, t, *w: getattr(TF, fn)(x if prepare else TF.log_softmax(x, 0 if x.ndim == 1 else 1), t, *w,
+                                               **kwargs),
+              inputs, grad=[0], rtol=1e-4, atol=1e-5, name=fn)  # torch has no gradient for class weights
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("options", [{}, {"weighted": True}, {"label_smoothing": 0.3}])
+@pytest.mark.parametrize("x_shape", [(3, 7), (2, 4, 3), (7,)])
+def test_cross_entropy_probabilities_match_torch(reduction: str, options: dict, x_shape: tuple) -> None:
+    classes = x_shape[0] if len(x_shape) == 1 else x_shape[1]
+    class_dim = 0 if len(x_shape) == 1 else 1
+    probabilities = torch.softmax(torch.tensor(normal(11, *x_shape)), class_dim).numpy()
+    inputs = [normal(12, *x_shape), probabilities] + ([uniform(13, classes)] if options.get("weighted") else [])
+    kwargs = {k: v for k, v in options.items() if k != "weighted"} | {"reduction": reduction}
+    check(lambda x, t, *w: F.cross_entropy(x, t, *w, **kwargs), lambda x, t, *w: TF.cross_entropy(x, t, *w, **kwargs),
+          inputs, grad=range(len(inputs)), rtol=1e-4, atol=1e-5, name="cross_entropy(probabilities)")
+
+
+def test_cross_entropy_composite_node_and_all_ignored_is_nan() -> None:
+    x, t = tg.randn(3, 4), tg.tensor([1, 2, 0])
+    assert F.cross_entropy(x, t).node.op.name == "cross_entropy"
+    everything_ignored = F.cross_entropy(x, tg.tensor([-100, -100, -100])).item()
+    assert math.isnan(everything_ignored)
+    assert math.isnan(TF.cross_entropy(torch.randn(3, 4), torch.tensor([-100, -100, -100])).item())
+
+
+def test_cross_entropy_nan_logits_propagate_except_ignored_rows() -> None:
+    x = normal(14, 3, 4)
+    x[0, 2] = math.nan
+    x[1, 1] = math.nan
+    check(lambda a, t: F.cross_entropy(a, t, ignore_index=2, reduction="none"),
+          lambda a, t: TF.cross_entropy(a, t, ignore_index=2, reduction="none"), [x, np.array([1, 2, 0])])
+
+
+def test_classification_errors() -> None:
+    with pytest.raises(tg.ShapeError, match=r"\(3, 4\).*\(2,\)"):
+        F.cross_entropy(tg.randn(3, 4), tg.tensor([1, 2]))
+    with pytest.raises(tg.ShapeError, match="weight"):
+        F.cross_entropy(tg.randn(3, 4), tg.tensor([1, 2, 0]), weight=tg.ones(3))
+    with pytest.raises(tg.ArgumentError, match="reduction"):
+        F.nll_loss(tg.randn(3, 4), tg.tensor([1, 2, 0]), reduction="avg")
+    with pytest.raises(tg.ArgumentError, match="ignore_index"):
+        F.cross_entropy(tg.randn(3, 4), tg.rand(3, 4), ignore_index=1)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(3, 7), (1,), (2, 3, 1)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_binary_cross_entropy_matches_torch(reduction: str, shape: tuple, weighted: bool) -> None:
+    inputs = [uniform(15, *shape, low=0.05, high=0.95), uniform(16, *shape)]
+    inputs += [uniform(17, *shape[-1:])] if weighted else []
+    check(lambda x, t, *w: F.binary_cross_entropy(x, t, *w, reduction=reduction),
+          lambda x, t, *w: TF.binary_cross_entropy(x, t, *w, reduction=reduction), inputs, grad=[0, 1],
+          rtol=1e-4, atol=1e-5, name="binary_cross_entropy")
+
+
+def test_binary_cross_entropy_clamps_the_log_at_minus_100_and_keeps_nan() -> None:
+    x = np.array([0.0, 1.0, 0.5, 1e-30], np.float32)
+    check(lambda a, t: F.binary_cross_entropy(a, t, reduction="none"),
+          lambda a, t: TF.binary_cross_entropy(a, t, reduction="none"), [x, np.array([1.0, 0.0, 1.0, 0.5], np.float32)])
+    out = F.binary_cross_entropy(tg.tensor([0.5, math.nan]), tg.tensor([1.0, 1.0]), reduction="none").numpy()
+    assert not np.isnan(out[0]) and np.isnan(out[1])  # torch raises on NaN input; a lazy graph cannot
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(1,), (2, 3, 4)])
+@pytest.mark.parametrize("weights", [(), ("weight",), ("pos_weight",), ("weight", "pos_weight")])
+def test_binary_cross_entropy_with_logits_matches_torch(reduction: str, shape: tuple, weights: tuple) -> None:
+    x = normal(18, *shape, scale=5.0)
+    x.reshape(-1)[0] = 40.0
+    inputs = [x, uniform(19, *shape)] + [uniform(20 + i, *shape[-1:], low=0.2, high=3.0) for i in range(len(weights))]
+    def build(fn):  # noqa: ANN001, ANN202
+        return lambda a, t, *w: fn(a, t, reduction=reduction, **dict(zip(weights, w)))
+    check(build(F.binary_cross_entropy_with_logits), build(TF.binary_cross_entropy_with_logits), inputs,
+          grad=[0, 1], rtol=1e-4, atol=1e-5, name="binary_cross_entropy_with_logits")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS + ["batchmean"])
+@pytest.mark.parametrize("log_target", [False, True])
+@pytest.mark.parametrize("shape", [(3, 7), (1, 3), (2, 3, 4)])
+def test_kl_div_matches_torch(reduction: str, log_target: bool, shape: tuple) -> None:
+    input = torch.log_softmax(torch.tensor(normal(24, *shape)), -1).numpy()
+    target = torch.softmax(torch.tensor(normal(25, *shape)), -1).numpy()
+    target = np.log(target) if log_target else target
+    check(lambda a, t: F.kl_div(a, t, reduction=reduction, log_target=log_target),
+          lambda a, t: TF.kl_div(a, t, reduction=reduction, log_target=log_target), [input, target], grad=[0, 1],
+          rtol=1e-4, atol=1e-5, name="kl_div")
+
+
+def test_kl_div_zero_and_nan_targets() -> None:
+    target = np.array([0.0, 0.5, math.nan, 0.5], np.float32)
+    check(lambda a, t: F.kl_div(a, t, reduction="none"), lambda a, t: TF.kl_div(a, t, reduction="none"),
+          [normal(26, 4), target])

@@ -1,0 +1,80 @@
+"""Lowering to loop IR: movement ops become simplified indices, reductions nest inside their consumers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+from tensorgraphs.codegen.loop_ir import Let, Load, Loop, Reduce, Store
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.schedule import schedule_kernels
+
+
+def only_kernel(tensor: tg.Tensor):
+    (kernel,) = schedule_kernels([tensor.node]).kernels
+    return kernel
+
+
+def walk(stmts):
+    for s in stmts:
+        yield s
+        if isinstance(s, (Loop, Reduce)):
+            yield from walk(s.body)
+
+
+def x(*shape: int) -> tg.Tensor:
+    return tg.tensor(np.zeros(shape, np.float32))
+
+
+def test_transpose_copy_reads_with_swapped_strides() -> None:
+    kernel = only_kernel(x(4, 6).T.contiguous() + 0)
+    loads = [s for s in walk(kernel.body) if isinstance(s, Load)]
+    store = next(s for s in walk(kernel.body) if isinstance(s, Store))
+    assert [repr(s.index) for s in loads] == ["(i1 + i2*6)"] and repr(store.index) == "(i1*4 + i2)"
+
+
+def test_reshape_round_trip_leaves_no_division() -> None:
+    kernel = only_kernel(x(4, 6).reshape(24).reshape(2, 12).reshape(4, 6) * 2)
+    (load,) = [s for s in walk(kernel.body) if isinstance(s, Load)]
+    assert repr(load.index) == "(i1*6 + i2)"
+
+
+def test_pad_clamps_the_load_and_selects_zero_outside() -> None:
+    kernel = only_kernel(mv.pad(x(5), (2, 1)) + 1)
+    ops = [s.op for s in walk(kernel.body) if isinstance(s, Let)]
+    (load,) = [s for s in walk(kernel.body) if isinstance(s, Load)]
+    assert "in_range" in ops and "zero_unless" in ops and repr(load.index) == "clamp((i1 + -2), 0, 4)"
+
+
+def test_softmax_row_loop_holds_both_reductions_before_the_output_loop() -> None:
+    kernel = only_kernel(F.softmax(x(64, 1024), -1))
+    (rows,) = [s for s in kernel.body if isinstance(s, Loop)]
+    assert rows.parallel and rows.var.extent == 64
+    kinds = [type(s).__name__ for s in rows.body if not isinstance(s, Let)]
+    assert kinds == ["Reduce", "Reduce", "Loop"]
+
+
+def test_loop_invariant_values_are_hoisted() -> None:
+    bias = tg.tensor(np.ones(8, np.float32))
+    kernel = only_kernel((x(16, 8).T * bias.reshape(8, 1).exp()) + 1)
+    outer = next(s for s in kernel.body if isinstance(s, Loop))
+    hoisted = [s.op.name for s in outer.body if isinstance(s, Let)]
+    assert "EXP2" in hoisted  # exp(bias[i]) is computed once per row, not per element
+
+
+def test_small_kernels_stay_serial() -> None:
+    kernel = only_kernel(x(4, 4) + 1)
+    assert not any(s.parallel for s in walk(kernel.body) if isinstance(s, Loop))
+
+
+def test_column_reduction_accumulates_rows_into_contiguous_output_blocks() -> None:
+    kernel = only_kernel(x(64, 512).sum(0))
+    loads = sorted(repr(s.index) for s in walk(kernel.body) if isinstance(s, Load))
+    assert loads == ["(blk1*256 + r3*512 + t4)", "(blk1*256 + t4)"]
+
+
+def test_large_transpose_is_tiled() -> None:
+    kernel = only_kernel(x(64, 96).T.contiguous() * 2)
+    (load,) = [s for s in walk(kernel.body) if isinstance(s, Load)]
+    assert repr(load.index) == "(blk1*32 + blk2*3072 + t3 + t4*96)"

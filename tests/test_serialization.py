@@ -1,0 +1,77 @@
+"""tg.save / tg.load: safetensors files that torch reads, and torch's files that tg reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import tensorgraphs as tg
+
+DTYPES = [(tg.float32, torch.float32), (tg.float64, torch.float64), (tg.float16, torch.float16),
+          (tg.bfloat16, torch.bfloat16), (tg.int64, torch.int64), (tg.int32, torch.int32), (tg.int8, torch.int8),
+          (tg.uint8, torch.uint8), (tg.bool, torch.bool)]
+
+
+def torch_values(torch_dtype: torch.dtype) -> torch.Tensor:
+    values = torch.tensor([[-2.5, 0.0, 1.0], [3.140625, -0.0078125, 100.0]])
+    return (values > 0) if torch_dtype is torch.bool else values.to(torch_dtype)
+
+
+@pytest.mark.parametrize("tg_dtype,torch_dtype", DTYPES, ids=[d[0].name for d in DTYPES])
+def test_tg_file_loads_in_torch_and_back(tmp_path: Path, tg_dtype, torch_dtype) -> None:
+    expected = torch_values(torch_dtype)
+    mine = tg.tensor(expected.float().numpy()).to(tg_dtype)
+    tg.save({"x": mine}, tmp_path / "tg.safetensors")
+    loaded = load_file(tmp_path / "tg.safetensors")["x"]
+    assert loaded.dtype is torch_dtype and torch.equal(loaded, expected)
+
+    save_file({"y": expected}, tmp_path / "torch.safetensors")
+    back = tg.load(tmp_path / "torch.safetensors")["y"]
+    assert back.dtype is tg_dtype
+    np.testing.assert_array_equal(back.to(tg.float64).numpy(), expected.double().numpy())
+
+
+def test_module_state_dict_round_trips_between_tg_and_torch(tmp_path: Path) -> None:
+    build = lambda nn: nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    mine, reference = build(tg.nn), build(torch.nn)
+    tg.save(mine.state_dict(), tmp_path / "model.safetensors")
+    reference.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    for name, value in mine.state_dict().items():
+        np.testing.assert_array_equal(reference.state_dict()[name].numpy(), value.numpy())
+
+    torch.nn.init.normal_(reference[0].weight)
+    save_file(reference.state_dict(), tmp_path / "torch.safetensors")
+    mine.load_state_dict(tg.load(tmp_path / "torch.safetensors"))
+    np.testing.assert_array_equal(mine[0].weight.detach().numpy(), reference[0].weight.detach().numpy())
+    assert mine[0].weight.requires_grad
+
+
+def test_nested_checkpoint_round_trips(tmp_path: Path) -> None:
+    """An optimizer's state_dict (int keys, tuples, floats, None) comes back with the same structure."""
+    model = tg.nn.Linear(2, 1)
+    optimizer = tg.optim.Adam(model.parameters(), lr=0.01)
+    model(tg.ones(1, 2)).sum().backward()
+    optimizer.step()
+    checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1, "note": None}
+    tg.save(checkpoint, tmp_path / "checkpoint.safetensors")
+    loaded = tg.load(tmp_path / "checkpoint.safetensors")
+    assert loaded["step"] == 1 and loaded["note"] is None
+    assert loaded["optimizer"]["state"][0]["step"].shape == () and loaded["optimizer"]["state"][0]["step"].item() == 1
+    assert list(loaded["model"]) == ["weight", "bias"]
+    state = loaded["optimizer"]["state"][0]
+    np.testing.assert_array_equal(state["exp_avg"].numpy(), optimizer.state[model.weight]["exp_avg"].numpy())
+    fresh = tg.optim.Adam(model.parameters())
+    fresh.load_state_dict(loaded["optimizer"])
+    assert fresh.param_groups[0]["lr"] == 0.01 and list(fresh.param_groups[0]["betas"]) == [0.9, 0.999]
+    assert set(load_file(tmp_path / "checkpoint.safetensors")) == {
+        "model.weight", "model.bias", *(f"optimizer.state.{i}.{key}" for i in range(2)
+                                        for key in ("step", "exp_avg", "exp_avg_sq"))}
+
+
+def test_unsupported_values_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="tg.save stores tensors"):
+        tg.save({"x": object()}, tmp_path / "bad.safetensors")
