@@ -94,7 +94,8 @@ def backward(output: Tensor, gradient: Tensor | None = None) -> None:
         if gr is not None:
             per_leaf[leaf] = Tensor(gr) if leaf not in per_leaf else per_leaf[leaf] + Tensor(gr)
     totals = [total if leaf.grad is None else leaf.grad + total for leaf, total in per_leaf.items()]
-    values = realize([t.node for t in totals])
+    # the output is computed on the way anyway: realizing it too lets a later `loss.item()` reuse the value
+    values = realize([output.node] + [t.node for t in totals])[1:]
     for leaf, value in zip(per_leaf, values):
         leaf.grad = Tensor.from_numpy(value, leaf.dtype)
 

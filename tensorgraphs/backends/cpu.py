@@ -143,7 +143,8 @@ class CpuBackend:
         key, inputs = structure(roots, is_input)
         found = self._programs.get(key)
         if found is None:
-            found = Program(schedule_kernels(roots, is_input), inputs)
+            given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
+            found = Program(schedule_kernels(roots, given.__contains__), inputs)
             self._programs[key] = found
             if len(self._programs) > PROGRAM_CACHE_SIZE:
                 self._programs.popitem(last=False)

@@ -8,7 +8,7 @@
  * Float32 transcendental functions (float64 uses libm's exp2, log2 and sin):
  *   tg_exp2f: range reduction to [-1/2, 1/2] + degree-6 polynomial; error <= 1 ulp
  *             (subnormal results included), 0 and inf on under/overflow.
- *   tg_log2f: exponent + odd series of atanh in t = (m-1)/(m+1); error <= 3 ulp, subnormal
+ *   tg_log2f: exponent + f * p(f) with f = m - 1, m in [1/sqrt2, sqrt2] (no division); error <= 2 ulp, subnormal
  *             inputs included; log2(0) = -inf, log2(x < 0) = NaN.
  *   tg_sinf:  computed in double: exact reduction modulo 2pi for every finite float (a table of
  *             2^E mod 2pi), then by pi (Cody-Waite, 3 parts of 26 bits) and a degree-13 polynomial;
@@ -53,14 +53,18 @@ static inline float tg_log2f(float x) {
     int big = m > 1.41421356f;
     m = big ? m * 0.5f : m;
     e = big ? e + 1 : e;
-    float t = (m - 1.0f) / (m + 1.0f);
-    float t2 = t * t;
-    float p = 0.320598898f;                 /* 2 / (9 ln 2) */
-    p = fmaf(p, t2, 0.412198583f);              /* 2 / (7 ln 2) */
-    p = fmaf(p, t2, 0.577078016f);              /* 2 / (5 ln 2) */
-    p = fmaf(p, t2, 0.961796694f);              /* 2 / (3 ln 2) */
-    p = fmaf(p, t2, 2.885390082f);              /* 2 / ln 2 */
-    float r = (float)e + t * p;
+    float f = m - 1.0f;                       /* exact: m is in [1/sqrt2, sqrt2] */
+    float p = -0.1102018728852272f;
+    p = fmaf(p, f, 0.18631255626678467f);
+    p = fmaf(p, f, -0.19102509319782257f);
+    p = fmaf(p, f, 0.20457522571086884f);
+    p = fmaf(p, f, -0.23961903154850006f);
+    p = fmaf(p, f, 0.2885688841342926f);
+    p = fmaf(p, f, -0.3606966435909271f);
+    p = fmaf(p, f, 0.4808982014656067f);
+    p = fmaf(p, f, -0.7213473320007324f);
+    p = fmaf(p, f, 1.4426950216293335f);
+    float r = (float)e + f * p;               /* log2(1 + f) = f * p(f), least squares, degree 9 */
     r = x == 0.0f ? -INFINITY : r;
     r = x < 0.0f ? NAN : r;
     r = x == INFINITY ? INFINITY : r;

@@ -248,7 +248,6 @@ class KernelRenderer:
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.lines: list[str] = []
         self.uses_status = False
         self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
 

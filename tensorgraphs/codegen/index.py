@@ -351,6 +351,23 @@ def clamp(x: Expr | int, low: int, high: int) -> Expr:
     return Clamp(x, low, high)
 
 
+def substitute(e: Expr, old: Var, new: Expr) -> Expr:
+    """`e` with every `old` replaced by `new`, simplified again."""
+    if e == old:
+        return new
+    if isinstance(e, Sum):
+        total: Expr = Const(e.constant)
+        for t, c in e.terms:
+            total = add(total, mul(substitute(t, old, new), c))
+        return total
+    rebuild = {Div: floordiv, Mod: mod, And: bitand}
+    if type(e) in rebuild:
+        return rebuild[type(e)](substitute(e.x, old, new), e.divisor if not isinstance(e, And) else e.mask)
+    if isinstance(e, Clamp):
+        return clamp(substitute(e.x, old, new), e.low, e.high)
+    return e
+
+
 def symbols(e: Expr) -> set[str]:
     """Names of the loop counters and run-time values `e` depends on."""
     if isinstance(e, (Var, Opaque)):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tensorgraphs.errors import UnsupportedError
+from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import GEMM_ARGTYPES, bind_gemm, call_gemm
 from tensorgraphs.kernels.gemm.build import build_library, load_library
 
@@ -25,8 +26,8 @@ C_FUNCTION = "tg_blas_gemm_f32"
 
 
 def available() -> bool:
-    """Whether scipy-openblas32 is installed (the kernel then builds on first use)."""
-    return importlib.util.find_spec("scipy_openblas32") is not None
+    """Whether scipy-openblas32 is installed and the shared C code can build here (then it builds on first use)."""
+    return importlib.util.find_spec("scipy_openblas32") is not None and gemm.available()
 
 
 def build_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -51,6 +51,9 @@ EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN})
 TILE = 32
 """Block size of tiled loop nests (32 x 32 float32: 4 KiB per operand, well inside L1)."""
 
+FORWARDED = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
+"""Values worth a store and a load to avoid computing them twice (see `forward_through_output`)."""
+
 ROW_BLOCKS = (256, 128, 64, 32, 16)
 """Output block widths of `reduce_into_output` (the largest dividing the last axis is used)."""
 
@@ -67,13 +70,17 @@ class Scope:
 
     depth: int
     trips: int  # how many times this body runs per kernel call
+    var: Var | None = None  # the counter of the loop whose body this is
     stmts: list[Stmt] = field(default_factory=list)
     loops: list[tuple[Var, Scope]] = field(default_factory=list)
 
     def child(self, var: Var) -> Scope:
-        return Scope(self.depth + 1, self.trips * var.extent)
+        return Scope(self.depth + 1, self.trips * var.extent, var)
 
     def assemble(self) -> list[Stmt]:
+        """The body; an innermost body is `stmts` itself, so statements added later still land in it."""
+        if not self.loops:
+            return self.stmts
         return self.stmts + [Loop(var, scope.assemble()) for var, scope in self.loops]
 
 
@@ -96,6 +103,7 @@ class Lowering:
     _nest: list[Var] = field(default_factory=list)  # the store nest's loop counters, outermost first
     _loads: list[Load] = field(default_factory=list)
     _reduce_vars: list[Var] = field(default_factory=list)
+    _store_index: Expr | None = None
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
@@ -129,7 +137,8 @@ class Lowering:
         self._max_trips = max(self._max_trips, scope.trips)
         out_index, value = compute(tuple(index))
         self._param(out, node, writes=True)
-        scope.stmts.append(Store(out, ix.flatten(out_index, node.shape), value, accumulate))
+        self._store_index = ix.flatten(out_index, node.shape)
+        scope.stmts.append(Store(out, self._store_index, value, accumulate))
 
     def reads_transposed(self) -> bool:
         """Whether some load walks memory with a large stride along the innermost loop but not the next one."""
@@ -183,6 +192,42 @@ class Lowering:
                                                  self.value(source, tuple(source_index))))
         inner_scope.stmts.append(Store(out, offset, total))
 
+    def forward_through_output(self, out: str, node: Node) -> None:
+        """Compute an expensive value once when a reduction and the output loop both need it, row by row.
+
+        Softmax needs exp(x - max) in its sum and again in its output loop. When the same node is
+        evaluated at (..., r) in a reduction over r and at (..., j) in the output loop over j (same
+        extent, same row), the reduction also stores it to out[..., r] (a location the output loop
+        overwrites later on the same thread) and the output loop loads it from there. The let it
+        replaces becomes dead code the C compiler drops.
+        """
+        if not self._nest or not self._store_index:
+            return
+        column = self._nest[-1]
+        for (source, index), found in list(self._memo.items()):
+            if source.op not in FORWARDED or source.dtype is not node.dtype or not isinstance(found, Ref):
+                continue
+            scope = self._scope_of[found.name]
+            if scope.var is not column:
+                continue
+            for (other, other_index), computed in self._memo.items():
+                row_scope = self._scope_of.get(computed.name) if isinstance(computed, Ref) else None
+                if other is not source or row_scope is None or row_scope.var is None:
+                    continue
+                row = row_scope.var
+                if row in self._reduce_vars and not row_scope.loops and row.extent == column.extent and other_index == tuple(
+                        ix.substitute(e, column, row) for e in index):
+                    self._forward(out, found, computed, scope, row_scope, row)
+                    break
+
+    def _forward(self, out: str, late: Ref, early: Ref, late_scope: Scope, early_scope: Scope, row: Var) -> None:
+        offset = self._store_index
+        early_offset = ix.substitute(offset, self._nest[-1], row)
+        position = next(k for k, s in enumerate(early_scope.stmts) if getattr(s, "name", None) == early.name)
+        early_scope.stmts.insert(position + 1, Store(out, early_offset, early))
+        position = next(k for k, s in enumerate(late_scope.stmts) if getattr(s, "name", None) == late.name)
+        late_scope.stmts[position] = Load(late.name, late.dtype, out, offset)
+
     def _open_loop(self, scope: Scope, prefix: str, extent: int) -> tuple[Var, Scope]:
         var = self._fresh_var(prefix, extent)
         inner = scope.child(var)
@@ -200,6 +245,8 @@ class Lowering:
 
     # -- values --------------------------------------------------------------
     def value(self, node: Node, index: Index) -> Operand:
+        if node.size == 0:  # never read (padding, an empty reduction): no index into it exists
+            return Lit(False if node.dtype.is_bool else 0, node.dtype)
         key = (node, index)
         found = self._memo.get(key)
         if found is None:
@@ -429,5 +476,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
         if reduction.op in REDUCE and block is not None and reduction.shape[-1] > 1:
             low = Lowering(name, buffers)
             low.reduce_into_output(reduction, out, block)
+    else:
+        low.forward_through_output(out, node)
     return low
 

@@ -170,13 +170,18 @@ def _run(fn: Callable[..., Any], sample: Sample, lib: Library, requires_grad: bo
     return fn(*args, **kwargs), leaves
 
 
+def _run_torch(info: OpInfo, sample: Sample, requires_grad: bool) -> tuple[Any, list[Any]]:
+    """The reference result; torch's warnings (e.g. var() of one element) are silenced, its values compared."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _run(info.ref, sample, _torch_library(), requires_grad)
+
+
 def _check_values(info: OpInfo, sample: Sample, device: str) -> str | None:
     import tensorgraphs as tg
 
     try:
-        with warnings.catch_warnings():  # e.g. var() with too few elements: the NaN result is what is compared
-            warnings.simplefilter("ignore")
-            expected = [_torch_to_numpy(t) for t in _outputs(_run(info.ref, sample, _torch_library(), False)[0])]
+        expected = [_torch_to_numpy(t) for t in _outputs(_run_torch(info, sample, False)[0])]
     except Exception as error:  # noqa: BLE001 - any torch error means the sample is invalid or must raise
         expected = error
     try:
@@ -203,7 +208,7 @@ def _check_grads(info: OpInfo, sample: Sample, device: str, rng: np.random.Gener
     import tensorgraphs as tg
 
     try:
-        torch_out, torch_leaves = _run(info.ref, sample, _torch_library(), True)
+        torch_out, torch_leaves = _run_torch(info, sample, True)
     except Exception:  # noqa: BLE001 - an input torch rejects is reported by the value check
         return None
     differentiable = [k for k, t in enumerate(_outputs(torch_out)) if t.requires_grad]

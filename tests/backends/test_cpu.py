@@ -18,6 +18,8 @@ from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.schedule import count_kernels
+from tensorgraphs.testing.conformance import check_op
+from tensorgraphs.testing.opinfo import OP_INFOS
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e30, -1e30, 0.5, -2.5, 3.0], np.float32)
 
@@ -158,7 +160,8 @@ def test_matmul_linear_relu_and_random_match() -> None:
 
 def test_scalars_zero_dim_and_empty() -> None:
     compare(lambda x, e: {"scalar": x.sum() * 2 + 1, "zero_dim": x[0, 0] + 3, "empty": e * 2, "empty_sum": e.sum(0),
-                          "const": tg.full((2, 3), 1.5) + x[:2, :3], "arange": tg.arange(7) * 3},
+                          "const": tg.full((2, 3), 1.5) + x[:2, :3], "arange": tg.arange(7) * 3,
+                          "cat_empty": tg.cat([e, x[:2, :3]]), "inner_size_0": x[:, :0] @ e},
             floats((3, 4), 14, False), np.zeros((0, 3), np.float32))
 
 
@@ -218,3 +221,24 @@ def test_large_outputs_are_recycled_only_after_the_caller_drops_them() -> None:
     del first
     again = program.run([x * 3])[0]
     assert again.ctypes.data == address and again[0, 0] == 6 and kept[0, 0] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [info.name for info in OP_INFOS])
+def test_conformance_on_cpu(name: str) -> None:
+    """The whole op table against torch on the cpu backend (each sample compiles a program: minutes cold)."""
+    info = next(i for i in OP_INFOS if i.name == name)
+    assert check_op(info, "cpu") == []
+
+
+def test_realized_nodes_that_only_a_decomposition_builds_are_not_inputs() -> None:
+    """A constant inside erf's decomposition that was realized earlier must not change the program's inputs."""
+    from tensorgraphs.frontend.composites import decompose
+    from tensorgraphs.graph.node import toposort
+
+    x = tg.tensor(floats((4,), 20, False))
+    node = tg.erf(x).node
+    constants = [n for n in toposort([decompose(node)]) if n.op.name == "CONST"]
+    known = {n: np.full(n.shape, n.arg, n.dtype.storage) for n in constants}
+    assert constants
+    np.testing.assert_allclose(CPU.evaluate([node], known)[0], tg.erf(x).numpy(), rtol=1e-6, atol=1e-7)

@@ -6,7 +6,10 @@ import subprocess
 
 import pytest
 
+from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import SOURCES, build
+
+pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
 
 
 @pytest.fixture

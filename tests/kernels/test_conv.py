@@ -9,6 +9,8 @@ import torch
 from tensorgraphs.errors import ShapeError
 from tensorgraphs.kernels import gemm
 
+pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+
 # (batch, cin, h, w, cout, kernel, stride, padding, dilation)
 CASES = [
     (2, 3, 9, 11, 5, (3, 3), 1, 1, 1),

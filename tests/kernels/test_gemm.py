@@ -12,13 +12,16 @@ import torch
 from tensorgraphs.errors import ArgumentError, ShapeError
 from tensorgraphs.kernels import blas, gemm
 
+pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+
 IMPLEMENTATIONS = {
     "generated": gemm.matmul,
     "blas": pytest.param(blas.matmul, marks=pytest.mark.skipif(not blas.available(), reason="no scipy-openblas32")),
 }
 implementations = pytest.mark.parametrize("matmul", list(IMPLEMENTATIONS.values()), ids=list(IMPLEMENTATIONS))
 
-ODD_SHAPES = [(1, 1, 1), (7, 33, 255), (33, 7, 1), (1, 255, 33), (255, 1, 7), (1000, 33, 255), (33, 1000, 7)]
+# (M, N, K); the large ones reach each threading strategy: row bands (tall) and a shared team (short and wide)
+ODD_SHAPES = [(1, 1, 1), (7, 33, 255), (33, 7, 1), (1, 255, 33), (255, 1, 7), (1000, 33, 255), (7, 1000, 255)]
 
 
 def random(shape: tuple[int, ...], seed: int) -> np.ndarray:

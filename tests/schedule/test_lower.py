@@ -78,3 +78,11 @@ def test_large_transpose_is_tiled() -> None:
     kernel = only_kernel(x(64, 96).T.contiguous() * 2)
     (load,) = [s for s in walk(kernel.body) if isinstance(s, Load)]
     assert repr(load.index) == "(blk1*32 + blk2*3072 + t3 + t4*96)"
+
+
+def test_softmax_computes_exp_once_through_the_output_buffer() -> None:
+    kernel = only_kernel(F.softmax(x(16, 100), -1))
+    lets = [s for s in walk(kernel.body) if isinstance(s, Let)]
+    stores = [s for s in walk(kernel.body) if isinstance(s, Store)]
+    assert [s.op.name for s in lets if not isinstance(s.op, str)].count("EXP2") == 1
+    assert [repr(s.index) for s in stores] == ["(i1*100 + r11)", "(i1*100 + i2)"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tensorgraphs.errors import ArgumentError, ShapeError, fail
-from tensorgraphs.kernels.gemm.build import SOURCE_DIR, build_library, load_library
+from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_library, compiler_version, load_library
 
 LIBRARY = "tg_gemm"
 SOURCES = ("gemm.c", "conv.c")
@@ -29,6 +29,17 @@ GEMM_ARGTYPES = (
     [_i64] * 4 + [_ptr, _i64, _i64, _i64] * 2 + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i32]
 )
 CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_f32, _ptr, _i32]
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this machine can run these kernels: AVX-512F (they use its intrinsics) and a C compiler."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            has_avx512 = any(line.startswith("flags") and " avx512f" in line for line in cpuinfo)
+        return has_avx512 and bool(compiler_version())
+    except (OSError, KernelBuildError):
+        return False
 
 
 def library_path() -> Path:
@@ -225,35 +236,15 @@ def conv2d(
     (batch, cin, h, w), (cout, _, kh, kw) = x.shape, weight.shape
     oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
-        raise ShapeError(f"conv2d: input {x.shape} is smaller than the kernel {weight.shape}")
+        fail("conv2d", f"input {x.shape} with padding {(ph, pw)} is smaller than the kernel {weight.shape}")
     out = np.empty((batch, cout, oh, ow), np.float32)
-    extras = []
-    for name, value, shape in (("bias", bias, (cout,)), ("residual", residual, out.shape)):
-        extras.append(
-            None if value is None else np.ascontiguousarray(np.broadcast_to(_float32("conv2d", name, value), shape))
-        )
-    status = _functions()["conv2d"](
-        batch,
-        cin,
-        h,
-        w,
-        cout,
-        kh,
-        kw,
-        sh,
-        sw,
-        ph,
-        pw,
-        dh,
-        dw,
-        _address(x),
-        _address(weight),
-        extras[0] is not None and _address(extras[0]) or None,
-        _address(out),
-        alpha,
-        extras[1] is not None and _address(extras[1]) or None,
-        ACTIVATIONS[activation],
+    bias, residual = (
+        None if value is None else np.ascontiguousarray(np.broadcast_to(_float32("conv2d", name, value), shape))
+        for name, value, shape in (("bias", bias, (cout,)), ("residual", residual, out.shape))
     )
+    geometry = (batch, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw)
+    pointers = [None if array is None else _address(array) for array in (x, weight, bias, out, residual)]
+    status = _functions()["conv2d"](*geometry, *pointers[:4], alpha, pointers[4], ACTIVATIONS[activation])
     _check_status("conv2d", status)
     return out
 

@@ -1,8 +1,9 @@
 """Compile the C sources shipped in this package into a shared library cached on disk by content hash.
 
-A private, minimal driver: the key covers every source and header of this folder, the flags and the
-compiler's version line, so an edited kernel or another gcc rebuilds; the library is written under a temporary
-name and renamed, so concurrent processes never load a half-written file.
+A small driver of its own because codegen.compiler builds one generated source string, while these kernels are
+several files with headers and the BLAS one links a library. The key covers every source and header of this
+folder, the flags and the compiler's version line, so an edited kernel or another gcc rebuilds; the library is
+written under a temporary name and renamed, so concurrent processes never load a half-written file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tensorgraphs.errors import TGError
 from tensorgraphs.kerneldb.db import cache_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent
-COMPILER = os.environ.get("CC", "gcc")
+COMPILER = os.environ.get("TG_CC", "gcc")  # the same variable as the cpu backend's compiler driver
 # Never -ffast-math: it changes NaN/Inf results. These two only let float->int and libm-free loops vectorize.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 

@@ -1,9 +1,9 @@
 /* Blocked GEMM with packing and an AVX-512 FMA register tile (BLIS loop order: jc, pc, ic, jr, ir).
- * B panels (KC x NC) are packed cooperatively by the team, A blocks (MC x KC) by each thread; the TG_MR x TG_NR
- * micro-kernel keeps its accumulators in zmm registers and applies the fused epilogue before the last store. */
+ * A blocks (MC x KC) are packed by the thread that computes them, B panels (KC x NC) by each thread or by the
+ * team together (see tg_run_gemm_batch); the TG_MR x TG_NR micro-kernel keeps its accumulators in zmm registers
+ * and applies the fused epilogue before the last store. */
 #include <omp.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "gemm_internal.h"
 
@@ -12,7 +12,7 @@
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Grow-only, 64-byte aligned scratch owned by the calling thread: packing buffers are reused across calls,
+/* Grow-only, page-aligned scratch owned by the calling thread: packing buffers are reused across calls,
  * so page faults are paid once. */
 typedef struct {
     float *data;
@@ -248,21 +248,39 @@ static size_t b_pack_count(const gemm_batch *g) { return (size_t)TG_KC * ceil_di
 
 static const size_t a_pack_count = (size_t)TG_MC * TG_KC;
 
-/* Small problems in a batch run one per thread (no barriers, no shared packing); large ones use the whole team. */
+/* Whether a batch runs one problem per thread: enough problems to share out evenly, or small ones. */
 static int batch_in_parallel(const gemm_batch *g, int nthreads) {
     if (g->batch < nthreads) return 0;
     if (g->batch % nthreads == 0 || g->batch >= 4 * nthreads) return 1;
     return (double)g->m * g->n * g->k < 1 << 22;
 }
 
+/* Rows r0..r1 of a problem as a problem of their own (bias and residual rows follow). */
+static gemm_problem rows_of(gemm_problem p, int64_t r0, int64_t r1) {
+    p.m = r1 - r0, p.a += r0 * p.a_rs, p.c += r0 * p.c_rs;
+    if (p.ep.bias) p.ep.bias += r0 * p.ep.bias_rs;
+    if (p.ep.residual) p.ep.residual += r0 * p.ep.residual_rs;
+    return p;
+}
+
+/* Three ways to use the threads, cheapest synchronization first:
+ *  - a batch of small problems: one problem per thread at a time;
+ *  - tall problems: each thread takes a band of rows and packs its own copy of B, with no synchronization at
+ *    all (B is packed once per thread instead of once, a few percent; measured on a shared machine, barriers
+ *    cost far more whenever the OS deschedules one thread);
+ *  - short, wide problems: the whole team shares the packed B (blocks handed out by counters, two barriers
+ *    per K block). */
 int tg_run_gemm_batch(const gemm_batch *g) {
     if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
     int nthreads = omp_get_max_threads();
-    if (nthreads > 1 && batch_in_parallel(g, nthreads)) {
-        size_t per_thread = b_pack_count(g) + a_pack_count;
-        float *packs = scratch_reserve(&pack_scratch, per_thread * nthreads);
-        if (!packs) return TG_GEMM_NO_MEMORY;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
+    int one_per_thread = team > 1 && batch_in_parallel(g, team), bands = team > 1 && g->m >= 2 * TG_MR * team;
+    size_t per_thread = b_pack_count(g) + a_pack_count;
+    float *packs = scratch_reserve(&pack_scratch, one_per_thread || bands ? per_thread * team
+                                                                          : b_pack_count(g) + a_pack_count * team);
+    if (!packs) return TG_GEMM_NO_MEMORY;
+    if (one_per_thread) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
         for (int64_t index = 0; index < g->batch; index++) {
             float *b_pack = packs + per_thread * omp_get_thread_num();
             gemm_problem p = problem_at(g, index);
@@ -272,19 +290,25 @@ int tg_run_gemm_batch(const gemm_batch *g) {
         }
         return TG_GEMM_OK;
     }
-    int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
-    float *packs = scratch_reserve(&pack_scratch, b_pack_count(g) + a_pack_count * team);
-    if (!packs) return TG_GEMM_NO_MEMORY;
     work_counters shared = {{{0}}};
 #pragma omp parallel num_threads(team)
     {
         /* The team may be smaller than asked for (a call from inside another parallel region). */
         int tid = omp_get_thread_num(), size = omp_get_num_threads();
-        float *a_pack = packs + b_pack_count(g) + a_pack_count * tid;
         int64_t step = 0;
         for (int64_t index = 0; index < g->batch; index++) {
             gemm_problem p = problem_at(g, index);
-            gemm_blocks(&p, packs, a_pack, tid, size, &shared, &step);
+            if (bands) {
+                float *b_pack = packs + per_thread * tid;
+                int64_t r0 = g->m * tid / size / TG_MR * TG_MR;
+                int64_t r1 = tid == size - 1 ? g->m : g->m * (tid + 1) / size / TG_MR * TG_MR;
+                gemm_problem band = rows_of(p, r0, r1);
+                work_counters alone = {{{0}}};
+                int64_t band_step = 0;
+                gemm_blocks(&band, b_pack, b_pack + b_pack_count(g), 0, 1, &alone, &band_step);
+            } else {
+                gemm_blocks(&p, packs, packs + b_pack_count(g) + a_pack_count * tid, tid, size, &shared, &step);
+            }
         }
     }
     return TG_GEMM_OK;

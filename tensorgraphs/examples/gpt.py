@@ -1,0 +1,295 @@
+"""Train a small character-level GPT on the Gospels (American Standard Version, 1901) shipped with the package.
+
+The model is written against `tg.nn` exactly as one writes it in PyTorch: token and position
+embeddings, pre-LayerNorm transformer blocks with causal self-attention, a final LayerNorm and a
+linear head. Training uses AdamW, reports validation loss against the text's unigram entropy (what
+a model that ignores context achieves), saves a checkpoint (model, optimizer and step) that
+`--resume` continues from, and ends with a sample. Run with `tg train` or
+`python -m tensorgraphs.examples.gpt`; `--help` lists the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+from tensorgraphs import nn
+
+TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
+DEFAULT_DEVICE = "planned"  # measured fastest for the default config; see the module's tests and report
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        batch, length, channels = x.shape
+        heads = [t.reshape(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
+                 for t in self.qkv(x).split(channels, dim=2)]
+        y = F.scaled_dot_product_attention(*heads, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        return self.proj(self.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: tg.Tensor) -> tg.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.position_embedding = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, idx: tg.Tensor) -> tg.Tensor:
+        """Token ids (batch, length) -> next-token logits (batch, length, vocab)."""
+        positions = tg.arange(idx.shape[1])
+        x = self.token_embedding(idx) + self.position_embedding(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def language_model_loss(model: GPT, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+# -- data --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CharCorpus:
+    """The text as token ids, split 90/10 into train and validation by position."""
+
+    chars: str
+    train: np.ndarray
+    val: np.ndarray
+
+    @classmethod
+    def load(cls, path: Path = TEXT_PATH) -> CharCorpus:
+        text = path.read_text(encoding="utf-8")
+        chars = "".join(sorted(set(text)))
+        ids = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        lookup = np.zeros(max(map(ord, chars)) + 1, dtype=np.int64)
+        lookup[[ord(c) for c in chars]] = np.arange(len(chars))
+        tokens = lookup[ids]
+        split = int(0.9 * len(tokens))
+        return cls(chars, tokens[:split], tokens[split:])
+
+    def decode(self, ids: Any) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def unigram_entropy(self) -> float:
+        """Cross-entropy (nats/char) on validation of the best context-free model: training character frequencies."""
+        counts = np.bincount(self.train, minlength=len(self.chars)).astype(np.float64) + 1.0
+        log_probs = np.log(counts / counts.sum())
+        return float(-log_probs[self.val].mean())
+
+
+def batch_at(tokens: np.ndarray, batch_size: int, block_size: int, seed: int, step: int) -> tuple[tg.Tensor, tg.Tensor]:
+    """Random windows and their next-character targets; a function of (seed, step), so a resumed run sees the
+    same batches as an uninterrupted one."""
+    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - block_size - 1, batch_size)
+    windows = np.stack([tokens[s:s + block_size + 1] for s in starts])
+    return tg.Tensor.from_numpy(windows[:, :-1].copy()), tg.Tensor.from_numpy(windows[:, 1:].copy())
+
+
+# -- training ----------------------------------------------------------------------------------------------------
+
+
+def train_step(model: GPT, optimizer: tg.optim.Optimizer, x: tg.Tensor, y: tg.Tensor) -> float:
+    optimizer.zero_grad()
+    loss = language_model_loss(model, x, y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def evaluate(model: GPT, tokens: np.ndarray, args: argparse.Namespace) -> float:
+    """Mean loss over a fixed set of validation batches (the same ones at every evaluation)."""
+    model.eval()
+    with tg.no_grad():
+        losses = [language_model_loss(model, *batch_at(tokens, args.batch_size, args.block_size, -1, i)).item()
+                  for i in range(args.eval_batches)]
+    model.train()
+    return float(np.mean(losses))
+
+
+def sample(model: GPT, corpus: CharCorpus, prompt: str, length: int, temperature: float, seed: int) -> str:
+    """Temperature sampling, one character at a time, over a context of at most block_size characters."""
+    rng = np.random.default_rng(seed)
+    lookup = {c: i for i, c in enumerate(corpus.chars)}
+    ids = [lookup[c] for c in prompt if c in lookup] or [lookup["\n"]]
+    model.eval()
+    with tg.no_grad():
+        for _ in range(length):
+            context = tg.tensor([ids[-model.config.block_size:]])
+            logits = model(context)[0, -1].numpy().astype(np.float64) / temperature
+            probs = np.exp(logits - logits.max())
+            ids.append(int(rng.choice(len(probs), p=probs / probs.sum())))
+    model.train()
+    return corpus.decode(ids)
+
+
+class Progress:
+    """tqdm when installed, else one line rewritten in place: step, loss, tokens/s and ETA."""
+
+    def __init__(self, start: int, total: int, tokens_per_step: int) -> None:
+        self.start, self.total, self.tokens_per_step = start, total, tokens_per_step
+        self.began = time.perf_counter()
+        try:
+            from tqdm import tqdm
+
+            self.bar: Any = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+        except ImportError:
+            self.bar = None
+
+    def update(self, step: int, loss: float) -> None:
+        elapsed = time.perf_counter() - self.began
+        done = step + 1 - self.start
+        rate = self.tokens_per_step * done / elapsed
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+            self.bar.update(1)
+            return
+        eta = elapsed / done * (self.total - step - 1)
+        print(f"\rstep {step + 1}/{self.total}  loss {loss:.4f}  {rate:,.0f} tok/s  ETA {eta:5.0f}s ",
+              end="", file=sys.stderr, flush=True)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(f"\r{line}", file=sys.stderr if False else sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            print(file=sys.stderr)
+
+
+def save_checkpoint(path: Path, model: GPT, optimizer: tg.optim.Optimizer, step: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tg.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+             "config": asdict(model.config)}, path)
+
+
+def load_checkpoint(path: Path, model: GPT, optimizer: tg.optim.Optimizer) -> int:
+    checkpoint = tg.load(path)
+    if checkpoint["config"] != asdict(model.config):
+        raise SystemExit(f"{path} was saved with model config {checkpoint['config']}, not {asdict(model.config)}")
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    return int(checkpoint["step"])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tg train", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600, help="total optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=64, help="context length in characters")
+    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--eval-every", type=int, default=200, help="steps between validation losses")
+    parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=f"tg device to run on (default {DEFAULT_DEVICE})")
+    parser.add_argument("--checkpoint", type=Path, default=Path("gpt-checkpoint.safetensors"))
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    parser.add_argument("--sample-length", type=int, default=300)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", type=Path, default=TEXT_PATH, help="UTF-8 text to train on")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse_args(argv)
+    corpus = CharCorpus.load(args.text)
+    config = GPTConfig(len(corpus.chars), args.block_size, args.n_layer, args.n_head, args.n_embd)
+    tg.manual_seed(args.seed)
+    model = GPT(config)
+    optimizer = tg.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    start = load_checkpoint(args.checkpoint, model, optimizer) if args.resume else 0
+    entropy = corpus.unigram_entropy()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{args.text.name}: {len(corpus.train):,} train / {len(corpus.val):,} val chars, vocab {len(corpus.chars)}; "
+          f"unigram entropy {entropy:.3f} nats/char")
+    print(f"GPT {n_params:,} parameters ({config}); device {args.device}; steps {start}..{args.steps}")
+    result = {"unigram_entropy": entropy, "train_loss": math.nan, "val_loss": math.nan}
+    with tg.device(args.device):
+        progress = Progress(start, args.steps, args.batch_size * args.block_size)
+        for step in range(start, args.steps):
+            result["train_loss"] = train_step(model, optimizer, *batch_at(corpus.train, args.batch_size,
+                                                                              args.block_size, args.seed, step))
+            progress.update(step, result["train_loss"])
+            if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+                result["val_loss"] = evaluate(model, corpus.val, args)
+                progress.write(f"step {step + 1}: train loss {result['train_loss']:.3f}, "
+                               f"val loss {result['val_loss']:.3f} (unigram entropy {entropy:.3f})")
+        progress.close()
+        save_checkpoint(args.checkpoint, model, optimizer, max(start, args.steps))
+        print(f"saved {args.checkpoint} (step {max(start, args.steps)})")
+        if args.sample_length:
+            print("--- sample ---")
+            print(sample(model, corpus, "\n", args.sample_length, args.temperature, args.seed))
+    return result
+
+
+def step_iterator(n: int) -> Iterator[int]:
+    return iter(range(n))
+
+
+if __name__ == "__main__":
+    main()
