@@ -1,4 +1,4 @@
-"""The `tg` command line: `tg demo`, `tg ops`."""
+"""The `tg` command line: `tg demo`, `tg train`, `tg ops`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ def _demo(args: argparse.Namespace) -> int:
     from tensorgraphs.examples import demo
 
     demo.main(args.rest)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tensorgraphs.examples import gpt
+
+    gpt.main(args.rest)
     return 0
 
 
@@ -64,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="fit a small network and print losses and gradient norms")
     demo.set_defaults(run=_demo)
+    train = commands.add_parser("train", add_help=False,
+                                help="train a small character-level GPT on a shipped text (`tg train --help`)")
+    train.set_defaults(run=_train)
     ops = commands.add_parser("ops", help="table of ops x backends with conformance results")
     ops.add_argument("--device", help="check one backend only")
     ops.add_argument("--op", nargs="*", help="check only these ops")
@@ -77,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
         command.set_defaults(run=run)
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "demo":
+    if rest and args.command not in ("demo", "train"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     return args.run(args)

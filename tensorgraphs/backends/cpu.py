@@ -66,7 +66,7 @@ class Program:
     """A compiled schedule: `run(inputs)` returns the roots' values (one native call)."""
 
     def __init__(self, schedule: Schedule, inputs: list[Node]) -> None:
-        self.schedule = schedule
+        self.kernels = schedule.kernels  # loop IR only: a cached program keeps no graph (or its arrays) alive
         source = render_program(schedule.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
@@ -95,7 +95,7 @@ class Program:
 
     @property
     def kernel_count(self) -> int:
-        return len(self.schedule.kernels)
+        return len(self.kernels)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]

@@ -29,6 +29,7 @@ from tensorgraphs.codegen.loop_ir import (
     Let,
     Lit,
     Load,
+    Local,
     Loop,
     Operand,
     Reduce,
@@ -250,6 +251,8 @@ class KernelRenderer:
         self.kernel = kernel
         self.uses_status = False
         self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
+        self.element_type = {b.name: STORAGE[b.dtype] for b in kernel.buffers}
+        self.element_dtype = {b.name: b.dtype for b in kernel.buffers}
 
     def render(self) -> str:
         body_lines = self.block(self.kernel.body, 1)
@@ -280,19 +283,22 @@ class KernelRenderer:
             return pragma + [head, *self.block(stmt.body, depth + 1), pad + "}"]
         if isinstance(stmt, Reduce):
             return self.reduce(stmt, depth)
+        if isinstance(stmt, Local):
+            self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
+            return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}];"]
         assert isinstance(stmt, Accumulate), stmt
         op, dtype = self.reduce_dtypes[stmt.acc]
         return [f"{pad}{stmt.acc} = {combine(op, stmt.acc, operand(stmt.value), dtype)};"]
 
     def store(self, stmt: Store, pad: str) -> str:
         target = f"{stmt.buffer}[{render_index(stmt.index)}]"
-        dtype = next(b.dtype for b in self.kernel.buffers if b.name == stmt.buffer)
+        dtype = self.element_dtype[stmt.buffer]
         value = operand(stmt.value)
         if stmt.accumulate:
             value = BINARY[Op.ADD]([target, value], dtype)
             if dtype in ROUND:
                 value = f"{ROUND[dtype]}({value})"
-        return f"{pad}{target} = ({STORAGE[dtype]})({value});"
+        return f"{pad}{target} = ({self.element_type[stmt.buffer]})({value});"
 
     def reduce(self, stmt: Reduce, depth: int) -> list[str]:
         pad = "    " * depth

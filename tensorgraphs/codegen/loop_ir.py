@@ -128,7 +128,19 @@ class Reduce:
     body: list[Stmt] = field(default_factory=list)
 
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate
+@dataclass(frozen=True)
+class Local:
+    """A small array private to one iteration of the enclosing loop (a staging tile)."""
+
+    name: str
+    dtype: DType
+    size: int
+
+    def __repr__(self) -> str:
+        return f"local {self.name}: {self.dtype.name}[{self.size}]"
+
+
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local
 
 
 @dataclass

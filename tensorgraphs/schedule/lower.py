@@ -33,6 +33,7 @@ from tensorgraphs.codegen.loop_ir import (
     Let,
     Lit,
     Load,
+    Local,
     Loop,
     Operand,
     Reduce,
@@ -49,7 +50,7 @@ EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN})
 """Ops whose recomputation (more evaluations than elements) makes the scheduler materialize them."""
 
 TILE = 32
-"""Block size of tiled loop nests (32 x 32 float32: 4 KiB per operand, well inside L1)."""
+"""Block size of transposing loop nests (a 32 x 32 float32 tile is 4 KiB, well inside L1)."""
 
 FORWARDED = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
 """Values worth a store and a load to avoid computing them twice (see `forward_through_output`)."""
@@ -104,41 +105,51 @@ class Lowering:
     _loads: list[Load] = field(default_factory=list)
     _reduce_vars: list[Var] = field(default_factory=list)
     _store_index: Expr | None = None
+    _shape: tuple[int, ...] = ()
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
-                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False,
-                   tile: bool = False) -> None:
-        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store.
-
-        With `tile`, the last two loops run in TILE x TILE blocks (a transposing copy then reads
-        and writes whole cache lines).
-        """
-        if 0 in shape:  # an empty nest stores nothing (a loop-free body would run once)
-            self._param(out, node, writes=True)
-            return
+                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False) -> None:
+        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store."""
         dims = [d for d, size in enumerate(shape) if size > 1]
-        tiled = dims[-2:] if tile and len(dims) >= 2 and all(shape[d] % TILE == 0 for d in dims[-2:]) else []
+        self._shape = shape
         scope = self._root
-
-        def open_loop(prefix: str, extent: int) -> Var:
-            nonlocal scope
-            var, scope = self._open_loop(scope, prefix, extent)
-            return var
-
         index: list[Expr] = [Const(0)] * len(shape)
         for d in dims:
-            if d not in tiled:
-                index[d] = open_loop("i", shape[d])
-        blocks = {d: open_loop("blk", shape[d] // TILE) for d in tiled}
-        for d in tiled:
-            index[d] = blocks[d] * TILE + open_loop("t", TILE)
+            index[d], scope = self._open_loop(scope, "i", shape[d])
         self._nest = [v for v in map(index.__getitem__, dims) if isinstance(v, Var)]
         self._max_trips = max(self._max_trips, scope.trips)
         out_index, value = compute(tuple(index))
         self._param(out, node, writes=True)
         self._store_index = ix.flatten(out_index, node.shape)
         scope.stmts.append(Store(out, self._store_index, value, accumulate))
+
+    def transposed_nest(self, node: Node, out: str) -> None:
+        """The last two axes in TILE x TILE blocks, each computed column by column into a local tile
+        (reads along the source's contiguous axis) and written out row by row (contiguous stores)."""
+        dims = [d for d, size in enumerate(node.shape) if size > 1]
+        a, b = dims[-2:]
+        scope = self._root
+        index: list[Expr] = [Const(0)] * node.ndim
+        for d in dims[:-2]:
+            index[d], scope = self._open_loop(scope, "i", node.shape[d])
+        block_a, scope = self._open_loop(scope, "blk", node.shape[a] // TILE)
+        block_b, block_scope = self._open_loop(scope, "blk", node.shape[b] // TILE)
+        block_scope.stmts.append(Local("tile", node.dtype, TILE * TILE))
+        column, column_scope = self._open_loop(block_scope, "t", TILE)
+        row, row_scope = self._open_loop(column_scope, "t", TILE)
+        index[a], index[b] = block_a * TILE + row, block_b * TILE + column
+        row_scope.stmts.append(Store("tile", row * TILE + column, self.define(node, tuple(index))))
+        row, row_scope = self._open_loop(block_scope, "t", TILE)
+        column, column_scope = self._open_loop(row_scope, "t", TILE)
+        index[a], index[b] = block_a * TILE + row, block_b * TILE + column
+        self._param(out, node, writes=True)
+        staged = self._load_at("tile", node.dtype, row * TILE + column)
+        column_scope.stmts.append(Store(out, ix.flatten(tuple(index), node.shape), staged))
+        self._max_trips = max(self._max_trips, column_scope.trips)
+
+    def tiled_axes(self) -> list[int]:
+        return [d for d, size in enumerate(self._shape) if size > 1][-2:]
 
     def reads_transposed(self) -> bool:
         """Whether some load walks memory with a large stride along the innermost loop but not the next one."""
@@ -210,19 +221,27 @@ class Lowering:
             scope = self._scope_of[found.name]
             if scope.var is not column:
                 continue
-            for (other, other_index), computed in self._memo.items():
-                row_scope = self._scope_of.get(computed.name) if isinstance(computed, Ref) else None
-                if other is not source or row_scope is None or row_scope.var is None:
-                    continue
-                row = row_scope.var
-                if row in self._reduce_vars and not row_scope.loops and row.extent == column.extent and other_index == tuple(
-                        ix.substitute(e, column, row) for e in index):
-                    self._forward(out, found, computed, scope, row_scope, row)
-                    break
+            early = self._same_value_in_a_row_loop(source, index, column)
+            if early is not None:
+                self._forward(out, found, early, scope, self._scope_of[early.name])
 
-    def _forward(self, out: str, late: Ref, early: Ref, late_scope: Scope, early_scope: Scope, row: Var) -> None:
+    def _same_value_in_a_row_loop(self, source: Node, index: Index, column: Var) -> Ref | None:
+        """`source` computed innermost in a reduction over `row` at `index` with `column` -> `row`."""
+        for (other, other_index), computed in self._memo.items():
+            if other is not source or not isinstance(computed, Ref):
+                continue
+            scope = self._scope_of[computed.name]
+            row = scope.var
+            if row is None or row not in self._reduce_vars or scope.loops or row.extent != column.extent:
+                continue
+            if other_index == tuple(ix.substitute(e, column, row) for e in index):
+                return computed
+        return None
+
+    def _forward(self, out: str, late: Ref, early: Ref, late_scope: Scope, early_scope: Scope) -> None:
         offset = self._store_index
-        early_offset = ix.substitute(offset, self._nest[-1], row)
+        assert offset is not None and early_scope.var is not None
+        early_offset = ix.substitute(offset, self._nest[-1], early_scope.var)
         position = next(k for k, s in enumerate(early_scope.stmts) if getattr(s, "name", None) == early.name)
         early_scope.stmts.insert(position + 1, Store(out, early_offset, early))
         position = next(k for k, s in enumerate(late_scope.stmts) if getattr(s, "name", None) == late.name)
@@ -465,9 +484,9 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
         low.serial = True
         return low
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
-    if low.reads_transposed():
+    if low.reads_transposed() and all(node.shape[d] % TILE == 0 for d in low.tiled_axes()):
         low = Lowering(name, buffers)
-        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), tile=True)
+        low.transposed_nest(node, out)
     elif low.reduces_across_rows() and node.dtype in ROW_ACCUMULATED:
         reduction = node
         while reduction.op is Op.RESHAPE and reduction.src[0] not in buffers:  # same elements, same order

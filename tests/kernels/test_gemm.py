@@ -161,6 +161,9 @@ def test_bad_arguments_raise_where_called():
         gemm.matmul(random((3, 4), 0), random((5, 2), 0))
     with pytest.raises(ArgumentError, match="float32"):
         gemm.matmul(np.ones((3, 4)), random((4, 2), 0))
+    with pytest.raises(ArgumentError, match="overlap"):
+        residual = random((3, 2), 0)
+        gemm.matmul(random((3, 4), 0), random((4, 2), 0), residual=residual, out=residual)
     with pytest.raises(ArgumentError, match="activation"):
         gemm.matmul(random((3, 4), 0), random((4, 2), 0), activation="tanh")
 

@@ -127,6 +127,8 @@ def _gemm_operands(
         out = np.empty(out_shape, np.float32)
     elif out.shape != out_shape or out.dtype != np.float32 or (n > 1 and out.strides[-1] != 4):
         fail("matmul", f"out must be float32 {out_shape} with unit column stride, got {out.dtype} {out.shape}")
+    elif any(x is not None and np.may_share_memory(out, x) for x in (a, b, bias, residual)):
+        fail("matmul", "out must not overlap an input (the kernel stores partial sums in it)", ArgumentError)
     operands = [np.broadcast_to(a, (*batch_shape, m, k)), np.broadcast_to(b, (*batch_shape, k, n)), out]
     for extra, unit_columns in ((bias, False), (residual, True)):
         if extra is not None:

@@ -7,7 +7,8 @@
  * Epilogue, applied once per output element after the full K reduction, in this order:
  *   c = activation(alpha * sum_k a(i,k) b(k,j) + bias(i,j)) + residual(i,j)
  * bias(i, j) = bias[b*bias_bs + i*bias_rs + j*bias_cs] with bias_cs in {0, 1}: a row vector (rs 0, cs 1)
- * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL.
+ * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL. c must not overlap any input, the
+ * residual included (partial sums are stored in c before the residual is read).
  *
  * Every function returns 0 on success and a negative tg_gemm_status on invalid arguments. */
 #ifndef TG_GEMM_H

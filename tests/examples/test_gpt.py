@@ -1,0 +1,120 @@
+"""The GPT example trains to the same losses as the same model in PyTorch; `tg train` checkpoints and resumes."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from torch import nn
+
+import tensorgraphs as tg
+from tensorgraphs.cli import main as tg_main
+from tensorgraphs.examples import gpt
+
+EQUIVALENCE_STEPS = 50
+
+
+class TorchCausalSelfAttention(nn.Module):
+    def __init__(self, config: gpt.GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, channels = x.shape
+        heads = [t.reshape(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
+                 for t in self.qkv(x).split(channels, dim=2)]
+        y = TF.scaled_dot_product_attention(*heads, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
+
+
+class TorchBlock(nn.Module):
+    def __init__(self, config: gpt.GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = TorchCausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = nn.ModuleDict({"fc": nn.Linear(config.n_embd, 4 * config.n_embd),
+                                  "gelu": nn.GELU(approximate="tanh"),
+                                  "proj": nn.Linear(4 * config.n_embd, config.n_embd)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp.proj(self.mlp.gelu(self.mlp.fc(self.ln_2(x))))
+
+
+class TorchGPT(nn.Module):
+    def __init__(self, config: gpt.GPTConfig) -> None:
+        super().__init__()
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.position_embedding = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList([TorchBlock(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.token_embedding(idx) + self.position_embedding(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+@pytest.mark.parametrize("device", ["numpy", "planned"])
+def test_training_matches_pytorch_from_the_same_weights(device: str, tmp_path, monkeypatch) -> None:
+    """50 AdamW steps on the shipped text; every step's loss agrees within 1e-3 relative (float32)."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))  # the planner's choices must not depend on the user's cache
+    corpus = gpt.CharCorpus.load()
+    config = gpt.GPTConfig(len(corpus.chars), block_size=8, n_layer=2, n_head=2, n_embd=16)
+    tg.manual_seed(0)
+    model = gpt.GPT(config)
+    reference = TorchGPT(config)
+    reference.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()})
+    optimizer = tg.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    losses, reference_losses = [], []
+    for step in range(EQUIVALENCE_STEPS):
+        x, y = gpt.batch_at(corpus.train, 4, config.block_size, seed=0, step=step)
+        with tg.device(device):
+            losses.append(gpt.train_step(model, optimizer, x, y))
+        reference_optimizer.zero_grad()
+        logits = reference(torch.from_numpy(x.numpy()))
+        loss = TF.cross_entropy(logits.reshape(-1, config.vocab_size), torch.from_numpy(y.numpy()).reshape(-1))
+        loss.backward()
+        reference_optimizer.step()
+        reference_losses.append(loss.item())
+    np.testing.assert_allclose(losses, reference_losses, rtol=1e-3, err_msg="tg vs torch loss per step")
+    assert losses[-1] < losses[0] - 0.5, f"the model should learn: losses {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+TINY = ["--batch-size", "2", "--block-size", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+        "--eval-every", "2", "--eval-batches", "1", "--sample-length", "20", "--device", "numpy", "--blas-threads", "0"]
+
+
+def test_tg_train_saves_a_checkpoint_and_resumes_where_it_stopped(tmp_path, capsys, monkeypatch) -> None:
+    """Two steps, then two more from the checkpoint, give the same weights as four steps in one run."""
+    split, straight = tmp_path / "split.safetensors", tmp_path / "straight.safetensors"
+    assert tg_main(["train", *TINY, "--steps", "2", "--checkpoint", str(split)]) == 0
+    assert tg.load(split)["step"] == 2
+    with monkeypatch.context() as without_tqdm:
+        without_tqdm.setitem(sys.modules, "tqdm", None)  # the built-in progress line
+        assert tg_main(["train", *TINY, "--steps", "4", "--checkpoint", str(split), "--resume"]) == 0
+    assert tg_main(["train", *TINY, "--steps", "4", "--checkpoint", str(straight)]) == 0
+    output = capsys.readouterr().out
+    assert "val loss" in output and "unigram entropy" in output and "--- sample ---" in output
+    assert "step 4/4  loss" in output and "tok/s  ETA" in output
+    resumed, uninterrupted = tg.load(split), tg.load(straight)
+    assert resumed["step"] == uninterrupted["step"] == 4
+    for name, value in uninterrupted["model"].items():
+        np.testing.assert_allclose(resumed["model"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+
+
+@pytest.mark.slow
+def test_default_training_learns_well_below_the_unigram_entropy(tmp_path) -> None:
+    """`tg train` with its defaults (about two minutes): validation loss 1 nat/char or more below unigram entropy."""
+    result = gpt.main(["--checkpoint", str(tmp_path / "gpt.safetensors"), "--sample-length", "0"])
+    assert result["val_loss"] < result["unigram_entropy"] - 1.0, result
