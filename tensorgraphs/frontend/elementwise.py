@@ -66,6 +66,35 @@ def float_function(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]
     return wrapper
 
 
+def _same_as_input(x: Tensor) -> tuple[DType, tuple[int, ...]]:
+    return x.dtype, x.shape
+
+
+def smooth_function(derivative: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Callable[[Tensor], Tensor]]:
+    """Make a float function's decomposition a composite with the exact gradient `derivative(x, out)`.
+
+    Differentiating a decomposition that switches between formulas (Kahan's log1p, range-reduced atan,
+    asinh's overflow guard) sends 0 * inf = NaN through the branch not taken; the exact derivative also
+    keeps backward graphs small. The composite is named after the function.
+    """
+
+    def register_function(decomposition: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        def gradient(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
+            return (mul(grad, derivative(x, out)),)
+
+        composite = register(Composite(decomposition.__name__, infer=_same_as_input, decompose=decomposition,
+                                       grad=gradient))
+
+        @functools.wraps(decomposition)
+        def function(x: Tensor) -> Tensor:
+            return in_float32_for_halves(lambda t: apply_composite(composite, t), to_float(x))
+
+        function.composite = composite  # type: ignore[attr-defined]
+        return function
+
+    return register_function
+
+
 def _require(op: str, x: Tensor, allowed: str) -> None:
     if x.dtype.kind not in allowed:
         kinds = {"b": "bool", "i": "signed integer", "u": "unsigned integer", "f": "floating point"}
@@ -423,7 +452,8 @@ def tan(x: Tensor) -> Tensor:
     return div(sin(x), cos(x))
 
 
-def _log1p_decomposition(x: Tensor) -> Tensor:
+@smooth_function(lambda x, out: reciprocal(add(x, 1.0)))
+def log1p(x: Tensor) -> Tensor:
     """Kahan's formula: log(u) * x / (u - 1) with u = 1 + x keeps small x accurate."""
     u = add(x, 1.0)
     small = eq(u, 1.0)
@@ -431,7 +461,8 @@ def _log1p_decomposition(x: Tensor) -> Tensor:
     return where(small, x, where(eq(u, math.inf), u, scaled))
 
 
-def _expm1_decomposition(x: Tensor) -> Tensor:
+@smooth_function(lambda x, out: add(out, 1.0))
+def expm1(x: Tensor) -> Tensor:
     """Kahan's formula: (u - 1) * x / log(u) with u = exp(x)."""
     u = exp(x)
     u_minus_1 = sub(u, 1.0)
@@ -440,58 +471,41 @@ def _expm1_decomposition(x: Tensor) -> Tensor:
     return where(eq(u, 1.0), x, where(exact, u_minus_1, scaled))
 
 
-# Explicit gradients: differentiating Kahan's formulas gives 0/0 (NaN) where they switch branches (x near 0).
-LOG1P = register(Composite("log1p", infer=lambda x: (x.dtype, x.shape), decompose=_log1p_decomposition,
-                           grad=lambda out, grad, x: (div(grad, add(x, 1.0)),)))
-EXPM1 = register(Composite("expm1", infer=lambda x: (x.dtype, x.shape), decompose=_expm1_decomposition,
-                           grad=lambda out, grad, x: (mul(grad, add(out, 1.0)),)))
-
-
-@float_function
-def log1p(x: Tensor) -> Tensor:
-    return apply_composite(LOG1P, x)
-
-
-@float_function
-def expm1(x: Tensor) -> Tensor:
-    return apply_composite(EXPM1, x)
-
-
-@float_function
+@smooth_function(lambda x, out: mul(out, sub(1.0, out)))
 def sigmoid(x: Tensor) -> Tensor:
     return reciprocal(add(exp(neg(x)), 1.0))
 
 
-@float_function
+@smooth_function(lambda x, out: sub(1.0, mul(out, out)))
 def tanh(x: Tensor) -> Tensor:
     """-t / (t + 2) with t = expm1(-2|x|), sign restored: accurate near 0, exact +-1 far out."""
-    t = expm1(mul(abs(x), -2.0))
+    t = expm1(mul(smooth_abs(x), -2.0))
     magnitude = div(neg(t), add(t, 2.0))
-    return where(lt(x, 0), neg(magnitude), magnitude)
+    return copysign_of(magnitude, x)
 
 
-@float_function
+@smooth_function(lambda x, out: cosh(x))
 def sinh(x: Tensor) -> Tensor:
     return mul(sub(expm1(x), expm1(neg(x))), 0.5)
 
 
-@float_function
+@smooth_function(lambda x, out: sinh(x))
 def cosh(x: Tensor) -> Tensor:
     return mul(add(exp(x), exp(neg(x))), 0.5)
 
 
-@float_function
+@smooth_function(lambda x, out: rsqrt(add(mul(x, x), 1.0)))
 def asinh(x: Tensor) -> Tensor:
     """log1p(a + a^2 / (sqrt(a^2 + 1) + 1)), written with 1/a so that a^2 never overflows."""
-    a = abs(x)
+    a = smooth_abs(x)
     inverse = reciprocal(a)
     near = log1p(add(a, div(a, add(sqrt(add(mul(inverse, inverse), 1.0)), inverse))))
     far = add(log(a), LN2)
     magnitude = where(gt(a, 1e8), far, near)
-    return where(lt(x, 0), neg(magnitude), magnitude)
+    return copysign_of(magnitude, x)
 
 
-@float_function
+@smooth_function(lambda x, out: rsqrt(mul(sub(x, 1.0), add(x, 1.0))))
 def acosh(x: Tensor) -> Tensor:
     """log(x + sqrt((x - 1)(x + 1))), log(2x) far out; NaN below 1 (large negative x would give log(0))."""
     near = log(add(x, sqrt(mul(sub(x, 1.0), add(x, 1.0)))))
@@ -499,7 +513,7 @@ def acosh(x: Tensor) -> Tensor:
     return where(lt(x, 1.0), _const_like(math.nan, x), result)
 
 
-@float_function
+@smooth_function(lambda x, out: reciprocal(mul(sub(1.0, x), add(x, 1.0))))
 def atanh(x: Tensor) -> Tensor:
     return mul(log1p(div(mul(x, 2.0), sub(1.0, x))), 0.5)
 
@@ -519,11 +533,11 @@ def _polynomial(z: Tensor, coefficients: tuple[float, ...]) -> Tensor:
     return result
 
 
-@float_function
+@smooth_function(lambda x, out: reciprocal(add(mul(x, x), 1.0)))
 def atan(x: Tensor) -> Tensor:
     """Cephes atan (double): reduce |x| to [0, 0.66] via pi/2 - atan(1/x) or pi/4 + atan((x-1)/(x+1)),
     then x + x z P(z)/Q(z) with z = x^2; relative error ~1e-16, so float64 is exact too."""
-    a = abs(x)
+    a = smooth_abs(x)
     big = gt(a, 2.414213562373095)
     mid = logical_and(gt(a, 0.66), logical_not(big))
     reduced = where(big, div(-1.0, a), where(mid, div(sub(a, 1.0), add(a, 1.0)), a))
@@ -533,7 +547,7 @@ def atan(x: Tensor) -> Tensor:
     z = mul(reduced, reduced)
     ratio = div(mul(z, _polynomial(z, _ATAN_P)), _polynomial(z, _ATAN_Q))
     magnitude = add(offset, add(add(mul(reduced, ratio), reduced), low_bits))
-    return where(lt(x, 0), neg(magnitude), magnitude)
+    return copysign_of(magnitude, x)
 
 
 def atan2(y: Any, x: Any) -> Tensor:
@@ -562,12 +576,12 @@ def signbit(x: Tensor) -> Tensor:
     return logical_or(lt(x, 0), logical_and(eq(x, 0), lt(reciprocal(x), 0)))
 
 
-@float_function
+@smooth_function(lambda x, out: rsqrt(mul(sub(1.0, x), add(x, 1.0))))
 def asin(x: Tensor) -> Tensor:
     return atan2(x, sqrt(sub(1.0, mul(x, x))))
 
 
-@float_function
+@smooth_function(lambda x, out: neg(rsqrt(mul(sub(1.0, x), add(x, 1.0)))))
 def acos(x: Tensor) -> Tensor:
     return atan2(sqrt(sub(1.0, mul(x, x))), x)
 
@@ -582,7 +596,7 @@ _ERFC_FRACTION_TERMS = 60
 
 def _erf_float64(x: Tensor) -> Tensor:
     """Taylor series below |x| = 2.5, erfc's continued fraction beyond: error ~1e-14 in float64."""
-    a = abs(x)
+    a = smooth_abs(x)
     z = mul(x, x)
     series = mul(mul(_polynomial(z, _ERF_TAYLOR), x), 2.0 / math.sqrt(math.pi))
     fraction = a
@@ -592,12 +606,13 @@ def _erf_float64(x: Tensor) -> Tensor:
     return where(lt(a, 2.5), series, where(lt(x, 0), neg(tail), tail))
 
 
-def _erf_decomposition(x: Tensor) -> Tensor:
+@smooth_function(lambda x, out: mul(exp(neg(mul(x, x))), 2.0 / math.sqrt(math.pi)))
+def erf(x: Tensor) -> Tensor:
     """float64: `_erf_float64`. Otherwise a Taylor series for |x| < 0.5 and Abramowitz-Stegun 7.1.26 beyond
     (abs. error < 1.5e-7, float32-grade)."""
     if x.dtype is dtypes.float64:
         return _erf_float64(x)
-    a = abs(x)
+    a = smooth_abs(x)
     z = mul(x, x)
     series = _const_like(_ERF_SERIES[-1], x)
     for c in reversed(_ERF_SERIES[:-1]):
@@ -610,18 +625,6 @@ def _erf_decomposition(x: Tensor) -> Tensor:
     tail = sub(1.0, mul(mul(poly, t), exp(neg(z))))
     tail = where(lt(x, 0), neg(tail), tail)
     return where(lt(a, 0.5), series, tail)
-
-
-def _erf_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
-    return (mul(grad, mul(exp(neg(mul(x, x))), 2.0 / math.sqrt(math.pi))),)
-
-
-ERF = register(Composite("erf", infer=lambda x: (x.dtype, x.shape), decompose=_erf_decomposition, grad=_erf_grad))
-
-
-@float_function
-def erf(x: Tensor) -> Tensor:
-    return apply_composite(ERF, x)
 
 
 @float_function
@@ -682,6 +685,20 @@ def ceil(x: Tensor) -> Tensor:
 
 def frac(x: Tensor) -> Tensor:
     return sub(x, trunc(x))
+
+
+def copysign_of(magnitude: Tensor, x: Tensor) -> Tensor:
+    """`magnitude` (>= 0) with the sign of x, -0.0 included: odd functions map -0.0 to -0.0."""
+    return where(signbit(x), neg(magnitude), magnitude)
+
+
+def smooth_abs(x: Tensor) -> Tensor:
+    """|x| whose gradient at 0 is 1, for decompositions of functions smooth at 0 (tanh, atan, erf, ...).
+
+    `abs` follows PyTorch and has gradient 0 at 0; inside f(|x|) with f'(0) != 0 that would zero the
+    derivative of a smooth function exactly at 0. Adding +0.0 turns -0.0 into +0.0 (IEEE: -0 + +0 = +0).
+    """
+    return add(where(lt(x, 0), neg(x), x), 0.0)
 
 
 def abs(x: Tensor) -> Tensor:
