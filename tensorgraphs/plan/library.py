@@ -113,5 +113,19 @@ BUILTIN_KERNELS = (
            samples=_ATTENTION_SAMPLES),
 )
 
-for _kernel in BUILTIN_KERNELS:
+
+
+def native_kernels() -> tuple[Kernel, ...]:
+    """The AVX-512 GEMM and the OpenBLAS-backed one, where this machine can build them (on first use)."""
+    from tensorgraphs.kernels import blas, gemm
+
+    found = []
+    if gemm.available():
+        found.append(Kernel("cpu.gemm", "matmul", "numpy", gemm.matmul, (float32,)))
+    if blas.available():
+        found.append(Kernel("cpu.blas", "matmul", "numpy", blas.matmul, (float32,)))
+    return tuple(found)
+
+
+for _kernel in BUILTIN_KERNELS + native_kernels():
     register_kernel(_kernel, verify=False)

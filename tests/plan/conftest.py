@@ -7,11 +7,33 @@ from plan_testing import FP, PEAKS
 
 from tensorgraphs.kerneldb import KernelDB
 from tensorgraphs.plan import CostModel, Planner
+from tensorgraphs.plan.kernels import KERNELS
+from tensorgraphs.plan.library import native_kernels
 
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def without_native_kernels():
+    """The tests reason about injected numpy/torch timings; the native GEMMs (present only on AVX-512
+    machines, unmeasured here) would otherwise win every matmul by their roofline estimate."""
+    native = [k for k in native_kernels() if _registered(k.name)]
+    for kernel in native:
+        KERNELS.unregister(kernel.name)
+    yield
+    for kernel in native:
+        KERNELS.register(kernel, verify=False)
+
+
+def _registered(name: str) -> bool:
+    try:
+        KERNELS.get(name)
+    except KeyError:
+        return False
+    return True
 
 
 @pytest.fixture
