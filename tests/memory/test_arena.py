@@ -1,0 +1,53 @@
+"""The arena: temporaries are views into one allocation per program; poison fills it with NaN bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.numpy_backend import REFERENCE
+from tensorgraphs.graph.node import Node
+from tensorgraphs.memory.arena import Arena, poison_enabled
+from tensorgraphs.schedule.fusion import schedule_kernels
+
+
+def test_views_are_aligned_slices_of_one_allocation() -> None:
+    arena = Arena(4 << 20)
+    a = arena.view(0, np.dtype(np.float32), (2, 3))
+    b = arena.view(64, np.dtype(np.int64), (4,))
+    assert arena.address % 4096 == 0 and b.ctypes.data == arena.address + 64
+    a[...] = 1.5
+    b[...] = -7
+    assert a.base is not None and np.all(a == 1.5) and np.all(b == -7)
+
+
+def test_poison_reads_nan_in_floats_and_minus_one_in_ints(monkeypatch: pytest.MonkeyPatch) -> None:
+    arena = Arena(256)
+    arena.poison()
+    for dtype in (np.float16, np.float32, np.float64):
+        assert np.isnan(arena.view(0, np.dtype(dtype), (8,))).all()
+    assert (arena.view(128, np.dtype(np.int32), (8,)) == -1).all()
+    assert poison_enabled()
+    monkeypatch.setenv("TG_POISON", "0")
+    assert not poison_enabled()
+
+
+def test_program_keeps_its_temporaries_in_the_arena(handoff_roots: list[Node]) -> None:
+    program, inputs = CPU.program(handoff_roots)
+    plan = program.memory
+    assert program.arena.bytes.nbytes == plan.arena_bytes < plan.naive_bytes
+    arrays = [n.arg.data for n in inputs]
+    for _ in range(2):  # poisoned before each run: every temporary is written before it is read
+        for got, want in zip(program.run(arrays), REFERENCE.evaluate(handoff_roots)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_debug_memory_prints_the_plan(handoff_roots: list[Node], monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TG_DEBUG", "memory")
+    _, inputs = CPU.program(handoff_roots)
+    program = Program(schedule_kernels(handoff_roots, set(inputs).__contains__), inputs)
+    printed = capsys.readouterr().err
+    donor, output = program.memory.in_place[0]
+    assert f"memory: arena {program.memory.arena_bytes} bytes" in printed and f"{output} overwrites {donor}" in printed
