@@ -2,10 +2,13 @@
 
 `evaluate` finds the program for the graph's *structure* (ops, dtypes, shapes,
 constants and wiring; not which arrays feed it), compiling it on first sight:
-schedule -> loop IR -> C -> shared library (cached on disk). Running it binds
-the input arrays, allocates outputs and calls `tg_program` once.
+schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
+in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
+on every compile). Running it binds the input arrays, allocates outputs and
+calls `tg_program` once.
 
-TG_DEBUG=schedule prints each new schedule, TG_DEBUG=codegen its C source.
+TG_DEBUG=schedule prints each new schedule, TG_DEBUG=codegen its C source,
+TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each run.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from tensorgraphs import memory
 from tensorgraphs.codegen.c_renderer import render_program
 from tensorgraphs.codegen.compiler import load
 from tensorgraphs.graph.node import Node, _arg_key, toposort
@@ -55,7 +59,7 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
 class _Slot:
     """Where one pointer of the program's buffer array comes from."""
 
-    role: str  # "input" (position in the call's inputs), "captured" (a constant array), "output", "temp"
+    role: str  # "input" (position in the call's inputs), "captured" (a constant array or arena view), "output"
     dtype: Any
     shape: tuple[int, ...]
     position: int = -1
@@ -63,11 +67,21 @@ class _Slot:
 
 
 class Program:
-    """A compiled schedule: `run(inputs)` returns the roots' values (one native call)."""
+    """A compiled schedule: `run(inputs)` returns the roots' values (one native call).
 
-    def __init__(self, schedule: Schedule, inputs: list[Node]) -> None:
-        self.kernels = schedule.kernels  # loop IR only: a cached program keeps no graph (or its arrays) alive
-        source = render_program(schedule.kernels, [b.name for b in schedule.buffers])
+    `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison).
+    """
+
+    def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True) -> None:
+        schedule = memory.order_for_memory(schedule)
+        self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
+        memory.verify_plan(schedule, self.memory)
+        if _debug("memory"):
+            print(self.memory, file=sys.stderr)
+        self.arena = memory.Arena(self.memory.arena_bytes)
+        # loop IR only: a cached program keeps no graph (or its arrays) alive
+        self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
+        source = render_program(self.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
         if _debug("codegen"):
@@ -86,6 +100,9 @@ class Program:
                 slot = _Slot("input", storage, node.shape, position[node])
             elif spec.role == "input":  # a BUFFER made by a decomposition: part of the program
                 slot = _Slot("captured", storage, node.shape, array=_contiguous(node.arg.data, storage))
+            elif spec.role == "temp":
+                slot = _Slot("captured", storage, node.shape,
+                             array=self.arena.view(self.memory.offsets[spec.name], storage, node.shape))
             else:
                 slot = _Slot(spec.role, storage, node.shape)
             self._slots.append(slot)
@@ -98,6 +115,8 @@ class Program:
         return len(self.kernels)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if memory.poison_enabled():
+            self.arena.poison()
         arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
         pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
         if self._entry(pointers):
@@ -112,10 +131,6 @@ class Program:
             return _contiguous(inputs[slot.position], slot.dtype)
         if slot.role == "captured":
             assert slot.array is not None
-            return slot.array
-        if slot.role == "temp":
-            if slot.array is None:
-                slot.array = np.empty(slot.shape, slot.dtype)
             return slot.array
         pool = self._pool[index]
         for position in range(len(pool)):

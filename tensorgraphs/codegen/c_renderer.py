@@ -23,6 +23,7 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.codegen import index as ix
+from tensorgraphs.codegen.compiler import UNIT_BREAK
 from tensorgraphs.codegen.loop_ir import (
     Accumulate,
     Kernel,
@@ -253,14 +254,18 @@ class KernelRenderer:
         self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
         self.element_type = {b.name: STORAGE[b.dtype] for b in kernel.buffers}
         self.element_dtype = {b.name: b.dtype for b in kernel.buffers}
+        self.array = {b.name: f"p{position}" for position, b in enumerate(kernel.buffers)}
+        """Parameters are named by position, so kernels that differ only in their buffers render the same."""
 
-    def render(self) -> str:
+    def render(self, name: str | None = None) -> str:
+        """The function, named `name` (default: the kernel's)."""
         body_lines = self.block(self.kernel.body, 1)
-        params = [f"{'' if b.writes else 'const '}{STORAGE[b.dtype]} *restrict {b.name}" for b in self.kernel.buffers]
+        params = [f"{'' if b.writes else 'const '}{STORAGE[b.dtype]} *restrict {self.array[b.name]}"
+                  for b in self.kernel.buffers]
         if self.uses_status:
             params.append("int *status")
-        header = f"static void {c_identifier(self.kernel.name)}({', '.join(params) or 'void'}) {{"
-        return "\n".join([header, *body_lines, "}"])
+        self.signature = f"TG_KERNEL void {c_identifier(name or self.kernel.name)}({', '.join(params) or 'void'})"
+        return "\n".join([self.signature + " {", *body_lines, "}"])
 
     def block(self, stmts: list[Stmt], depth: int) -> list[str]:
         lines: list[str] = []
@@ -274,7 +279,8 @@ class KernelRenderer:
             self.uses_status |= stmt.op == "checked_index"
             return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {spell_let(stmt)};"]
         if isinstance(stmt, Load):
-            return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {stmt.buffer}[{render_index(stmt.index)}];"]
+            source = self.array.get(stmt.buffer, stmt.buffer)
+            return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {source}[{render_index(stmt.index)}];"]
         if isinstance(stmt, Store):
             return [self.store(stmt, pad)]
         if isinstance(stmt, Loop):
@@ -291,7 +297,7 @@ class KernelRenderer:
         return [f"{pad}{stmt.acc} = {combine(op, stmt.acc, operand(stmt.value), dtype)};"]
 
     def store(self, stmt: Store, pad: str) -> str:
-        target = f"{stmt.buffer}[{render_index(stmt.index)}]"
+        target = f"{self.array.get(stmt.buffer, stmt.buffer)}[{render_index(stmt.index)}]"
         dtype = self.element_dtype[stmt.buffer]
         value = operand(stmt.value)
         if stmt.accumulate:
@@ -371,17 +377,29 @@ def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stm
 
 
 def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
-    """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order."""
-    parts = [PREAMBLE]
+    """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order.
+
+    Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
+    one function called several times: the C compiler's time grows with the distinct code only. Functions
+    are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
+    compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
+    """
+    parts = [PREAMBLE + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
+    declarations = []
     calls = []
     slot = {name: i for i, name in enumerate(buffers)}
+    function_named: dict[str, str] = {}  # rendered with a placeholder name -> the function's name
     for kernel in kernels:
         renderer = KernelRenderer(kernel)
-        parts.append(renderer.render())
+        name = function_named.setdefault(renderer.render("tg_kernel"), c_identifier(kernel.name))
+        if name == c_identifier(kernel.name):
+            parts.append(renderer.render())
+            declarations.append(renderer.signature + ";")
         args = [f"({STORAGE[b.dtype]} *)buffers[{slot[b.name]}]" for b in kernel.buffers]
         if renderer.uses_status:
             args.append("&status")
-        calls.append(f"    {c_identifier(kernel.name)}({', '.join(args)});")
-    entry = ["int tg_program(void **buffers) {", "    int status = 0;", *calls, "    return status;", "}"]
-    return "\n\n".join(parts + ["\n".join(entry)]) + "\n"
+        calls.append(f"    {name}({', '.join(args)});")
+    entry = [*declarations, "", "int tg_program(void **buffers) {", "    int status = 0;", *calls, "    return status;",
+             "}"]
+    return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
 

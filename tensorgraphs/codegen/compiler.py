@@ -28,6 +28,12 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-m
 -ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it."""
 
 
+UNIT_BREAK = "/* tg: unit break */"
+"""A line between two functions of a program, where `compile_shared` may cut it into units."""
+SPLIT_MIN_FUNCTIONS = 24
+"""Programs with fewer functions compile as one unit (a split costs a link step, ~0.1 s)."""
+
+
 class CompileError(TGError, RuntimeError):
     """The C compiler rejected a generated program (a bug in tensorgraphs; the message says what to do)."""
 
@@ -74,13 +80,51 @@ def compile_shared(source: str) -> Path:
     _write_atomically(source_path, source.encode())
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f"{key}.", suffix=".so.tmp")
     os.close(handle)
-    result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), "-lm"],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        os.unlink(temporary)
-        raise CompileError(_failure_message(source, source_path, result.stderr))
+    units = _units(source, os.cpu_count() or 1)
+    if len(units) == 1 or not _compile_in_parallel(units, temporary):
+        result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            os.unlink(temporary)
+            raise CompileError(_failure_message(source, source_path, result.stderr))
     os.replace(temporary, library)
     return library
+
+
+def _units(source: str, jobs: int) -> list[str]:
+    """`source` cut at UNIT_BREAK lines into at most `jobs` units of similar size, each with the leading part
+    (includes, helpers) the functions need."""
+    header, *functions = source.split(f"\n{UNIT_BREAK}\n")
+    jobs = min(jobs, len(functions) // SPLIT_MIN_FUNCTIONS)
+    if jobs < 2:
+        return [source]
+    target = sum(map(len, functions)) / jobs
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for function in functions:
+        if filled >= target * len(groups) and len(groups) < jobs:
+            groups.append([])
+        groups[-1].append(function)
+        filled += len(function)
+    return ["\n".join([header, *group]) + "\n" for group in groups]
+
+
+def _compile_in_parallel(units: list[str], library: str) -> bool:
+    """Compile each unit in its own process and link them into `library`; False on any failure (the caller
+    then compiles the whole program at once, for an error message about the source the user can see)."""
+    with tempfile.TemporaryDirectory(dir=Path(library).parent, prefix="units.") as directory:
+        objects = []
+        processes = []
+        for number, unit in enumerate(units):
+            path = Path(directory) / f"unit{number}.c"
+            path.write_text(unit)
+            objects.append(str(path.with_suffix(".o")))
+            processes.append(subprocess.Popen([COMPILER, *FLAGS, "-c", "-o", objects[-1], str(path)],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if any([p.wait() != 0 for p in processes]):
+            return False
+        linked = subprocess.run([COMPILER, *FLAGS, "-o", library, *objects, "-lm"], capture_output=True)
+        return linked.returncode == 0
 
 
 def _failure_message(source: str, path: Path, stderr: str) -> str:
@@ -89,7 +133,7 @@ def _failure_message(source: str, path: Path, stderr: str) -> str:
     kernel = "the entry point"
     if match:
         for line in reversed(lines[: int(match.group(1))]):
-            found = re.match(r"static void (\w+)\(", line)
+            found = re.match(r"(?:static|TG_KERNEL) void (\w+)\(", line)
             if found:
                 kernel = f"kernel {found.group(1)}"
                 break

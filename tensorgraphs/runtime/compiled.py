@@ -15,6 +15,7 @@ arguments. `fn` must not branch on tensor values: they are placeholders while tr
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,6 +41,17 @@ class _Trace:
     captured: dict[Node, np.ndarray]  # realized values the graph used (fixed: nodes are immutable)
     outputs: list[Node]
     single: bool  # fn returned one tensor, not a sequence
+    compile_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    """What one compiled signature costs: kernels per call, temporary bytes planned vs without reuse."""
+
+    kernels: int
+    arena_bytes: int
+    naive_bytes: int
+    compile_seconds: float
 
 
 class CompiledFunction:
@@ -48,7 +60,17 @@ class CompiledFunction:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.traces: dict[tuple, _Trace] = {}
+        self._latest: _Trace | None = None
         functools.update_wrapper(self, fn)
+
+    @property
+    def stats(self) -> CompileStats:
+        """Stats of the signature traced or called most recently (call the function once first)."""
+        if self._latest is None:
+            fail("compile", "no stats yet: call the compiled function once so that it is traced", kind=ArgumentError)
+        program = self._latest.program
+        return CompileStats(program.kernel_count, program.memory.arena_bytes, program.memory.naive_bytes,
+                            self._latest.compile_seconds)
 
     def __call__(self, *args: Any) -> Any:
         arrays = [_array_of(a) for a in args if isinstance(a, (Tensor, np.ndarray))]
@@ -57,7 +79,10 @@ class CompiledFunction:
                           for a in args)
         trace = self.traces.get(signature)
         if trace is None:
+            started = time.perf_counter()
             trace = self.traces[signature] = self._trace(args)
+            trace.compile_seconds = time.perf_counter() - started
+        self._latest = trace
         values = []
         for node in trace.inputs:
             if node in trace.placeholders:
@@ -71,16 +96,20 @@ class CompiledFunction:
 
     def _trace(self, args: tuple[Any, ...]) -> _Trace:
         placeholders: dict[Node, int] = {}
+        placeholder_tensors: list[Tensor] = []
         traced_args = []
         for a in args:
             if isinstance(a, (Tensor, np.ndarray)):
                 dtype = a.dtype if isinstance(a, Tensor) else dtypes.from_numpy_dtype(a.dtype)
                 placeholder = _wrap(np.zeros(a.shape, dtype.storage), dtype)
                 placeholders[placeholder.node] = len(placeholders)
+                placeholder_tensors.append(placeholder)
                 traced_args.append(placeholder)
             else:
                 traced_args.append(a)
         result = self.fn(*traced_args)
+        for position, placeholder in enumerate(placeholder_tensors):  # requires_grad_() gives it a new buffer node
+            placeholders.setdefault(placeholder.node, position)
         single = isinstance(result, Tensor)
         outputs = [result] if single else list(result) if isinstance(result, (tuple, list)) else [result]
         if not all(isinstance(t, Tensor) for t in outputs):

@@ -16,16 +16,25 @@ Steps, each a plain function:
    * an expensive node (reduction, exp2/log2/sin) evaluated more often than it
      has elements, e.g. a column reduction consumed by an elementwise op that runs
      along its rows, or exp(x) feeding a matrix product;
+   * a cheap node evaluated inside a reduction's body more than
+     `CHEAP_RECOMPUTE_LIMIT` times per element (a backward chain feeding a weight
+     gradient would otherwise run once per output column);
+   * a matrix product whose operands are read down their columns but which is
+     consumed transposed or by an elementwise op: in a buffer of its own it
+     accumulates output rows (contiguous, vectorized; see `lower.reduce_into_output`);
    * a reduction inlined into more than one kernel (it would run once per kernel).
 
    Reductions are decided first: what a recomputed reduction reads is itself
-   evaluated too often only until that reduction gets its buffer.
+   evaluated too often only until that reduction gets its buffer (a lowering stops
+   at a node it recomputes, so nested reductions never multiply its work).
 
    Cheap elementwise nodes shared by several kernels are recomputed in each:
    recomputing costs a few instructions per element; materializing costs a store
    and a load through memory.
 
-The loop repeats until no kernel asks for a new buffer (each round only adds).
+The loop repeats until no kernel asks for a new buffer (each round only adds);
+buffers are named by node position, so only kernels that visited a new buffer's
+node are lowered again.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from tensorgraphs.codegen.loop_ir import Kernel
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import REDUCE, Op
-from tensorgraphs.schedule.lower import lower_node
+from tensorgraphs.schedule.lower import Lowering, lower_node
 
 IsInput = Callable[[Node], bool]
 
@@ -115,29 +124,37 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     order = toposort(primitive_roots, stop=leaf)
     inputs = [n for n in order if leaf(n)]
     materialized |= set(primitive_roots) | {n for n in order if n.op is Op.SCATTER_ADD}
+    position = {n: i for i, n in enumerate(order)}
+    lowered: dict[Node, Lowering] = {}
+    added = set(materialized)
     while True:
-        buffers = _name_buffers(order, inputs, materialized, primitive_roots)
+        buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
+        names = {b.node: b.name for b in buffers}
         computed = [n for n in order if n in materialized and not leaf(n) and n.size > 0]
-        lowerings = [lower_node(f"k{i}_{n.op.name.lower()}", n, {b.node: b.name for b in buffers})
-                     for i, n in enumerate(computed)]
+        for n in computed:  # a lowering changes only when a node it visited got a buffer
+            previous = lowered.get(n)
+            if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
+                lowered[n] = lower_node(f"k{position[n]}_{n.op.name.lower()}", n, names)
+        lowerings = [lowered[n] for n in computed]
         recomputed = set().union(*(low.recomputed for low in lowerings))
         uses = Counter(n for low in lowerings for n in low.inlined if n.op in REDUCE)
         reductions = {n for n in recomputed if n.op in REDUCE} | {n for n, count in uses.items() if count > 1}
-        wanted = reductions or recomputed  # what a recomputed reduction contains may be fine once it is a buffer
-        if not wanted:
+        added = (reductions or recomputed) - materialized  # what a recomputed reduction contains may be fine once
+        if not added:  # it is a buffer
             break
-        materialized |= wanted
-    by_node = {b.node: b.name for b in buffers}
-    return Schedule([low.kernel() for low in lowerings], buffers, [by_node[r] for r in primitive_roots])
+        materialized |= added
+    return Schedule([low.kernel() for low in lowerings], buffers, [names[r] for r in primitive_roots])
 
 
-def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node],
-                  roots: list[Node]) -> list[BufferSpec]:
+def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node], roots: list[Node],
+                  position: dict[Node, int]) -> list[BufferSpec]:
+    """Inputs first, then materialized nodes in order; a buffer is named after its node's position in `order`,
+    so names stay the same while the scheduler adds buffers (and kernels lowered earlier stay valid)."""
     outputs, given = set(roots), set(inputs)
-    specs = [BufferSpec(f"b{i}", n, "input") for i, n in enumerate(inputs)]
+    specs = [BufferSpec(f"b{position[n]}", n, "input") for n in inputs]
     for node in order:
         if node in materialized and node not in given:
-            specs.append(BufferSpec(f"b{len(specs)}", node, "output" if node in outputs else "temp"))
+            specs.append(BufferSpec(f"b{position[node]}", node, "output" if node in outputs else "temp"))
     return specs
 
 

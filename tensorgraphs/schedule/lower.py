@@ -49,6 +49,13 @@ Index = tuple[Expr, ...]
 EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN})
 """Ops whose recomputation (more evaluations than elements) makes the scheduler materialize them."""
 
+CHEAP_RECOMPUTE_LIMIT = 16
+"""A cheap value inside a reduction is recomputed up to this many times per element (a matrix product's scaled
+operand) before it gets a buffer (a backward pass's long chains feeding a weight gradient would run N times)."""
+
+NOT_COMPUTED = MOVEMENT | frozenset({Op.CONST, Op.IOTA, Op.ASSIGN, Op.COPY})
+"""Ops that only rewrite an index or pass a value on: never worth a buffer of their own."""
+
 TILE = 32
 """Block size of transposing loop nests (a 32 x 32 float32 tile is 4 KiB, well inside L1)."""
 
@@ -56,7 +63,7 @@ FORWARDED = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
 """Values worth a store and a load to avoid computing them twice (see `forward_through_output`)."""
 
 ROW_BLOCKS = (256, 128, 64, 32, 16)
-"""Output block widths of `reduce_into_output` (the largest dividing the last axis is used)."""
+"""Output block widths of `reduce_into_output` (the largest dividing the last non-unit axis is used)."""
 
 ROW_ACCUMULATED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
 """Dtypes a reduction may accumulate in its output buffer (float16/bfloat16 would lose precision)."""
@@ -271,6 +278,11 @@ class Lowering:
         if found is None:
             if node in self.buffers:
                 found = self._load(node, index)
+            elif self._recomputes(node, index):
+                # The scheduler will give it a buffer and lower this kernel again, so its subgraph is not
+                # walked now (nested reductions would multiply the work): a placeholder value.
+                self.recomputed.add(node)
+                found = Lit(0, node.dtype)
             else:
                 self.inlined.add(node)
                 found = self.define(node, index)
@@ -278,6 +290,18 @@ class Lowering:
                     self.recomputed.add(node)
             self._memo[key] = found
         return found
+
+    def _recomputes(self, node: Node, index: Index) -> bool:
+        """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
+        reduction's body (a matrix product's operand, evaluated once per output column) an expensive value, or
+        a cheap one more than CHEAP_RECOMPUTE_LIMIT times."""
+        if node.op in NOT_COMPUTED:
+            return False
+        symbols = _index_symbols(index)
+        if node.op not in REDUCE and not any(v.name in symbols for v in self._reduce_vars):
+            return False
+        limit = 1 if node.op in EXPENSIVE else CHEAP_RECOMPUTE_LIMIT
+        return self._innermost(symbols).trips > limit * node.size
 
     def define(self, node: Node, index: Index) -> Operand:
         """The value of `node` at `index` computed from its sources."""
@@ -320,7 +344,7 @@ class Lowering:
         return max(scopes, key=lambda s: s.depth, default=self._root)
 
     def _reduce(self, node: Node, index: Index) -> Operand:
-        scope = self._innermost(set().union(*map(ix.symbols, index)))
+        scope = self._innermost(_index_symbols(index))
         (source,) = node.src
         inner = list(index)
         loops: list[tuple[Var, Scope]] = []
@@ -369,6 +393,10 @@ def _coefficient(e: Expr, var: Var) -> int:
     if e == var:
         return 1
     return dict(e.terms).get(var, 0) if isinstance(e, ix.Sum) else 0
+
+
+def _index_symbols(index: Index) -> set[str]:
+    return set().union(*map(ix.symbols, index))
 
 
 def _operand_symbols(operand: Operand) -> set[str]:
@@ -464,6 +492,14 @@ _SPECIAL: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
 }
 
 
+def _row_block(reduction: Node) -> int | None:
+    """The block width `reduce_into_output` would use for `reduction` (None: it cannot)."""
+    columns = [size for size in reduction.shape if size > 1][-1:]  # the innermost output axis (a matmul's N)
+    if reduction.dtype not in ROW_ACCUMULATED:
+        return None
+    return next((b for b in ROW_BLOCKS for size in columns if size % b == 0), None)
+
+
 def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
     """The kernel computing materialized `node` into its buffer, every other materialized node loaded."""
     low = Lowering(name, buffers)
@@ -484,17 +520,23 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
         low.serial = True
         return low
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
+    if low.recomputed:  # the scheduler lowers it again once those have buffers
+        return low
     if low.reads_transposed() and all(node.shape[d] % TILE == 0 for d in low.tiled_axes()):
         low = Lowering(name, buffers)
         low.transposed_nest(node, out)
-    elif low.reduces_across_rows() and node.dtype in ROW_ACCUMULATED:
-        reduction = node
-        while reduction.op is Op.RESHAPE and reduction.src[0] not in buffers:  # same elements, same order
+    elif low.reduces_across_rows():
+        reduction, reordered = node, False
+        while reduction.op in (Op.RESHAPE, Op.PERMUTE) and reduction.src[0] not in buffers:
+            reordered |= reduction.op is Op.PERMUTE
             reduction = reduction.src[0]
-        block = next((b for b in ROW_BLOCKS if reduction.shape[-1] % b == 0), None)
-        if reduction.op in REDUCE and block is not None and reduction.shape[-1] > 1:
+        block = _row_block(reduction)
+        if reduction.op in REDUCE and not reordered and block is not None:
             low = Lowering(name, buffers)
             low.reduce_into_output(reduction, out, block)
+        else:  # consumed transposed or elementwise (a matmul in a backward chain): in its own buffer instead
+            low.recomputed |= {n for n in low.inlined if n.op in REDUCE and _row_block(n) is not None
+                               and (n is reduction or n.src[0].size // n.size >= TILE)}
     else:
         low.forward_through_output(out, node)
     return low

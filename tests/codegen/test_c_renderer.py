@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
@@ -12,7 +13,8 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import compiler
-from tensorgraphs.codegen.c_renderer import c_identifier, literal
+from tensorgraphs.codegen.c_renderer import c_identifier, literal, render_program
+from tensorgraphs.schedule import schedule_kernels
 
 ULP_BOUNDS = {"exp2": 1.0, "log2": 2.0, "sin": 1.0}  # the bounds documented in c_preamble.h
 
@@ -76,3 +78,13 @@ def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
     report = subprocess.run([compiler.COMPILER, *compiler.FLAGS, "-fopt-info-vec-optimized", "-o",
                              str(tmp_path / "p.so"), str(source)], capture_output=True, text=True).stderr
     assert report.count("loop vectorized") >= 4, report  # gelu's loop, softmax's max and sum lanes, its output
+
+
+def test_kernels_differing_only_in_their_buffers_render_as_one_function() -> None:
+    x, y = (tg.tensor(np.full((8, 16), v, np.float32)) for v in (1.0, 2.0))
+    schedule = schedule_kernels([(x * 2 + 1).exp().node, (y * 2 + 1).exp().node])
+    source = render_program(schedule.kernels, [b.name for b in schedule.buffers])
+    assert len(schedule.kernels) == 2
+    assert len(re.findall(r"^TG_KERNEL void \w+\(.*\) \{$", source, re.MULTILINE)) == 1
+    entry = source.split("int tg_program")[1]
+    assert len(re.findall(r"^    k\w+\(", entry, re.MULTILINE)) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 import textwrap
@@ -59,3 +60,21 @@ def test_compile_error_names_the_kernel_keeps_the_source_and_says_how_to_fall_ba
     assert "kernel k3_exp2" in message and "tg.device('numpy')" in message
     kept = Path(message.split("kept at ")[1].split(".c")[0] + ".c")
     assert kept.read_text() == broken
+
+
+def test_large_program_is_compiled_as_parallel_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler.os, "cpu_count", lambda: 2)
+    count = 2 * compiler.SPLIT_MIN_FUNCTIONS
+    header = '#define TG_KERNEL __attribute__((visibility("hidden")))'
+    functions = [f"TG_KERNEL int f{i}(void) {{ return {i}; }}" for i in range(count)]
+    total = " + ".join(f"f{i}()" for i in range(count))
+    entry = "\n".join([*(f"TG_KERNEL int f{i}(void);" for i in range(count)),
+                       f"int tg_program(void **buffers) {{ return {total}; }}"])
+    source = f"\n{compiler.UNIT_BREAK}\n".join([header, *functions, entry]) + "\n"
+    units = compiler._units(source, 2)
+    assert len(units) == 2 and all(unit.startswith(header) for unit in units)
+    assert compiler._compile_in_parallel(units, str(tmp_path / "direct.so"))
+    library = ctypes.CDLL(str(compiler.compile_shared(source)))
+    assert library.tg_program(None) == sum(range(count))
+    assert compiler._units(source, 1) == [source]

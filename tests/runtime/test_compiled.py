@@ -54,3 +54,21 @@ def test_numpy_inputs_tuple_outputs_and_captured_tensors() -> None:
 def test_non_tensor_results_are_rejected() -> None:
     with pytest.raises(tg.ArgumentError, match="must return a Tensor"):
         tg.compile(lambda x: 3)(tg.tensor(data(2)))
+
+
+def test_stats_report_kernels_and_planned_memory() -> None:
+    rng = np.random.default_rng(3)
+    w, w2 = (tg.tensor(rng.normal(size=s).astype(np.float32)) for s in ((16, 16), (16, 4)))
+
+    @tg.compile
+    def step(x: tg.Tensor) -> tuple[tg.Tensor, tg.Tensor]:
+        """x@w is read by two kernels, exp(x@w) feeds a matmul: two temporaries, the second may overwrite the first."""
+        product = x @ w
+        return ((product * 0.25).exp() @ w2), product.sum(0)
+
+    with pytest.raises(tg.ArgumentError, match="call the compiled function once"):
+        _ = step.stats
+    step(tg.tensor(data(8, 16)))
+    stats = step.stats
+    assert stats.kernels == len(step.traces[next(iter(step.traces))].program.kernels) >= 2
+    assert 0 < stats.arena_bytes < stats.naive_bytes and stats.compile_seconds > 0
