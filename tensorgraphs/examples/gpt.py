@@ -25,8 +25,8 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs import nn
 
 TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
-# Measured for the default config on this 2-core machine: "planned" 0.28 s/step, "numpy" 0.70 s/step; the C "cpu"
-# device spent over 300 s compiling the first step.
+# Measured for the default config on this 2-core machine: "planned" 0.28 s/step, "numpy" 0.70 s/step, the C "cpu"
+# device 0.16-0.39 s/step after a 2.5-4 s compile of the first step (its two-thread runs stall on a loaded machine).
 DEFAULT_DEVICE = "planned"
 
 
