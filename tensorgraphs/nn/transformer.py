@@ -153,21 +153,46 @@ def _activation(activation: Activation) -> Callable[[Tensor], Tensor]:
     return activation
 
 
-class TransformerEncoderLayer(Module):
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: Activation = F.relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None) -> None:
+class _TransformerLayer(Module):
+    """What encoder and decoder layers share: PyTorch's attribute names and registration order (so state_dicts
+    and parameter order match torch's), the self-attention block and the feed-forward block."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, activation: Activation,
+                 layer_norm_eps: float, batch_first: bool, norm_first: bool, bias: bool, dtype: Any,
+                 cross_attention: bool) -> None:
         super().__init__()
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
-                                            dtype=dtype)
+        attention = dict(dropout=dropout, bias=bias, batch_first=batch_first, dtype=dtype)
+        self.self_attn = MultiheadAttention(d_model, nhead, **attention)
+        if cross_attention:
+            self.multihead_attn = MultiheadAttention(d_model, nhead, **attention)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
         self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        self._blocks = 3 if cross_attention else 2
+        for i in range(1, self._blocks + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        for i in range(1, self._blocks + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
         self.activation = _activation(activation)
+
+    def _sa_block(self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
+                  is_causal: bool) -> Tensor:
+        out = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+                             is_causal=is_causal)[0]
+        return self.dropout1(out)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        last_dropout = getattr(self, f"dropout{self._blocks}")
+        return last_dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerEncoderLayer(_TransformerLayer):
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: Activation = F.relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None) -> None:
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, cross_attention=False)
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
@@ -179,33 +204,13 @@ class TransformerEncoderLayer(Module):
         x = self.norm1(x + attend(x))
         return self.norm2(x + self._ff_block(x))
 
-    def _sa_block(self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
-                  is_causal: bool) -> Tensor:
-        out = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-                             is_causal=is_causal)[0]
-        return self.dropout1(out)
 
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
-
-
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: Activation = F.relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None) -> None:
-        super().__init__()
-        attention = dict(dropout=dropout, bias=bias, batch_first=batch_first, dtype=dtype)
-        self.self_attn = MultiheadAttention(d_model, nhead, **attention)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, **attention)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
-        self.norm_first = norm_first
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
-        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
-        self.activation = _activation(activation)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, cross_attention=True)
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
                 tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
@@ -221,20 +226,11 @@ class TransformerDecoderLayer(Module):
         x = self.norm2(x + cross(x))
         return self.norm3(x + self._ff_block(x))
 
-    def _sa_block(self, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
-                  is_causal: bool) -> Tensor:
-        out = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-                             is_causal=is_causal)[0]
-        return self.dropout1(out)
-
     def _mha_block(self, x: Tensor, memory: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
                    is_causal: bool) -> Tensor:
         out = self.multihead_attn(x, memory, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                   need_weights=False, is_causal=is_causal)[0]
         return self.dropout2(out)
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
 class TransformerEncoder(Module):
