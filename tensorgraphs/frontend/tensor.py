@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from tensorgraphs.runtime.buffer import Buffer
 from tensorgraphs.runtime.realize import default_device, realize
 
 Scalar = bool | int | float
-DEFAULT_DEVICE = "numpy"
+HOST = "host"
+"""Where buffers live: every backend so far computes on host (numpy) arrays."""
 
 
 class Tensor:
@@ -48,7 +49,7 @@ class Tensor:
         dtype = dtypes.from_numpy_dtype(array.dtype) if dtype is None else dtype
         data = array.astype(dtype.storage, order="C")  # a fresh copy; keeps 0-d arrays 0-d
         data = dtypes.round_to_storage(data, dtype)
-        buf = Buffer(DEFAULT_DEVICE, dtype, tuple(data.shape), data)
+        buf = Buffer(HOST, dtype, tuple(data.shape), data)
         return Tensor(g.buffer(buf, dtype, data.shape), requires_grad=requires_grad)
 
     @staticmethod
@@ -207,7 +208,7 @@ class Tensor:
 def _materialize(node: Node) -> Node:
     """A fresh BUFFER node holding `node`'s value."""
     data = realize([node])[0].astype(node.dtype.storage, order="C")
-    return g.buffer(Buffer(DEFAULT_DEVICE, node.dtype, node.shape, data), node.dtype, node.shape)
+    return g.buffer(Buffer(HOST, node.dtype, node.shape, data), node.dtype, node.shape)
 
 
 def _own_buffer(node: Node) -> Node:
@@ -346,7 +347,3 @@ def apply_composite(composite: Composite, *inputs: Tensor, **params: Any) -> Ten
 
 def full_like_node(value: Scalar, t: Tensor, dtype: DType | None = None) -> Tensor:
     return Tensor(g.const(value, t.dtype if dtype is None else dtype, t.shape))
-
-
-def tensors_of(values: Iterable[Any]) -> list[Tensor]:
-    return [v for v in values if isinstance(v, Tensor)]

@@ -24,7 +24,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.frontend.tensor import DEFAULT_DEVICE, Tensor
+from tensorgraphs.frontend.tensor import HOST, Tensor
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
@@ -129,7 +129,7 @@ def _array_of(value: Tensor | np.ndarray) -> np.ndarray:
 
 
 def _wrap(array: np.ndarray, dtype: dtypes.DType) -> Tensor:
-    return Tensor(g.buffer(Buffer(DEFAULT_DEVICE, dtype, tuple(array.shape), array), dtype, tuple(array.shape)))
+    return Tensor(g.buffer(Buffer(HOST, dtype, tuple(array.shape), array), dtype, tuple(array.shape)))
 
 
 def compile(fn: Callable[..., Any]) -> CompiledFunction:
