@@ -1,0 +1,197 @@
+"""Benchmark: one Adam training step of tg against torch eager and torch.compile, each system in its own process.
+
+    .venv/bin/python bench/train.py [--models enc1,enc2,enc4,mlp] [--steps 10] [--no-torch-compile]
+                                    [--tg-device planned]
+
+Models (issue 8 item 7): the pre-LN transformer encoder (d_model 256, 4 heads, ffn 1024, GELU-tanh, seq 128,
+batch 8, MSE loss to a random target) at 1, 2 and 4 layers, and the MLP 784-1024-1024-10 (cross entropy,
+batch 256); Adam lr 1e-3, no dropout. Every system gets the same data, generated with numpy from one seed.
+
+Each (system, model) pair runs in a fresh subprocess (`--worker SYSTEM MODEL`, JSON on stdout), so peak RSS
+(ru_maxrss) and compile caches belong to that run alone. ms/step is the median over the timed steps after
+warm-up; compile time is the first step minus the median step (the first step includes tracing/compiling).
+A tg step slower than SLOW_STEP_S gets fewer timed steps, so the default run stays within a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+SEED = 0
+LR = 1e-3
+WARMUP_STEPS = 2
+SLOW_STEP_S = 3.0
+SLOW_TIMED_STEPS = 3
+SYSTEMS = ("tg", "eager", "compile")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One benchmark model: `layers` encoder layers, or the MLP when layers is 0."""
+
+    layers: int
+    batch: int
+
+
+MODELS = {"enc1": ModelSpec(1, 8), "enc2": ModelSpec(2, 8), "enc4": ModelSpec(4, 8), "mlp": ModelSpec(0, 256)}
+D_MODEL, HEADS, FFN, SEQ = 256, 4, 1024, 128
+MLP_SIZES = (784, 1024, 1024, 10)
+
+
+def make_data(spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and targets, identical for every system: float32 (batch, seq, d_model) pairs, or MLP inputs and labels."""
+    rng = np.random.default_rng(SEED)
+    if spec.layers:
+        shape = (spec.batch, SEQ, D_MODEL)
+        return rng.standard_normal(shape, dtype=np.float32), rng.standard_normal(shape, dtype=np.float32)
+    inputs = rng.standard_normal((spec.batch, MLP_SIZES[0]), dtype=np.float32)
+    return inputs, rng.integers(0, MLP_SIZES[-1], spec.batch).astype(np.int64)
+
+
+def build_model(nn: object, F: object, spec: ModelSpec) -> object:
+    """The same model in torch.nn or tg.nn (both expose the PyTorch names and arguments)."""
+    if spec.layers:
+        def gelu_tanh(x: object) -> object:
+            return F.gelu(x, approximate="tanh")
+
+        layers = [nn.TransformerEncoderLayer(D_MODEL, HEADS, FFN, dropout=0.0, activation=gelu_tanh,
+                                             batch_first=True, norm_first=True) for _ in range(spec.layers)]
+        return nn.Sequential(*layers)
+    a, b, c, d = MLP_SIZES
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
+
+
+def torch_step(spec: ModelSpec, compiled: bool) -> Callable[[], None]:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(SEED)
+    model = build_model(nn, F, spec)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    inputs, targets = (torch.from_numpy(array) for array in make_data(spec))
+    loss_fn = F.mse_loss if spec.layers else F.cross_entropy
+
+    def forward_backward() -> torch.Tensor:
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        return loss
+
+    run = torch.compile(forward_backward) if compiled else forward_backward
+
+    def step() -> None:
+        optimizer.zero_grad()
+        run()
+        optimizer.step()
+
+    return step
+
+
+def tg_step(spec: ModelSpec, device: str) -> Callable[[], None]:
+    import tensorgraphs as tg
+    import tensorgraphs.nn.functional as F
+    from tensorgraphs import nn
+
+    tg.manual_seed(SEED)
+    model = build_model(nn, F, spec)
+    optimizer = tg.optim.Adam(model.parameters(), lr=LR)
+    inputs, targets = (tg.from_numpy(array) for array in make_data(spec))
+    loss_fn = F.mse_loss if spec.layers else F.cross_entropy
+
+    def step() -> None:
+        with tg.device(device):
+            optimizer.zero_grad()
+            loss_fn(model(inputs), targets).backward()
+            optimizer.step()
+
+    return step
+
+
+def time_steps(step: Callable[[], None], steps: int) -> dict[str, float]:
+    """First step (includes compiling), warm-up, then the median of the timed steps."""
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    if first > SLOW_STEP_S:
+        steps = min(steps, SLOW_TIMED_STEPS)
+    for _ in range(WARMUP_STEPS - 1):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    return {"ms": median * 1e3, "compile_s": max(first - median, 0.0), "steps": steps}
+
+
+def worker(system: str, model: str, steps: int, tg_device: str) -> None:
+    spec = MODELS[model]
+    step = tg_step(spec, tg_device) if system == "tg" else torch_step(spec, compiled=system == "compile")
+    result = time_steps(step, steps)
+    result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps(result))
+
+
+def run_worker(system: str, model: str, steps: int, tg_device: str) -> dict[str, float] | str:
+    """One measurement in a fresh interpreter; the error's last line instead when it fails."""
+    command = [sys.executable, __file__, "--worker", system, model, "--steps", str(steps), "--tg-device", tg_device]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        return lines[-1][:60]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+COLUMNS = (("tg ms", "tg", "ms", "{:.1f}"), ("torch eager ms", "eager", "ms", "{:.1f}"),
+           ("torch.compile ms", "compile", "ms", "{:.1f}"), ("tg compile s", "tg", "compile_s", "{:.2f}"),
+           ("torch.compile s", "compile", "compile_s", "{:.1f}"), ("tg RSS MiB", "tg", "rss_mib", "{:.0f}"),
+           ("eager RSS MiB", "eager", "rss_mib", "{:.0f}"))
+
+
+def cell(result: dict[str, float] | str | None, key: str, fmt: str) -> str:
+    if result is None:
+        return "-"
+    if isinstance(result, str):
+        return "error"
+    return fmt.format(result[key])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per run, after warm-up")
+    parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (the slowest part)")
+    parser.add_argument("--tg-device", default="planned", help="tg device for the step (planned, cpu, numpy)")
+    parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(*args.worker, args.steps, args.tg_device)
+        return
+    systems = [system for system in SYSTEMS if not (args.no_torch_compile and system == "compile")]
+    header = ["model", *(title for title, *_ in COLUMNS)]
+    print(f"tg device {args.tg_device}, {args.steps} timed steps after {WARMUP_STEPS} warm-up (fewer for slow tg)")
+    print(" | ".join(header))
+    print(" | ".join("---" for _ in header))
+    errors = []
+    for model in args.models.split(","):
+        results = {system: run_worker(system, model, args.steps, args.tg_device) for system in systems}
+        errors += [f"{model} {system}: {result}" for system, result in results.items() if isinstance(result, str)]
+        print(" | ".join([model, *(cell(results.get(system), key, fmt) for _, system, key, fmt in COLUMNS)]),
+              flush=True)
+    for error in errors:
+        print("error", error)
+
+
+if __name__ == "__main__":
+    main()
