@@ -23,10 +23,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tensorgraphs import memory
-from tensorgraphs.codegen.c_renderer import render_program
-from tensorgraphs.codegen.compiler import load
+from tensorgraphs.codegen.c_renderer import render_program, uses_gemm
+from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.graph.node import Node, _arg_key, toposort
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.kernels import gemm
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -87,7 +88,8 @@ class Program:
         if _debug("codegen"):
             print(source, file=sys.stderr)
         self.source = source
-        entry = load(source).tg_program
+        link = link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()
+        entry = load(source, link).tg_program
         entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         entry.restype = ctypes.c_int
         self._entry = entry

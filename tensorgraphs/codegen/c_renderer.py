@@ -26,6 +26,7 @@ from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.compiler import UNIT_BREAK
 from tensorgraphs.codegen.loop_ir import (
     Accumulate,
+    GemmCall,
     Kernel,
     Let,
     Lit,
@@ -40,6 +41,7 @@ from tensorgraphs.codegen.loop_ir import (
 )
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.kernels import gemm
 
 
 def _pi(digits: int = 120) -> Fraction:
@@ -289,6 +291,8 @@ class KernelRenderer:
             return pragma + [head, *self.block(stmt.body, depth + 1), pad + "}"]
         if isinstance(stmt, Reduce):
             return self.reduce(stmt, depth)
+        if isinstance(stmt, GemmCall):
+            return [pad + gemm_call(stmt, self.array)]
         if isinstance(stmt, Local):
             self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
             return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}];"]
@@ -376,6 +380,20 @@ def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stm
     return renamed
 
 
+def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
+    """The GEMM library call (no epilogue: alpha 1, no bias, residual or activation); arguments are checked
+    when the schedule is built, so the status it returns is always 0."""
+    sizes = [call.batch, call.m, call.n, call.k]
+    args = [*sizes, array[call.a], *call.a_strides, array[call.b], *call.b_strides, array[call.c], *call.c_strides,
+            "1.0f", "NULL", 0, 0, 0, "NULL", 0, 0, 0]
+    return f"(void)tg_gemm_f32({', '.join(map(str, args))});"
+
+
+def uses_gemm(kernels: list[Kernel]) -> bool:
+    """Whether the program calls the GEMM library (it is then linked against it)."""
+    return any(isinstance(stmt, GemmCall) for kernel in kernels for stmt in kernel.body)
+
+
 def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
     """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order.
 
@@ -384,7 +402,8 @@ def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
     are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
     compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
     """
-    parts = [PREAMBLE + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
+    gemm_header = f'#include "{gemm.HEADER}"\n' if uses_gemm(kernels) else ""
+    parts = [PREAMBLE + gemm_header + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
     declarations = []
     calls = []
     slot = {name: i for i, name in enumerate(buffers)}

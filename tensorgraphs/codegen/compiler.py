@@ -57,8 +57,8 @@ def compiler_version() -> str:
     return result.stdout.splitlines()[0]
 
 
-def program_key(source: str) -> str:
-    text = "\n".join([source, compiler_version(), " ".join(FLAGS)])
+def program_key(source: str, link: tuple[str, ...] = ()) -> str:
+    text = "\n".join([source, compiler_version(), " ".join(FLAGS), " ".join(link)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -69,9 +69,10 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
-def compile_shared(source: str) -> Path:
-    """Path of the compiled library for `source`, compiling it unless the cache has it."""
-    key = program_key(source)
+def compile_shared(source: str, link: tuple[str, ...] = ()) -> Path:
+    """Path of the compiled library for `source` (linked with the extra arguments `link`: libraries it
+    calls), compiling it unless the cache has it."""
+    key = program_key(source, link)
     directory = cache_dir()
     library = directory / f"{key}.so"
     if library.exists():
@@ -81,8 +82,8 @@ def compile_shared(source: str) -> Path:
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f"{key}.", suffix=".so.tmp")
     os.close(handle)
     units = _units(source, os.cpu_count() or 1)
-    if len(units) == 1 or not _compile_in_parallel(units, temporary):
-        result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), "-lm"],
+    if len(units) == 1 or not _compile_in_parallel(units, temporary, link):
+        result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), *link, "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             os.unlink(temporary)
@@ -109,7 +110,7 @@ def _units(source: str, jobs: int) -> list[str]:
     return ["\n".join([header, *group]) + "\n" for group in groups]
 
 
-def _compile_in_parallel(units: list[str], library: str) -> bool:
+def _compile_in_parallel(units: list[str], library: str, link: tuple[str, ...] = ()) -> bool:
     """Compile each unit in its own process and link them into `library`; False on any failure (the caller
     then compiles the whole program at once, for an error message about the source the user can see)."""
     with tempfile.TemporaryDirectory(dir=Path(library).parent, prefix="units.") as directory:
@@ -123,7 +124,7 @@ def _compile_in_parallel(units: list[str], library: str) -> bool:
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         if any([p.wait() != 0 for p in processes]):
             return False
-        linked = subprocess.run([COMPILER, *FLAGS, "-o", library, *objects, "-lm"], capture_output=True)
+        linked = subprocess.run([COMPILER, *FLAGS, "-o", library, *objects, *link, "-lm"], capture_output=True)
         return linked.returncode == 0
 
 
@@ -144,6 +145,11 @@ def _failure_message(source: str, path: Path, stderr: str) -> str:
 
 
 @functools.cache
-def load(source: str) -> ctypes.CDLL:
+def load(source: str, link: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The loaded library for `source` (compiled or taken from the cache); once per process."""
-    return ctypes.CDLL(str(compile_shared(source)))
+    return ctypes.CDLL(str(compile_shared(source, link)))
+
+
+def link_library(path: Path) -> tuple[str, ...]:
+    """Link arguments for a shared library `path` a program calls, found again at load time by its directory."""
+    return (str(path), f"-Wl,-rpath,{path.parent}")

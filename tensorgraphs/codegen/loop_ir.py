@@ -140,7 +140,31 @@ class Local:
         return f"local {self.name}: {self.dtype.name}[{self.size}]"
 
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local
+@dataclass(frozen=True)
+class GemmCall:
+    """c = a @ b by the GEMM library (`tensorgraphs.kernels.gemm`), float32, every operand a whole buffer.
+
+    Strides are in elements: `a_strides`/`b_strides` are (batch, row, column), `c_strides` (batch, row); a
+    batch stride of 0 broadcasts, a transposed operand is its swapped row/column strides (gemm.h).
+    """
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    a: str
+    a_strides: tuple[int, int, int]
+    b: str
+    b_strides: tuple[int, int, int]
+    c: str
+    c_strides: tuple[int, int]
+
+    def __repr__(self) -> str:
+        return (f"{self.c}{list(self.c_strides)} = gemm[{self.batch}x{self.m}x{self.n}x{self.k}]("
+                f"{self.a}{list(self.a_strides)}, {self.b}{list(self.b_strides)})")
+
+
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | GemmCall
 
 
 @dataclass

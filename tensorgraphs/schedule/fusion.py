@@ -3,7 +3,8 @@
 Steps, each a plain function:
 
 1. `to_primitive`: every composite is replaced by its reference decomposition
-   (recursively); large full reductions are split in two so both halves run in
+   (recursively), except float32 matrix products the GEMM library runs (`schedule.extern`:
+   kept whole, their operands and result materialized); large full reductions are split in two so both halves run in
    parallel (`split_full_reduction`).
 2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
    inputs, roots and scatter-adds always; everything else is computed inside
@@ -47,6 +48,7 @@ from tensorgraphs.codegen.loop_ir import Kernel
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import REDUCE, Op
+from tensorgraphs.schedule.extern import GemmLowering, operand_base, runs_as_gemm
 from tensorgraphs.schedule.lower import Lowering, lower_node
 
 IsInput = Callable[[Node], bool]
@@ -87,6 +89,10 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 continue
             if is_input(node):
                 memo[node] = node
+            elif runs_as_gemm(node):
+                memo[node] = Node(node.op, node.dtype, node.shape, tuple(memo[s] for s in node.src), node.arg)
+                forced.add(memo[node])
+                forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
             elif is_composite(node):
                 from tensorgraphs.frontend.composites import decompose
 
@@ -125,7 +131,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     inputs = [n for n in order if leaf(n)]
     materialized |= set(primitive_roots) | {n for n in order if n.op is Op.SCATTER_ADD}
     position = {n: i for i, n in enumerate(order)}
-    lowered: dict[Node, Lowering] = {}
+    lowered: dict[Node, Lowering | GemmLowering] = {}
     added = set(materialized)
     while True:
         buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
@@ -134,7 +140,8 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
         for n in computed:  # a lowering changes only when a node it visited got a buffer
             previous = lowered.get(n)
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
-                lowered[n] = lower_node(f"k{position[n]}_{n.op.name.lower()}", n, names)
+                lower = GemmLowering if is_composite(n) else lower_node
+                lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
         recomputed = set().union(*(low.recomputed for low in lowerings))
         uses = Counter(n for low in lowerings for n in low.inlined if n.op in REDUCE)
