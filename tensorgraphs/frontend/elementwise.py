@@ -10,10 +10,23 @@ import functools
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import DTypeError, fail
-from tensorgraphs.frontend.tensor import Scalar, Tensor, apply, apply_composite, cast, is_scalar, operands
+from tensorgraphs.frontend.tensor import (
+    Scalar,
+    Tensor,
+    apply,
+    apply_composite,
+    broadcast_shapes,
+    cast,
+    expand_to,
+    full_like_node,
+    is_scalar,
+    operands,
+)
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.ops import Op
 
@@ -102,12 +115,6 @@ def _require(op: str, x: Tensor, allowed: str) -> None:
         fail(op, f"expected {wanted} input, got {x.dtype.name}", kind=DTypeError)
 
 
-def _const_like(value: Scalar, x: Tensor) -> Tensor:
-    from tensorgraphs.frontend.tensor import full_like_node
-
-    return full_like_node(value, x)
-
-
 # ---------------------------------------------------------------------------
 # arithmetic
 # ---------------------------------------------------------------------------
@@ -139,7 +146,7 @@ def mul(a: Any, b: Any) -> Tensor:
 def neg(x: Tensor) -> Tensor:
     if x.dtype.is_bool:
         fail("neg", "negation of a bool tensor is not supported; use ~ or logical_not", kind=DTypeError)
-    return apply(Op.MUL, x, _const_like(-1, x))
+    return apply(Op.MUL, x, full_like_node(-1, x))
 
 
 def div(a: Any, b: Any, *, rounding_mode: str | None = None) -> Tensor:
@@ -209,7 +216,7 @@ def _fmod_float(x: Tensor, y: Tensor) -> Tensor:
 
 def reciprocal(x: Tensor) -> Tensor:
     x = to_float(x)
-    return apply(Op.DIV, _const_like(1.0, x), x)
+    return apply(Op.DIV, full_like_node(1.0, x), x)
 
 
 def pow(base: Any, exponent: Any) -> Tensor:
@@ -226,7 +233,7 @@ def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
     dims, zero_dim = ([x.dtype], []) if x.ndim else ([], [x.dtype])
     (x,), dtype = operands("pow", x, dtype=dtypes.result_type(dims, zero_dim, [exponent]))
     if float(exponent).is_integer() and 0 <= exponent <= 8:
-        result = _const_like(1, x)
+        result = full_like_node(1, x)
         for _ in range(int(exponent)):
             result = mul(result, x)
         return Tensor.result(result.node, x)  # x ** 0 still requires grad (with gradient 0)
@@ -239,7 +246,7 @@ def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
     if dtype.is_integer and exponent < 0:
         fail("pow", "integers to negative integer powers are not allowed", kind=DTypeError)
     x = to_float(x)
-    return in_float32_for_halves(_pow_float, x, _const_like(float(exponent), x))
+    return in_float32_for_halves(_pow_float, x, full_like_node(float(exponent), x))
 
 
 def _pow_float(x: Tensor, y: Tensor) -> Tensor:
@@ -249,9 +256,9 @@ def _pow_float(x: Tensor, y: Tensor) -> Tensor:
     y_is_odd = eq(abs(fmod(y, 2.0)), 1.0)
     signed = where(logical_and(lt(x, 0), y_is_odd), neg(magnitude), magnitude)
     invalid = logical_and(logical_and(lt(x, 0), isfinite(x)), logical_not(y_is_integer))
-    result = mul(signed, where(invalid, _const_like(math.nan, x), _const_like(1.0, x)))  # NaN gradient too
+    result = mul(signed, where(invalid, full_like_node(math.nan, x), full_like_node(1.0, x)))  # NaN gradient too
     exactly_one = logical_or(logical_or(eq(y, 0), eq(x, 1.0)), logical_and(eq(x, -1.0), isinf(y)))
-    return where(exactly_one, _const_like(1.0, x), result)
+    return where(exactly_one, full_like_node(1.0, x), result)
 
 
 def rpow(a: Any, b: Any) -> Tensor:
@@ -296,7 +303,7 @@ def _as_bool(x: Any) -> Any:
 
 def logical_not(x: Tensor) -> Tensor:
     x = _as_bool(x)
-    return apply(Op.XOR, x, _const_like(True, x))
+    return apply(Op.XOR, x, full_like_node(True, x))
 
 
 def logical_and(a: Any, b: Any) -> Tensor:
@@ -334,7 +341,7 @@ def bitwise_xor(a: Any, b: Any) -> Tensor:
 
 def bitwise_not(x: Tensor) -> Tensor:
     _require("bitwise_not", x, "biu")
-    return apply(Op.XOR, x, _const_like(True if x.dtype.is_bool else -1, x))
+    return apply(Op.XOR, x, full_like_node(True if x.dtype.is_bool else -1, x))
 
 
 def _shift_factor(op: str, a: Any, b: Any) -> tuple[Tensor, Tensor]:
@@ -364,8 +371,6 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
 
 
 def _broadcast3(c: Tensor, x: Tensor, y: Tensor) -> tuple[list[Tensor], DType]:
-    from tensorgraphs.frontend.tensor import broadcast_shapes, expand_to
-
     shape = broadcast_shapes("where", c.shape, x.shape, y.shape)
     return [expand_to(t, shape) for t in (c, x, y)], x.dtype
 
@@ -510,7 +515,7 @@ def acosh(x: Tensor) -> Tensor:
     """log(x + sqrt((x - 1)(x + 1))), log(2x) far out; NaN below 1 (large negative x would give log(0))."""
     near = log(add(x, sqrt(mul(sub(x, 1.0), add(x, 1.0)))))
     result = where(gt(x, 1e8), add(log(x), LN2), near)
-    return where(lt(x, 1.0), _const_like(math.nan, x), result)
+    return where(lt(x, 1.0), full_like_node(math.nan, x), result)
 
 
 @smooth_function(lambda x, out: reciprocal(mul(sub(1.0, x), add(x, 1.0))))
@@ -527,7 +532,7 @@ _PI_2_LOW_BITS = 6.123233995736765886130e-17  # pi/2 - float64(pi/2)
 
 def _polynomial(z: Tensor, coefficients: tuple[float, ...]) -> Tensor:
     """Horner's rule, highest power first."""
-    result = _const_like(coefficients[0], z)
+    result = full_like_node(coefficients[0], z)
     for c in coefficients[1:]:
         result = add(mul(result, z), c)
     return result
@@ -541,9 +546,10 @@ def atan(x: Tensor) -> Tensor:
     big = gt(a, 2.414213562373095)
     mid = logical_and(gt(a, 0.66), logical_not(big))
     reduced = where(big, div(-1.0, a), where(mid, div(sub(a, 1.0), add(a, 1.0)), a))
-    offset = where(big, _const_like(math.pi / 2, a), where(mid, _const_like(math.pi / 4, a), _const_like(0.0, a)))
-    low_bits = where(big, _const_like(_PI_2_LOW_BITS, a),
-                     where(mid, _const_like(_PI_2_LOW_BITS / 2, a), _const_like(0.0, a)))
+    offset = where(big, full_like_node(math.pi / 2, a),
+                   where(mid, full_like_node(math.pi / 4, a), full_like_node(0.0, a)))
+    low_bits = where(big, full_like_node(_PI_2_LOW_BITS, a),
+                     where(mid, full_like_node(_PI_2_LOW_BITS / 2, a), full_like_node(0.0, a)))
     z = mul(reduced, reduced)
     ratio = div(mul(z, _polynomial(z, _ATAN_P)), _polynomial(z, _ATAN_Q))
     magnitude = add(offset, add(add(mul(reduced, ratio), reduced), low_bits))
@@ -558,13 +564,13 @@ def atan2(y: Any, x: Any) -> Tensor:
 
 def _atan2_float(y: Tensor, x: Tensor) -> Tensor:
     both_infinite = logical_and(isinf(y), isinf(x))  # the angle of (±1, ±1)
-    y = where(both_infinite, where(signbit(y), _const_like(-1.0, y), _const_like(1.0, y)), y)
-    x = where(both_infinite, where(signbit(x), _const_like(-1.0, x), _const_like(1.0, x)), x)
+    y = where(both_infinite, where(signbit(y), full_like_node(-1.0, y), full_like_node(1.0, y)), y)
+    x = where(both_infinite, where(signbit(x), full_like_node(-1.0, x), full_like_node(1.0, x)), x)
     base = atan(div(y, x))
-    pi = _const_like(math.pi, base)
+    pi = full_like_node(math.pi, base)
     negative_y = logical_or(lt(y, 0), logical_and(eq(y, 0), signbit(y)))
     shifted = where(lt(x, 0), where(negative_y, sub(base, pi), add(base, pi)), base)
-    on_axis = where(negative_y, _const_like(-math.pi / 2, base), _const_like(math.pi / 2, base))
+    on_axis = where(negative_y, full_like_node(-math.pi / 2, base), full_like_node(math.pi / 2, base))
     zero_x = where(eq(y, 0), where(signbit(x), where(negative_y, neg(pi), pi), mul(y, 1.0)), on_axis)
     return where(eq(x, 0), zero_x, shifted)
 
@@ -614,12 +620,12 @@ def erf(x: Tensor) -> Tensor:
         return _erf_float64(x)
     a = smooth_abs(x)
     z = mul(x, x)
-    series = _const_like(_ERF_SERIES[-1], x)
+    series = full_like_node(_ERF_SERIES[-1], x)
     for c in reversed(_ERF_SERIES[:-1]):
         series = add(mul(series, z), c)
     series = mul(mul(series, x), 2.0 / math.sqrt(math.pi))
     t = reciprocal(add(mul(a, 0.3275911), 1.0))
-    poly = _const_like(_ERF_AS[-1], x)
+    poly = full_like_node(_ERF_AS[-1], x)
     for c in reversed(_ERF_AS[:-1]):
         poly = add(mul(poly, t), c)
     tail = sub(1.0, mul(mul(poly, t), exp(neg(z))))
@@ -743,8 +749,6 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None, neginf:
 
 
 def _finfo(dtype: DType) -> tuple[float, float]:
-    import numpy as np
-
     if dtype is dtypes.bfloat16:
         return -3.3895313892515355e38, 3.3895313892515355e38
     info = np.finfo(dtype.storage)
@@ -761,8 +765,6 @@ def lerp(start: Any, end: Any, weight: Any) -> Tensor:
 def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
     if not mask.dtype.is_bool:
         fail("masked_fill", f"mask must be a bool tensor, got {mask.dtype.name}", kind=DTypeError)
-    from tensorgraphs.frontend.tensor import broadcast_shapes
-
     if broadcast_shapes("masked_fill", x.shape, mask.shape) != x.shape:
         fail("masked_fill", f"mask of shape {mask.shape} does not broadcast to the tensor's shape {x.shape}")
     value = cast(value, x.dtype) if isinstance(value, Tensor) else value
