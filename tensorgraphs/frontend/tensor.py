@@ -16,6 +16,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, fail
+from tensorgraphs.frontend.composites import detach_node
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, make_node
@@ -62,8 +63,6 @@ class Tensor:
     def node_for_op(self) -> Node:
         """The node an op should consume: gradients are cut here when not recording."""
         if self.requires_grad and not is_grad_enabled():
-            from tensorgraphs.frontend.composites import detach_node
-
             return detach_node(self.node)
         return self.node
 
@@ -176,8 +175,6 @@ class Tensor:
         return self
 
     def detach(self) -> Tensor:
-        from tensorgraphs.frontend.composites import detach_node
-
         return Tensor(detach_node(self.node) if self.requires_grad else self.node)
 
     def backward(self, gradient: Tensor | None = None) -> None:
