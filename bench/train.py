@@ -1,7 +1,7 @@
 """Benchmark: one Adam training step of tg against torch eager and torch.compile, each system in its own process.
 
     .venv/bin/python bench/train.py [--models enc1,enc2,enc4,mlp] [--steps 10] [--no-torch-compile]
-                                    [--tg-device planned]
+                                    [--tg-device compiled|planned|cpu]
 
 Models (issue 8 item 7): the pre-LN transformer encoder (d_model 256, 4 heads, ffn 1024, GELU-tanh, seq 128,
 batch 8, MSE loss to a random target) at 1, 2 and 4 layers, and the MLP 784-1024-1024-10 (cross entropy,
@@ -97,7 +97,8 @@ def torch_step(spec: ModelSpec, compiled: bool) -> Callable[[], None]:
     return step
 
 
-def tg_step(spec: ModelSpec, device: str) -> Callable[[], None]:
+def tg_training_step(spec: ModelSpec) -> tuple[Callable[..., object], object, object]:
+    """The step as a plain function of (inputs, targets), and the data."""
     import tensorgraphs as tg
     import tensorgraphs.nn.functional as F
     from tensorgraphs import nn
@@ -108,13 +109,41 @@ def tg_step(spec: ModelSpec, device: str) -> Callable[[], None]:
     inputs, targets = (tg.from_numpy(array) for array in make_data(spec))
     loss_fn = F.mse_loss if spec.layers else F.cross_entropy
 
-    def step() -> None:
-        with tg.device(device):
-            optimizer.zero_grad()
-            loss_fn(model(inputs), targets).backward()
-            optimizer.step()
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
 
-    return step
+    return step, inputs, targets
+
+
+def tg_step(spec: ModelSpec, device: str) -> Callable[[], None]:
+    import tensorgraphs as tg
+
+    step, inputs, targets = tg_training_step(spec)
+    if device == "compiled":  # the whole step as one program, replayed per call with the batch as arguments
+        compiled = tg.compile(step)
+        return lambda: compiled(inputs, targets)
+
+    def lazy_step() -> None:
+        with tg.device(device):
+            step(inputs, targets)
+
+    return lazy_step
+
+
+def print_kernel_times(model: str, top: int) -> None:
+    """The compiled step's slowest kernels (median of 5 timed runs) and their share of the step."""
+    import tensorgraphs as tg
+
+    step, inputs, targets = tg_training_step(MODELS[model])
+    times = tg.compile(step).kernel_times(inputs, targets)
+    total = sum(seconds for _, seconds in times)
+    print(f"{model}: {len(times)} kernels, {total * 1e3:.1f} ms in kernels")
+    for name, seconds in sorted(times, key=lambda item: -item[1])[:top]:
+        print(f"  {seconds * 1e3:7.2f} ms {seconds / total:6.1%}  {name}")
 
 
 def time_steps(step: Callable[[], None], steps: int) -> dict[str, float]:
@@ -172,11 +201,17 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run, after warm-up")
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (the slowest part)")
-    parser.add_argument("--tg-device", default="planned", help="tg device for the step (planned, cpu, numpy)")
+    parser.add_argument("--tg-device", default="compiled",
+                        help="compiled (tg.compile of the whole step) or a device for lazy steps (planned, cpu, numpy)")
+    parser.add_argument("--kernels", type=int, metavar="N", help="print the N slowest kernels of each tg step and exit")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker, args.steps, args.tg_device)
+        return
+    if args.kernels:
+        for model in args.models.split(","):
+            print_kernel_times(model, args.kernels)
         return
     systems = [system for system in SYSTEMS if not (args.no_torch_compile and system == "compile")]
     header = ["model", *(title for title, *_ in COLUMNS)]

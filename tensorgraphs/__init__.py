@@ -93,4 +93,4 @@ from tensorgraphs import plan as _plan  # noqa: F401  (built-in kernels, the "pl
 from tensorgraphs.profiler import install_from_environment as _install_profiler, profile
 
 _install_profiler()
-from tensorgraphs.runtime.compiled import compile  # noqa: E402  (tg.compile: trace once, replay compiled)
+from tensorgraphs.runtime.compiled import CompiledFunction, compile  # noqa: E402  (trace once, replay compiled)

@@ -10,6 +10,7 @@ from tensorgraphs.frontend.tensor import Tensor, as_tensor
 from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node, const, toposort
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import realize
 
 
@@ -94,6 +95,12 @@ def backward(output: Tensor, gradient: Tensor | None = None) -> None:
         if gr is not None:
             per_leaf[leaf] = Tensor(gr) if leaf not in per_leaf else per_leaf[leaf] + Tensor(gr)
     totals = [total if leaf.grad is None else leaf.grad + total for leaf, total in per_leaf.items()]
+    trace = tracing.active()
+    if trace is not None:  # compiled: the gradients stay graphs the program computes
+        for leaf, total in zip(per_leaf, totals):
+            trace.note_grad(leaf)
+            leaf.grad = Tensor(total.node)
+        return
     # the output is computed on the way anyway: realizing it too lets a later `loss.item()` reuse the value
     values = realize([output.node] + [t.node for t in totals])[1:]
     for leaf, value in zip(per_leaf, values):

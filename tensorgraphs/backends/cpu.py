@@ -25,6 +25,7 @@ import numpy as np
 from tensorgraphs import memory
 from tensorgraphs.codegen.c_renderer import render_program, uses_gemm
 from tensorgraphs.codegen.compiler import link_library, load
+from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, _arg_key, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
@@ -88,11 +89,16 @@ class Program:
         if _debug("codegen"):
             print(source, file=sys.stderr)
         self.source = source
-        link = link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()
-        entry = load(source, link).tg_program
-        entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        entry.restype = ctypes.c_int
-        self._entry = entry
+        self._buffer_names = [b.name for b in schedule.buffers]
+        self._link = link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()
+        library = load(source, self._link)
+        self._entry = library.tg_program
+        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._entry.restype = ctypes.c_int
+        self._steps_entry = library.tg_steps
+        self._steps_entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long, ctypes.POINTER(ctypes.c_long),
+                                      ctypes.POINTER(ctypes.c_long)]
+        self._steps_entry.restype = ctypes.c_int
         position = {node: i for i, node in enumerate(inputs)}
         self._slots: list[_Slot] = []
         for spec in schedule.buffers:
@@ -120,13 +126,61 @@ class Program:
         if memory.poison_enabled():
             self.arena.poison()
         arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
-        pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
-        if self._entry(pointers):
-            raise IndexError("gather/scatter_add: an index is out of bounds for the dimension it indexes")
+        _check_status(self._entry(_pointers(arrays)))
         for i in self._pool:
             if arrays[i].nbytes >= POOLED_BYTES and len(self._pool[i]) < 2:
                 self._pool[i].append(arrays[i])
         return [arrays[i] for i in self._outputs]
+
+    def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
+        """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
+        library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+        seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
+        arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
+        runs = []
+        for _ in range(repeat):
+            ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
+            _check_status(library.tg_program(_pointers(arrays)))
+            runs.append(list(seconds))
+        return [(kernel.name, float(np.median([run[i] for run in runs]))) for i, kernel in enumerate(self.kernels)]
+
+    def run_steps(self, inputs: list[np.ndarray], steps: int, fed: set[int],
+                  carried: dict[int, int]) -> list[np.ndarray]:
+        """`steps` (>= 1) runs in one native call (`tg_steps`). The inputs at positions in `fed` have a leading
+        axis of `steps`, one slice per run. Output `j` in `carried` becomes input `carried[j]` of the next run
+        and comes back as its last value; the other outputs come back stacked along a new first axis."""
+        if memory.poison_enabled():
+            self.arena.poison()
+        input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
+        partner = {self._outputs[j]: input_slot.get(p) for j, p in carried.items()}
+        if len(partner) != len(carried) or any(self._outputs.count(i) > 1 for i in partner):
+            raise UnsupportedError("a K-step call cannot return a value the step also carries to the next step")
+        arrays: list[np.ndarray] = []
+        advance = (ctypes.c_long * max(len(self._slots), 1))()
+        swap_with = (ctypes.c_long * max(len(self._slots), 1))(*[-1] * len(self._slots))
+        carried_inputs = {p for p in partner.values() if p is not None}
+        for i, slot in enumerate(self._slots):
+            if slot.role == "input":
+                array = _contiguous(inputs[slot.position], slot.dtype)
+                if slot.position in fed:
+                    advance[i] = array.nbytes // steps
+                elif i in carried_inputs:
+                    array = array.copy()  # the runs overwrite it: never the caller's array
+            elif slot.role == "captured":
+                assert slot.array is not None
+                array = slot.array
+            elif i in partner:
+                array = np.empty(slot.shape, slot.dtype)
+                if partner[i] is not None:
+                    swap_with[i], swap_with[partner[i]] = partner[i], i
+            else:
+                array = np.empty((steps, *slot.shape), slot.dtype)
+                advance[i] = array.nbytes // steps
+            arrays.append(array)
+        _check_status(self._steps_entry(_pointers(arrays), steps, advance, swap_with))
+        # every run ends with a swap: after an even number the newest state is back in the input's array
+        newest = {i: arrays[p] if p is not None and steps % 2 == 0 else arrays[i] for i, p in partner.items()}
+        return [newest.get(i, arrays[i]) for i in self._outputs]
 
     def _array(self, index: int, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
         if slot.role == "input":
@@ -139,6 +193,15 @@ class Program:
             if sys.getrefcount(pool[position]) <= 2:  # only the pool and getrefcount's argument hold it
                 return pool.pop(position)
         return np.empty(slot.shape, slot.dtype)
+
+
+def _pointers(arrays: list[np.ndarray]) -> Any:
+    return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+
+
+def _check_status(status: int) -> None:
+    if status:
+        raise IndexError("gather/scatter_add: an index is out of bounds for the dimension it indexes")
 
 
 def _contiguous(array: Any, dtype: np.dtype) -> np.ndarray:

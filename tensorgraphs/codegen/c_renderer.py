@@ -394,13 +394,14 @@ def uses_gemm(kernels: list[Kernel]) -> bool:
     return any(isinstance(stmt, GemmCall) for kernel in kernels for stmt in kernel.body)
 
 
-def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
+def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
     """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order.
 
     Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
     one function called several times: the C compiler's time grows with the distinct code only. Functions
     are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
     compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
+    `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
     """
     gemm_header = f'#include "{gemm.HEADER}"\n' if uses_gemm(kernels) else ""
     parts = [PREAMBLE + gemm_header + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
@@ -408,7 +409,7 @@ def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
     calls = []
     slot = {name: i for i, name in enumerate(buffers)}
     function_named: dict[str, str] = {}  # rendered with a placeholder name -> the function's name
-    for kernel in kernels:
+    for index, kernel in enumerate(kernels):
         renderer = KernelRenderer(kernel)
         name = function_named.setdefault(renderer.render("tg_kernel"), c_identifier(kernel.name))
         if name == c_identifier(kernel.name):
@@ -417,8 +418,41 @@ def render_program(kernels: list[Kernel], buffers: list[str]) -> str:
         args = [f"({STORAGE[b.dtype]} *)buffers[{slot[b.name]}]" for b in kernel.buffers]
         if renderer.uses_status:
             args.append("&status")
-        calls.append(f"    {name}({', '.join(args)});")
-    entry = [*declarations, "", "int tg_program(void **buffers) {", "    int status = 0;", *calls, "    return status;",
-             "}"]
+        call = f"    {name}({', '.join(args)});"
+        calls.extend(_timed(call, index) if timed else [call])
+    clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
+    entry = [*declarations, *clock, "", "int tg_program(void **buffers) {", "    int status = 0;", *calls,
+             "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
     return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
+
+
+TIMER = """#include <time.h>
+static double tg_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}"""
+
+
+def _timed(call: str, index: int) -> list[str]:
+    return ["    {", "    double started = tg_now();", "    " + call,
+            f"    tg_kernel_seconds[{index}] += tg_now() - started;", "    }"]
+
+
+STEPS_ENTRY = """
+/* `steps` calls of tg_program in one native call: after each, every buffer pointer moves on by its byte
+   stride (a fed input's next slice, a collected output's next row) and carried pairs swap pointers, so
+   this step's new state is the next step's input. */
+int tg_steps(void **buffers, long steps, const long *advance, const long *swap_with) {{
+    for (long step = 0; step < steps; step++) {{
+        int status = tg_program(buffers);
+        if (status) return status;
+        for (long i = 0; i < {slots}; i++) {{
+            buffers[i] = (char *)buffers[i] + advance[i];
+            long j = swap_with[i];
+            if (j > i) {{ void *kept = buffers[i]; buffers[i] = buffers[j]; buffers[j] = kept; }}
+        }}
+    }}
+    return 0;
+}}"""
 

@@ -2,7 +2,8 @@
 
 from tensorgraphs.data.dataloader import DataLoader, default_collate
 from tensorgraphs.data.dataset import Dataset, Subset, TensorDataset, random_split
+from tensorgraphs.data.grouping import grouped
 from tensorgraphs.data.sampling import BatchSampler, RandomSampler, SequentialSampler
 
 __all__ = ["BatchSampler", "DataLoader", "Dataset", "RandomSampler", "SequentialSampler", "Subset", "TensorDataset",
-           "default_collate", "random_split"]
+           "default_collate", "grouped", "random_split"]

@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -147,12 +147,17 @@ def batch_at(tokens: np.ndarray, batch_size: int, block_size: int, seed: int, st
 # -- training ----------------------------------------------------------------------------------------------------
 
 
-def train_step(model: GPT, optimizer: tg.optim.Optimizer, x: tg.Tensor, y: tg.Tensor) -> float:
-    optimizer.zero_grad()
-    loss = language_model_loss(model, x, y)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
+def make_train_step(model: GPT, optimizer: tg.optim.Optimizer, compiled: bool) -> Callable[..., tg.Tensor]:
+    """One optimizer step on a batch, returning the loss; `compiled`: the whole step as one native program."""
+
+    def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = language_model_loss(model, x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return tg.compile(train_step) if compiled else train_step
 
 
 def evaluate(model: GPT, tokens: np.ndarray, args: argparse.Namespace) -> float:
@@ -272,7 +277,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
     parser.add_argument("--eval-batches", type=int, default=8)
-    parser.add_argument("--device", default=DEFAULT_DEVICE, help=f"tg device to run on (default {DEFAULT_DEVICE})")
+    parser.add_argument("--device", default=DEFAULT_DEVICE,
+                        help=f"tg device for evaluation and sampling, and for training steps with --no-compile "
+                             f"(default {DEFAULT_DEVICE})")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile the whole training step (forward, backward, AdamW) into one native program")
     parser.add_argument("--checkpoint", type=Path, default=Path("gpt-checkpoint.safetensors"))
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     parser.add_argument("--sample-length", type=int, default=300)
@@ -289,10 +298,11 @@ def train(model: GPT, optimizer: tg.optim.Optimizer, corpus: CharCorpus, args: a
     entropy = corpus.unigram_entropy()
     result = {"unigram_entropy": entropy, "train_loss": math.nan, "val_loss": math.nan, "seconds_per_step": math.nan}
     progress = Progress(start, args.steps, args.batch_size * args.block_size)
+    train_step = make_train_step(model, optimizer, args.compile)
     began = time.perf_counter()
     for step in range(start, args.steps):
         x, y = batch_at(corpus.train, args.batch_size, args.block_size, args.seed, step)
-        result["train_loss"] = train_step(model, optimizer, x, y)
+        result["train_loss"] = train_step(x, y).item()
         progress.update(step, result["train_loss"])
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             result["val_loss"] = evaluate(model, corpus.val, args)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
+
 from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, DTypeError, fail
 from tensorgraphs.frontend import elementwise as ew
@@ -18,6 +20,7 @@ from tensorgraphs.frontend.tensor import Tensor, apply, apply_composite, cast
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import tracing
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -64,41 +67,53 @@ def _rotl(x: Tensor, r: int) -> Tensor:
     return apply(Op.OR, high, low)
 
 
-def threefry2x32(key: tuple[int, int], x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """Threefry-2x32-20 on uint32 tensors, from ADD, MUL, DIV, OR and XOR only."""
+def threefry2x32(key: tuple[Tensor | int, Tensor | int], x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """Threefry-2x32-20 on uint32 tensors, from ADD, MUL, DIV, OR and XOR only; the key words are uint32
+    tensors broadcastable to the counters, or ints."""
     shape = x0.shape
-    ks = (key[0] & _MASK, key[1] & _MASK, (key[0] ^ key[1] ^ _PARITY) & _MASK)
-    x0 = apply(Op.ADD, x0, _u32(ks[0], shape))
-    x1 = apply(Op.ADD, x1, _u32(ks[1], shape))
+    k0, k1 = (_u32(k, shape) if isinstance(k, int) else k.expand(shape) for k in key)
+    ks = (k0, k1, apply(Op.XOR, apply(Op.XOR, k0, k1), _u32(_PARITY, shape)))
+    x0 = apply(Op.ADD, x0, ks[0])
+    x1 = apply(Op.ADD, x1, ks[1])
     for block in range(5):
         for r in _ROTATIONS[block % 2]:
             x0 = apply(Op.ADD, x0, x1)
             x1 = apply(Op.XOR, _rotl(x1, r), x0)
-        x0 = apply(Op.ADD, x0, _u32(ks[(block + 1) % 3], shape))
-        x1 = apply(Op.ADD, x1, _u32(ks[(block + 2) % 3] + block + 1, shape))
+        x0 = apply(Op.ADD, x0, ks[(block + 1) % 3])
+        x1 = apply(Op.ADD, apply(Op.ADD, x1, ks[(block + 2) % 3]), _u32(block + 1, shape))
     return x0, x1
 
 
-def _bits_shape(shape: tuple[int, ...], key0: int, key1: int, counter_high: int) -> tuple:
+def _bits_shape(key: Tensor, *, shape: tuple[int, ...]) -> tuple:
     return dtypes.uint32, tuple(shape)
 
 
-def _bits_decomposition(*, shape: tuple[int, ...], key0: int, key1: int, counter_high: int) -> Tensor:
+def _bits_decomposition(key: Tensor, *, shape: tuple[int, ...]) -> Tensor:
     n = math.prod(shape)
     counters = Tensor(g.iota(n, dtypes.uint32))
-    x0, _ = threefry2x32((key0, key1), counters, _u32(counter_high, (n,)))
+    words = [key[i].reshape(1) for i in range(3)]
+    x0, _ = threefry2x32((words[0], words[1]), counters, words[2].expand((n,)))
     return x0.reshape(shape)
 
 
 RANDOM_BITS = register(Composite("random_bits", infer=_bits_shape, decompose=_bits_decomposition))
 
 
+def _key_buffer() -> Tensor:
+    """The next call's (key0, key1, counter_high) as a uint32 buffer, not constants: a compiled program reads
+    the next key at every call (so each call draws new numbers), instead of the one it was traced with."""
+    if tracing.active() is None:
+        return Tensor.from_numpy(np.asarray(_next_key(), np.uint32), dtypes.uint32)
+    key = Tensor.from_numpy(np.zeros(3, np.uint32), dtypes.uint32)
+    key.node.arg.live = lambda: np.asarray(_next_key(), np.uint32)
+    return key
+
+
 def random_bits(shape: tuple[int, ...]) -> Tensor:
     """uint32 bits for a fresh random call."""
     if math.prod(shape) >= 2**32:
         fail("random", f"at most 2**32 - 1 random numbers per call, asked for shape {shape}", kind=ArgumentError)
-    key0, key1, counter_high = _next_key()
-    return apply_composite(RANDOM_BITS, shape=tuple(shape), key0=key0, key1=key1, counter_high=counter_high)
+    return apply_composite(RANDOM_BITS, _key_buffer(), shape=tuple(shape))
 
 
 # How many random bits a uniform float gets: as many as its significand holds (float64 is limited

@@ -22,6 +22,7 @@ from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, make_node
 from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import Buffer
 from tensorgraphs.runtime.realize import default_device, realize
 
@@ -192,11 +193,18 @@ class Tensor:
         if value.shape != self.shape:
             value = value.expand(self.shape)
         value = cast(value, self.dtype)
-        if self.requires_grad:
-            self.node = _materialize(value.node)
-            self.node.arg.grad_leaf = weakref.ref(self)
-        else:
+        trace = tracing.active()
+        if trace is not None:
+            trace.note_assign(self)
+        if not self.requires_grad:
             self.node = value.node
+            return self
+        if trace is None:
+            self.node = _materialize(value.node)
+        else:  # a leaf needs a buffer of its own: a stand-in until the compiled program computes the value
+            self.node = _placeholder(self.dtype, self.shape)
+            trace.stand_ins[self.node] = value.node
+        self.node.arg.grad_leaf = weakref.ref(self)
         return self
 
     # Operators and methods are attached by tensorgraphs.frontend.methods.
@@ -206,6 +214,12 @@ def _materialize(node: Node) -> Node:
     """A fresh BUFFER node holding `node`'s value."""
     data = realize([node])[0].astype(node.dtype.storage, order="C")
     return g.buffer(Buffer(HOST, node.dtype, node.shape, data), node.dtype, node.shape)
+
+
+def _placeholder(dtype: DType, shape: Shape) -> Node:
+    """A BUFFER node of zeros: what a compiled function's graph reads before any data is bound."""
+    data = np.zeros(shape, dtype.storage)
+    return g.buffer(Buffer(HOST, dtype, tuple(shape), data), dtype, tuple(shape))
 
 
 def _own_buffer(node: Node) -> Node:

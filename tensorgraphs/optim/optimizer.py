@@ -16,6 +16,7 @@ import numpy as np
 from tensorgraphs.dtypes import DType
 from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import realize
 
 ParamGroup = dict[str, Any]
@@ -28,13 +29,19 @@ def state_buffer(shape: tuple[int, ...], dtype: DType, fill: float = 0.0) -> Ten
     return Tensor.from_numpy(np.full(shape, fill, dtype=dtype.storage), dtype)
 
 
-def graph_scalar(value: float) -> Tensor:
-    """A hyperparameter a scheduler changes (lr) as a 0-d input buffer, not a constant baked into the graph."""
-    return Tensor.from_numpy(np.asarray(value, dtype=np.float32))
+def live_scalar(read: Callable[[], float]) -> Tensor:
+    """A hyperparameter a scheduler changes (lr) as a 0-d input buffer, not a constant baked into the graph;
+    a compiled step calls `read` for its value at every call."""
+    scalar = Tensor.from_numpy(np.asarray(read(), dtype=np.float32))
+    scalar.node.arg.live = lambda: np.asarray(read(), dtype=np.float32)
+    return scalar
 
 
 def clear_grad(param: Tensor, set_to_none: bool = True) -> None:
     """Drop the gradient, or zero it in place (the same grad object, as torch's zero_grad(set_to_none=False))."""
+    trace = tracing.active()
+    if trace is not None:  # a compiled step clears it at every call, whether it is there when traced or not
+        trace.note_grad(param, cleared=set_to_none)
     if param.grad is None:
         return
     if set_to_none:
@@ -46,6 +53,10 @@ def clear_grad(param: Tensor, set_to_none: bool = True) -> None:
 def commit(updates: list[Update]) -> None:
     """Evaluate every new value together, then write each into its target (fresh buffers, no history kept)."""
     if not updates:
+        return
+    if tracing.active() is not None:  # compiled: the new values stay graphs the program computes
+        for target, value in updates:
+            target.assign(value)
         return
     values = realize([value.node for _, value in updates])
     for (target, _), value in zip(updates, values):
@@ -93,7 +104,7 @@ class Optimizer:
 
     def update(self, param: Tensor, grad: Tensor, state: dict[str, Any], group: ParamGroup) -> dict[str, Tensor]:
         """New values: key "param" for the parameter, other keys for state entries (created if absent).
-        `group["lr"]` is a 0-d tensor here (see `graph_scalar`)."""
+        `group["lr"]` is a 0-d tensor here (see `live_scalar`)."""
         raise NotImplementedError
 
     def step_updates(self) -> list[Update]:
@@ -101,7 +112,7 @@ class Optimizer:
         updates: list[Update] = []
         with no_grad():
             for group in self.param_groups:
-                values = {**group, "lr": graph_scalar(group["lr"])}
+                values = {**group, "lr": live_scalar(lambda group=group: group["lr"])}
                 for param in group["params"]:
                     if param.grad is None:
                         continue

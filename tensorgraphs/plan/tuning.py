@@ -288,4 +288,17 @@ def run_explain(script: str, argv: list[str]) -> int:
     print(explain(planner, signatures))
     print(f"kernel database: {db.path} ({db.count()} rows, {db.count() - before} new measurements; "
           "* marks the chosen implementation)")
+    print_compiled_functions()
     return 0
+
+
+def print_compiled_functions() -> None:
+    """What each `tg.compile`d function the script traced costs (kernels, memory, compile time)."""
+    from tensorgraphs.runtime.compiled import RECENT_TRACES
+
+    if not RECENT_TRACES:
+        return
+    print("\ncompiled functions (tg.compile), one line per traced signature:")
+    for name, signature, stats in RECENT_TRACES:
+        shapes = ", ".join(f"{kind[1]}{list(kind[2])}" if kind[0] != "value" else kind[1] for kind in signature)
+        print(f"  {name}({shapes}): {stats}")

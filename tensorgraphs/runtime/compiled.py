@@ -6,16 +6,29 @@ graph, and compiles that graph for the cpu backend. Later calls bind the new
 arrays to the same program: no Python runs per op or per kernel, one native
 call per step.
 
-Tensors `fn` uses that are not arguments are captured as they are when traced
-(nodes are immutable: `assign` gives a tensor a new node, which the trace does
-not see); pass values that change, such as parameters being trained, as
-arguments. `fn` must not branch on tensor values: they are placeholders while tracing.
+A training step compiles whole: what `fn` assigns (parameters and optimizer
+state through `optimizer.step()`, module buffers) and the `.grad` that
+`backward()` and `zero_grad()` leave are recorded while tracing
+(`runtime.tracing`) and become part of the program: the tensors' current values
+are read at every call and their new values written back after it, as fresh
+buffers (references held elsewhere stay valid). The learning rate is read at
+every call, so schedulers work; other hyperparameters are fixed when traced.
+
+Tensors `fn` only reads and that are not arguments are captured as they are
+when traced; pass values that change elsewhere as arguments. `fn` must not read
+tensor values (placeholders while tracing) or branch on them.
+
+`steps(*stacked)` runs K calls in ONE native call: each tensor argument has a
+leading axis of K, one slice fed per step (the seed's Feeder); state carries
+from step to step inside the call; the results come back stacked (its Receiver).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,25 +36,48 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.tensor import HOST, Tensor
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
+from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import Buffer
 from tensorgraphs.runtime.realize import realized_values
+
+Reader = Callable[[list[np.ndarray]], np.ndarray]
+"""How one program input gets its array at a call, from the call's tensor arguments."""
+
+
+@dataclass
+class _State:
+    """A tensor the traced function changes: read from `input_index` (if the program reads it), written from
+    `output_index`. `kind` says what to rebind: the tensor itself ("value") or its gradient ("grad")."""
+
+    tensor: Tensor
+    kind: str
+    output_index: int | None  # None: the gradient ends up cleared
+    input_index: int | None = None
 
 
 @dataclass
 class _Trace:
     program: Program
-    inputs: list[Node]  # what the program reads, in order
-    placeholders: dict[Node, int]  # input node -> position among the call's tensor arguments
-    captured: dict[Node, np.ndarray]  # realized values the graph used (fixed: nodes are immutable)
-    outputs: list[Node]
+    readers: list[Reader]  # one per program input, in order
+    result_dtypes: list[dtypes.DType]  # of fn's results, the program's first outputs (state outputs follow)
+    states: list[_State]
+    grads_present: tuple[tuple[Tensor, bool], ...]  # the gradients the trace read or replaced, as present then
     single: bool  # fn returned one tensor, not a sequence
     compile_seconds: float = 0.0
+
+    def stats(self) -> CompileStats:
+        memory = self.program.memory
+        return CompileStats(self.program.kernel_count, memory.arena_bytes, memory.naive_bytes, self.compile_seconds)
+
+    def holds(self) -> bool:
+        """Whether this trace fits the current state: a gradient absent when traced must still be (and vice versa)."""
+        return all((leaf.grad is not None) == present for leaf, present in self.grads_present)
 
 
 @dataclass(frozen=True)
@@ -53,13 +89,29 @@ class CompileStats:
     naive_bytes: int
     compile_seconds: float
 
+    def __str__(self) -> str:
+        share = f" ({self.arena_bytes / self.naive_bytes:.1%})" if self.naive_bytes else ""
+        return (f"{self.kernels} kernels, arena {_binary_size(self.arena_bytes)} of {_binary_size(self.naive_bytes)} "
+                f"naive{share}, compiled in {self.compile_seconds:.2f} s")
+
+
+def _binary_size(count: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.1f} {unit}"
+    return f"{count} B"
+
+
+RECENT_TRACES: collections.deque[tuple[str, tuple, CompileStats]] = collections.deque(maxlen=256)
+"""(function name, signature, stats) of the latest traces in this process, for `tg explain`."""
+
 
 class CompiledFunction:
     """`fn` compiled per input signature; call it like `fn`."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.traces: dict[tuple, _Trace] = {}
+        self.traces: dict[tuple, list[_Trace]] = {}
         self._latest: _Trace | None = None
         functools.update_wrapper(self, fn)
 
@@ -68,30 +120,62 @@ class CompiledFunction:
         """Stats of the signature traced or called most recently (call the function once first)."""
         if self._latest is None:
             fail("compile", "no stats yet: call the compiled function once so that it is traced", kind=ArgumentError)
-        program = self._latest.program
-        return CompileStats(program.kernel_count, program.memory.arena_bytes, program.memory.naive_bytes,
-                            self._latest.compile_seconds)
+        return self._latest.stats()
 
     def __call__(self, *args: Any) -> Any:
-        arrays = [_array_of(a) for a in args if isinstance(a, (Tensor, np.ndarray))]
+        trace = self._trace_for(args)
+        arrays = [_array_of(a) for a in args if _is_tensor_like(a)]
+        outputs = trace.program.run([read(arrays) for read in trace.readers])
+        return self._finish(trace, outputs)
+
+    def kernel_times(self, *args: Any, repeat: int = 5) -> list[tuple[str, float]]:
+        """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
+        trace = self._trace_for(args)
+        arrays = [_array_of(a) for a in args if _is_tensor_like(a)]
+        return trace.program.kernel_seconds([read(arrays) for read in trace.readers], repeat)
+
+    def steps(self, *args: Any) -> Any:
+        """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per
+        step); state changes carry from step to step, live values (learning rate, random keys) are read once per
+        step. Returns the results stacked along a new first axis."""
+        stacked = [_array_of(a) for a in args if _is_tensor_like(a)]
+        lengths = {a.shape[0] if a.ndim else None for a in stacked}
+        if len(lengths) != 1 or None in lengths:
+            fail("compile.steps", "every tensor argument needs the same leading (steps) axis; got shapes "
+                 f"{[a.shape for a in stacked]}", kind=ArgumentError)
+        (count,) = lengths
+        if count < 1:
+            fail("compile.steps", "the steps axis is empty: give at least one step", kind=ArgumentError)
+        slices = iter([a[0] for a in stacked])
+        first = [next(slices) if _is_tensor_like(a) else a for a in args]
+        trace = self._trace_for(tuple(first))
+        fed = {i for i, read in enumerate(trace.readers) if isinstance(read, (_Argument, _Live))}
+        inputs = [read.per_step(count) if isinstance(read, _Live) else read(stacked) for read in trace.readers]
+        carried = {s.output_index: s.input_index for s in trace.states
+                   if s.output_index is not None and s.input_index is not None}
+        outputs = trace.program.run_steps(inputs, count, fed, carried)
+        return self._finish(trace, outputs)
+
+    def _trace_for(self, args: tuple[Any, ...]) -> _Trace:
         signature = tuple(("tensor", a.dtype.name, a.shape) if isinstance(a, Tensor) else
                           ("array", a.dtype.str, a.shape) if isinstance(a, np.ndarray) else ("value", repr(a))
                           for a in args)
-        trace = self.traces.get(signature)
+        candidates = self.traces.setdefault(signature, [])
+        trace = next((t for t in candidates if t.holds()), None)
         if trace is None:
             started = time.perf_counter()
-            trace = self.traces[signature] = self._trace(args)
+            trace = self._trace(args)
             trace.compile_seconds = time.perf_counter() - started
+            candidates.append(trace)
+            RECENT_TRACES.append((getattr(self.fn, "__qualname__", repr(self.fn)), signature, trace.stats()))
         self._latest = trace
-        values = []
-        for node in trace.inputs:
-            if node in trace.placeholders:
-                values.append(arrays[trace.placeholders[node]])
-            elif node in trace.captured:
-                values.append(trace.captured[node])
-            else:
-                values.append(node.arg.data)
-        results = [_wrap(array, node.dtype) for array, node in zip(trace.program.run(values), trace.outputs)]
+        return trace
+
+    def _finish(self, trace: _Trace, outputs: list[np.ndarray]) -> Any:
+        for state in trace.states:
+            array = None if state.output_index is None else outputs[state.output_index]
+            _rebind(state, array)
+        results = [_wrap(array, dtype) for array, dtype in zip(outputs, trace.result_dtypes)]
         return results[0] if trace.single else tuple(results)
 
     def _trace(self, args: tuple[Any, ...]) -> _Trace:
@@ -99,7 +183,7 @@ class CompiledFunction:
         placeholder_tensors: list[Tensor] = []
         traced_args = []
         for a in args:
-            if isinstance(a, (Tensor, np.ndarray)):
+            if _is_tensor_like(a):
                 dtype = a.dtype if isinstance(a, Tensor) else dtypes.from_numpy_dtype(a.dtype)
                 placeholder = _wrap(np.zeros(a.shape, dtype.storage), dtype)
                 placeholders[placeholder.node] = len(placeholders)
@@ -107,19 +191,118 @@ class CompiledFunction:
                 traced_args.append(placeholder)
             else:
                 traced_args.append(a)
-        result = self.fn(*traced_args)
+        with tracing.recording() as effects:
+            try:
+                result = self.fn(*traced_args)
+                outputs = _result_tensors(result)
+                states, roots = _effects(effects, [t.node for t in outputs], placeholders)
+            finally:
+                effects.restore()
         for position, placeholder in enumerate(placeholder_tensors):  # requires_grad_() gives it a new buffer node
             placeholders.setdefault(placeholder.node, position)
-        single = isinstance(result, Tensor)
-        outputs = [result] if single else list(result) if isinstance(result, (tuple, list)) else [result]
-        if not all(isinstance(t, Tensor) for t in outputs):
-            fail("compile", "the compiled function must return a Tensor or a sequence of Tensors", kind=ArgumentError)
-        roots = [t.node for t in outputs]
+        state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
+                        if s.kind == "value" or s.tensor.grad is not None}
         known = {n: v for n, v in realized_values("cpu").items() if n not in placeholders}
-        roots = optimize(roots, stop=known.__contains__)  # canonical form and user rules, as in realize()
-        program, inputs = CPU.program(roots, known)
-        captured = {n: known[n] for n in inputs if n in known and n.op is not Op.BUFFER}
-        return _Trace(program, inputs, placeholders, captured, roots, single)
+        boundary = lambda n: n in known or n in state_inputs  # noqa: E731
+        roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
+        program, inputs = CPU.program(roots, {**known, **{n: None for n in state_inputs}})
+        readers: list[Reader] = []
+        for index, node in enumerate(inputs):
+            if node in placeholders:
+                readers.append(_Argument(placeholders[node]))
+            elif node in state_inputs:
+                state_inputs[node].input_index = index
+                readers.append(_current_value(state_inputs[node]))
+            elif node in known and node.op is not Op.BUFFER:
+                readers.append(_fixed(known[node]))
+            elif node.arg.live is not None:
+                readers.append(_Live(node.arg.live))
+            else:
+                readers.append(_fixed(node.arg.data))
+        grads_present = tuple((leaf, leaf.grad is not None) for key, (leaf, _) in effects.grads.items()
+                              if key in effects.grads_read)
+        single = isinstance(result, Tensor)
+        return _Trace(program, readers, [t.dtype for t in outputs], states, grads_present, single)
+
+
+def _effects(effects: tracing.Trace, results: list[Node],
+             placeholders: dict[Node, int]) -> tuple[list[_State], list[Node]]:
+    """The changed tensors as program states, and every node the program computes: fn's results first."""
+    states: list[_State] = []
+    finals: list[Node] = []
+    for tensor, before in effects.assigned.values():
+        if tensor.node is before:
+            continue
+        if before in placeholders:
+            fail("compile", "a function compiled with tg.compile cannot assign to its own arguments; return the "
+                 "new value instead", kind=UnsupportedError)
+        states.append(_State(tensor, "value", len(results) + len(finals)))
+        finals.append(tensor.node)
+    for leaf, _ in effects.grads.values():
+        grad = leaf.grad
+        if grad is not None and grad.node.op is Op.BUFFER and grad.node not in effects.stand_ins:
+            continue  # unchanged, or a gradient set from outside the trace
+        states.append(_State(leaf, "grad", None if grad is None else len(results) + len(finals)))
+        if grad is not None:
+            finals.append(grad.node)
+    return states, effects.resolve(results + finals)
+
+
+class _Argument:
+    """Reads the call's tensor argument at `position` (a class, not a closure, so `steps` can tell them apart)."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+        return arrays[self.position]
+
+
+def _current_value(state: _State) -> Reader:
+    tensor = state.tensor
+    if state.kind == "grad":
+        return lambda arrays: tensor.grad._value()
+    return lambda arrays: tensor._value()
+
+
+class _Live:
+    """Reads a live buffer (see `Buffer.live`) at every call; `steps` reads it once per step."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self.read = read
+
+    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+        return self.read()
+
+    def per_step(self, steps: int) -> np.ndarray:
+        return np.stack([self.read() for _ in range(steps)])
+
+
+def _fixed(array: np.ndarray) -> Reader:
+    return lambda arrays: array
+
+
+def _rebind(state: _State, array: np.ndarray | None) -> None:
+    """Give the tensor (or its gradient) the program's new value, as a buffer of its own."""
+    tensor = state.tensor
+    if state.kind == "grad":
+        tensor.grad = None if array is None else _wrap(array, tensor.dtype)
+        return
+    assert array is not None
+    tensor.node = _wrap(array, tensor.dtype).node
+    if tensor.requires_grad:
+        tensor.node.arg.grad_leaf = weakref.ref(tensor)
+
+
+def _result_tensors(result: Any) -> list[Tensor]:
+    outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+    if not all(isinstance(t, Tensor) for t in outputs):
+        fail("compile", "the compiled function must return a Tensor or a sequence of Tensors", kind=ArgumentError)
+    return outputs
+
+
+def _is_tensor_like(value: Any) -> bool:
+    return isinstance(value, (Tensor, np.ndarray))
 
 
 def _array_of(value: Tensor | np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.errors import ArgumentError
 from tensorgraphs.graph.node import Node
 from tensorgraphs.rewrite import optimize
+from tensorgraphs.runtime.tracing import refuse_values
 
 
 class Backend(Protocol):
@@ -67,6 +68,7 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     The active rewrite rule sets run first (canonical form, user rules); results are remembered under
     the original nodes.
     """
+    refuse_values("realize")
     name = default_device()
     known = realized_values(name)
     optimized = optimize(nodes, stop=known.__contains__)

@@ -91,3 +91,32 @@ def test_argument_errors() -> None:
         tg.data.DataLoader(dataset(tg), batch_size=0)
     with pytest.raises(ValueError, match="Size mismatch"):
         tg.data.TensorDataset(tg.zeros(3), tg.zeros(4))
+
+
+def test_grouped_stacks_k_batches_and_splits_where_shapes_change() -> None:
+    loader = tg.data.DataLoader(dataset(tg), batch_size=3)  # batches of 3, 3, 3 and 1
+    groups = list(tg.data.grouped(loader, 2))
+    assert [tuple(features.shape) for features, _ in groups] == [(2, 3, 2), (1, 3, 2), (1, 1, 2)]
+    features = np.concatenate([np.asarray(f).reshape(-1, 2) for f, _ in groups])
+    labels = np.concatenate([np.asarray(y).reshape(-1) for _, y in groups])
+    np.testing.assert_array_equal(features, np.arange(20, dtype=np.float32).reshape(10, 2))
+    np.testing.assert_array_equal(labels, np.arange(10))
+    with pytest.raises(ValueError, match="at least 1"):
+        next(tg.data.grouped(loader, 0))
+
+
+def test_grouped_batches_feed_k_compiled_steps() -> None:
+    model = tg.nn.Linear(2, 1)
+    optimizer = tg.optim.SGD(model.parameters(), lr=0.01)
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = ((model(x).squeeze(-1) - y.float()) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    loader = tg.data.DataLoader(dataset(tg), batch_size=2)
+    losses = np.concatenate([step.steps(x, y).numpy() for x, y in tg.data.grouped(loader, 4)])
+    assert losses.shape == (5,) and np.all(np.isfinite(losses))

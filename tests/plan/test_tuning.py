@@ -84,3 +84,28 @@ def test_script_arguments_reach_the_script(tmp_path, capsys):
     assert cli.main(["explain", str(path), "--flag", "3"]) == 0
     assert "argv ['--flag', '3']" in capsys.readouterr().out
 
+
+
+def test_explain_prints_the_stats_of_compiled_functions(tmp_path, capsys):
+    path = tmp_path / "compiled_step.py"
+    path.write_text(textwrap.dedent("""
+        import tensorgraphs as tg
+        import tensorgraphs.nn.functional as F
+
+        model = tg.nn.Linear(8, 2)
+        optimizer = tg.optim.SGD(model.parameters(), lr=0.1)
+
+        @tg.compile
+        def train_step(x, y):
+            optimizer.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        train_step(tg.randn(4, 8), tg.randn(4, 2))
+    """))
+    assert cli.main(["explain", str(path)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "train_step(" in line)
+    assert "train_step(float32[4, 8], float32[4, 2]): " in line
+    assert "kernels, arena" in line and "naive" in line and "compiled in" in line

@@ -70,5 +70,204 @@ def test_stats_report_kernels_and_planned_memory() -> None:
         _ = step.stats
     step(tg.tensor(data(8, 16)))
     stats = step.stats
-    assert stats.kernels == len(step.traces[next(iter(step.traces))].program.kernels) >= 2
+    assert stats.kernels == len(step.traces[next(iter(step.traces))][0].program.kernels) >= 2
     assert 0 < stats.arena_bytes < stats.naive_bytes and stats.compile_seconds > 0
+
+
+# -- whole training steps -----------------------------------------------------------------------------------
+
+
+def mlp_and_adam(lr: float = 1e-2) -> tuple[tg.nn.Module, tg.optim.Optimizer]:
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(8, 32), tg.nn.GELU(approximate="tanh"), tg.nn.Linear(32, 4))
+    return model, tg.optim.Adam(model.parameters(), lr=lr)
+
+
+def batches(steps: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((steps, 16, 8), dtype=np.float32), rng.integers(0, 4, (steps, 16))
+
+
+def lazy_losses(model: tg.nn.Module, optimizer: tg.optim.Optimizer, xs: np.ndarray, ys: np.ndarray,
+                scheduler: object = None) -> list[float]:
+    losses = []
+    for x, y in zip(xs, ys):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(tg.tensor(x)), tg.tensor(y))
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compiled_step(model: tg.nn.Module, optimizer: tg.optim.Optimizer) -> tg.CompiledFunction:
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def assert_same_parameters(a: tg.nn.Module, b: tg.nn.Module) -> None:
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_training_step_compiles_to_one_program_equal_to_lazy_steps() -> None:
+    xs, ys = batches(5)
+    reference, reference_optimizer = mlp_and_adam()
+    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    model, optimizer = mlp_and_adam()
+    step = compiled_step(model, optimizer)
+    got = [step(tg.tensor(x), tg.tensor(y)).item() for x, y in zip(xs, ys)]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert sum(len(t) for t in step.traces.values()) == 1  # traced once: state and lr are read per call
+    assert_same_parameters(model, reference)
+    for p, q in zip(model.parameters(), reference.parameters()):  # the last step's gradients stay readable
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7)
+        assert p.is_leaf and p.requires_grad
+    state = optimizer.state[next(iter(model.parameters()))]
+    assert float(state["step"].item()) == 5.0
+
+
+def test_compiled_step_reads_the_learning_rate_each_call() -> None:
+    xs, ys = batches(4)
+    reference, reference_optimizer = mlp_and_adam()
+    expected = lazy_losses(reference, reference_optimizer, xs, ys,
+                           tg.optim.lr_scheduler.StepLR(reference_optimizer, step_size=1, gamma=0.1))
+    model, optimizer = mlp_and_adam()
+    scheduler = tg.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+    step = compiled_step(model, optimizer)
+    got = []
+    for x, y in zip(xs, ys):
+        got.append(step(tg.tensor(x), tg.tensor(y)).item())
+        scheduler.step()
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert_same_parameters(model, reference)
+
+
+def test_k_steps_in_one_call_equal_k_calls_and_leave_old_values_alone() -> None:
+    xs, ys = batches(5)
+    reference, reference_optimizer = mlp_and_adam()
+    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    model, optimizer = mlp_and_adam()
+    first_weight = model[0].weight
+    before = first_weight.detach()  # shares the buffer the step reads: must keep its values
+    before_values = before.numpy()
+    step = compiled_step(model, optimizer)
+    losses = np.concatenate([step.steps(tg.tensor(xs[:2]), tg.tensor(ys[:2])).numpy(),
+                             step.steps(tg.tensor(xs[2:]), tg.tensor(ys[2:])).numpy()])
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    assert_same_parameters(model, reference)
+    np.testing.assert_array_equal(before.numpy(), before_values)
+    assert model[0].weight is first_weight
+    with pytest.raises(tg.ArgumentError, match="at least one step"):
+        step.steps(tg.tensor(xs[:0]), tg.tensor(ys[:0]))
+
+
+def test_gradient_accumulation_retraces_when_gradients_appear() -> None:
+    xs, ys = batches(3)
+    reference, reference_optimizer = mlp_and_adam()
+    model, optimizer = mlp_and_adam()
+
+    @tg.compile
+    def accumulate(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    for x, y in zip(xs, ys):
+        accumulate(tg.tensor(x), tg.tensor(y))
+        F.cross_entropy(reference(tg.tensor(x)), tg.tensor(y)).backward()
+    assert sum(len(t) for t in accumulate.traces.values()) == 2  # without gradients, then adding to them
+    for p, q in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_random_numbers_continue_the_eager_stream_per_call_and_per_step() -> None:
+    x = tg.ones(64)
+    tg.manual_seed(5)
+    eager = [F.dropout(x, 0.5).numpy() for _ in range(4)]
+    tg.manual_seed(5)
+    dropout = tg.compile(lambda x: F.dropout(x, 0.5))
+    got = [dropout(x).numpy(), *dropout.steps(tg.ones(3, 64)).numpy()]
+    np.testing.assert_array_equal(np.stack(got), np.stack(eager))
+    assert len({m.tobytes() for m in got}) == 4
+
+
+def test_reading_values_while_traced_fails_clearly_and_changes_nothing() -> None:
+    with pytest.raises(tg.ArgumentError, match=r"inside a function being traced by tg.compile.*test_compiled.py"):
+        tg.compile(lambda x: x * x.sum().item())(tg.tensor(data(3)))
+    model, _ = mlp_and_adam()
+    weights = [p.detach().numpy() for p in model.parameters()]
+    with pytest.raises(tg.ArgumentError):
+        tg.compile(lambda x: (model(x).sum().backward(), x.sum().item()))(tg.tensor(data(2, 8)))
+    for p, w in zip(model.parameters(), weights):  # a failed trace leaves the model as it was
+        np.testing.assert_array_equal(p.detach().numpy(), w)
+        assert p.grad is None
+
+
+def test_held_out_transformer_step_matches_torch_for_20_steps() -> None:
+    """A pre-LN encoder layer, MSE loss and AdamW, compiled whole: torch's losses, and stats in range."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = dict(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True, norm_first=True)
+    reference = torch.nn.TransformerEncoderLayer(**config)
+    model = tg.nn.TransformerEncoderLayer(**config)
+    model.load_state_dict({k: v.detach().numpy() for k, v in reference.state_dict().items()})
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    optimizer = tg.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    rng = np.random.default_rng(11)
+    xs, ys = (rng.standard_normal((20, 2, 8, 32), dtype=np.float32) for _ in range(2))
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    expected = []
+    for x, y in zip(xs, ys):
+        loss = torch.nn.functional.mse_loss(reference(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        expected.append(loss.item())
+    got = [step(tg.tensor(x), tg.tensor(y)).item() for x, y in zip(xs, ys)]
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+    assert expected[-1] < expected[0]
+    stats = step.stats
+    assert stats.kernels >= 20 and 0 < stats.arena_bytes <= stats.naive_bytes
+    assert all(p.grad is None for p in model.parameters())  # zero_grad() last: no gradient kept
+
+
+def test_module_buffers_dropout_and_momentum_carry_through_calls_and_steps() -> None:
+    """BatchNorm's running statistics (assigned in forward), dropout's keys and SGD's momentum buffers."""
+    rng = np.random.default_rng(0)
+    xs, ys = rng.standard_normal((4, 6, 8), dtype=np.float32), rng.integers(0, 3, (4, 6))
+
+    def make() -> tuple[tg.nn.Module, tg.optim.Optimizer]:
+        tg.manual_seed(0)
+        model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.BatchNorm1d(16), tg.nn.ReLU(), tg.nn.Dropout(0.2),
+                                 tg.nn.Linear(16, 3))
+        return model, tg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    reference, reference_optimizer = make()
+    tg.manual_seed(1)
+    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    model, optimizer = make()
+    tg.manual_seed(1)
+    step = compiled_step(model, optimizer)
+    got = [step(tg.tensor(xs[0]), tg.tensor(ys[0])).item(), *step.steps(tg.tensor(xs[1:]), tg.tensor(ys[1:])).numpy()]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert_same_parameters(model, reference)
+    np.testing.assert_allclose(model[1].running_var.numpy(), reference[1].running_var.numpy(), rtol=1e-5)
+    assert model[1].num_batches_tracked.item() == reference[1].num_batches_tracked.item() == 4

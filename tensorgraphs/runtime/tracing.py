@@ -1,0 +1,91 @@
+"""What a function traced by `tg.compile` changes besides its return value.
+
+A training step assigns parameters and optimizer state and sets `.grad`; while
+tracing nothing is computed, so those effects are recorded here instead: the
+first node each changed tensor had (what the traced graph reads), and the node
+it holds at the end (what the compiled program must write back). The compiled
+function turns them into program inputs read from the tensor at every call and
+outputs written back into it after the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.graph.node import Node, toposort
+
+if TYPE_CHECKING:
+    from tensorgraphs.frontend.tensor import Tensor
+
+_state = threading.local()
+
+
+@dataclass
+class Trace:
+    """Effects recorded while tracing one call."""
+
+    assigned: dict[int, tuple[Tensor, Node]] = field(default_factory=dict)  # id -> (tensor, node before)
+    grads: dict[int, tuple[Tensor, Tensor | None]] = field(default_factory=dict)  # id -> (leaf, grad before)
+    grads_read: set[int] = field(default_factory=set)  # leaves whose gradient from before the call was used
+    stand_ins: dict[Node, Node] = field(default_factory=dict)  # leaf buffer standing in for an assigned value
+
+    def note_assign(self, tensor: Tensor) -> None:
+        self.assigned.setdefault(id(tensor), (tensor, tensor.node))
+
+    def note_grad(self, leaf: Tensor, cleared: bool = False) -> None:
+        """`leaf.grad` is about to change; unless `cleared` (zero_grad), its present value (or absence) is used."""
+        if id(leaf) not in self.grads and not cleared:
+            self.grads_read.add(id(leaf))
+        self.grads.setdefault(id(leaf), (leaf, leaf.grad))
+
+    def resolve(self, roots: list[Node]) -> list[Node]:
+        """`roots` with every stand-in replaced by the value it stands for (stand-ins exist only while tracing)."""
+        if not self.stand_ins:
+            return roots
+        rebuilt: dict[Node, Node] = {}
+        for node in toposort(roots):
+            if node in self.stand_ins:
+                rebuilt[node] = rebuilt.get(self.stand_ins[node], self.stand_ins[node])
+            elif node.src:
+                src = tuple(rebuilt[s] for s in node.src)
+                rebuilt[node] = node if src == node.src else Node(node.op, node.dtype, node.shape, src, node.arg)
+            else:
+                rebuilt[node] = node
+        return [rebuilt[r] for r in roots]
+
+    def restore(self) -> None:
+        """Put every changed tensor back as it was before tracing (the compiled program then runs the call)."""
+        for tensor, before in self.assigned.values():
+            tensor.node = before
+        for leaf, before in self.grads.values():
+            leaf.grad = before
+
+
+def active() -> Trace | None:
+    """The trace being recorded on this thread, if any."""
+    return getattr(_state, "trace", None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Trace]:
+    if active() is not None:
+        fail("compile", "a function compiled with tg.compile cannot call another one while it is traced",
+             kind=ArgumentError)
+    _state.trace = trace = Trace()
+    try:
+        yield trace
+    finally:
+        _state.trace = None
+
+
+def refuse_values(what: str) -> None:
+    """Called where a value would be computed: inside a trace the inputs are placeholders, so refuse clearly."""
+    if active() is not None:
+        fail(what, "tensor values cannot be read inside a function being traced by tg.compile (its inputs are "
+             "placeholders then): return the tensor from the function and read it after the call",
+             kind=ArgumentError)
+
