@@ -25,7 +25,7 @@ from typing import Iterator
 from tensorgraphs.kerneldb import DevicePeaks
 from tensorgraphs.plan.executor import OBSERVERS
 from tensorgraphs.plan.signature import Signature
-from tensorgraphs.runtime.realize import default_device, device
+from tensorgraphs.runtime.realize import device
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def profile(report: bool = True, trace: str | os.PathLike | None = None) -> Iter
     session = Profile()
     OBSERVERS.append(session)
     try:
-        with device("planned") if default_device() == "numpy" else contextlib.nullcontext():
+        with device("planned"):  # the device whose executor reports its kernels
             yield session
     finally:
         OBSERVERS.remove(session)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tensorgraphs import memory
+from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import render_program, uses_gemm
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
@@ -195,6 +196,12 @@ class Program:
         return np.empty(slot.shape, slot.dtype)
 
 
+def _elements_touched(roots: list[Node], known: Mapping[Node, Any]) -> int:
+    """Elements read and written by the graph's computed nodes: a cheap measure of its work."""
+    stop = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
+    return sum(node.size + sum(s.size for s in node.src) for node in toposort(roots, stop=stop) if not stop(node))
+
+
 def _pointers(arrays: list[np.ndarray]) -> Any:
     return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
 
@@ -208,13 +215,20 @@ def _contiguous(array: Any, dtype: np.dtype) -> np.ndarray:
     return np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
 
 
+INTERPRET_BELOW = 1 << 16
+"""Graphs touching fewer elements than this run on the reference interpreter instead: compiling a new graph
+costs ~0.1 s, interpreting a small one microseconds per op (what eager use, printing and small tests need)."""
+
+
 class CpuBackend:
-    """Runs graphs as compiled C programs, one program per graph structure."""
+    """Runs graphs as compiled C programs, one program per graph structure; small graphs are interpreted
+    (`interpret_below` elements touched; 0 compiles everything)."""
 
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, interpret_below: int = INTERPRET_BELOW) -> None:
         self._programs: OrderedDict[tuple, Program] = OrderedDict()
+        self.interpret_below = interpret_below
 
     def program(self, roots: list[Node], known: Mapping[Node, Any] | None = None) -> tuple[Program, list[Node]]:
         """The compiled program for `roots` and the nodes whose arrays it takes, in order."""
@@ -234,6 +248,8 @@ class CpuBackend:
 
     def evaluate(self, roots: list[Node], known: Mapping[Node, np.ndarray] | None = None) -> list[np.ndarray]:
         known = {} if known is None else known
+        if self.interpret_below and _elements_touched(roots, known) < self.interpret_below:
+            return REFERENCE.evaluate(roots, known)
         program, inputs = self.program(roots, known)
         arrays = [known[n] if n in known else n.arg.data for n in inputs]
         return program.run(arrays)

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -32,6 +33,11 @@ UNIT_BREAK = "/* tg: unit break */"
 """A line between two functions of a program, where `compile_shared` may cut it into units."""
 SPLIT_MIN_FUNCTIONS = 24
 """Programs with fewer functions compile as one unit (a split costs a link step, ~0.1 s)."""
+
+
+def compiler_available() -> bool:
+    """Whether the C compiler (`TG_CC`, default gcc) is installed."""
+    return shutil.which(COMPILER) is not None
 
 
 class CompileError(TGError, RuntimeError):

@@ -30,7 +30,7 @@ import functools
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from tensorgraphs.backends.cpu import CPU, Program
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.tensor import HOST, Tensor
 from tensorgraphs.graph import node as g
-from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import tracing
@@ -202,7 +202,7 @@ class CompiledFunction:
             placeholders.setdefault(placeholder.node, position)
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or s.tensor.grad is not None}
-        known = {n: v for n, v in realized_values("cpu").items() if n not in placeholders}
+        known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs})
         boundary = lambda n: n in known or n in state_inputs  # noqa: E731
         roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
         program, inputs = CPU.program(roots, {**known, **{n: None for n in state_inputs}})
@@ -246,6 +246,19 @@ def _effects(effects: tracing.Trace, results: list[Node],
         if grad is not None:
             finals.append(grad.node)
     return states, effects.resolve(results + finals)
+
+
+def _fixed_values(roots: list[Node], realized: Mapping[Node, np.ndarray], varying: set[Node]) -> dict[Node, np.ndarray]:
+    """The realized values the program may capture: of nodes in its graph that read nothing `varying` (arguments,
+    state read at every call). A node over a parameter, say, was realized with the parameter's value then."""
+    varying = set(varying)
+    fixed = {}
+    for node in toposort(roots):
+        if node in varying or any(s in varying for s in node.src):
+            varying.add(node)
+        elif node in realized:
+            fixed[node] = realized[node]
+    return fixed
 
 
 class _Argument:

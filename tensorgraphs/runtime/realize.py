@@ -7,6 +7,7 @@ tensor printed twice is computed once and later graphs start from its value.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from typing import Iterator, Mapping, Protocol
@@ -37,7 +38,16 @@ def register_backend(backend: Backend) -> None:
 
 
 def default_device() -> str:
-    return getattr(_state, "device", "numpy")
+    """The device realizations run on: `set_default_device`'s, else "cpu" (compiled C) where a C compiler is
+    installed, else the reference interpreter "numpy"."""
+    return getattr(_state, "device", None) or _initial_device()
+
+
+@functools.cache
+def _initial_device() -> str:
+    from tensorgraphs.codegen.compiler import compiler_available
+
+    return "cpu" if "cpu" in BACKENDS and compiler_available() else "numpy"
 
 
 def set_default_device(name: str) -> None:

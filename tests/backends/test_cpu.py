@@ -14,7 +14,7 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.backends.cpu import CPU, CpuBackend
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.schedule import count_kernels
@@ -242,3 +242,25 @@ def test_realized_nodes_that_only_a_decomposition_builds_are_not_inputs() -> Non
     known = {n: np.full(n.shape, n.arg, n.dtype.storage) for n in constants}
     assert constants
     np.testing.assert_allclose(CPU.evaluate([node], known)[0], tg.erf(x).numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_small_graphs_are_interpreted_and_large_ones_compiled() -> None:
+    backend = CpuBackend(interpret_below=10_000)
+    small, large = (tg.tensor(np.linspace(-3, 3, n, dtype=np.float32)) for n in (100, 20_000))
+    for x, programs in ((small, 0), (large, 1)):
+        (value,) = backend.evaluate([(x * 2 + 1).exp().node])
+        np.testing.assert_allclose(value, np.exp(x.numpy() * 2 + 1), rtol=1e-5)
+        assert len(backend._programs) == programs
+
+
+def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorgraphs.codegen import compiler
+    from tensorgraphs.runtime import realize
+
+    assert realize._initial_device() == ("cpu" if compiler.compiler_available() else "numpy")
+    realize._initial_device.cache_clear()
+    monkeypatch.setattr(compiler, "COMPILER", "no-such-compiler-tg")
+    try:
+        assert realize._initial_device() == "numpy"
+    finally:
+        realize._initial_device.cache_clear()
