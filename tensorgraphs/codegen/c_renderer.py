@@ -381,11 +381,14 @@ def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stm
 
 
 def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
-    """The GEMM library call (no epilogue: alpha 1, no bias, residual or activation); arguments are checked
-    when the schedule is built, so the status it returns is always 0."""
+    """The GEMM library call with its fused epilogue; arguments are checked when the schedule is built, so the
+    status it returns is always 0."""
     sizes = [call.batch, call.m, call.n, call.k]
+    epilogue = call.epilogue
+    bias = [array[epilogue.bias], *epilogue.bias_strides] if epilogue.bias else ["NULL", 0, 0, 0]
+    residual = [array[epilogue.residual], *epilogue.residual_strides] if epilogue.residual else ["NULL", 0, 0]
     args = [*sizes, array[call.a], *call.a_strides, array[call.b], *call.b_strides, array[call.c], *call.c_strides,
-            "1.0f", "NULL", 0, 0, 0, "NULL", 0, 0, 0]
+            literal(epilogue.alpha, dtypes.float32), *bias, *residual, gemm.ACTIVATIONS[epilogue.activation]]
     return f"(void)tg_gemm_f32({', '.join(map(str, args))});"
 
 

@@ -141,8 +141,30 @@ class Local:
 
 
 @dataclass(frozen=True)
+class GemmEpilogue:
+    """What the GEMM applies to each output element before storing it (gemm.h), in this order:
+    c = activation(alpha * (a @ b) + bias) + residual. `bias_strides` are (batch, row, column), the column
+    stride 0 or 1 (a row vector over N is (0, 0, 1)); `residual_strides` are (batch, row)."""
+
+    alpha: float = 1.0
+    bias: str | None = None
+    bias_strides: tuple[int, int, int] = (0, 0, 0)
+    activation: str = "none"
+    residual: str | None = None
+    residual_strides: tuple[int, int] = (0, 0)
+
+    def __repr__(self) -> str:
+        parts = [f"{self.alpha!r} * acc"] if self.alpha != 1.0 else ["acc"]
+        parts += [f"{self.bias}{list(self.bias_strides)}"] if self.bias else []
+        text = " + ".join(parts)
+        text = f"{self.activation}({text})" if self.activation != "none" else text
+        return f"{text} + {self.residual}{list(self.residual_strides)}" if self.residual else text
+
+
+@dataclass(frozen=True)
 class GemmCall:
-    """c = a @ b by the GEMM library (`tensorgraphs.kernels.gemm`), float32, every operand a whole buffer.
+    """c = epilogue(a @ b) by the GEMM library (`tensorgraphs.kernels.gemm`), float32, every operand a whole
+    buffer.
 
     Strides are in elements: `a_strides`/`b_strides` are (batch, row, column), `c_strides` (batch, row); a
     batch stride of 0 broadcasts, a transposed operand is its swapped row/column strides (gemm.h).
@@ -158,10 +180,13 @@ class GemmCall:
     b_strides: tuple[int, int, int]
     c: str
     c_strides: tuple[int, int]
+    epilogue: GemmEpilogue = GemmEpilogue()
 
     def __repr__(self) -> str:
-        return (f"{self.c}{list(self.c_strides)} = gemm[{self.batch}x{self.m}x{self.n}x{self.k}]("
-                f"{self.a}{list(self.a_strides)}, {self.b}{list(self.b_strides)})")
+        product = (f"gemm[{self.batch}x{self.m}x{self.n}x{self.k}]("
+                   f"{self.a}{list(self.a_strides)}, {self.b}{list(self.b_strides)})")
+        epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"
+        return f"{self.c}{list(self.c_strides)} = {product}{epilogue}"
 
 
 Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | GemmCall

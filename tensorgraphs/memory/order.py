@@ -3,9 +3,19 @@
 The scheduler emits kernels in graph order. Any order that respects each
 buffer's accesses computes the same values: a kernel stays after the last
 kernel that wrote a buffer it touches, and a writer stays after the readers of
-the value it overwrites. Among the kernels whose predecessors have run, the
-greedy pass runs the one that grows the live temporaries least (new bytes minus
-bytes it frees). It is kept only when its arena is smaller than the original's.
+the value it overwrites. Two passes improve on graph order:
+
+- `greedy_order`: among the kernels whose predecessors have run, run the one
+  that grows the live temporaries least (new bytes minus bytes it frees);
+- `sink_order`: then, latest kernel first, move each kernel that creates more
+  temporary bytes than it keeps alive to just before its first consumer. A
+  value only the backward pass reads (the attention probabilities the softmax
+  gradient recomputes from saved scores) is then made when it is needed, not
+  during the forward pass, where it would stay live across the peak.
+
+`best_order` keeps whichever candidate order has the fewest bytes live at once;
+`order_for_memory` then recomputes what is cheap to make again rather than keep
+(`recompute`).
 """
 
 from __future__ import annotations
@@ -14,7 +24,8 @@ import dataclasses
 
 from tensorgraphs.codegen.loop_ir import Kernel
 from tensorgraphs.memory.liveness import temporaries
-from tensorgraphs.memory.packing import plan_memory
+from tensorgraphs.memory.packing import live_bytes
+from tensorgraphs.memory.recompute import recompute_for_memory
 from tensorgraphs.schedule.fusion import Schedule
 
 
@@ -36,6 +47,14 @@ def kernel_dependencies(kernels: list[Kernel]) -> list[set[int]]:
     return predecessors
 
 
+def _successors(predecessors: list[set[int]]) -> list[list[int]]:
+    successors: list[list[int]] = [[] for _ in predecessors]
+    for position, before in enumerate(predecessors):
+        for earlier in before:
+            successors[earlier].append(position)
+    return successors
+
+
 def greedy_order(schedule: Schedule) -> list[int]:
     """Kernel positions in an order that respects `kernel_dependencies`, smallest growth of live bytes first."""
     kernels = schedule.kernels
@@ -46,10 +65,7 @@ def greedy_order(schedule: Schedule) -> list[int]:
             if buffer.name in size:
                 pending_uses[buffer.name] = pending_uses.get(buffer.name, 0) + 1
     predecessors = kernel_dependencies(kernels)
-    successors: list[list[int]] = [[] for _ in kernels]
-    for position, before in enumerate(predecessors):
-        for earlier in before:
-            successors[earlier].append(position)
+    successors = _successors(predecessors)
     waiting = [len(before) for before in predecessors]
     allocated: set[str] = set()
 
@@ -75,10 +91,53 @@ def greedy_order(schedule: Schedule) -> list[int]:
     return order
 
 
+def sink_order(schedule: Schedule, order: list[int]) -> list[int]:
+    """`order` with each kernel that creates more temporary bytes than it keeps alive moved to just before its
+    first consumer, latest first (so a chain of such kernels moves down together).
+
+    Every kernel it moves past then runs with the created bytes not yet live and at most the kept bytes
+    (temporaries the moved kernel reads whose other uses all come earlier) live longer: fewer bytes live.
+    """
+    kernels = schedule.kernels
+    size = {life.name: life.nbytes for life in temporaries(schedule)}
+    users: dict[str, list[int]] = {}
+    for position, kernel in enumerate(kernels):
+        for name in {b.name for b in kernel.buffers if b.name in size}:
+            users.setdefault(name, []).append(position)
+    created: list[int] = [0] * len(kernels)  # bytes of the temporaries each kernel touches first (writes)
+    touched: list[list[str]] = [[] for _ in kernels]  # the temporaries it touches that an earlier kernel made
+    for name, positions in users.items():
+        created[positions[0]] += size[name]
+        for position in positions[1:]:
+            touched[position].append(name)
+    successors = _successors(kernel_dependencies(kernels))
+    order = list(order)
+    place = [0] * len(kernels)
+    for at, kernel in enumerate(order):
+        place[kernel] = at
+    for kernel in sorted(range(len(kernels)), key=place.__getitem__, reverse=True):
+        at = place[kernel]
+        target = min((place[s] for s in successors[kernel]), default=len(order)) - 1
+        if target <= at or not created[kernel]:
+            continue
+        kept = sum(size[name] for name in touched[kernel]
+                   if max(place[user] for user in users[name] if user != kernel) < target)
+        if created[kernel] > kept:
+            order.insert(target, order.pop(at))
+            for shifted in range(at, target + 1):
+                place[order[shifted]] = shifted
+    return order
+
+
+def best_order(schedule: Schedule) -> Schedule:
+    """`schedule` with its kernels in graph order, `greedy_order` or that improved by `sink_order`, whichever keeps
+    the fewest bytes live at once (the first on ties)."""
+    greedy = greedy_order(schedule)
+    candidates = [dataclasses.replace(schedule, kernels=[schedule.kernels[i] for i in order])
+                  for order in (range(len(schedule.kernels)), greedy, sink_order(schedule, greedy))]
+    return min(candidates, key=live_bytes)
+
+
 def order_for_memory(schedule: Schedule) -> Schedule:
-    """`schedule` with its kernels reordered by `greedy_order` when that makes the arena smaller."""
-    order = greedy_order(schedule)
-    if order == list(range(len(schedule.kernels))):
-        return schedule
-    reordered = dataclasses.replace(schedule, kernels=[schedule.kernels[i] for i in order])
-    return reordered if plan_memory(reordered).arena_bytes < plan_memory(schedule).arena_bytes else schedule
+    """`best_order` of `schedule`, with the cheap temporaries that would stay live across its peak recomputed."""
+    return recompute_for_memory(best_order(schedule))

@@ -1,18 +1,27 @@
-"""Offsets for every temporary in one arena: in-place handoffs first, then best-fit packing.
+"""Offsets for every temporary in one arena: in-place handoffs first, then offline packing.
 
 `plan_memory` pairs each output with an equal-sized input dying in the kernel
 that creates it when the kernel allows it (`inplace`); `pack` makes each chain
-of such pairs one group and places the groups one by one: a group goes into the
-smallest gap between already placed groups live at the same time (best fit),
-or after all of them. The placement order matters, so several orders are tried
-and the smallest arena kept; on the transformer graphs the result equals the
-bound `live_bytes`. `naive_plan` gives every temporary bytes of its own.
+of such pairs one group and places the groups one by one, every lifetime known
+ahead: a group goes into a free gap between the already placed groups live at
+the same time (`FITS`: the smallest that fits, or the lowest), or above them
+all. The placement order matters (`ORDERS`); the pairs are tried in turn until
+one reaches the bound `live_bytes` (no arena can be smaller), keeping the
+smallest. Measured (arena / bound): on the transformer steps in the planned
+kernel order, largest first reaches the bound at 1, 2 and 4 layers with either
+fit (earliest first: 1.01); in graph order largest first is 1.01 to 1.08,
+longest lived first 1.02 to 1.11, earliest first 1.06 to 1.11; on random
+lifetimes largest first is 1.07 (first fit) and 1.08 (best fit), the other
+orders 1.11 to 1.12. `naive_plan` gives every temporary bytes of its own.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 
 from tensorgraphs.memory.inplace import writes_in_place_safely
 from tensorgraphs.memory.liveness import Lifetime, naive_bytes, temporaries
@@ -43,6 +52,7 @@ class ArenaPlan:
     def __str__(self) -> str:
         share = f"{100 * self.arena_bytes / self.naive_bytes:.1f}% of naive" if self.naive_bytes else "no temporaries"
         rows = [f"  {life.name}: [{self.offsets[life.name]}, +{life.nbytes}) kernels {life.start}..{life.end}"
+                + (f" (recomputes {life.copy_of})" if life.copy_of else "")
                 for life in sorted(self.lifetimes, key=lambda life: self.offsets[life.name])]
         handoffs = "".join(f"\n  {output} overwrites {donor}" for donor, output in self.in_place)
         return (f"memory: arena {self.arena_bytes} bytes, naive {self.naive_bytes} ({share}), "
@@ -94,39 +104,85 @@ def _groups(lifetimes: list[Lifetime], pairs: list[tuple[str, str]]) -> list[_Gr
     return list(unique.values())
 
 
+def _profile(groups: list[_Group], kernels: int = 0) -> np.ndarray:
+    """The bytes of the groups live during each of the first `kernels` kernels (or up to the last one used)."""
+    used = [g for g in groups if g.start >= 0]  # a temporary no kernel touches lives nowhere
+    length = max([kernels] + [g.end + 1 for g in used])
+    change = np.zeros(length + 1, np.int64)
+    np.add.at(change, [g.start for g in used], [g.nbytes for g in used])
+    np.subtract.at(change, [g.end + 1 for g in used], [g.nbytes for g in used])
+    return np.cumsum(change)[:length]
+
+
 def _live_bytes(groups: list[_Group]) -> int:
-    """The largest total size of groups live during one kernel (a sweep over interval ends)."""
-    events = sorted([(g.start, g.nbytes) for g in groups] + [(g.end + 1, -g.nbytes) for g in groups])
-    live = peak = 0
-    for _, change in events:  # at equal times the frees (negative) sort first
-        live += change
-        peak = max(peak, live)
-    return peak
+    """The largest total size of groups live during one kernel."""
+    return int(_profile(groups).max(initial=0))
 
 
-def _best_fit(groups: list[_Group], order: Callable[[_Group], tuple]) -> int:
-    """Place `groups` in `order`, each in the smallest gap that fits among those live with it; the arena size."""
-    placed: list[_Group] = []
-    arena = 0
-    for group in sorted(groups, key=order):
-        live = sorted((p for p in placed if p.start <= group.end and group.start <= p.end), key=lambda p: p.offset)
-        cursor, best, best_gap = 0, None, None
-        for other in live:
-            gap = other.offset - cursor
-            if gap >= group.nbytes and (best_gap is None or gap < best_gap):
-                best, best_gap = cursor, gap
-            cursor = max(cursor, other.offset + other.nbytes)
-        group.offset = cursor if best is None else best
-        placed.append(group)
-        arena = max(arena, group.offset + group.nbytes)
-    return arena
+class _Placed:
+    """The groups placed so far, as arrays: overlap with a new group is one vectorized test, not a Python loop."""
 
+    def __init__(self, capacity: int) -> None:
+        self.start, self.end, self.offset, self.top = (np.zeros(capacity, np.int64) for _ in range(4))
+        self.count = 0
+
+    def gaps(self, group: _Group) -> tuple[np.ndarray, np.ndarray, int]:
+        """Free gaps below the groups live with `group` (their offsets and sizes, lowest first) and the lowest
+        offset above all of them."""
+        n = self.count
+        live = (self.start[:n] <= group.end) & (self.end[:n] >= group.start)
+        if not live.any():
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
+        by_offset = np.argsort(self.offset[:n][live], kind="stable")
+        offsets, tops = self.offset[:n][live][by_offset], self.top[:n][live][by_offset]
+        covered = np.maximum.accumulate(tops)  # the highest byte in use below each neighbour's start
+        floors = np.concatenate(([0], covered[:-1]))
+        return floors, offsets - floors, int(covered[-1])
+
+    def add(self, group: _Group) -> None:
+        n = self.count
+        self.start[n], self.end[n], self.offset[n], self.top[n] = group.start, group.end, group.offset, \
+            group.offset + group.nbytes
+        self.count += 1
+
+
+def _best_gap(floors: np.ndarray, sizes: np.ndarray, nbytes: int) -> int | None:
+    """The smallest gap that holds `nbytes` (best fit; the lowest of equal ones)."""
+    fitting = np.flatnonzero(sizes >= nbytes)
+    return None if fitting.size == 0 else int(floors[fitting[np.argmin(sizes[fitting])]])
+
+
+def _first_gap(floors: np.ndarray, sizes: np.ndarray, nbytes: int) -> int | None:
+    """The lowest gap that holds `nbytes` (first fit)."""
+    fitting = np.flatnonzero(sizes >= nbytes)
+    return None if fitting.size == 0 else int(floors[fitting[0]])
+
+
+FITS: dict[str, Callable[[np.ndarray, np.ndarray, int], int | None]] = {"best fit": _best_gap,
+                                                                         "first fit": _first_gap}
+"""Which free gap among the neighbours' a group takes; with no gap that fits, it goes above them all."""
 
 ORDERS: dict[str, Callable[[_Group], tuple]] = {
     "largest first": lambda g: (-g.nbytes, g.start),
-    "earliest first": lambda g: (g.start, -g.nbytes),
     "longest lived first": lambda g: (g.start - g.end, -g.nbytes),
+    "earliest first": lambda g: (g.start, -g.nbytes),
 }
+"""The orders groups are placed in, tried in this order: largest first packs tightest on every graph measured
+(module docstring); the others win on a few."""
+
+
+def place(groups: list[_Group], order: Callable[[_Group], tuple],
+          fit: Callable[[np.ndarray, np.ndarray, int], int | None]) -> int:
+    """Give every group an offset, in `order`, by `fit` among the groups live with it; the arena size."""
+    placed = _Placed(len(groups))
+    arena = 0
+    for group in sorted(groups, key=order):
+        floors, sizes, top = placed.gaps(group)
+        offset = fit(floors, sizes, group.nbytes)
+        group.offset = top if offset is None else offset
+        placed.add(group)
+        arena = max(arena, group.offset + group.nbytes)
+    return arena
 
 
 def plan_memory(schedule: Schedule, reuse: bool = True) -> ArenaPlan:
@@ -137,14 +193,31 @@ def plan_memory(schedule: Schedule, reuse: bool = True) -> ArenaPlan:
 
 
 def pack(lifetimes: list[Lifetime], pairs: list[tuple[str, str]]) -> ArenaPlan:
-    """Best-fit offsets for `lifetimes` (each (donor, output) pair sharing bytes): the smallest arena over `ORDERS`."""
+    """Offsets for `lifetimes` (each (donor, output) pair sharing bytes): the smallest arena over `ORDERS` and
+    `FITS`, stopping at the first that reaches the bound."""
     groups = _groups(lifetimes, pairs)
+    bound = _live_bytes(groups)
     arena, offsets = 0, {}
-    for order in ORDERS.values():
-        size = _best_fit(groups, order)
+    for order, fit in itertools.product(ORDERS.values(), FITS.values()):
+        size = place(groups, order, fit)
         if not offsets or size < arena:
             arena, offsets = size, {name: g.offset for g in groups for name in g.names}
-    return ArenaPlan(offsets, arena, naive_bytes(lifetimes), _live_bytes(groups), lifetimes, pairs)
+        if arena <= bound:  # no placement can do better
+            break
+    return ArenaPlan(offsets, arena, naive_bytes(lifetimes), bound, lifetimes, pairs)
+
+
+def live_profile(schedule: Schedule) -> np.ndarray:
+    """The temporary bytes live during each kernel of `schedule`, with its in-place handoffs (a chain of
+    handoffs is one block of bytes)."""
+    lifetimes = temporaries(schedule)
+    return _profile(_groups(lifetimes, in_place_pairs(schedule, lifetimes)), len(schedule.kernels))
+
+
+def live_bytes(schedule: Schedule) -> int:
+    """The most temporary bytes live during one kernel: the arena `plan_memory` reaches when packing is
+    perfect, at a fraction of its cost."""
+    return int(live_profile(schedule).max(initial=0))
 
 
 def naive_plan(lifetimes: list[Lifetime]) -> ArenaPlan:

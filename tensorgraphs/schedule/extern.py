@@ -8,22 +8,41 @@ with its last two axes swapped (the transpose becomes swapped strides); anything
 else is materialized into a buffer first. The kernel reads and writes through its
 `Kernel.buffers` like any other, so liveness and the memory planner see it as one.
 
+Elementwise consumers the library applies on its registers before the store
+(gemm.h: c = activation(alpha * (a @ b) + bias) + residual) are fused into the
+call by `fuse_epilogues`, so `gelu(linear(x, w, b))` is one kernel. Each
+`EpilogueRule` is a pattern over the primitive graph and the stage of the
+epilogue it fills; activations are matched against the frontend's own
+definitions (`_activations`, traced and decomposed as the scheduler decomposes
+them; constants match through broadcasts, commutative operands either way). A
+rule fuses only when the value it consumes is needed nowhere else (a training
+step keeps the pre-activation for the backward pass: bias fuses, the activation
+does not), and only operands that are buffers anyway (inputs, other products,
+roots) become bias or residual.
+
 TG_GEMM=0 turns this off (matmuls lowered to loops, for comparison); set it before
 the first program is built, since compiled programs are cached by graph.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
+from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.codegen.loop_ir import Buffer, GemmCall, Kernel
-from tensorgraphs.graph.composite import is_composite
-from tensorgraphs.graph.node import Node
+from tensorgraphs.codegen.loop_ir import Buffer, GemmCall, GemmEpilogue, Kernel
+from tensorgraphs.graph.composite import Composite, is_composite, make_node
+from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
+from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
 
 def runs_as_gemm(node: Node) -> bool:
@@ -45,12 +64,16 @@ def _swaps_last_two(node: Node) -> bool:
     return node.op is Op.PERMUTE and tuple(node.arg) == order[:-2] + (order[-1], order[-2])
 
 
+def _storage(view: Node) -> Node:
+    """The node whose contiguous buffer a chain of reshapes reads."""
+    while view.op is Op.RESHAPE:
+        view = view.src[0]
+    return view
+
+
 def operand_base(view: Node) -> Node:
     """The node whose buffer holds `view`'s elements (see the module docstring)."""
-    base = view.src[0] if _swaps_last_two(view) else view
-    while base.op is Op.RESHAPE:
-        base = base.src[0]
-    return base
+    return _storage(view.src[0] if _swaps_last_two(view) else view)
 
 
 def operand_strides(view: Node) -> tuple[int, int, int]:
@@ -63,9 +86,240 @@ def operand_strides(view: Node) -> tuple[int, int, int]:
     return math.prod(stored[-2:]), contiguous[-2], contiguous[-1]
 
 
+# ---------------------------------------------------------------------------
+# Epilogues: the elementwise consumers of a product that the GEMM applies itself.
+# ---------------------------------------------------------------------------
+
+
+def _activations() -> dict[str, Callable[[Any], Any]]:
+    """The library's activations (`gemm.ACTIVATIONS`) as the frontend defines them."""
+    from tensorgraphs.nn import functional as F
+
+    return {"relu": F.relu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
+                            activation: str, residual: bool) -> Any:
+    """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
+    from tensorgraphs.frontend import elementwise as ew
+    from tensorgraphs.frontend import linalg
+    from tensorgraphs.frontend import movement as mv
+
+    given = iter(operands)
+    out = mv.reshape(ew.mul(linalg.matmul(a, b), alpha), shape)
+    if bias:
+        out = ew.add(out, mv.reshape(next(given), shape[-1:]))
+    if activation != "none":
+        out = _activations()[activation](out)
+    return ew.add(out, mv.reshape(next(given), shape)) if residual else out
+
+
+GEMM_EPILOGUE = Composite("matmul_epilogue", lambda a, b, *_, shape, **params: (a.dtype, shape),
+                          _epilogue_decomposition)
+"""A product with its epilogue: sources (a, b, bias?, residual?), bias a vector over the last axis and residual
+shaped like the result, both contiguous buffers. Made by `fuse_epilogues` only, so it is not registered."""
+
+LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL = range(5)
+"""Epilogue stages in the order gemm.h applies them; a reshape keeping the rows (LAYOUT) may come anywhere."""
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A product and the epilogue fused into it so far; `stage` is the last stage filled."""
+
+    product: Node
+    stage: int = LAYOUT
+    alpha: float = 1.0
+    bias: Node | None = None
+    activation: str = "none"
+    residual: Node | None = None
+
+    def fuses_anything(self) -> bool:
+        return self.stage > LAYOUT
+
+    def operands(self) -> tuple[Node, ...]:
+        return tuple(n for n in (self.bias, self.residual) if n is not None)
+
+    def node(self, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
+        a, b = self.product.src
+        params = {"shape": shape, "alpha": self.alpha, "bias": self.bias is not None,
+                  "activation": self.activation, "residual": self.residual is not None}
+        sources = tuple(rebuilt[n] for n in (a, b, *self.operands()))
+        return make_node(GEMM_EPILOGUE, sources, params, dtypes.float32, shape)
+
+
+Update = Callable[[_Chain, Bindings], _Chain]
+
+
+@dataclass(frozen=True)
+class EpilogueRule:
+    """`pattern` binds "x" to the end of a chain (a product, or an epilogue op fused into one); `update` fills
+    `stage` of the chain's epilogue from the bindings."""
+
+    stage: int
+    pattern: Pattern
+    update: Update
+
+
+def _broadcast_constant(node: Node) -> Node | None:
+    """The CONST that `node` is a view of, if any (constants are broadcast by reshape and expand)."""
+    while node.op in (Op.RESHAPE, Op.EXPAND):
+        node = node.src[0]
+    return node if node.op is Op.CONST else None
+
+
+def _is_constant(value: Any) -> Callable[[Node], bool]:
+    return lambda node: (c := _broadcast_constant(node)) is not None and same_value(c.arg, value)
+
+
+def _keeps_rows(node: Node) -> bool:
+    return node.shape[-1:] == node.src[0].shape[-1:]
+
+
+def _row_vector(node: Node) -> bool:
+    """An EXPAND of a vector over the last axis to every row."""
+    source = node.src[0]
+    return source.shape[-1:] == node.shape[-1:] and math.prod(source.shape[:-1]) == 1
+
+
+@functools.cache
+def _activation_templates() -> tuple[tuple[str, Node, Node], ...]:
+    """(name, placeholder, definition) per activation: each traced on a 0-d placeholder and decomposed to
+    primitives, as the scheduler decomposes the graph (rewrite canonicalization only reorders commutative
+    operands and turns broadcast constants into constants, which the patterns see through)."""
+    from tensorgraphs.frontend.tensor import Tensor
+    from tensorgraphs.rewrite import optimize
+
+    templates = []
+    for name, activation in _activations().items():
+        placeholder = Tensor.from_numpy(np.float32(0.0))
+        templates.append((name, placeholder.node, optimize([activation(placeholder).node], ["decompose"])[0]))
+    return tuple(templates)
+
+
+def _template_pattern(template: Node, placeholder: Node, x: Pattern) -> Pattern:
+    """`template` as a pattern: the placeholder is `x`, a constant matches any broadcast of its value. (Unlike
+    `rewrite.pattern_of`, constants are matched through views: the scheduler's graph is not re-canonicalized.)"""
+    patterns: dict[Node, Pattern] = {}
+    for node in toposort([template]):
+        if node is placeholder:
+            patterns[node] = x
+        elif (constant := _broadcast_constant(node)) is not None:
+            patterns[node] = Pattern(where=_is_constant(constant.arg))
+        else:
+            same_arg = (lambda n, arg=node.arg: n.arg == arg) if node.arg is not None else None
+            patterns[node] = op(node.op, *(patterns[s] for s in node.src), where=same_arg)
+    return patterns[template]
+
+
+def _setting(name: str, value: Callable[[Bindings], Any]) -> Update:
+    """An update that sets the chain's `name` to `value(bindings)`."""
+    return lambda chain, found: dataclasses.replace(chain, **{name: value(found)})
+
+
+def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
+    """What the GEMM can apply after a chain end (see gemm.h for the order)."""
+    x = var("x", where=is_chain_end)
+    scalar = var("alpha", where=lambda n: _broadcast_constant(n) is not None)
+    rules = [
+        EpilogueRule(LAYOUT, op(Op.RESHAPE, x, where=_keeps_rows), lambda chain, _: chain),
+        EpilogueRule(ALPHA, op(Op.MUL, x, scalar),
+                     _setting("alpha", lambda f: float(_broadcast_constant(f["alpha"]).arg))),
+        EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)),
+                     _setting("bias", lambda f: _storage(f["bias"]))),
+        EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
+    ]
+    for name, placeholder, template in _activation_templates():
+        rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
+                                  _setting("activation", lambda _, name=name: name)))
+    return rules
+
+
+def _region(root: Node, start: Node, position: dict[Node, int]) -> set[Node]:
+    """The nodes from `start` (excluded) up to `root` that depend on `start`: what one epilogue op computes.
+    (`position` is a topological order: nothing before `start` depends on it.)"""
+    region: set[Node] = set()
+    for node in toposort([root], stop=lambda n: position.get(n, -1) <= position[start]):  # -1: beyond a leaf
+        if any(s is start or s in region for s in node.src):
+            region.add(node)
+    return region
+
+
+def fuse_epilogues(roots: list[Node], materialized: set[Node],
+                   is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
+    """`roots` with each product's fusable elementwise consumers folded into one `GEMM_EPILOGUE` node, and the
+    nodes to materialize (those given, mapped onto the new graph, plus the fused products and their operands)."""
+    order = toposort(roots, stop=is_leaf)
+    chains = _grow_chains(order, roots, materialized, is_leaf)
+    fused = {end: chain for end, chain in chains.items() if chain.fuses_anything()}
+    rebuilt: dict[Node, Node] = {}
+    for node in order:
+        if node in fused:
+            rebuilt[node] = fused[node].node(node.shape, rebuilt)
+        elif is_leaf(node) or all(rebuilt[s] is s for s in node.src):
+            rebuilt[node] = node
+        else:
+            rebuilt[node] = Node(node.op, node.dtype, node.shape, tuple(rebuilt[s] for s in node.src), node.arg)
+    operands = {rebuilt[n] for chain in fused.values() for n in chain.operands() if not is_leaf(n)}
+    kept = {rebuilt.get(n, n) for n in materialized} | {rebuilt[end] for end in fused} | operands
+    return [rebuilt[r] for r in roots], kept
+
+
+def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
+                 is_leaf: Callable[[Node], bool]) -> dict[Node, _Chain]:
+    """Every product's chain, by its end. Walking the graph sources first, a rule extends a chain when every
+    node it replaces (the chain end and the op's inner nodes) is consumed only inside the op, the op's result
+    is float32, and its bias or residual is a float32 buffer anyway (materialized, a leaf, or a chain end) of
+    the size the stage needs."""
+    consumers: dict[Node, set[Node | None]] = defaultdict(set)
+    for node in order:
+        for source in () if is_leaf(node) else node.src:
+            consumers[source].add(node)
+    for root in roots:
+        consumers[root].add(None)  # a root's value leaves the program
+    position = {node: i for i, node in enumerate(order)}
+    chains = {node: _Chain(node) for node in order if runs_as_gemm(node) and not is_leaf(node)}
+    rejected: set[Node] = set()  # ends tried at this node and rule (a commutative op may bind x to either)
+    rules = epilogue_rules(lambda n: n in chains and n not in rejected)
+
+    def buffered(operand: Node) -> bool:
+        return operand in position and operand.dtype == dtypes.float32 and (
+            is_leaf(operand) or operand in materialized or operand in chains)
+
+    def extension(rule: EpilogueRule, node: Node, found: Bindings) -> _Chain | None:
+        end, chain = found["x"], chains[found["x"]]
+        if rule.stage != LAYOUT and rule.stage <= chain.stage:
+            return None
+        extended = rule.update(chain, found)
+        region = _region(node, end, position)
+        closed = all(consumers[n] <= region for n in region - {node} | {end})
+        shapes_fit = (extended.bias is None or extended.bias.size == chain.product.shape[-1]) and (
+            extended.residual is None or extended.residual.size == node.size)
+        operands_fit = all(buffered(n) for n in extended.operands()) and all(
+            found[name] is not end for name in ("bias", "residual") if name in found)
+        fits = closed and shapes_fit and operands_fit
+        return dataclasses.replace(extended, stage=max(chain.stage, rule.stage)) if fits else None
+
+    def first_extension(node: Node) -> tuple[Node, _Chain] | None:
+        for rule in rules:
+            rejected.clear()
+            while (found := rule.pattern.match(node)) is not None:
+                if (extended := extension(rule, node, found)) is not None:
+                    return found["x"], extended
+                rejected.add(found["x"])
+        return None
+
+    for node in order:
+        if node.dtype == dtypes.float32 and (step := first_extension(node)) is not None:
+            end, chains[node] = step
+            del chains[end]
+    return chains
+
+
 @dataclass
 class GemmLowering:
-    """The kernel of one matrix product; like `lower.Lowering`, it inlines and recomputes nothing."""
+    """The kernel of one matrix product and its epilogue; like `lower.Lowering`, it inlines and recomputes
+    nothing."""
 
     name: str
     node: Node
@@ -74,14 +328,24 @@ class GemmLowering:
     recomputed: set[Node] = field(default_factory=set)
 
     def kernel(self) -> Kernel:
-        a, b = self.node.src
+        a, b, *operands = self.node.src
         *_, m, k = a.shape
         n = b.shape[-1]
         batch = math.prod(a.shape[:-2])
         a_name, b_name, c_name = self.buffers[operand_base(a)], self.buffers[operand_base(b)], self.buffers[self.node]
         params = {name: Buffer(name, dtypes.float32, source.size, False)
-                  for name, source in ((a_name, operand_base(a)), (b_name, operand_base(b)))}
+                  for name, source in ((a_name, operand_base(a)), (b_name, operand_base(b)),
+                                       *((self.buffers[o], o) for o in operands))}
         params[c_name] = Buffer(c_name, dtypes.float32, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
-                        (m * n, n))
+                        (m * n, n), self.epilogue(m, n))
         return Kernel(self.name, list(params.values()), [call])
+
+    def epilogue(self, m: int, n: int) -> GemmEpilogue:
+        if self.node.op is not GEMM_EPILOGUE:
+            return GemmEpilogue()
+        params = dict(self.node.arg)
+        operands = iter(self.buffers[o] for o in self.node.src[2:])
+        bias = next(operands) if params["bias"] else None
+        residual = next(operands) if params["residual"] else None
+        return GemmEpilogue(params["alpha"], bias, (0, 0, 1), params["activation"], residual, (m * n, n))

@@ -5,7 +5,8 @@ Steps, each a plain function:
 1. `to_primitive`: every composite is replaced by its reference decomposition
    (recursively), except float32 matrix products the GEMM library runs (`schedule.extern`:
    kept whole, their operands and result materialized); large full reductions are split in two so both halves run in
-   parallel (`split_full_reduction`).
+   parallel (`split_full_reduction`). A product's elementwise consumers that the GEMM applies itself (bias,
+   activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
 2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
    inputs, roots and scatter-adds always; everything else is computed inside
    the kernels that consume it (`schedule.lower`). Fusion therefore follows from
@@ -48,7 +49,7 @@ from tensorgraphs.codegen.loop_ir import Kernel
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import REDUCE, Op
-from tensorgraphs.schedule.extern import GemmLowering, operand_base, runs_as_gemm
+from tensorgraphs.schedule.extern import GemmLowering, fuse_epilogues, operand_base, runs_as_gemm
 from tensorgraphs.schedule.lower import Lowering, lower_node
 
 IsInput = Callable[[Node], bool]
@@ -127,9 +128,11 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     given = is_input or (lambda n: False)
     leaf = lambda n: n.op is Op.BUFFER or given(n)  # noqa: E731
     primitive_roots, materialized = to_primitive(roots, leaf)
+    scatters = {n for n in toposort(primitive_roots, stop=leaf) if n.op is Op.SCATTER_ADD}
+    primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots) | scatters,
+                                                   leaf)
     order = toposort(primitive_roots, stop=leaf)
     inputs = [n for n in order if leaf(n)]
-    materialized |= set(primitive_roots) | {n for n in order if n.op is Op.SCATTER_ADD}
     position = {n: i for i, n in enumerate(order)}
     lowered: dict[Node, Lowering | GemmLowering] = {}
     added = set(materialized)

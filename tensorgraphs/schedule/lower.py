@@ -229,8 +229,9 @@ class Lowering:
             if scope.var is not column:
                 continue
             early = self._same_value_in_a_row_loop(source, index, column)
-            if early is not None:
+            if early is not None:  # one value only: a second would overwrite the first's stores in `out`
                 self._forward(out, found, early, scope, self._scope_of[early.name])
+                return
 
     def _same_value_in_a_row_loop(self, source: Node, index: Index, column: Var) -> Ref | None:
         """`source` computed innermost in a reduction over `row` at `index` with `column` -> `row`."""

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 import pytest
 
 import tensorgraphs as tg
+from tensorgraphs import nn
 from tensorgraphs.graph.node import Node
 from tensorgraphs.memory.order import order_for_memory
+from tensorgraphs.rewrite import optimize
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
+
+SMALL_TRANSFORMER = {"d_model": 32, "nhead": 4, "dim_feedforward": 128}
+"""The benchmark's pre-LN layer (bench/memory.py) at an eighth of its width: the same kernels, smaller buffers."""
+SMALL_BATCH = (2, 16)  # batch, sequence
 
 
 @pytest.fixture(autouse=True)
@@ -39,3 +48,45 @@ def graph_order_schedule(handoff_roots: list[Node]) -> Schedule:
 def handoff_schedule(graph_order_schedule: Schedule) -> Schedule:
     """The schedule in the order the cpu backend runs it, with one in-place handoff."""
     return order_for_memory(graph_order_schedule)
+
+
+@dataclass
+class TransformerStep:
+    """The benchmark's training step (mean squared output, the gradient of every parameter) on a small model."""
+
+    model: nn.Module
+    x: np.ndarray
+    target: np.ndarray
+
+    def __call__(self, x: tg.Tensor, target: tg.Tensor) -> tuple[tg.Tensor, ...]:
+        loss = ((self.model(x) - target) ** 2).mean()
+        return (loss, *tg.grad(loss, list(self.model.parameters())))
+
+    def schedule(self) -> Schedule:
+        """Its kernels in graph order (not compiled)."""
+        outputs = self(tg.tensor(self.x), tg.tensor(self.target))
+        return schedule_kernels(optimize([t.node for t in outputs]))
+
+
+def small_transformer_step(layers: int) -> TransformerStep:
+    tg.manual_seed(0)
+    model = nn.Sequential(*[nn.TransformerEncoderLayer(**SMALL_TRANSFORMER, dropout=0.0, batch_first=True,
+                                                       norm_first=True) for _ in range(layers)])
+    rng = np.random.default_rng(0)
+    shape = (*SMALL_BATCH, SMALL_TRANSFORMER["d_model"])
+    return TransformerStep(model, *(rng.normal(size=shape).astype(np.float32) for _ in range(2)))
+
+
+@pytest.fixture
+def transformer_step() -> Callable[[int], TransformerStep]:
+    return small_transformer_step
+
+
+@pytest.fixture(scope="session")
+def two_layer_training() -> TransformerStep:
+    return small_transformer_step(2)
+
+
+@pytest.fixture(scope="session")
+def two_layer_step(two_layer_training: TransformerStep) -> Schedule:
+    return two_layer_training.schedule()

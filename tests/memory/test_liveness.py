@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tensorgraphs.memory.liveness import naive_bytes, temporaries
+from tensorgraphs.memory.order import order_for_memory
 from tensorgraphs.schedule.fusion import Schedule
 
 
@@ -22,3 +23,14 @@ def test_intervals_span_first_write_to_last_read(handoff_schedule: Schedule) -> 
 def test_overlap_is_inclusive_at_both_ends(handoff_schedule: Schedule) -> None:
     first, second, *_ = temporaries(handoff_schedule)
     assert first.end == second.start and first.overlaps(second) and second.overlaps(first)
+
+
+def test_a_recomputed_value_counts_once_in_naive(two_layer_step: Schedule) -> None:
+    """Recomputing adds temporaries holding values already counted: the naive bytes stay those of the schedule."""
+    lifetimes = temporaries(order_for_memory(two_layer_step))
+    copies = [life for life in lifetimes if life.copy_of is not None]
+    naive = naive_bytes(temporaries(two_layer_step))
+    assert copies and naive_bytes(lifetimes) == naive
+    assert sum(life.nbytes for life in lifetimes) == naive + sum(life.nbytes for life in copies)
+    sizes = {life.name: life.nbytes for life in lifetimes}
+    assert all(sizes[life.copy_of] == life.nbytes for life in copies)

@@ -13,6 +13,7 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU, Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.node import Node
+from tensorgraphs.memory.order import order_for_memory
 from tensorgraphs.rewrite import fuzz
 from tensorgraphs.schedule.fusion import schedule_kernels
 
@@ -80,3 +81,15 @@ def test_rewrite_fuzzer_graphs_any_dtype(seed: int) -> None:
     roots = fuzz.random_graph(seed)
     planned, plain = CPU.evaluate(roots), unplanned(roots)
     assert all(fuzz.same_bits(a, b) for a, b in zip(planned, plain)), f"fuzz seed {seed}"
+
+
+def test_recomputing_graphs_equal_unplanned_and_reference() -> None:
+    """Longer random graphs, where a cheap value is now and then recomputed (`memory.recompute`) instead of kept."""
+    recomputing = 0
+    for seed in range(48):
+        roots = random_graph(seed, steps=12)
+        schedule = schedule_kernels(roots)
+        if len(order_for_memory(schedule).kernels) > len(schedule.kernels):
+            check(roots, seed, rtol=2e-3)
+            recomputing += 1
+    assert recomputing >= 2

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.backends.numpy_backend import REFERENCE
+from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
-from tensorgraphs.schedule.fusion import schedule_kernels
+from tensorgraphs.schedule import extern
+from tensorgraphs.schedule.extern import GEMM_EPILOGUE, fuse_epilogues
+from tensorgraphs.schedule.fusion import Schedule, schedule_kernels, to_primitive
 
 pytestmark = pytest.mark.skipif(not gemm.available(), reason="the GEMM library needs AVX-512")
 
@@ -68,3 +76,134 @@ def test_other_dtypes_keep_the_loops() -> None:
         result = tg.tensor(x) @ tg.tensor(x).T
         assert "tg_gemm_f32(" not in _program_source(result)
         np.testing.assert_allclose(result.numpy(), x @ x.T)
+
+
+# ---------------------------------------------------------------------------
+# Epilogues fused into the call (schedule.extern.fuse_epilogues)
+# ---------------------------------------------------------------------------
+
+
+def _floats(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def _gemm_calls(schedule: Schedule) -> list[GemmCall]:
+    return [stmt for kernel in schedule.kernels for stmt in kernel.body if isinstance(stmt, GemmCall)]
+
+
+EPILOGUE_CASES = {  # name: (function of tg or torch tensors and their F module, operand shapes, the epilogue)
+    "linear+bias": (lambda F, x, w, b: F.linear(x, w, b), [(2, 5, 33), (17, 33), (17,)], "acc + b"),
+    "linear+bias+relu": (lambda F, x, w, b: F.relu(F.linear(x, w, b)), [(7, 9), (33, 9), (33,)], "relu"),
+    "linear+bias+gelu": (lambda F, x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
+                         [(3, 4, 16), (40, 16), (40,)], "gelu_tanh(acc + b"),
+    "linear+residual": (lambda F, x, w, r: F.linear(x, w) + r, [(9, 31), (7, 31), (9, 7)], "acc + b"),
+    "scale+bias+gelu+residual": (lambda F, x, w, b, r: F.gelu((x @ w) * 0.125 + b, approximate="tanh") + r,
+                                 [(6, 20), (20, 24), (24,), (6, 24)], "gelu_tanh(0.125 * acc + b"),
+    "batched+bias+relu+residual": (lambda F, x, y, b, r: r + F.relu(x @ y + b), [(2, 3, 5, 7), (2, 3, 7, 9), (9,),
+                                                                                  (2, 3, 5, 9)], "relu(acc + b"),
+}
+
+
+@pytest.mark.parametrize("name", list(EPILOGUE_CASES))
+def test_fused_epilogue_is_one_kernel_and_matches_torch(name: str) -> None:
+    build, shapes, epilogue = EPILOGUE_CASES[name]
+    arrays = [_floats(shape, seed) for seed, shape in enumerate(shapes)]
+    expected = build(torch.nn.functional, *map(torch.from_numpy, arrays)).numpy()
+    with tg.device("cpu"):
+        result = build(F, *map(tg.tensor, arrays))
+        schedule = schedule_kernels([result.node])
+        assert len(schedule.kernels) == 1, f"{name}: {schedule}"
+        assert epilogue in repr(_gemm_calls(schedule)[0]), f"{name}: {schedule}"
+        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_fused_node_decomposes_to_what_the_kernel_computes() -> None:
+    """The fused node's reference decomposition (numpy backend) is the oracle of the call."""
+    build, shapes, _ = EPILOGUE_CASES["scale+bias+gelu+residual"]
+    arrays = [_floats(shape, seed) for seed, shape in enumerate(shapes)]
+    result = build(F, *map(tg.tensor, arrays))
+    (fused,), _ = fuse_epilogues(*to_primitive([result.node], lambda n: n.op is Op.BUFFER), lambda n: n.op is Op.BUFFER)
+    assert fused.op is GEMM_EPILOGUE
+    (reference,) = REFERENCE.evaluate([fused])
+    with tg.device("cpu"):
+        np.testing.assert_allclose(result.numpy(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_gelu_compiles_to_one_kernel() -> None:
+    x, w, b = _floats((8, 16, 32), 0), _floats((64, 32), 1), _floats((64,), 2)
+    compiled = tg.compile(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"))
+    got = compiled(x, w, b)
+    assert compiled.stats.kernels == 1
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(*map(torch.from_numpy, (x, w, b))),
+                                        approximate="tanh")
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_value_needed_before_the_activation_keeps_the_activation_out() -> None:
+    """The pre-activation is also returned: bias fuses into the product, gelu reads its buffer."""
+    x, w, b = _floats((9, 12), 3), _floats((10, 12), 4), _floats((10,), 5)
+    with tg.device("cpu"):
+        pre = F.linear(tg.tensor(x), tg.tensor(w), tg.tensor(b))
+        post = F.gelu(pre, approximate="tanh")
+        (call,) = _gemm_calls(schedule_kernels([pre.node, post.node]))
+        assert call.epilogue.bias is not None and call.epilogue.activation == "none"
+        expected = torch.nn.functional.linear(*map(torch.from_numpy, (x, w, b)))
+        np.testing.assert_allclose(pre.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(post.numpy(), torch.nn.functional.gelu(expected, approximate="tanh").numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_operands_that_are_not_buffers_are_not_fused() -> None:
+    """A bias computed by the graph (2 * b) would need a kernel of its own: it stays in the consumer's kernel."""
+    x, w, b = _floats((9, 12), 6), _floats((10, 12), 7), _floats((10,), 8)
+    with tg.device("cpu"):
+        result = F.linear(tg.tensor(x), tg.tensor(w), tg.tensor(b) * 2)
+        (call,) = _gemm_calls(schedule_kernels([result.node]))
+        assert call.epilogue == GemmEpilogue()
+        np.testing.assert_allclose(result.numpy(), x @ w.T + 2 * b, rtol=1e-5, atol=1e-5)
+
+
+def _mlp_training_step() -> list[tg.Tensor]:
+    rng = np.random.default_rng(0)
+    x = tg.tensor(_floats((32, 64), 9))
+    params = [tg.tensor((rng.normal(size=s) / np.sqrt(s[-1])).astype(np.float32), requires_grad=True)
+              for s in ((128, 64), (128,), (128, 128), (128,), (10, 128), (10,))]
+    w1, b1, w2, b2, w3, b3 = params
+    hidden = F.gelu(F.linear(x, w1, b1), approximate="tanh")
+    out = F.linear(F.relu(F.linear(hidden, w2, b2)) + hidden, w3, b3)
+    loss = (out * out).mean()
+    return [loss, *tg.grad(loss, params)]
+
+
+def test_training_step_fuses_bias_keeps_pre_activations_and_adds_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    roots = [t.node for t in _mlp_training_step()]
+    fused = schedule_kernels(roots)
+    epilogues = [call.epilogue for call in _gemm_calls(fused)]
+    assert sum(e.bias is not None for e in epilogues) == 3  # every forward linear
+    assert all(e.activation == "none" for e in epilogues)  # gelu's and relu's backward read the pre-activation
+    assert sum(e.residual is not None for e in epilogues) == 1  # the two gradients reaching `hidden`, summed
+    monkeypatch.setattr(extern, "epilogue_rules", lambda is_chain_end: [])
+    assert len(fused.kernels) <= len(schedule_kernels(roots).kernels)
+    with tg.device("numpy"):
+        expected = [t.detach().numpy() for t in _mlp_training_step()]
+    monkeypatch.undo()
+    with tg.device("cpu"):
+        for got, want in zip([t.detach().numpy() for t in _mlp_training_step()], expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/memory.py's pre-LN layer, small: out_proj and the second FFN linear take bias and residual, the first
+    FFN linear its bias (relu's backward reads the pre-activation), the attention scores their scale."""
+    tg.manual_seed(0)
+    layer = tg.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
+    x, target = tg.tensor(_floats((2, 8, 16), 10)), tg.tensor(_floats((2, 8, 16), 11))
+    loss = ((layer(x) - target) ** 2).mean()
+    roots = [loss.node, *(g.node for g in tg.grad(loss, list(layer.parameters())))]
+    fused = schedule_kernels(roots)
+    epilogues = [call.epilogue for call in _gemm_calls(fused)]
+    assert sum(e.bias is not None and e.residual is not None for e in epilogues) == 2, epilogues
+    assert sum(e.bias is not None and e.residual is None for e in epilogues) == 1, epilogues
+    assert any(math.isclose(e.alpha, 1 / math.sqrt(16 // 2)) for e in epilogues), epilogues  # q @ k^T / sqrt(d)
+    monkeypatch.setattr(extern, "epilogue_rules", lambda is_chain_end: [])
+    assert len(fused.kernels) <= len(schedule_kernels(roots).kernels)

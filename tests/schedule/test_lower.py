@@ -88,3 +88,21 @@ def test_softmax_computes_exp_once_through_the_output_buffer() -> None:
     stores = [s for s in walk(kernel.body) if isinstance(s, Store)]
     assert [s.op.name for s in lets if not isinstance(s.op, str)].count("EXP2") == 1
     assert [repr(s.index) for s in stores] == ["(i1*100 + r11)", "(i1*100 + i2)"]
+
+
+def test_several_softmaxes_in_one_kernel_keep_their_own_values() -> None:
+    """Three softmaxes summed fuse into one kernel; each caches exp(x - max) between its passes, and no cache
+    may overwrite another's (short rows, and rows too long for a private row array)."""
+    rng = np.random.default_rng(0)
+    for shape in ((12, 300), (4, 50_000)):
+        a, b, c = (tg.tensor(rng.standard_normal(shape).astype(np.float32)) for _ in range(3))
+
+        def softmaxes(a: tg.Tensor, b: tg.Tensor, c: tg.Tensor) -> tg.Tensor:
+            return F.softmax(a, -1) + F.softmax(b * 2, -1) + F.softmax(a + c, -1)
+
+        compiled = tg.compile(softmaxes)
+        got = compiled(a, b, c).numpy()
+        with tg.device("numpy"):
+            expected = softmaxes(a, b, c).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+        assert compiled.stats.kernels == 1
