@@ -1,9 +1,13 @@
-"""The `tg` command line: `tg demo`, `tg train`, `tg ops`."""
+"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+# `tg example NAME` runs this module of tensorgraphs.examples
+EXAMPLES = {"digits": "digits_mlp", "cnn": "cnn"}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -17,6 +21,11 @@ def _train(args: argparse.Namespace) -> int:
     from tensorgraphs.examples import gpt
 
     gpt.main(args.rest)
+    return 0
+
+
+def _example(args: argparse.Namespace) -> int:
+    importlib.import_module(f"tensorgraphs.examples.{EXAMPLES[args.name]}").main(args.rest)
     return 0
 
 
@@ -74,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     train = commands.add_parser("train", add_help=False,
                                 help="train a small character-level GPT on a shipped text (`tg train --help`)")
     train.set_defaults(run=_train)
+    example = commands.add_parser("example", add_help=False,
+                                  help="train a small classifier on scikit-learn's digits (`tg example cnn --help`)")
+    example.add_argument("name", choices=EXAMPLES, help="digits: an MLP, cnn: a convolutional network")
+    example.set_defaults(run=_example)
     ops = commands.add_parser("ops", help="table of ops x backends with conformance results")
     ops.add_argument("--device", help="check one backend only")
     ops.add_argument("--op", nargs="*", help="check only these ops")
@@ -87,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
         command.set_defaults(run=run)
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("demo", "train"):
+    if rest and args.command not in ("demo", "train", "example"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     return args.run(args)

@@ -187,10 +187,11 @@ def sample(model: GPT, corpus: CharCorpus, prompt: str, length: int, temperature
 
 
 class Progress:
-    """tqdm when installed, else a line rewritten in place (at most once a second): step, loss, tokens/s, ETA."""
+    """tqdm when installed, else a line rewritten in place (at most once a second): step, loss, items/s (`unit`:
+    tokens here, images in the digits examples), ETA."""
 
-    def __init__(self, start: int, total: int, tokens_per_step: int) -> None:
-        self.start, self.total, self.tokens_per_step = start, total, tokens_per_step
+    def __init__(self, start: int, total: int, tokens_per_step: int, unit: str = "tok") -> None:
+        self.start, self.total, self.tokens_per_step, self.unit = start, total, tokens_per_step, unit
         self.began = self.shown = time.perf_counter()
         self.width = 0
         try:
@@ -205,12 +206,13 @@ class Progress:
         done = step + 1 - self.start
         rate = self.tokens_per_step * done / (now - self.began)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+            self.bar.set_postfix({"loss": f"{loss:.3f}", f"{self.unit}_s": f"{rate:,.0f}"}, refresh=False)
             self.bar.update(1)
         elif now - self.shown >= 1.0 or step + 1 == self.total:
             self.shown = now
             eta = (now - self.began) / done * (self.total - step - 1)
-            self._show(f"step {step + 1}/{self.total}  loss {loss:.4f}  {rate:,.0f} tok/s  ETA {eta:.0f}s", end="")
+            self._show(f"step {step + 1}/{self.total}  loss {loss:.4f}  {rate:,.0f} {self.unit}/s  ETA {eta:.0f}s",
+                       end="")
 
     def write(self, line: str) -> None:
         if self.bar is not None:
