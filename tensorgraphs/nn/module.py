@@ -13,6 +13,7 @@ from tensorgraphs.errors import ArgumentError
 from tensorgraphs.frontend.grad_mode import no_grad
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.parameter import Parameter
+from tensorgraphs.runtime import tracing
 
 
 class IncompatibleKeys(NamedTuple):
@@ -41,6 +42,9 @@ class Module:
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        trace = tracing.active()
+        if trace is not None:  # a compiled function is specialized to the train/eval mode it was traced in
+            trace.modes.setdefault(id(self), (self, self.training))
         return self.forward(*args, **kwargs)
 
     # -- registration --------------------------------------------------------

@@ -68,6 +68,7 @@ class _Trace:
     result_dtypes: list[dtypes.DType]  # of fn's results, the program's first outputs (state outputs follow)
     states: list[_State]
     grads_present: tuple[tuple[Tensor, bool], ...]  # the gradients the trace read or replaced, as present then
+    modes: tuple[tuple[Any, bool], ...]  # the modules called, and whether they were in training mode
     single: bool  # fn returned one tensor, not a sequence
     compile_seconds: float = 0.0
 
@@ -76,8 +77,10 @@ class _Trace:
         return CompileStats(self.program.kernel_count, memory.arena_bytes, memory.naive_bytes, self.compile_seconds)
 
     def holds(self) -> bool:
-        """Whether this trace fits the current state: a gradient absent when traced must still be (and vice versa)."""
-        return all((leaf.grad is not None) == present for leaf, present in self.grads_present)
+        """Whether this trace fits the current state: a gradient absent when traced must still be (and vice versa),
+        and every module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm)."""
+        return (all((leaf.grad is not None) == present for leaf, present in self.grads_present)
+                and all(module.training == training for module, training in self.modes))
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,8 @@ class CompiledFunction:
         grads_present = tuple((leaf, leaf.grad is not None) for key, (leaf, _) in effects.grads.items()
                               if key in effects.grads_read)
         single = isinstance(result, Tensor)
-        return _Trace(program, readers, [t.dtype for t in outputs], states, grads_present, single)
+        return _Trace(program, readers, [t.dtype for t in outputs], states, grads_present,
+                      tuple(effects.modes.values()), single)
 
 
 def _effects(effects: tracing.Trace, results: list[Node],

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.graph.node import Node, toposort
@@ -32,6 +32,7 @@ class Trace:
     grads: dict[int, tuple[Tensor, Tensor | None]] = field(default_factory=dict)  # id -> (leaf, grad before)
     grads_read: set[int] = field(default_factory=set)  # leaves whose gradient from before the call was used
     stand_ins: dict[Node, Node] = field(default_factory=dict)  # leaf buffer standing in for an assigned value
+    modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
 
     def note_assign(self, tensor: Tensor) -> None:
         self.assigned.setdefault(id(tensor), (tensor, tensor.node))

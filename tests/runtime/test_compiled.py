@@ -272,3 +272,20 @@ def test_module_buffers_dropout_and_momentum_carry_through_calls_and_steps() -> 
     assert_same_parameters(model, reference)
     np.testing.assert_allclose(model[1].running_var.numpy(), reference[1].running_var.numpy(), rtol=1e-5)
     assert model[1].num_batches_tracked.item() == reference[1].num_batches_tracked.item() == 4
+
+
+def test_switching_train_and_eval_mode_gives_its_own_trace() -> None:
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(4, 4), tg.nn.Dropout(0.5))
+    forward = tg.compile(lambda x: model(x))
+    x = tg.ones(2, 4)
+    trained = forward(x).numpy()
+    model.eval()
+    evaluated = forward(x).numpy()
+    with tg.no_grad():
+        np.testing.assert_allclose(evaluated, model(x).numpy(), rtol=1e-6)  # no dropout in eval mode
+    assert (trained == 0).any() and not np.array_equal(trained, evaluated)
+    assert sum(len(t) for t in forward.traces.values()) == 2
+    model.train()
+    forward(x)
+    assert sum(len(t) for t in forward.traces.values()) == 2  # the training trace again
