@@ -96,8 +96,12 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
             elif is_composite(node):
                 from tensorgraphs.frontend.composites import decompose
+                from tensorgraphs.rewrite import optimize
 
-                memo[node] = convert(decompose(node))
+                # canonical, as the rewritten gradient built from the same decomposition: common parts (an
+                # attention's scores) are then the same nodes, computed once
+                (canonical,) = optimize([decompose(node)], ["canonical"], stop=set(node.src).__contains__)
+                memo[node] = convert(canonical)
             else:
                 src = tuple(memo[s] for s in node.src)
                 same = all(a is b for a, b in zip(src, node.src))
