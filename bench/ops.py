@@ -158,6 +158,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     header = (f"{'op':22} {'tg ms':>8} {'GB/s':>6} {'% bw':>5} {'eager ms':>9} {'compile ms':>10} "
               f"{'vs best':>7} {'tg cold s':>9} {'warm ms':>8}")
+    print(f"load average {os.getloadavg()[0]:.2f} (other processes share the cores: timings are noisy)")
     print(header)
     print("-" * len(header))
     for case in CASES:
@@ -171,6 +172,7 @@ def main() -> None:
         compiled_text = f"{compiled:10.1f}" if compiled is not None else f"{'-':>10}"
         print(f"{case.name:22} {run:8.1f} {gbs:6.1f} {100 * gbs / args.bandwidth:5.0f} {eager:9.1f} "
               f"{compiled_text} {best_torch / run:6.1f}x {cold:9.2f} {warm:8.1f}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -24,7 +26,7 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import render_program, uses_gemm
+from tensorgraphs.codegen.c_renderer import CACHE_LINE, render_program, uses_gemm
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, _arg_key, toposort
@@ -118,70 +120,74 @@ class Program:
         slot_of = {spec.name: i for i, spec in enumerate(schedule.buffers)}
         self._outputs = [slot_of[name] for name in schedule.outputs]
         self._pool: dict[int, list[np.ndarray]] = {i: [] for i, s in enumerate(self._slots) if s.role == "output"}
+        self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
 
     @property
     def kernel_count(self) -> int:
         return len(self.kernels)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        if memory.poison_enabled():
-            self.arena.poison()
-        arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
-        _check_status(self._entry(_pointers(arrays)))
-        for i in self._pool:
-            if arrays[i].nbytes >= POOLED_BYTES and len(self._pool[i]) < 2:
-                self._pool[i].append(arrays[i])
-        return [arrays[i] for i in self._outputs]
+        with self._running:
+            if memory.poison_enabled():
+                self.arena.poison()
+            arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
+            _check_status(self._entry(_pointers(arrays)))
+            for i in self._pool:
+                if arrays[i].nbytes >= POOLED_BYTES and len(self._pool[i]) < 2:
+                    self._pool[i].append(arrays[i])
+            return [arrays[i] for i in self._outputs]
 
     def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
-        library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
-        seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
-        arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
-        runs = []
-        for _ in range(repeat):
-            ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
-            _check_status(library.tg_program(_pointers(arrays)))
-            runs.append(list(seconds))
-        return [(kernel.name, float(np.median([run[i] for run in runs]))) for i, kernel in enumerate(self.kernels)]
+        with self._running:
+            library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+            seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
+            arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
+            runs = []
+            for _ in range(repeat):
+                ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
+                _check_status(library.tg_program(_pointers(arrays)))
+                runs.append(list(seconds))
+            return [(kernel.name, float(np.median([run[i] for run in runs]))) for i, kernel in enumerate(self.kernels)]
 
     def run_steps(self, inputs: list[np.ndarray], steps: int, fed: set[int],
                   carried: dict[int, int]) -> list[np.ndarray]:
         """`steps` (>= 1) runs in one native call (`tg_steps`). The inputs at positions in `fed` have a leading
         axis of `steps`, one slice per run. Output `j` in `carried` becomes input `carried[j]` of the next run
         and comes back as its last value; the other outputs come back stacked along a new first axis."""
-        if memory.poison_enabled():
-            self.arena.poison()
-        input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
-        partner = {self._outputs[j]: input_slot.get(p) for j, p in carried.items()}
-        if len(partner) != len(carried) or any(self._outputs.count(i) > 1 for i in partner):
-            raise UnsupportedError("a K-step call cannot return a value the step also carries to the next step")
-        arrays: list[np.ndarray] = []
-        advance = (ctypes.c_long * max(len(self._slots), 1))()
-        swap_with = (ctypes.c_long * max(len(self._slots), 1))(*[-1] * len(self._slots))
-        carried_inputs = {p for p in partner.values() if p is not None}
-        for i, slot in enumerate(self._slots):
-            if slot.role == "input":
-                array = _contiguous(inputs[slot.position], slot.dtype)
-                if slot.position in fed:
+        with self._running:
+            if memory.poison_enabled():
+                self.arena.poison()
+            input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
+            partner = {self._outputs[j]: input_slot.get(p) for j, p in carried.items()}
+            if len(partner) != len(carried) or any(self._outputs.count(i) > 1 for i in partner):
+                raise UnsupportedError("a K-step call cannot return a value the step also carries to the next step")
+            arrays: list[np.ndarray] = []
+            advance = (ctypes.c_long * max(len(self._slots), 1))()
+            swap_with = (ctypes.c_long * max(len(self._slots), 1))(*[-1] * len(self._slots))
+            carried_inputs = {p for p in partner.values() if p is not None}
+            for i, slot in enumerate(self._slots):
+                if slot.role == "input":
+                    array = _contiguous(inputs[slot.position], slot.dtype)
+                    if slot.position in fed:
+                        advance[i] = array.nbytes // steps
+                    elif i in carried_inputs:
+                        array = array.copy()  # the runs overwrite it: never the caller's array
+                elif slot.role == "captured":
+                    assert slot.array is not None
+                    array = slot.array
+                elif i in partner:
+                    array = _aligned_empty(slot.shape, slot.dtype)
+                    if partner[i] is not None:
+                        swap_with[i], swap_with[partner[i]] = partner[i], i
+                else:
+                    array = _aligned_empty((steps, *slot.shape), slot.dtype)
                     advance[i] = array.nbytes // steps
-                elif i in carried_inputs:
-                    array = array.copy()  # the runs overwrite it: never the caller's array
-            elif slot.role == "captured":
-                assert slot.array is not None
-                array = slot.array
-            elif i in partner:
-                array = np.empty(slot.shape, slot.dtype)
-                if partner[i] is not None:
-                    swap_with[i], swap_with[partner[i]] = partner[i], i
-            else:
-                array = np.empty((steps, *slot.shape), slot.dtype)
-                advance[i] = array.nbytes // steps
-            arrays.append(array)
-        _check_status(self._steps_entry(_pointers(arrays), steps, advance, swap_with))
-        # every run ends with a swap: after an even number the newest state is back in the input's array
-        newest = {i: arrays[p] if p is not None and steps % 2 == 0 else arrays[i] for i, p in partner.items()}
-        return [newest.get(i, arrays[i]) for i in self._outputs]
+                arrays.append(array)
+            _check_status(self._steps_entry(_pointers(arrays), steps, advance, swap_with))
+            # every run ends with a swap: after an even number the newest state is back in the input's array
+            newest = {i: arrays[p] if p is not None and steps % 2 == 0 else arrays[i] for i, p in partner.items()}
+            return [newest.get(i, arrays[i]) for i in self._outputs]
 
     def _array(self, index: int, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
         if slot.role == "input":
@@ -191,9 +197,20 @@ class Program:
             return slot.array
         pool = self._pool[index]
         for position in range(len(pool)):
-            if sys.getrefcount(pool[position]) <= 2:  # only the pool and getrefcount's argument hold it
+            # only the pool and getrefcount's argument hold it, and only it holds its memory block (a caller's
+            # view of the output refers to the block directly)
+            if sys.getrefcount(pool[position]) <= 2 and sys.getrefcount(pool[position].base) <= 2:
                 return pool.pop(position)
-        return np.empty(slot.shape, slot.dtype)
+        return _aligned_empty(slot.shape, slot.dtype)
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array starting on a cache line, so that the program's streaming stores write whole
+    lines (a large numpy allocation starts 16 bytes past one); `.base` is its memory block."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    block = np.empty(nbytes + CACHE_LINE, np.uint8)
+    start = -block.ctypes.data % CACHE_LINE
+    return block[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _elements_touched(roots: list[Node], known: Mapping[Node, Any]) -> int:

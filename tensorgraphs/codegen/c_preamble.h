@@ -22,9 +22,9 @@
 typedef union { float f; uint32_t u; int32_t i; } tg_f32bits;
 
 static inline float tg_exp2f(float x) {
-    float c = x < -151.0f ? -151.0f : (x > 129.0f ? 129.0f : x); /* NaN stays NaN */
+    float c = x > -151.0f ? x : -151.0f;                          /* NaN -> -151: returned as x below */
+    c = c < 129.0f ? c : 129.0f;
     float k = (c + 12582912.0f) - 12582912.0f;                    /* round to nearest integer */
-    k = c == c ? k : 0.0f;
     float f = c - k;                                              /* [-1/2, 1/2] */
     float p = 1.53375804e-4f;
     p = fmaf(p, f, 1.33998658e-3f);
@@ -34,12 +34,12 @@ static inline float tg_exp2f(float x) {
     p = fmaf(p, f, 6.93147182e-1f);
     p = fmaf(p, f, 1.0f);
     int32_t n = (int32_t)k;
-    int32_t half = n / 2;
+    int32_t half = n >> 1;                                        /* p * 2^half is exact: one rounding */
     tg_f32bits s1, s2;
     s1.i = (half + 127) << 23;
     s2.i = (n - half + 127) << 23;
     float r = p * s1.f * s2.f;
-    return c == c ? r : x;
+    return x == x ? r : x;
 }
 
 static inline float tg_log2f(float x) {
@@ -101,6 +101,17 @@ static inline float tg_sinf(float xf) {
     return xf - xf == 0.0f ? result : NAN;
 }
 
+/* max(a, b): NaN when either is (a's first), b on a tie (-0, +0). Written as a compare-select followed by the NaN
+ * test, which gcc maps to vmaxps + blend: a short dependency chain through a max accumulator. */
+static inline float tg_maxf(float a, float b) {
+    float m = a > b ? a : b;
+    return a != a ? a : m;
+}
+static inline double tg_max(double a, double b) {
+    double m = a > b ? a : b;
+    return a != a ? a : m;
+}
+
 static inline float tg_round_f16(float x) { return (float)(_Float16)x; }
 
 static inline float tg_round_bf16(float x) { /* round to nearest even, NaN kept */
@@ -157,4 +168,35 @@ static inline int64_t tg_checked_index(int64_t i, int64_t n, int *status) {
     if (i >= 0 && i < n) return i;
     __atomic_store_n(status, 1, __ATOMIC_RELAXED);
     return 0;
+}
+
+/* Streaming (non-temporal) stores for large outputs written once: a whole 64-byte line goes to memory without
+ * being read first (no read-for-ownership) and without evicting data a kernel still uses. The line is staged in
+ * an aligned local array; tg_stream_head counts the elements before dst's first line boundary (written with
+ * plain stores, like the tail). Every thread that streamed calls tg_stream_fence before the kernel ends. */
+#if defined(__AVX512F__) && !defined(__clang__)
+typedef long long tg_line __attribute__((vector_size(64)));
+static inline void tg_stream_line(void *dst, const void *line) {
+    tg_line value;
+    memcpy(&value, line, 64);
+    __builtin_ia32_movntdq512((tg_line *)dst, value);
+}
+static inline void tg_stream_fence(void) { __builtin_ia32_sfence(); }
+#elif defined(__SSE2__) && !defined(__clang__)
+typedef long long tg_quarter_line __attribute__((vector_size(16)));
+static inline void tg_stream_line(void *dst, const void *line) {
+    for (int part = 0; part < 4; part++) {
+        tg_quarter_line value;
+        memcpy(&value, (const char *)line + 16 * part, 16);
+        __builtin_ia32_movntdq((tg_quarter_line *)dst + part, value);
+    }
+}
+static inline void tg_stream_fence(void) { __builtin_ia32_sfence(); }
+#else
+static inline void tg_stream_line(void *dst, const void *line) { memcpy(dst, line, 64); }
+static inline void tg_stream_fence(void) {}
+#endif
+static inline int64_t tg_stream_head(const void *dst, int64_t n, int64_t size) {
+    int64_t head = (int64_t)((64 - ((uintptr_t)dst & 63)) & 63) / size;
+    return head < n && (uintptr_t)dst % (uintptr_t)size == 0 ? head : n; /* elements never straddle a line */
 }

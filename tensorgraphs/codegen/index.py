@@ -368,6 +368,12 @@ def substitute(e: Expr, old: Var, new: Expr) -> Expr:
     return e
 
 
+def stride(e: Expr, var: Var) -> int | None:
+    """How much `e` grows when `var` grows by one, if that is the same for every value of `var` (None if not)."""
+    step = add(substitute(e, var, add(var, 1)), mul(e, -1))
+    return step.value if isinstance(step, Const) else None
+
+
 def symbols(e: Expr) -> set[str]:
     """Names of the loop counters and run-time values `e` depends on."""
     if isinstance(e, (Var, Opaque)):

@@ -62,6 +62,10 @@ TILE = 32
 FORWARDED = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
 """Values worth a store and a load to avoid computing them twice (see `forward_through_output`)."""
 
+ROW_STAGE_BYTES = 32 << 10
+"""Rows up to this size forward a value through a private row array (stays in L1/L2), longer ones through the
+output buffer."""
+
 ROW_BLOCKS = (256, 128, 64, 32, 16)
 """Output block widths of `reduce_into_output` (the largest dividing the last non-unit axis is used)."""
 
@@ -111,6 +115,7 @@ class Lowering:
     _nest: list[Var] = field(default_factory=list)  # the store nest's loop counters, outermost first
     _loads: list[Load] = field(default_factory=list)
     _reduce_vars: list[Var] = field(default_factory=list)
+    _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
     _store_index: Expr | None = None
     _shape: tuple[int, ...] = ()
 
@@ -215,13 +220,16 @@ class Lowering:
 
         Softmax needs exp(x - max) in its sum and again in its output loop. When the same node is
         evaluated at (..., r) in a reduction over r and at (..., j) in the output loop over j (same
-        extent, same row), the reduction also stores it to out[..., r] (a location the output loop
-        overwrites later on the same thread) and the output loop loads it from there. The let it
-        replaces becomes dead code the C compiler drops.
+        extent, same row), the reduction also stores it to a row array private to the row's iteration
+        (`Local`, cache-resident) and the output loop loads it from there, so the output is written once
+        and never read (it may bypass the cache: streaming stores). A row longer than ROW_STAGE_BYTES goes
+        through out[..., r] instead (a location the output loop overwrites later on the same thread). The
+        let it replaces becomes dead code the C compiler drops.
         """
         if not self._nest or not self._store_index:
             return
         column = self._nest[-1]
+        through_output = column.extent * node.dtype.itemsize > ROW_STAGE_BYTES
         for (source, index), found in list(self._memo.items()):
             if source.op not in FORWARDED or source.dtype is not node.dtype or not isinstance(found, Ref):
                 continue
@@ -229,9 +237,10 @@ class Lowering:
             if scope.var is not column:
                 continue
             early = self._same_value_in_a_row_loop(source, index, column)
-            if early is not None:  # one value only: a second would overwrite the first's stores in `out`
+            if early is not None:
                 self._forward(out, found, early, scope, self._scope_of[early.name])
-                return
+                if through_output:  # one value only: a second would overwrite the first's stores in `out`
+                    return
 
     def _same_value_in_a_row_loop(self, source: Node, index: Index, column: Var) -> Ref | None:
         """`source` computed innermost in a reduction over `row` at `index` with `column` -> `row`."""
@@ -248,12 +257,17 @@ class Lowering:
 
     def _forward(self, out: str, late: Ref, early: Ref, late_scope: Scope, early_scope: Scope) -> None:
         offset = self._store_index
-        assert offset is not None and early_scope.var is not None
-        early_offset = ix.substitute(offset, self._nest[-1], early_scope.var)
+        column, row = self._nest[-1], early_scope.var
+        assert offset is not None and row is not None
+        target, early_offset = out, ix.substitute(offset, column, row)
+        if column.extent * late.dtype.itemsize <= ROW_STAGE_BYTES:
+            target, early_offset, offset = self._fresh("row"), row, column
+            row_scope = self._scope_of[self._nest[-2].name] if len(self._nest) > 1 else self._root
+            row_scope.stmts.insert(0, Local(target, late.dtype, column.extent))
         position = next(k for k, s in enumerate(early_scope.stmts) if getattr(s, "name", None) == early.name)
-        early_scope.stmts.insert(position + 1, Store(out, early_offset, early))
+        early_scope.stmts.insert(position + 1, Store(target, early_offset, early))
         position = next(k for k, s in enumerate(late_scope.stmts) if getattr(s, "name", None) == late.name)
-        late_scope.stmts[position] = Load(late.name, late.dtype, out, offset)
+        late_scope.stmts[position] = Load(late.name, late.dtype, target, offset)
 
     def _open_loop(self, scope: Scope, prefix: str, extent: int) -> tuple[Var, Scope]:
         var = self._fresh_var(prefix, extent)
@@ -287,10 +301,19 @@ class Lowering:
             else:
                 self.inlined.add(node)
                 found = self.define(node, index)
-                if node.op in EXPENSIVE and isinstance(found, Ref) and self._scope_of[found.name].trips > node.size:
+                if node.op in EXPENSIVE and isinstance(found, Ref) and self._computed_again(node, found):
                     self.recomputed.add(node)
             self._memo[key] = found
         return found
+
+    def _computed_again(self, node: Node, value: Ref) -> bool:
+        """Whether expensive `node` runs more often than it has elements, or inside a second reduction: one
+        reduction and the output loop share a value (`forward_through_output`), but row operations chained in
+        one kernel (softmax of a softmax) would evaluate the first one's exp in every later reduction."""
+        scope = self._scope_of[value.name]
+        if scope.var in self._reduce_vars:
+            self._reduced_in.setdefault(node, set()).add(scope.var)
+        return scope.trips > node.size or len(self._reduced_in.get(node, ())) > 1
 
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a

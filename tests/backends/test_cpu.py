@@ -264,3 +264,34 @@ def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: py
         assert realize._initial_device() == "numpy"
     finally:
         realize._initial_device.cache_clear()
+
+
+def test_outputs_start_on_a_cache_line_and_a_kept_view_is_never_recycled() -> None:
+    x = floats((512, 1024), specials=False)  # 2 MiB outputs: recycled by the program once dropped
+    program, _ = CPU.program([(tg.tensor(x) * 2).node])
+    (first,) = program.run([x])
+    kept, expected = first[3], x[3] * 2
+    del first
+    for _ in range(3):
+        (other,) = program.run([x + 1])
+        assert other.ctypes.data % 64 == 0
+        assert not other.ctypes.data <= kept.ctypes.data < other.ctypes.data + other.nbytes
+        del other
+    np.testing.assert_array_equal(kept, expected)
+
+
+def test_one_program_runs_safely_from_several_threads() -> None:
+    """Runs share the program's arena: concurrent calls take turns instead of overwriting each other's temporaries."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    step = tg.compile(lambda x: (F.softmax(x * 2.0, -1) @ x.T).exp().sum(-1))
+    inputs = [rng.standard_normal((64, 256)).astype(np.float32) for _ in range(8)]
+    with tg.device("numpy"):
+        expected = [step.fn(tg.tensor(x)).numpy() for x in inputs]
+    step(tg.tensor(inputs[0]))  # traced once, before the threads
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda x: step(tg.tensor(x)).numpy(), inputs))
+            for g, e in zip(got, expected):
+                np.testing.assert_allclose(g, e, rtol=1e-4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 import subprocess
 
@@ -12,7 +13,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.codegen import compiler
+from tensorgraphs.codegen import c_renderer, compiler
 from tensorgraphs.codegen.c_renderer import c_identifier, literal, render_program
 from tensorgraphs.schedule import schedule_kernels
 
@@ -88,3 +89,62 @@ def test_kernels_differing_only_in_their_buffers_render_as_one_function() -> Non
     assert len(re.findall(r"^TG_KERNEL void \w+\(.*\) \{$", source, re.MULTILINE)) == 1
     entry = source.split("int tg_program")[1]
     assert len(re.findall(r"^    k\w+\(", entry, re.MULTILINE)) == 2
+
+
+STREAMING_CASES = {  # (function, input shape, dtype): outputs written once, rows not a whole number of lines
+    "transpose": (lambda t: t.T.contiguous(), (64, 96), np.float32),
+    "softmax rows": (lambda t: F.softmax(t, -1), (12, 1000), np.float32),
+    "elementwise": (lambda t: t * 3 + 1, (1001,), np.float64),
+    "half precision": (lambda t: (t * 3).exp(), (7, 203), np.float16),
+    "bytes": (lambda t: (t * 3).to(tg.int8), (5, 300), np.float32),
+}
+
+
+def compiled_program(node, stream_min_bytes: int, monkeypatch):
+    """A freshly compiled program for `node` (not one cached by another test) streaming outputs that large, in
+    runs of any length."""
+    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", stream_min_bytes)
+    monkeypatch.setattr(c_renderer, "STREAM_MAX_RUN_BYTES", 1 << 62)
+    monkeypatch.setattr(CPU, "_programs", type(CPU._programs)())
+    return CPU.program([node])[0]
+
+
+@pytest.mark.parametrize("case", sorted(STREAMING_CASES))
+def test_streaming_stores_give_the_same_results_at_every_output_alignment(case, monkeypatch) -> None:
+    fn, shape, dtype = STREAMING_CASES[case]
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    plain = compiled_program(fn(tg.tensor(x)).node, 1 << 62, monkeypatch)
+    assert "tg_stream" not in plain.source.split("#define TG_KERNEL")[1]
+    (expected,) = plain.run([x])
+    program = compiled_program(fn(tg.tensor(x)).node, 0, monkeypatch)
+    assert "tg_stream_line(" in program.source and program.source.count("tg_stream_fence();") >= 1
+    library = compiler.load(program.source)
+    for offset in (0, expected.itemsize, 16, 64 - expected.itemsize):  # bytes past a cache line boundary
+        raw = np.zeros(expected.nbytes + 128, np.uint8)
+        start = -raw.ctypes.data % 64 + offset
+        out = raw[start:start + expected.nbytes].view(expected.dtype)
+        pointers = (ctypes.c_void_p * 2)(x.ctypes.data, out.ctypes.data)
+        assert library.tg_program(pointers) == 0
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected, err_msg=f"{case}, offset {offset}")
+        assert not raw[:start].any() and not raw[start + expected.nbytes:].any()  # nothing written outside
+
+
+def test_outputs_read_back_or_small_are_not_streamed(monkeypatch) -> None:
+    x = tg.tensor(np.ones((64, 512), np.float32))
+    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 0)
+    (column_sums,) = schedule_kernels([x.sum(0).node]).kernels  # accumulates in its output: reads it back
+    assert not c_renderer.streamed_buffers(column_sums)
+    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4 + 1)
+    (copy,) = schedule_kernels([(x * 2).node]).kernels
+    assert not c_renderer.streamed_buffers(copy)  # smaller than the cache: the next kernel may find it there
+    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4)
+    assert c_renderer.streamed_buffers(copy) == {copy.buffers[-1].name}
+
+
+def test_only_short_runs_of_stores_are_streamed(monkeypatch) -> None:
+    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 0)
+    x = tg.tensor(np.ones((64, 512), np.float32))
+    for result, streams in ((x.T.contiguous(), True), (x * 2, False)):  # tile rows of 128 bytes; rows of 2 KiB
+        schedule = schedule_kernels([result.node])
+        kernels = render_program(schedule.kernels, [b.name for b in schedule.buffers]).split("#define TG_KERNEL")[1]
+        assert ("tg_stream_line(" in kernels) == streams, kernels

@@ -85,3 +85,9 @@ def test_simplification_preserves_values(parts: list, constant: int, d1: int, d2
         for name, e in built.items():
             assert evaluate(e, env) == expected[name], (name, e, env)
             assert e.lo <= expected[name] <= e.hi, (name, e, "range")
+
+
+def test_stride_is_the_step_of_an_affine_index_and_none_otherwise() -> None:
+    i, j = Var("i", 8), Var("j", 4)
+    assert ix.stride(i * 4 + j + 7, j) == 1 and ix.stride(i * 4 + j, i) == 4 and ix.stride(Const(3), i) == 0
+    assert ix.stride(ix.floordiv(i * 4 + j, 2), j) is None and ix.mod(j, 3) != j and ix.stride(ix.mod(j, 3), j) is None

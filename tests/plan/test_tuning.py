@@ -96,16 +96,16 @@ def test_explain_prints_the_stats_of_compiled_functions(tmp_path, capsys):
         optimizer = tg.optim.SGD(model.parameters(), lr=0.1)
 
         @tg.compile
-        def train_step(x, y):
+        def explained_step(x, y):
             optimizer.zero_grad()
             loss = F.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
             return loss
 
-        train_step(tg.randn(4, 8), tg.randn(4, 2))
+        explained_step(tg.randn(4, 8), tg.randn(4, 2))
     """))
     assert cli.main(["explain", str(path)]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines() if "train_step(" in line)
-    assert "train_step(float32[4, 8], float32[4, 2]): " in line
+    line = next(line for line in capsys.readouterr().out.splitlines() if "explained_step(" in line)
+    assert "explained_step(float32[4, 8], float32[4, 2]): " in line
     assert "kernels, arena" in line and "naive" in line and "compiled in" in line

@@ -6,9 +6,11 @@ import numpy as np
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.codegen.loop_ir import Let, Load, Loop, Reduce, Store
+from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Reduce, Store
 from tensorgraphs.frontend import movement as mv
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.schedule import schedule_kernels
+from tensorgraphs.schedule.lower import ROW_STAGE_BYTES
 
 
 def only_kernel(tensor: tg.Tensor):
@@ -52,7 +54,7 @@ def test_softmax_row_loop_holds_both_reductions_before_the_output_loop() -> None
     (rows,) = [s for s in kernel.body if isinstance(s, Loop)]
     assert rows.parallel and rows.var.extent == 64
     kinds = [type(s).__name__ for s in rows.body if not isinstance(s, Let)]
-    assert kinds == ["Reduce", "Reduce", "Loop"]
+    assert kinds == ["Local", "Reduce", "Reduce", "Loop"]  # the local row carries exp from the sum to the output
 
 
 def test_loop_invariant_values_are_hoisted() -> None:
@@ -82,12 +84,32 @@ def test_large_transpose_is_staged_through_a_tile() -> None:
     assert stores == ["(t3 + t4*32)", "(blk1*2048 + blk2*32 + t6*64 + t7)"]
 
 
-def test_softmax_computes_exp_once_through_the_output_buffer() -> None:
+def test_softmax_computes_exp_once_through_a_row_array() -> None:
     kernel = only_kernel(F.softmax(x(16, 100), -1))
     lets = [s for s in walk(kernel.body) if isinstance(s, Let)]
-    stores = [s for s in walk(kernel.body) if isinstance(s, Store)]
+    (row,) = [s for s in walk(kernel.body) if isinstance(s, Local)]
+    stores = [(s.buffer, repr(s.index)) for s in walk(kernel.body) if isinstance(s, Store)]
     assert [s.op.name for s in lets if not isinstance(s.op, str)].count("EXP2") == 1
-    assert [repr(s.index) for s in stores] == ["(i1*100 + r11)", "(i1*100 + i2)"]
+    assert row.size == 100 and stores == [(row.name, "r11"), (kernel.buffers[-1].name, "(i1*100 + i2)")]
+    loads = [s.buffer for s in walk(kernel.body) if isinstance(s, Load)]
+    assert kernel.buffers[-1].name not in loads  # the output is only written: it may be streamed
+
+
+def test_softmax_over_long_rows_computes_exp_once_through_the_output_buffer() -> None:
+    columns = ROW_STAGE_BYTES // 4 + 16
+    kernel = only_kernel(F.softmax(x(2, columns), -1))
+    stores = [repr(s.index) for s in walk(kernel.body) if isinstance(s, Store)]
+    assert not any(isinstance(s, Local) for s in walk(kernel.body))
+    assert stores == [f"(i1*{columns} + r11)", f"(i1*{columns} + i2)"]
+
+
+def test_chained_row_operations_do_not_recompute_the_first_ones_exp_in_later_reductions() -> None:
+    y = x(16, 256)
+    for _ in range(4):
+        y = F.softmax(y * 1.5, -1)
+    kernels = schedule_kernels([y.node]).kernels
+    exps = [s for k in kernels for s in walk(k.body) if isinstance(s, Let) and s.op is Op.EXP2]
+    assert len(exps) == 4  # one exp per softmax (reused through a row array), not one per later reduction
 
 
 def test_several_softmaxes_in_one_kernel_keep_their_own_values() -> None:
