@@ -278,8 +278,14 @@ class _Argument:
 def _current_value(state: _State) -> Reader:
     tensor = state.tensor
     if state.kind == "grad":
-        return lambda arrays: tensor.grad._value()
-    return lambda arrays: tensor._value()
+        return lambda arrays: _stored_value(tensor.grad)
+    return lambda arrays: _stored_value(tensor)
+
+
+def _stored_value(tensor: Tensor) -> np.ndarray:
+    """The tensor's array: its buffer's, as a compiled call leaves it (no realization), else realized."""
+    node = tensor.node
+    return node.arg.data if node.op is Op.BUFFER else tensor._value()
 
 
 class _Live:

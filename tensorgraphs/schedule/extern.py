@@ -32,7 +32,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -62,6 +62,25 @@ def gemm_enabled() -> bool:
 def _swaps_last_two(node: Node) -> bool:
     order = tuple(range(node.ndim))
     return node.op is Op.PERMUTE and tuple(node.arg) == order[:-2] + (order[-1], order[-2])
+
+
+def _transposed(view: Node) -> Node:
+    """`view` with its last two axes swapped, a swap of a swap undone."""
+    if _swaps_last_two(view):
+        return view.src[0]
+    order = list(range(view.ndim))
+    order[-2:] = order[-1], order[-2]
+    return Node(Op.PERMUTE, view.dtype, view.shape[:-2] + view.shape[:-3:-1], (view,), tuple(order))
+
+
+def transposed_product(node: Node, uses: Mapping[Node, int]) -> Node | None:
+    """`node` = mT(a @ b) as mT(b) @ mT(a), when nothing else reads a @ b: the GEMM then writes the transposed
+    product itself, not the product and then a transposed copy of it (a weight gradient, typically). The same
+    products are summed in the same order."""
+    if not _swaps_last_two(node) or not runs_as_gemm(product := node.src[0]) or uses[product] != 1:
+        return None
+    a, b = product.src
+    return Node(product.op, product.dtype, node.shape, (_transposed(b), _transposed(a)), product.arg)
 
 
 def _storage(view: Node) -> Node:

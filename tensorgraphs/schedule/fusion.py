@@ -49,7 +49,13 @@ from tensorgraphs.codegen.loop_ir import Kernel
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import REDUCE, Op
-from tensorgraphs.schedule.extern import GemmLowering, fuse_epilogues, operand_base, runs_as_gemm
+from tensorgraphs.schedule.extern import (
+    GemmLowering,
+    fuse_epilogues,
+    operand_base,
+    runs_as_gemm,
+    transposed_product,
+)
 from tensorgraphs.schedule.lower import Lowering, lower_node
 
 IsInput = Callable[[Node], bool]
@@ -83,6 +89,7 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
     """The roots rebuilt from primitives only, and the nodes that must be materialized (partial sums)."""
     memo: dict[Node, Node] = {}
     forced: set[Node] = set()
+    uses = Counter(roots) + Counter(s for n in toposort(roots, stop=is_input) for s in n.src)
 
     def convert(root: Node) -> Node:
         for node in toposort([root], stop=lambda n: n in memo or is_input(n)):
@@ -90,6 +97,8 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 continue
             if is_input(node):
                 memo[node] = node
+            elif (swapped := transposed_product(node, uses)) is not None:
+                memo[node] = convert(swapped)
             elif runs_as_gemm(node):
                 memo[node] = Node(node.op, node.dtype, node.shape, tuple(memo[s] for s in node.src), node.arg)
                 forced.add(memo[node])

@@ -207,3 +207,18 @@ def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.Monk
     assert any(math.isclose(e.alpha, 1 / math.sqrt(16 // 2)) for e in epilogues), epilogues  # q @ k^T / sqrt(d)
     monkeypatch.setattr(extern, "epilogue_rules", lambda is_chain_end: [])
     assert len(fused.kernels) <= len(schedule_kernels(roots).kernels)
+
+
+def test_a_transposed_product_is_computed_transposed_not_copied() -> None:
+    """mT(x.T @ g), a linear layer's weight gradient, is one GEMM writing g.T @ x; when the product is read too,
+    it is computed once and copied transposed (never two GEMMs)."""
+    rng = np.random.default_rng(5)
+    x, g = (tg.tensor(rng.standard_normal((64, n), dtype=np.float32)) for n in (48, 32))
+    gradient = (x.T @ g).T
+    (kernel,) = schedule_kernels([gradient.node]).kernels
+    assert [type(s) for s in kernel.body] == [GemmCall]
+    with tg.device("cpu"):
+        np.testing.assert_allclose(gradient.numpy(), g.numpy().T @ x.numpy(), rtol=1e-5, atol=1e-5)
+    product = x.T @ g
+    kernels = schedule_kernels([product.T.node, product.node]).kernels
+    assert sum(isinstance(s, GemmCall) for k in kernels for s in k.body) == 1 and len(kernels) == 2
