@@ -126,16 +126,19 @@ class CompiledFunction:
         return self._latest.stats()
 
     def __call__(self, *args: Any) -> Any:
-        trace = self._trace_for(args)
-        arrays = [_array_of(a) for a in args if _is_tensor_like(a)]
-        outputs = trace.program.run([read(arrays) for read in trace.readers])
-        return self._finish(trace, outputs)
+        trace, inputs = self._bound(args)
+        return self._finish(trace, trace.program.run(inputs))
 
     def kernel_times(self, *args: Any, repeat: int = 5) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
+        trace, inputs = self._bound(args)
+        return trace.program.kernel_seconds(inputs, repeat)
+
+    def _bound(self, args: tuple[Any, ...]) -> tuple[_Trace, list[np.ndarray]]:
+        """The trace for `args` and the arrays its program reads, in order."""
         trace = self._trace_for(args)
         arrays = [_array_of(a) for a in args if _is_tensor_like(a)]
-        return trace.program.kernel_seconds([read(arrays) for read in trace.readers], repeat)
+        return trace, [read(arrays) for read in trace.readers]
 
     def steps(self, *args: Any) -> Any:
         """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per
