@@ -20,8 +20,18 @@ IMPLEMENTATIONS = {
 }
 implementations = pytest.mark.parametrize("matmul", list(IMPLEMENTATIONS.values()), ids=list(IMPLEMENTATIONS))
 
-# (M, N, K); the large ones reach each threading strategy: row bands (tall) and a shared team (short and wide)
-ODD_SHAPES = [(1, 1, 1), (7, 33, 255), (33, 7, 1), (1, 255, 33), (255, 1, 7), (1000, 33, 255), (7, 1000, 255)]
+# (M, N, K); the large ones reach each threading strategy: row bands (tall), column bands (wide) and a shared
+# team (too short and too narrow for bands)
+ODD_SHAPES = [
+    (1, 1, 1),
+    (7, 33, 255),
+    (33, 7, 1),
+    (1, 255, 33),
+    (255, 1, 7),
+    (1000, 33, 255),
+    (7, 1000, 255),
+    (7, 255, 1000),
+]
 
 
 def random(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -57,11 +67,12 @@ def test_odd_shapes_agree_with_torch(matmul, m, n, k):
     assert_close(matmul(a, b), reference(a, b), k, f"{m}x{n}x{k}")
 
 
-def test_blocks_beyond_every_cache_block():
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_blocks_beyond_every_cache_block(transpose_a):
     """M, N, K past MC, NC and KC (several blocks each, none a multiple of the block)."""
     blocks = gemm.blocking()
     m, n, k = blocks["MC"] * 2 + 3, blocks["NC"] + 37, blocks["KC"] * 2 + 5
-    a, b = random((m, k), 3), random((k, n), 4)
+    a, b = random((k, m), 3).T if transpose_a else random((m, k), 3), random((k, n), 4)
     assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k}")
 
 
@@ -73,6 +84,16 @@ def test_transposed_operands_through_strides(matmul, transpose_a, transpose_b):
     a = random((k, m), 5).T if transpose_a else random((m, k), 5)
     b = random((n, k), 6).T if transpose_b else random((k, n), 6)
     assert_close(matmul(a, b), reference(a, b), k, f"transpose_a={transpose_a} transpose_b={transpose_b}")
+
+
+@pytest.mark.parametrize(("m", "n", "k"), ODD_SHAPES)
+@pytest.mark.parametrize(("transpose_a", "transpose_b"), [(True, False), (False, True), (True, True)])
+def test_transposed_operands_on_odd_shapes(m, n, k, transpose_a, transpose_b):
+    """Each transposed operand has its own packing routine (A a column at a time, B by 16x16 transposes): their
+    tails of rows, columns and reduction, and the zero padding of partial tiles."""
+    a = random((k, m), 11).T if transpose_a else random((m, k), 11)
+    b = random((n, k), 12).T if transpose_b else random((k, n), 12)
+    assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k} transpose_a={transpose_a} b={transpose_b}")
 
 
 @implementations
@@ -127,7 +148,7 @@ EPILOGUES = {
 
 @implementations
 @pytest.mark.parametrize("epilogue", list(EPILOGUES.values()), ids=list(EPILOGUES))
-@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600)])
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600), (20, 300, 40)])  # (20, 300): column bands
 def test_epilogues(matmul, epilogue, m, n, k):
     a, b = random((2, m, k), 13), random((k, n), 14)
     arguments = dict(epilogue)
