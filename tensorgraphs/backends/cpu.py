@@ -20,7 +20,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -77,7 +77,8 @@ class Program:
     `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison).
     """
 
-    def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True) -> None:
+    def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True,
+                 donated: Sequence[tuple[int, int]] = ()) -> None:
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
         memory.verify_plan(schedule, self.memory)
@@ -86,6 +87,7 @@ class Program:
         self.arena = memory.Arena(self.memory.arena_bytes)
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
+        self.updated_in_place = self._update_in_place(schedule, inputs, donated)
         source = render_program(self.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
@@ -119,8 +121,33 @@ class Program:
             self._slots.append(slot)
         slot_of = {spec.name: i for i, spec in enumerate(schedule.buffers)}
         self._outputs = [slot_of[name] for name in schedule.outputs]
-        self._pool: dict[int, list[np.ndarray]] = {i: [] for i, s in enumerate(self._slots) if s.role == "output"}
+        input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
+        self._in_place_slots = {self._outputs[output]: input_slot[position]
+                                for output, position in self.updated_in_place.items()}
+        self._pool: dict[int, list[np.ndarray]] = {i: [] for i, s in enumerate(self._slots)
+                                                   if s.role == "output" and i not in self._in_place_slots}
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
+
+    def _update_in_place(self, schedule: Schedule, inputs: list[Node],
+                         donated: Sequence[tuple[int, int]]) -> dict[int, int]:
+        """Output index -> input position, for each donated (input position, output index) pair whose output
+        can be written over the input: the kernel making it passes `memory.writes_in_place_safely` and no later
+        kernel reads the input. That kernel then reads the input through the output's pointer."""
+        name_of = {spec.node: spec.name for spec in schedule.buffers if spec.role == "input"}
+        updated = {}
+        for position, output in donated:
+            donor, target = name_of.get(inputs[position]), schedule.outputs[output]
+            writers = [k for k, kernel in enumerate(self.kernels) if any(b.writes and b.name == target
+                                                                            for b in kernel.buffers)]
+            if donor is None or len(writers) != 1 or schedule.outputs.count(target) != 1:
+                continue
+            (k,) = writers
+            later_readers = [kernel for kernel in self.kernels[k + 1:] if donor in {b.name for b in kernel.buffers}]
+            if later_readers or not memory.writes_in_place_safely(self.kernels[k], donor, target):
+                continue
+            self.kernels[k] = memory.read_through_output(self.kernels[k], donor, target)
+            updated[output] = position
+        return updated
 
     @property
     def kernel_count(self) -> int:
@@ -130,7 +157,7 @@ class Program:
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
-            arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
+            arrays = self._arrays(inputs)
             _check_status(self._entry(_pointers(arrays)))
             for i in self._pool:
                 if arrays[i].nbytes >= POOLED_BYTES and len(self._pool[i]) < 2:
@@ -142,7 +169,7 @@ class Program:
         with self._running:
             library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
             seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
-            arrays = [self._array(i, slot, inputs) for i, slot in enumerate(self._slots)]
+            arrays = self._arrays(inputs)
             runs = []
             for _ in range(repeat):
                 ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
@@ -167,7 +194,9 @@ class Program:
             swap_with = (ctypes.c_long * max(len(self._slots), 1))(*[-1] * len(self._slots))
             carried_inputs = {p for p in partner.values() if p is not None}
             for i, slot in enumerate(self._slots):
-                if slot.role == "input":
+                if i in self._in_place_slots:  # its input's array, set below: updated in place, nothing to swap
+                    array = np.empty(0, slot.dtype)
+                elif slot.role == "input":
                     array = _contiguous(inputs[slot.position], slot.dtype)
                     if slot.position in fed:
                         advance[i] = array.nbytes // steps
@@ -178,16 +207,27 @@ class Program:
                     array = slot.array
                 elif i in partner:
                     array = _aligned_empty(slot.shape, slot.dtype)
-                    if partner[i] is not None:
+                    if partner[i] is not None:  # ping-pong between this array and the input's
                         swap_with[i], swap_with[partner[i]] = partner[i], i
                 else:
                     array = _aligned_empty((steps, *slot.shape), slot.dtype)
                     advance[i] = array.nbytes // steps
                 arrays.append(array)
+            for output_slot, input_slot in self._in_place_slots.items():
+                arrays[output_slot] = arrays[input_slot]
             _check_status(self._steps_entry(_pointers(arrays), steps, advance, swap_with))
             # every run ends with a swap: after an even number the newest state is back in the input's array
-            newest = {i: arrays[p] if p is not None and steps % 2 == 0 else arrays[i] for i, p in partner.items()}
+            newest = {i: arrays[p] if p is not None and steps % 2 == 0 and i not in self._in_place_slots else arrays[i]
+                      for i, p in partner.items()}
             return [newest.get(i, arrays[i]) for i in self._outputs]
+
+    def _arrays(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """One array per slot; an output updated in place is its input's array (the caller's to overwrite)."""
+        arrays = [self._array(i, slot, inputs) if i not in self._in_place_slots else None
+                  for i, slot in enumerate(self._slots)]
+        for output_slot, input_slot in self._in_place_slots.items():
+            arrays[output_slot] = arrays[input_slot]
+        return arrays
 
     def _array(self, index: int, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
         if slot.role == "input":
@@ -247,15 +287,20 @@ class CpuBackend:
         self._programs: OrderedDict[tuple, Program] = OrderedDict()
         self.interpret_below = interpret_below
 
-    def program(self, roots: list[Node], known: Mapping[Node, Any] | None = None) -> tuple[Program, list[Node]]:
-        """The compiled program for `roots` and the nodes whose arrays it takes, in order."""
+    def program(self, roots: list[Node], known: Mapping[Node, Any] | None = None,
+                donate: Mapping[Node, int] | None = None) -> tuple[Program, list[Node]]:
+        """The compiled program for `roots` and the nodes whose arrays it takes, in order. `donate` maps input
+        nodes to the root each may be overwritten with (see `Program.updated_in_place`)."""
         known = {} if known is None else known
         is_input = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
         key, inputs = structure(roots, is_input)
+        position = {node: i for i, node in enumerate(inputs)}
+        donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
+        key = (key, donated)
         found = self._programs.get(key)
         if found is None:
             given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
-            found = Program(schedule_kernels(roots, given.__contains__), inputs)
+            found = Program(schedule_kernels(roots, given.__contains__), inputs, donated=donated)
             self._programs[key] = found
             if len(self._programs) > PROGRAM_CACHE_SIZE:
                 self._programs.popitem(last=False)

@@ -8,7 +8,7 @@ TG_DEBUG=memory prints each plan; TG_POISON=1 fills the arena with NaN bytes bef
 """
 
 from tensorgraphs.memory.arena import Arena, poison_enabled
-from tensorgraphs.memory.inplace import alias_free
+from tensorgraphs.memory.inplace import alias_free, read_through_output, writes_in_place_safely
 from tensorgraphs.memory.liveness import Lifetime, temporaries
 from tensorgraphs.memory.order import order_for_memory
 from tensorgraphs.memory.packing import ALIGNMENT, ArenaPlan, live_bytes, naive_plan, plan_memory
@@ -16,4 +16,5 @@ from tensorgraphs.memory.recompute import recompute_for_memory
 from tensorgraphs.memory.verify import MemoryPlanError, verify_plan
 
 __all__ = ["ALIGNMENT", "Arena", "ArenaPlan", "Lifetime", "MemoryPlanError", "alias_free", "live_bytes", "naive_plan",
-           "order_for_memory", "plan_memory", "poison_enabled", "recompute_for_memory", "temporaries", "verify_plan"]
+           "order_for_memory", "plan_memory", "poison_enabled", "read_through_output", "recompute_for_memory",
+           "temporaries", "verify_plan", "writes_in_place_safely"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class _State:
     kind: str
     output_index: int | None  # None: the gradient ends up cleared
     input_index: int | None = None
+    written: Node | None = None  # the node the last call gave the tensor, when its array is updated in place
 
 
 @dataclass
@@ -211,14 +213,17 @@ class CompiledFunction:
         known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs})
         boundary = lambda n: n in known or n in state_inputs  # noqa: E731
         roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
-        program, inputs = CPU.program(roots, {**known, **{n: None for n in state_inputs}})
+        donate = {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
+        program, inputs = CPU.program(roots, {**known, **{n: None for n in state_inputs}}, donate)
         readers: list[Reader] = []
         for index, node in enumerate(inputs):
             if node in placeholders:
                 readers.append(_Argument(placeholders[node]))
             elif node in state_inputs:
-                state_inputs[node].input_index = index
-                readers.append(_current_value(state_inputs[node]))
+                state = state_inputs[node]
+                state.input_index = index
+                in_place = state.output_index in program.updated_in_place
+                readers.append(_overwritable_value(state) if in_place else _current_value(state))
             elif node in known and node.op is not Op.BUFFER:
                 readers.append(_fixed(known[node]))
             elif node.arg.live is not None:
@@ -285,6 +290,26 @@ def _current_value(state: _State) -> Reader:
     return lambda arrays: _stored_value(tensor)
 
 
+def _overwritable_value(state: _State) -> Reader:
+    """The state's array for a program that updates it in place: the array itself when nothing but the tensor
+    can see it (it is the node this function gave the tensor, and neither node nor array is referenced
+    elsewhere: no view, lazy graph or cached result), else a copy, so that nothing the user holds changes."""
+
+    def read(arrays: list[np.ndarray]) -> np.ndarray:
+        node = state.tensor.node
+        if node is state.written and sys.getrefcount(node) <= _PRIVATE_NODE_REFS:
+            array = node.arg.data
+            if sys.getrefcount(array) <= _PRIVATE_ARRAY_REFS:
+                return array
+        return np.array(_stored_value(state.tensor), order="C")
+
+    return read
+
+
+_PRIVATE_NODE_REFS = 4  # the tensor, `state.written`, `node` in `read` and getrefcount's argument
+_PRIVATE_ARRAY_REFS = 3  # the node's Buffer, `array` in `read` and getrefcount's argument
+
+
 def _stored_value(tensor: Tensor) -> np.ndarray:
     """The tensor's array: its buffer's, as a compiled call leaves it (no realization), else realized."""
     node = tensor.node
@@ -318,6 +343,7 @@ def _rebind(state: _State, array: np.ndarray | None) -> None:
     tensor.node = _wrap(array, tensor.dtype).node
     if tensor.requires_grad:
         tensor.node.arg.grad_leaf = weakref.ref(tensor)
+    state.written = tensor.node
 
 
 def _result_tensors(result: Any) -> list[Tensor]:

@@ -289,3 +289,26 @@ def test_switching_train_and_eval_mode_gives_its_own_trace() -> None:
     model.train()
     forward(x)
     assert sum(len(t) for t in forward.traces.values()) == 2  # the training trace again
+
+
+def test_parameters_and_optimizer_state_are_updated_in_place_unless_something_else_sees_them() -> None:
+    xs, ys = batches(4)
+    reference, reference_optimizer = mlp_and_adam()
+    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    model, optimizer = mlp_and_adam()
+    step = compiled_step(model, optimizer)
+    losses = [step(tg.tensor(xs[0]), tg.tensor(ys[0])).item(), step(tg.tensor(xs[1]), tg.tensor(ys[1])).item()]
+    (trace,) = next(iter(step.traces.values()))
+    assert len(trace.program.updated_in_place) >= len(list(model.parameters()))
+    weight = model[0].weight
+    address = lambda t: t.node.arg.data.ctypes.data  # noqa: E731  (holding the array itself would count as a user)
+    before = address(weight), address(optimizer.state[weight]["exp_avg"])
+    losses.append(step(tg.tensor(xs[2]), tg.tensor(ys[2])).item())
+    assert (address(weight), address(optimizer.state[weight]["exp_avg"])) == before
+    view = weight.detach()  # shares the array: the next call must leave it alone (it works on a copy)
+    kept = view.numpy()
+    losses.append(step(tg.tensor(xs[3]), tg.tensor(ys[3])).item())
+    np.testing.assert_array_equal(view.numpy(), kept)
+    assert address(weight) != before[0]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    assert_same_parameters(model, reference)
