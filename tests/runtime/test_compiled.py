@@ -119,10 +119,15 @@ def assert_same_parameters(a: tg.nn.Module, b: tg.nn.Module) -> None:
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_training_step_compiles_to_one_program_equal_to_lazy_steps() -> None:
-    xs, ys = batches(5)
+def reference_losses(steps: int) -> tuple[np.ndarray, np.ndarray, tg.nn.Module, list[float]]:
+    """`steps` batches, the MLP trained on them with lazy steps, and its losses."""
+    xs, ys = batches(steps)
     reference, reference_optimizer = mlp_and_adam()
-    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    return xs, ys, reference, lazy_losses(reference, reference_optimizer, xs, ys)
+
+
+def test_training_step_compiles_to_one_program_equal_to_lazy_steps() -> None:
+    xs, ys, reference, expected = reference_losses(5)
     model, optimizer = mlp_and_adam()
     step = compiled_step(model, optimizer)
     got = [step(tg.tensor(x), tg.tensor(y)).item() for x, y in zip(xs, ys)]
@@ -153,9 +158,7 @@ def test_compiled_step_reads_the_learning_rate_each_call() -> None:
 
 
 def test_k_steps_in_one_call_equal_k_calls_and_leave_old_values_alone() -> None:
-    xs, ys = batches(5)
-    reference, reference_optimizer = mlp_and_adam()
-    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    xs, ys, reference, expected = reference_losses(5)
     model, optimizer = mlp_and_adam()
     first_weight = model[0].weight
     before = first_weight.detach()  # shares the buffer the step reads: must keep its values
@@ -292,9 +295,7 @@ def test_switching_train_and_eval_mode_gives_its_own_trace() -> None:
 
 
 def test_parameters_and_optimizer_state_are_updated_in_place_unless_something_else_sees_them() -> None:
-    xs, ys = batches(4)
-    reference, reference_optimizer = mlp_and_adam()
-    expected = lazy_losses(reference, reference_optimizer, xs, ys)
+    xs, ys, reference, expected = reference_losses(4)
     model, optimizer = mlp_and_adam()
     step = compiled_step(model, optimizer)
     losses = [step(tg.tensor(xs[0]), tg.tensor(ys[0])).item(), step(tg.tensor(xs[1]), tg.tensor(ys[1])).item()]
