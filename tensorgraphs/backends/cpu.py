@@ -124,8 +124,6 @@ class Program:
         input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
         self._in_place_slots = {self._outputs[output]: input_slot[position]
                                 for output, position in self.updated_in_place.items()}
-        self._pool: dict[int, list[np.ndarray]] = {i: [] for i, s in enumerate(self._slots)
-                                                   if s.role == "output" and i not in self._in_place_slots}
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
 
     def _update_in_place(self, schedule: Schedule, inputs: list[Node],
@@ -159,9 +157,6 @@ class Program:
                 self.arena.poison()
             arrays = self._arrays(inputs)
             _check_status(self._entry(_pointers(arrays)))
-            for i in self._pool:
-                if arrays[i].nbytes >= POOLED_BYTES and len(self._pool[i]) < 2:
-                    self._pool[i].append(arrays[i])
             return [arrays[i] for i in self._outputs]
 
     def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
@@ -223,32 +218,54 @@ class Program:
 
     def _arrays(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """One array per slot; an output updated in place is its input's array (the caller's to overwrite)."""
-        arrays = [self._array(i, slot, inputs) if i not in self._in_place_slots else None
+        arrays = [self._array(slot, inputs) if i not in self._in_place_slots else None
                   for i, slot in enumerate(self._slots)]
         for output_slot, input_slot in self._in_place_slots.items():
             arrays[output_slot] = arrays[input_slot]
         return arrays
 
-    def _array(self, index: int, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
+    def _array(self, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
         if slot.role == "input":
             return _contiguous(inputs[slot.position], slot.dtype)
         if slot.role == "captured":
             assert slot.array is not None
             return slot.array
-        pool = self._pool[index]
-        for position in range(len(pool)):
-            # only the pool and getrefcount's argument hold it, and only it holds its memory block (a caller's
-            # view of the output refers to the block directly)
-            if sys.getrefcount(pool[position]) <= 2 and sys.getrefcount(pool[position].base) <= 2:
-                return pool.pop(position)
         return _aligned_empty(slot.shape, slot.dtype)
+
+
+class BlockPool:
+    """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: a
+    fresh 64 MiB array costs 20-30 ms of page faults, a reused one nothing. At most `per_size` blocks of each
+    size are kept."""
+
+    def __init__(self, per_size: int = 2) -> None:
+        self.per_size = per_size
+        self._blocks: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> np.ndarray:
+        """A uint8 block of `size` bytes no array refers to."""
+        if size < POOLED_BYTES:
+            return np.empty(size, np.uint8)
+        with self._lock:
+            blocks = self._blocks.setdefault(size, [])
+            for position in range(len(blocks)):
+                if sys.getrefcount(blocks[position]) <= 2:  # only the pool and getrefcount's argument
+                    return blocks[position]
+            block = np.empty(size, np.uint8)
+            if len(blocks) < self.per_size:
+                blocks.append(block)
+            return block
+
+
+OUTPUT_BLOCKS = BlockPool()
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized array starting on a cache line, so that the program's streaming stores write whole
-    lines (a large numpy allocation starts 16 bytes past one); `.base` is its memory block."""
+    lines (a large numpy allocation starts 16 bytes past one); `.base` is its memory block, from the pool."""
     nbytes = math.prod(shape) * dtype.itemsize
-    block = np.empty(nbytes + CACHE_LINE, np.uint8)
+    block = OUTPUT_BLOCKS.take(nbytes + CACHE_LINE)
     start = -block.ctypes.data % CACHE_LINE
     return block[start:start + nbytes].view(dtype).reshape(shape)
 

@@ -266,6 +266,16 @@ def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: py
         realize._initial_device.cache_clear()
 
 
+def test_a_new_program_reuses_the_memory_of_dropped_outputs() -> None:
+    """A first call's outputs come from blocks earlier calls of any program let go: no fresh pages to fault in."""
+    x = np.ones((512, 512), np.float32)
+    doubled, = CPU.program([(tg.tensor(x) * 2).node])[0].run([x])
+    address = doubled.ctypes.data
+    del doubled
+    (tripled,) = CPU.program([(tg.tensor(x) * 3).node])[0].run([x])
+    assert tripled.ctypes.data == address and tripled[0, 0] == 3
+
+
 def test_outputs_start_on_a_cache_line_and_a_kept_view_is_never_recycled() -> None:
     x = floats((512, 1024), specials=False)  # 2 MiB outputs: recycled by the program once dropped
     program, _ = CPU.program([(tg.tensor(x) * 2).node])
