@@ -145,6 +145,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots) | scatters,
                                                    leaf)
     order = toposort(primitive_roots, stop=leaf)
+    materialized |= too_deep_to_inline(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
     lowered: dict[Node, Lowering | GemmLowering] = {}
@@ -167,6 +168,26 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
             break
         materialized |= added
     return Schedule([low.kernel() for low in lowerings], buffers, [names[r] for r in primitive_roots])
+
+
+MAX_INLINE_DEPTH = 96
+"""Longest chain of nodes one kernel computes inline: lowering walks it recursively (a hundred fused softmaxes
+exceeded Python's recursion limit), and so does the C compiler's expression handling."""
+
+
+def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
+    """Nodes to give buffers so that no kernel inlines a chain longer than MAX_INLINE_DEPTH."""
+    depth: dict[Node, int] = {}
+    cut: set[Node] = set()
+    for node in order:
+        if leaf(node) or node in materialized:
+            depth[node] = 0
+            continue
+        depth[node] = 1 + max((depth[s] for s in node.src), default=0)
+        if depth[node] >= MAX_INLINE_DEPTH:
+            cut.add(node)
+            depth[node] = 0
+    return cut
 
 
 def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node], roots: list[Node],

@@ -140,3 +140,18 @@ def walk(stmts: list) -> list:
         found.append(s)
         found += walk(getattr(s, "body", []))
     return found
+
+
+def test_a_hundred_chained_softmaxes_compile_into_kernels_of_bounded_depth() -> None:
+    """Row operations chained in one kernel were lowered recursively: 100 softmaxes exceeded Python's recursion
+    limit. A chain longer than MAX_INLINE_DEPTH now gets a buffer partway."""
+    x = tg.tensor(np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32))
+
+    def chain(x: tg.Tensor) -> tg.Tensor:
+        for _ in range(100):
+            x = F.softmax(x * 1.5, -1)
+        return x
+
+    got = tg.compile(chain)(x).numpy()
+    with tg.device("numpy"):
+        np.testing.assert_allclose(got, chain(x).numpy(), rtol=1e-5, atol=1e-7)
