@@ -4,8 +4,12 @@
 constants and wiring; not which arrays feed it), compiling it on first sight:
 schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
 in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
-on every compile). Running it binds the input arrays, allocates outputs and
-calls `tg_program` once.
+on every compile). Running it binds the input arrays, takes output memory from
+a pool shared by all programs and calls `tg_program` once (`tg_steps` for K
+steps); one call at a time per program. Inputs a caller donates (a compiled
+training step's parameters) may be overwritten by their new values when the
+schedule allows it (`Program.updated_in_place`). Graphs touching few elements
+run on the reference interpreter instead (`CpuBackend.interpret_below`).
 
 TG_DEBUG=schedule prints each new schedule, TG_DEBUG=codegen its C source,
 TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each run.
