@@ -495,7 +495,9 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     epilogue = call.epilogue
     bias = [array[epilogue.bias], *epilogue.bias_strides] if epilogue.bias else ["NULL", 0, 0, 0]
     residual = [array[epilogue.residual], *epilogue.residual_strides] if epilogue.residual else ["NULL", 0, 0]
-    args = [*sizes, array[call.a], *call.a_strides, array[call.b], *call.b_strides, array[call.c], *call.c_strides,
+    a, b = (f"{array[name]} + {offset}" if offset else array[name]
+            for name, offset in ((call.a, call.a_offset), (call.b, call.b_offset)))
+    args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual, gemm.ACTIVATIONS[epilogue.activation]]
     return f"(void)tg_gemm_f32({', '.join(map(str, args))});"
 

@@ -163,8 +163,8 @@ class GemmEpilogue:
 
 @dataclass(frozen=True)
 class GemmCall:
-    """c = epilogue(a @ b) by the GEMM library (`tensorgraphs.kernels.gemm`), float32, every operand a whole
-    buffer.
+    """c = epilogue(a @ b) by the GEMM library (`tensorgraphs.kernels.gemm`), float32; `a` and `b` start
+    `a_offset`/`b_offset` elements into their buffers.
 
     Strides are in elements: `a_strides`/`b_strides` are (batch, row, column), `c_strides` (batch, row); a
     batch stride of 0 broadcasts, a transposed operand is its swapped row/column strides (gemm.h).
@@ -181,10 +181,13 @@ class GemmCall:
     c: str
     c_strides: tuple[int, int]
     epilogue: GemmEpilogue = GemmEpilogue()
+    a_offset: int = 0  # elements of `a`'s buffer before the operand starts (a slice of its leading dim)
+    b_offset: int = 0
 
     def __repr__(self) -> str:
-        product = (f"gemm[{self.batch}x{self.m}x{self.n}x{self.k}]("
-                   f"{self.a}{list(self.a_strides)}, {self.b}{list(self.b_strides)})")
+        a, b = (f"{name}+{offset}" if offset else name for name, offset in ((self.a, self.a_offset),
+                                                                             (self.b, self.b_offset)))
+        product = f"gemm[{self.batch}x{self.m}x{self.n}x{self.k}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
         epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"
         return f"{self.c}{list(self.c_strides)} = {product}{epilogue}"
 

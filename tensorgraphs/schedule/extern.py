@@ -3,9 +3,10 @@
 A float32 `matmul` composite is kept whole by the scheduler when the AVX-512 GEMM
 library (`tensorgraphs.kernels.gemm`) runs on this machine: its kernel is one
 `GemmCall` reading two buffers and writing its own. An operand needs no copy when
-it is a buffer, a reshape of one (buffers are contiguous), or either of those
-with its last two axes swapped (the transpose becomes swapped strides); anything
-else is materialized into a buffer first. The kernel reads and writes through its
+it is a buffer, a reshape of one (buffers are contiguous), a slice of one's leading
+dim (a contiguous block: an offset, as the q/k/v rows of an attention's in_proj
+weight), or any of those with its last two axes swapped (the transpose becomes
+swapped strides); anything else is materialized into a buffer first. The kernel reads and writes through its
 `Kernel.buffers` like any other, so liveness and the memory planner see it as one.
 
 Elementwise consumers the library applies on its registers before the store
@@ -90,9 +91,32 @@ def _storage(view: Node) -> Node:
     return view
 
 
+def _leading_slice_start(view: Node) -> int | None:
+    """Elements of its source before `view`, when `view` slices only the leading dim (a contiguous block)."""
+    if view.op is not Op.SHRINK:
+        return None
+    (start, _), *rest = view.arg
+    inner = view.src[0].shape[1:]
+    if any(bounds != (0, size) for bounds, size in zip(rest, inner)):
+        return None
+    return start * math.prod(inner)
+
+
+def operand_storage(view: Node) -> tuple[Node, int]:
+    """The node whose buffer holds `view`'s elements, and the element offset where they start there: through
+    a swap of the last two axes, reshapes and slices of the leading dim (see the module docstring)."""
+    node, offset = (view.src[0] if _swaps_last_two(view) else view), 0
+    while True:
+        start = _leading_slice_start(node)
+        if node.op is not Op.RESHAPE and start is None:
+            return node, offset
+        offset += start or 0
+        node = node.src[0]
+
+
 def operand_base(view: Node) -> Node:
-    """The node whose buffer holds `view`'s elements (see the module docstring)."""
-    return _storage(view.src[0] if _swaps_last_two(view) else view)
+    """The node whose buffer holds `view`'s elements."""
+    return operand_storage(view)[0]
 
 
 def operand_strides(view: Node) -> tuple[int, int, int]:
@@ -357,7 +381,7 @@ class GemmLowering:
                                        *((self.buffers[o], o) for o in operands))}
         params[c_name] = Buffer(c_name, dtypes.float32, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
-                        (m * n, n), self.epilogue(m, n))
+                        (m * n, n), self.epilogue(m, n), operand_storage(a)[1], operand_storage(b)[1])
         return Kernel(self.name, list(params.values()), [call])
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:

@@ -222,3 +222,19 @@ def test_a_transposed_product_is_computed_transposed_not_copied() -> None:
     product = x.T @ g
     kernels = schedule_kernels([product.T.node, product.node]).kernels
     assert sum(isinstance(s, GemmCall) for k in kernels for s in k.body) == 1 and len(kernels) == 2
+
+
+def test_leading_dim_slices_are_read_in_place_with_an_offset() -> None:
+    """The q/k/v rows of a stacked projection weight: a slice of the leading dim is a contiguous block, read at
+    an offset (no copy kernel); a column slice is not contiguous and is copied first."""
+    rng = np.random.default_rng(6)
+    x, stacked = (tg.tensor(rng.standard_normal(s, dtype=np.float32)) for s in ((16, 32), (96, 32)))
+    value = x @ stacked[32:64].T
+    (kernel,) = schedule_kernels([value.node]).kernels
+    (call,) = kernel.body
+    assert isinstance(call, GemmCall) and call.b_offset == 32 * 32 and call.a_offset == 0
+    with tg.device("cpu"):
+        np.testing.assert_allclose(value.numpy(), x.numpy() @ stacked.numpy()[32:64].T, rtol=1e-5, atol=1e-5)
+        columns = x @ stacked[:32, :16]
+        assert len(schedule_kernels([columns.node]).kernels) == 2
+        np.testing.assert_allclose(columns.numpy(), x.numpy() @ stacked.numpy()[:32, :16], rtol=1e-5, atol=1e-5)
