@@ -103,6 +103,13 @@ def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> l
     return order
 
 
+def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
+    """`node` reading `src` instead of its own sources (itself when they are the same nodes)."""
+    if all(a is b for a, b in zip(src, node.src)):
+        return node
+    return Node(node.op, node.dtype, node.shape, src, node.arg)
+
+
 # ---------------------------------------------------------------------------
 # Builders: one per primitive family, each checking its shape/dtype rule.
 # ---------------------------------------------------------------------------

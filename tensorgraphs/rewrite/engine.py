@@ -21,7 +21,7 @@ import threading
 from collections import Counter
 from typing import Callable, Iterable, Iterator, Sequence
 
-from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.rewrite.pattern import OpKey, Rule, op_key
 
 MAX_REWRITES_IN_A_ROW = 200  # a node replaced more often than this (each replacement rewritten again) means a cycle
@@ -109,9 +109,7 @@ def rewrite(roots: Sequence[Node], ruleset: RuleSet, stop: Callable[[Node], bool
             stack.append((node, _BUILD, None, generation))
             stack.extend((s, _VISIT, None, 0) for s in node.src if id(s) not in done)
             continue
-        src = tuple(done[id(s)] for s in node.src)
-        unchanged = all(a is b for a, b in zip(src, node.src))
-        built = node if unchanged else Node(node.op, node.dtype, node.shape, src, node.arg)
+        built = with_sources(node, tuple(done[id(s)] for s in node.src))
         new = apply_first(ruleset, built, fired)
         if new is None:
             done[id(node)] = done[id(built)] = built

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.node import Node, toposort, with_sources
 
 if TYPE_CHECKING:
     from tensorgraphs.frontend.tensor import Tensor
@@ -44,19 +44,21 @@ class Trace:
         self.grads.setdefault(id(leaf), (leaf, leaf.grad))
 
     def resolve(self, roots: list[Node]) -> list[Node]:
-        """`roots` with every stand-in replaced by the value it stands for (stand-ins exist only while tracing)."""
-        if not self.stand_ins:
-            return roots
+        """`roots` with every stand-in replaced by the value it stands for, itself resolved (a value computed
+        after an earlier assign reads that assign's stand-in). Stand-ins exist only while tracing."""
         rebuilt: dict[Node, Node] = {}
-        for node in toposort(roots):
-            if node in self.stand_ins:
-                rebuilt[node] = rebuilt.get(self.stand_ins[node], self.stand_ins[node])
-            elif node.src:
-                src = tuple(rebuilt[s] for s in node.src)
-                rebuilt[node] = node if src == node.src else Node(node.op, node.dtype, node.shape, src, node.arg)
-            else:
-                rebuilt[node] = node
-        return [rebuilt[r] for r in roots]
+
+        def resolved(root: Node) -> Node:
+            for node in toposort([root], stop=rebuilt.__contains__):
+                if node in rebuilt:
+                    continue
+                if node in self.stand_ins:
+                    rebuilt[node] = resolved(self.stand_ins[node])
+                else:
+                    rebuilt[node] = with_sources(node, tuple(rebuilt[s] for s in node.src))
+            return rebuilt[root]
+
+        return [resolved(r) for r in roots] if self.stand_ins else roots
 
     def restore(self) -> None:
         """Put every changed tensor back as it was before tracing (the compiled program then runs the call)."""

@@ -40,7 +40,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import Buffer, GemmCall, GemmEpilogue, Kernel
 from tensorgraphs.graph.composite import Composite, is_composite, make_node
-from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
 from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
@@ -299,10 +299,8 @@ def fuse_epilogues(roots: list[Node], materialized: set[Node],
     for node in order:
         if node in fused:
             rebuilt[node] = fused[node].node(node.shape, rebuilt)
-        elif is_leaf(node) or all(rebuilt[s] is s for s in node.src):
-            rebuilt[node] = node
         else:
-            rebuilt[node] = Node(node.op, node.dtype, node.shape, tuple(rebuilt[s] for s in node.src), node.arg)
+            rebuilt[node] = node if is_leaf(node) else with_sources(node, tuple(rebuilt[s] for s in node.src))
     operands = {rebuilt[n] for chain in fused.values() for n in chain.operands() if not is_leaf(n)}
     kept = {rebuilt.get(n, n) for n in materialized} | {rebuilt[end] for end in fused} | operands
     return [rebuilt[r] for r in roots], kept

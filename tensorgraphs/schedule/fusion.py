@@ -47,7 +47,7 @@ from typing import Callable
 
 from tensorgraphs.codegen.loop_ir import Kernel
 from tensorgraphs.graph.composite import is_composite
-from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.schedule.extern import (
     GemmLowering,
@@ -100,7 +100,7 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
             elif (swapped := transposed_product(node, uses)) is not None:
                 memo[node] = convert(swapped)
             elif runs_as_gemm(node):
-                memo[node] = Node(node.op, node.dtype, node.shape, tuple(memo[s] for s in node.src), node.arg)
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
                 forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
             elif is_composite(node):
@@ -112,10 +112,7 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 (canonical,) = optimize([decompose(node)], ["canonical"], stop=set(node.src).__contains__)
                 memo[node] = convert(canonical)
             else:
-                src = tuple(memo[s] for s in node.src)
-                same = all(a is b for a, b in zip(src, node.src))
-                rebuilt = node if same else Node(node.op, node.dtype, node.shape, src, node.arg)
-                memo[node] = split_full_reduction(rebuilt, forced)
+                memo[node] = split_full_reduction(with_sources(node, tuple(memo[s] for s in node.src)), forced)
         return memo[root]
 
     return [convert(r) for r in roots], forced

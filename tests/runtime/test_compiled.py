@@ -313,3 +313,26 @@ def test_parameters_and_optimizer_state_are_updated_in_place_unless_something_el
     assert address(weight) != before[0]
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
     assert_same_parameters(model, reference)
+
+
+def test_two_optimizer_steps_in_one_traced_call_equal_two_lazy_steps() -> None:
+    """The second step reads the parameters the first one assigned (stand-ins resolved through each other)."""
+    xs, ys = batches(2)
+
+    def two_steps(model: tg.nn.Module, optimizer: tg.optim.Optimizer, x: tg.Tensor, y: tg.Tensor) -> tuple:
+        losses = []
+        for _ in range(2):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss)
+        return tuple(losses)
+
+    reference, reference_optimizer = mlp_and_adam()
+    expected = [t.item() for t in two_steps(reference, reference_optimizer, tg.tensor(xs[0]), tg.tensor(ys[0]))]
+    model, optimizer = mlp_and_adam()
+    step = tg.compile(lambda x, y: two_steps(model, optimizer, x, y))
+    got = [t.item() for t in step(tg.tensor(xs[0]), tg.tensor(ys[0]))]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert_same_parameters(model, reference)
