@@ -16,7 +16,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, DTypeError, fail
 from tensorgraphs.frontend import elementwise as ew
-from tensorgraphs.frontend.tensor import Tensor, apply, apply_composite, cast
+from tensorgraphs.frontend.tensor import Tensor, apply, apply_composite, cast, live_buffer
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.ops import Op
@@ -102,11 +102,10 @@ RANDOM_BITS = register(Composite("random_bits", infer=_bits_shape, decompose=_bi
 def _key_buffer() -> Tensor:
     """The next call's (key0, key1, counter_high) as a uint32 buffer, not constants: a compiled program reads
     the next key at every call (so each call draws new numbers), instead of the one it was traced with."""
+    next_key = lambda: np.asarray(_next_key(), np.uint32)  # noqa: E731
     if tracing.active() is None:
-        return Tensor.from_numpy(np.asarray(_next_key(), np.uint32), dtypes.uint32)
-    key = Tensor.from_numpy(np.zeros(3, np.uint32), dtypes.uint32)
-    key.node.arg.live = lambda: np.asarray(_next_key(), np.uint32)
-    return key
+        return Tensor.from_numpy(next_key(), dtypes.uint32)
+    return live_buffer(np.zeros(3, np.uint32), next_key, dtypes.uint32)  # no key drawn while tracing
 
 
 def random_bits(shape: tuple[int, ...]) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -51,8 +51,7 @@ class Tensor:
         dtype = dtypes.from_numpy_dtype(array.dtype) if dtype is None else dtype
         data = array.astype(dtype.storage, order="C")  # a fresh copy; keeps 0-d arrays 0-d
         data = dtypes.round_to_storage(data, dtype)
-        buf = Buffer(HOST, dtype, tuple(data.shape), data)
-        return Tensor(g.buffer(buf, dtype, data.shape), requires_grad=requires_grad)
+        return Tensor(host_buffer(data, dtype), requires_grad=requires_grad)
 
     @staticmethod
     def result(node: Node, *parents: Tensor) -> Tensor:
@@ -202,7 +201,7 @@ class Tensor:
         if trace is None:
             self.node = _materialize(value.node)
         else:  # a leaf needs a buffer of its own: a stand-in until the compiled program computes the value
-            self.node = _placeholder(self.dtype, self.shape)
+            self.node = host_buffer(np.zeros(self.shape, self.dtype.storage), self.dtype)
             trace.stand_ins[self.node] = value.node
         self.node.arg.grad_leaf = weakref.ref(self)
         return self
@@ -210,16 +209,22 @@ class Tensor:
     # Operators and methods are attached by tensorgraphs.frontend.methods.
 
 
+def host_buffer(data: np.ndarray, dtype: DType) -> Node:
+    """A BUFFER node holding `data` (in `dtype`'s storage type, C order) on the host."""
+    return g.buffer(Buffer(HOST, dtype, tuple(data.shape), data), dtype, tuple(data.shape))
+
+
+def live_buffer(value: np.ndarray, read: Callable[[], np.ndarray], dtype: DType) -> Tensor:
+    """A tensor holding `value` that a compiled program refills with `read()` at every call (`Buffer.live`):
+    a learning rate a scheduler changes, the next random key."""
+    tensor = Tensor.from_numpy(value, dtype)
+    tensor.node.arg.live = read
+    return tensor
+
+
 def _materialize(node: Node) -> Node:
     """A fresh BUFFER node holding `node`'s value."""
-    data = realize([node])[0].astype(node.dtype.storage, order="C")
-    return g.buffer(Buffer(HOST, node.dtype, node.shape, data), node.dtype, node.shape)
-
-
-def _placeholder(dtype: DType, shape: Shape) -> Node:
-    """A BUFFER node of zeros: what a compiled function's graph reads before any data is bound."""
-    data = np.zeros(shape, dtype.storage)
-    return g.buffer(Buffer(HOST, dtype, tuple(shape), data), dtype, tuple(shape))
+    return host_buffer(realize([node])[0].astype(node.dtype.storage, order="C"), node.dtype)
 
 
 def _own_buffer(node: Node) -> Node:

@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from tensorgraphs.dtypes import DType
+from tensorgraphs.dtypes import DType, float32
 from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
-from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.frontend.tensor import Tensor, live_buffer
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import realize
 
@@ -32,9 +32,8 @@ def state_buffer(shape: tuple[int, ...], dtype: DType, fill: float = 0.0) -> Ten
 def live_scalar(read: Callable[[], float]) -> Tensor:
     """A hyperparameter a scheduler changes (lr) as a 0-d input buffer, not a constant baked into the graph;
     a compiled step calls `read` for its value at every call."""
-    scalar = Tensor.from_numpy(np.asarray(read(), dtype=np.float32))
-    scalar.node.arg.live = lambda: np.asarray(read(), dtype=np.float32)
-    return scalar
+    value = lambda: np.asarray(read(), dtype=np.float32)  # noqa: E731
+    return live_buffer(value(), value, float32)
 
 
 def clear_grad(param: Tensor, set_to_none: bool = True) -> None:

@@ -38,13 +38,11 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
-from tensorgraphs.frontend.tensor import HOST, Tensor
-from tensorgraphs.graph import node as g
+from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.buffer import Buffer
 from tensorgraphs.runtime.realize import realized_values
 
 Reader = Callable[[list[np.ndarray]], np.ndarray]
@@ -364,7 +362,7 @@ def _array_of(value: Tensor | np.ndarray) -> np.ndarray:
 
 
 def _wrap(array: np.ndarray, dtype: dtypes.DType) -> Tensor:
-    return Tensor(g.buffer(Buffer(HOST, dtype, tuple(array.shape), array), dtype, tuple(array.shape)))
+    return Tensor(host_buffer(array, dtype))
 
 
 def compile(fn: Callable[..., Any]) -> CompiledFunction:
