@@ -125,8 +125,8 @@ class Program:
             self._slots.append(slot)
         slot_of = {spec.name: i for i, spec in enumerate(schedule.buffers)}
         self._outputs = [slot_of[name] for name in schedule.outputs]
-        input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
-        self._in_place_slots = {self._outputs[output]: input_slot[position]
+        self._input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
+        self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
 
@@ -184,8 +184,7 @@ class Program:
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
-            input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
-            partner = {self._outputs[j]: input_slot.get(p) for j, p in carried.items()}
+            partner = {self._outputs[j]: self._input_slot.get(p) for j, p in carried.items()}
             if len(partner) != len(carried) or any(self._outputs.count(i) > 1 for i in partner):
                 raise UnsupportedError("a K-step call cannot return a value the step also carries to the next step")
             arrays: list[np.ndarray] = []
