@@ -36,8 +36,8 @@ from tensorgraphs.rewrite.structural_hash import node_digest, structural_hash
 RULESETS.update(canonical=CANONICAL, fast_math=FAST_MATH, decompose=DECOMPOSE, user=RuleSet("user"))
 
 __all__ = ["CANONICAL", "DECOMPOSE", "FAST_MATH", "RULESETS", "Pattern", "Rule", "RuleSet", "RewriteError",
-           "active_rulesets", "const", "keep", "live_nodes", "named_ruleset", "node_digest", "op", "optimize",
-           "pattern_of", "register", "rewrite", "rule", "structural_hash", "unregister", "using", "var"]
+           "active_rulesets", "const", "graph_pattern", "keep", "live_nodes", "named_ruleset", "node_digest", "op",
+           "optimize", "pattern_of", "register", "rewrite", "rule", "structural_hash", "unregister", "using", "var"]
 
 
 def pattern_of(fn: Callable[..., Any]) -> Pattern:
@@ -53,16 +53,23 @@ def pattern_of(fn: Callable[..., Any]) -> Pattern:
     placeholders = {name: Tensor.from_numpy(np.float32(0.0)) for name in names}
     traced = optimize([fn(**placeholders).node], ["canonical"])[0]
     variables = {placeholders[name].node: var(name) for name in names}
+    return graph_pattern(traced, variables, lambda node: const(node.arg) if node.op is Op.CONST else None)
+
+
+def graph_pattern(template: Node, variables: dict[Node, Pattern],
+                  constant: Callable[[Node], Pattern | None]) -> Pattern:
+    """A traced graph as a pattern: `variables` give the patterns of its placeholder nodes, `constant` that of a
+    constant (None for any other node), and every other node matches its op and argument."""
     patterns: dict[Node, Pattern] = {}
-    for node in traced.toposort():
+    for node in template.toposort():
         if node in variables:
             patterns[node] = variables[node]
-        elif node.op is Op.CONST:
-            patterns[node] = const(node.arg)
+        elif (constant_pattern := constant(node)) is not None:
+            patterns[node] = constant_pattern
         else:
             same_arg = (lambda n, arg=node.arg: n.arg == arg) if node.arg is not None else None
             patterns[node] = op(node.op, *(patterns[s] for s in node.src), where=same_arg)
-    return patterns[traced]
+    return patterns[template]
 
 
 def rule(name: str, pattern: Pattern | Callable[..., Any], replace: Callable[..., Any]) -> Rule:

@@ -43,6 +43,7 @@ from tensorgraphs.graph.composite import Composite, is_composite, make_node
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
+from tensorgraphs.rewrite import graph_pattern
 from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
 
@@ -243,16 +244,12 @@ def _activation_templates() -> tuple[tuple[str, Node, Node], ...]:
 def _template_pattern(template: Node, placeholder: Node, x: Pattern) -> Pattern:
     """`template` as a pattern: the placeholder is `x`, a constant matches any broadcast of its value. (Unlike
     `rewrite.pattern_of`, constants are matched through views: the scheduler's graph is not re-canonicalized.)"""
-    patterns: dict[Node, Pattern] = {}
-    for node in toposort([template]):
-        if node is placeholder:
-            patterns[node] = x
-        elif (constant := _broadcast_constant(node)) is not None:
-            patterns[node] = Pattern(where=_is_constant(constant.arg))
-        else:
-            same_arg = (lambda n, arg=node.arg: n.arg == arg) if node.arg is not None else None
-            patterns[node] = op(node.op, *(patterns[s] for s in node.src), where=same_arg)
-    return patterns[template]
+
+    def constant(node: Node) -> Pattern | None:
+        found = _broadcast_constant(node)
+        return None if found is None else Pattern(where=_is_constant(found.arg))
+
+    return graph_pattern(template, {placeholder: x}, constant)
 
 
 def _setting(name: str, value: Callable[[Bindings], Any]) -> Update:
