@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from tensorgraphs.codegen.loop_ir import (
     Ref,
     Stmt,
     Store,
+    walk,
 )
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.ops import Op
@@ -276,20 +277,13 @@ def combine(op: Op, acc: str, value: str, dtype: DType) -> str:
     return BINARY[Op.MAX]([value, acc], dtype)
 
 
-def _walk(stmts: list[Stmt]) -> Iterator[Stmt]:
-    for stmt in stmts:
-        yield stmt
-        if isinstance(stmt, (Loop, Reduce)):
-            yield from _walk(stmt.body)
-
-
 def streamed_buffers(kernel: Kernel) -> set[str]:
     """Outputs of `kernel` written with streaming stores: at least STREAM_MIN_BYTES, written by one plain store
     and never read by the kernel (so a line holds nothing the kernel needs before it is written whole)."""
     large = {b.name for b in kernel.buffers if b.writes and b.size * np.dtype(b.dtype.storage).itemsize
              >= STREAM_MIN_BYTES}
-    stores = Counter(s.buffer for s in _walk(kernel.body) if isinstance(s, Store))
-    excluded = {s.buffer for s in _walk(kernel.body) if isinstance(s, Load) or (isinstance(s, Store) and s.accumulate)}
+    stores = Counter(s.buffer for s in walk(kernel.body) if isinstance(s, Store))
+    excluded = {s.buffer for s in walk(kernel.body) if isinstance(s, Load) or (isinstance(s, Store) and s.accumulate)}
     return {name for name in large if stores[name] == 1 and name not in excluded}
 
 

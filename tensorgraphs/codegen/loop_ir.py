@@ -8,8 +8,9 @@ Nothing here knows C: the renderer owns every spelling.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from tensorgraphs.codegen.index import Expr, Var
 from tensorgraphs.dtypes import DType
@@ -230,3 +231,30 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
         else:
             lines.append(pad + repr(stmt))
     return lines
+
+
+def walk(body: list[Stmt]) -> Iterator[Stmt]:
+    """Every statement of `body`, those inside loops and reductions included, in order."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (Loop, Reduce)):
+            yield from walk(stmt.body)
+
+
+BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
+    Load: ("buffer",),
+    Store: ("buffer",),
+    GemmCall: ("a", "b", "c"),
+    GemmEpilogue: ("bias", "residual"),
+}
+"""The fields of loop IR statements that name a buffer."""
+
+
+def rename_buffer(stmt: Any, old: str, new: str) -> Any:
+    """`stmt` (and the statements inside it) naming buffer `new` wherever it named `old`."""
+    if isinstance(stmt, (Loop, Reduce)):
+        return dataclasses.replace(stmt, body=[rename_buffer(s, old, new) for s in stmt.body])
+    changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}
+    if isinstance(stmt, GemmCall):
+        changes["epilogue"] = rename_buffer(stmt.epilogue, old, new)
+    return dataclasses.replace(stmt, **changes) if changes else stmt

@@ -10,9 +10,7 @@ the output in bytes of its own.
 
 from __future__ import annotations
 
-import dataclasses
-
-from tensorgraphs.codegen.loop_ir import Kernel, Load, Local, Loop, Reduce, Stmt, Store
+from tensorgraphs.codegen.loop_ir import Kernel, Load, Local, Loop, Reduce, Stmt, Store, rename_buffer
 
 
 def _blocks(body: list[Stmt]) -> list[list[Stmt]]:
@@ -50,17 +48,8 @@ def read_through_output(kernel: Kernel, donor: str, output: str) -> Kernel:
 
     The kernel then takes one pointer where it had two aliasing ones: the C parameters stay `restrict`-correct.
     """
-    def rewrite(body: list[Stmt]) -> list[Stmt]:
-        result: list[Stmt] = []
-        for stmt in body:
-            if isinstance(stmt, Load) and stmt.buffer == donor:
-                stmt = dataclasses.replace(stmt, buffer=output)
-            elif isinstance(stmt, (Loop, Reduce)):
-                stmt = dataclasses.replace(stmt, body=rewrite(stmt.body))
-            result.append(stmt)
-        return result
-
-    return Kernel(kernel.name, [b for b in kernel.buffers if b.name != donor], rewrite(kernel.body))
+    return Kernel(kernel.name, [b for b in kernel.buffers if b.name != donor],
+                  [rename_buffer(stmt, donor, output) for stmt in kernel.body])
 
 
 def alias_free(kernels: list[Kernel], pairs: list[tuple[str, str]]) -> list[Kernel]:

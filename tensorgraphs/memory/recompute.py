@@ -21,46 +21,20 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
 
 import numpy as np
 
-from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, Load, Loop, Reduce, Stmt, Store
+from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, Reduce, rename_buffer, walk
 from tensorgraphs.memory.liveness import Lifetime, temporaries
 from tensorgraphs.memory.packing import live_profile
 from tensorgraphs.schedule.fusion import BufferSpec, Schedule
 
 MAX_ROUNDS = 8
 
-BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
-    Load: ("buffer",),
-    Store: ("buffer",),
-    GemmCall: ("a", "b", "c"),
-    GemmEpilogue: ("bias", "residual"),
-}
-"""The fields of loop IR statements that name a buffer."""
-
-
-def _statements(body: list[Stmt]) -> Iterator[Stmt]:
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, (Loop, Reduce)):
-            yield from _statements(stmt.body)
-
-
 def is_cheap(kernel: Kernel) -> bool:
     """One pass over its elements (no GEMM call, no reduction): running it again costs about what streaming
     its buffers costs."""
-    return not any(isinstance(stmt, (GemmCall, Reduce)) for stmt in _statements(kernel.body))
-
-
-def _renamed_stmt(stmt: Any, old: str, new: str) -> Any:
-    if isinstance(stmt, (Loop, Reduce)):
-        return dataclasses.replace(stmt, body=[_renamed_stmt(s, old, new) for s in stmt.body])
-    changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}
-    if isinstance(stmt, GemmCall):
-        changes["epilogue"] = _renamed_stmt(stmt.epilogue, old, new)
-    return dataclasses.replace(stmt, **changes) if changes else stmt
+    return not any(isinstance(stmt, (GemmCall, Reduce)) for stmt in walk(kernel.body))
 
 
 def renamed(kernel: Kernel, old: str, new: str, name: str | None = None) -> Kernel | None:
@@ -68,7 +42,7 @@ def renamed(kernel: Kernel, old: str, new: str, name: str | None = None) -> Kern
     still names `old` (a statement this does not know how to rename: then it must stay as it is)."""
     result = Kernel(name or kernel.name,
                     [dataclasses.replace(b, name=new) if b.name == old else b for b in kernel.buffers],
-                    [_renamed_stmt(stmt, old, new) for stmt in kernel.body])
+                    [rename_buffer(stmt, old, new) for stmt in kernel.body])
     return None if re.search(rf"\b{re.escape(old)}\b", str(result)) else result
 
 

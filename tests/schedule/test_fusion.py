@@ -11,7 +11,7 @@ import pytest
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.codegen.c_renderer import PREAMBLE, render_program
-from tensorgraphs.codegen.loop_ir import Reduce
+from tensorgraphs.codegen.loop_ir import Reduce, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
@@ -131,15 +131,6 @@ def test_matmul_accumulates_output_rows_and_transposed_results_get_their_own_ker
 def test_cheap_chain_feeding_a_wide_matmul_is_materialized() -> None:
     a, b = tensor(8, 16), tensor(16, 64, seed=1)
     assert count_kernels([((a * 2 + 1) @ b).node]) == 2  # recomputed 64 times per element otherwise
-
-
-def walk(stmts: list) -> list:
-    """Every statement of a loop-IR body, nested ones included."""
-    found = []
-    for s in stmts:
-        found.append(s)
-        found += walk(getattr(s, "body", []))
-    return found
 
 
 def test_a_hundred_chained_softmaxes_compile_into_kernels_of_bounded_depth() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Reduce, Store
+from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Store, walk
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.schedule import schedule_kernels
@@ -16,13 +16,6 @@ from tensorgraphs.schedule.lower import ROW_STAGE_BYTES
 def only_kernel(tensor: tg.Tensor):
     (kernel,) = schedule_kernels([tensor.node]).kernels
     return kernel
-
-
-def walk(stmts):
-    for s in stmts:
-        yield s
-        if isinstance(s, (Loop, Reduce)):
-            yield from walk(s.body)
 
 
 def x(*shape: int) -> tg.Tensor:
