@@ -43,6 +43,7 @@ from tensorgraphs.codegen.loop_ir import (
     Ref,
     Stmt,
     Store,
+    TransposeLocal,
     walk,
 )
 from tensorgraphs.dtypes import DType
@@ -341,6 +342,8 @@ class KernelRenderer:
         if isinstance(stmt, Local):
             self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
             return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}] __attribute__((aligned({CACHE_LINE})));"]
+        if isinstance(stmt, TransposeLocal):
+            return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
         assert isinstance(stmt, Accumulate), stmt
         op, dtype = self.reduce_dtypes[stmt.acc]
         return [f"{pad}{stmt.acc} = {combine(op, stmt.acc, operand(stmt.value), dtype)};"]
@@ -356,9 +359,9 @@ class KernelRenderer:
 
     def streamed_store(self, loop: Loop) -> Store | None:
         """The store of an innermost `loop` to a streamed buffer, when it writes whole lines in a short run:
-        contiguous along the loop, two lines to STREAM_MAX_RUN_BYTES per run, its position known before the loop
+        contiguous along the loop, one line to STREAM_MAX_RUN_BYTES per run, its position known before the loop
         starts."""
-        if any(isinstance(s, (Loop, Reduce, Local)) for s in loop.body):
+        if any(isinstance(s, (Loop, Reduce, Local, TransposeLocal)) for s in loop.body):
             return None
         stores = [s for s in loop.body if isinstance(s, Store) and s.buffer in self.streamed]
         if not stores:
@@ -366,7 +369,7 @@ class KernelRenderer:
         (store,) = stores
         run = loop.var.extent * np.dtype(self.element_dtype[store.buffer].storage).itemsize
         defined_inside = {s.name for s in loop.body if isinstance(s, (Let, Load))}
-        if (ix.stride(store.index, loop.var) != 1 or not 2 * CACHE_LINE <= run <= STREAM_MAX_RUN_BYTES
+        if (ix.stride(store.index, loop.var) != 1 or not CACHE_LINE <= run <= STREAM_MAX_RUN_BYTES
                 or ix.symbols(store.index) & defined_inside):
             return None
         return store

@@ -142,6 +142,19 @@ class Local:
 
 
 @dataclass(frozen=True)
+class TransposeLocal:
+    """Transposes the square `side` x `side` local array `name` in place (a transposing tile between the loop that
+    fills it along the source's contiguous axis and the loop that writes it out along the output's): in vector
+    registers, so neither loop has to store or load with a stride."""
+
+    name: str
+    side: int
+
+    def __repr__(self) -> str:
+        return f"transpose {self.name}[{self.side}x{self.side}]"
+
+
+@dataclass(frozen=True)
 class GemmEpilogue:
     """What the GEMM applies to each output element before storing it (gemm.h), in this order:
     c = activation(alpha * (a @ b) + bias) + residual. `bias_strides` are (batch, row, column), the column
@@ -193,7 +206,7 @@ class GemmCall:
         return f"{self.c}{list(self.c_strides)} = {product}{epilogue}"
 
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | GemmCall
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall
 
 
 @dataclass

@@ -40,6 +40,7 @@ from tensorgraphs.codegen.loop_ir import (
     Ref,
     Stmt,
     Store,
+    TransposeLocal,
 )
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
@@ -57,7 +58,13 @@ NOT_COMPUTED = MOVEMENT | frozenset({Op.CONST, Op.IOTA, Op.ASSIGN, Op.COPY})
 """Ops that only rewrite an index or pass a value on: never worth a buffer of their own."""
 
 TILE = 32
-"""Block size of transposing loop nests (a 32 x 32 float32 tile is 4 KiB, well inside L1)."""
+"""A load whose stride along the innermost loop is at least this many elements walks memory transposed."""
+
+TRANSPOSE_TILE = 16
+"""Block size of transposing loop nests: a 16 x 16 float32 tile is 16 vector registers (transposed in registers,
+`TransposeLocal`) and each of its rows one cache line. Tiles walk the source's rows, so reads are 16 sequential
+streams the hardware prefetcher follows (4096^2 float32: 3.9 ms against 7.0 ms for 32 x 32 tiles walking the
+output's rows and transposed by strided scalar stores)."""
 
 FORWARDED = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
 """Values worth a store and a load to avoid computing them twice (see `forward_through_output`)."""
@@ -84,16 +91,21 @@ class Scope:
     trips: int  # how many times this body runs per kernel call
     var: Var | None = None  # the counter of the loop whose body this is
     stmts: list[Stmt] = field(default_factory=list)
-    loops: list[tuple[Var, Scope]] = field(default_factory=list)
+    loops: list[tuple[Var, Scope] | Stmt] = field(default_factory=list)  # nested loops, and statements between them
 
     def child(self, var: Var) -> Scope:
         return Scope(self.depth + 1, self.trips * var.extent, var)
+
+    def then(self, stmt: Stmt) -> None:
+        """`stmt` after the loops opened here so far, before any opened later."""
+        self.loops.append(stmt)
 
     def assemble(self) -> list[Stmt]:
         """The body; an innermost body is `stmts` itself, so statements added later still land in it."""
         if not self.loops:
             return self.stmts
-        return self.stmts + [Loop(var, scope.assemble()) for var, scope in self.loops]
+        return self.stmts + [Loop(item[0], item[1].assemble()) if isinstance(item, tuple) else item
+                             for item in self.loops]
 
 
 @dataclass
@@ -137,26 +149,29 @@ class Lowering:
         scope.stmts.append(Store(out, self._store_index, value, accumulate))
 
     def transposed_nest(self, node: Node, out: str) -> None:
-        """The last two axes in TILE x TILE blocks, each computed column by column into a local tile
-        (reads along the source's contiguous axis) and written out row by row (contiguous stores)."""
+        """The last two axes in TRANSPOSE_TILE blocks: each tile is filled along the source's contiguous axis,
+        transposed in registers and written out along the output's (contiguous loads and stores only).
+        Blocks are visited along the source's rows."""
         dims = [d for d, size in enumerate(node.shape) if size > 1]
         a, b = dims[-2:]
+        side = TRANSPOSE_TILE
         scope = self._root
         index: list[Expr] = [Const(0)] * node.ndim
         for d in dims[:-2]:
             index[d], scope = self._open_loop(scope, "i", node.shape[d])
-        block_a, scope = self._open_loop(scope, "blk", node.shape[a] // TILE)
-        block_b, block_scope = self._open_loop(scope, "blk", node.shape[b] // TILE)
-        block_scope.stmts.append(Local("tile", node.dtype, TILE * TILE))
-        column, column_scope = self._open_loop(block_scope, "t", TILE)
-        row, row_scope = self._open_loop(column_scope, "t", TILE)
-        index[a], index[b] = block_a * TILE + row, block_b * TILE + column
-        row_scope.stmts.append(Store("tile", row * TILE + column, self.define(node, tuple(index))))
-        row, row_scope = self._open_loop(block_scope, "t", TILE)
-        column, column_scope = self._open_loop(row_scope, "t", TILE)
-        index[a], index[b] = block_a * TILE + row, block_b * TILE + column
+        block_b, scope = self._open_loop(scope, "blk", node.shape[b] // side)
+        block_a, block_scope = self._open_loop(scope, "blk", node.shape[a] // side)
+        block_scope.stmts.append(Local("tile", node.dtype, side * side))
+        column, column_scope = self._open_loop(block_scope, "t", side)
+        row, row_scope = self._open_loop(column_scope, "t", side)
+        index[a], index[b] = block_a * side + row, block_b * side + column
+        row_scope.stmts.append(Store("tile", column * side + row, self.define(node, tuple(index))))
+        block_scope.then(TransposeLocal("tile", side))
+        row, row_scope = self._open_loop(block_scope, "t", side)
+        column, column_scope = self._open_loop(row_scope, "t", side)
+        index[a], index[b] = block_a * side + row, block_b * side + column
         self._param(out, node, writes=True)
-        staged = self._load_at("tile", node.dtype, row * TILE + column)
+        staged = self._load_at("tile", node.dtype, row * side + column)
         column_scope.stmts.append(Store(out, ix.flatten(tuple(index), node.shape), staged))
         self._max_trips = max(self._max_trips, column_scope.trips)
 
@@ -546,7 +561,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
     if low.recomputed:  # the scheduler lowers it again once those have buffers
         return low
-    if low.reads_transposed() and all(node.shape[d] % TILE == 0 for d in low.tiled_axes()):
+    if low.reads_transposed() and all(node.shape[d] % TRANSPOSE_TILE == 0 for d in low.tiled_axes()):
         low = Lowering(name, buffers)
         low.transposed_nest(node, out)
     elif low.reduces_across_rows():

@@ -131,6 +131,17 @@ def test_movement_ops_are_index_expressions() -> None:
     }, x)
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "int32", "float32", "float64", "int64"])
+def test_tiled_transposes_of_every_element_width(dtype: str) -> None:
+    """Transposes in 16 x 16 tiles (transposed in registers for 1-, 2-, 4- and 8-byte elements), also batched, from a
+    slice, and with an elementwise op fused into the tile's loads."""
+    x = ints((3, 48, 80), "int64", 14).astype(dtype)
+    compare(lambda t: {
+        "transpose": t[0].T.contiguous(), "batched": t.transpose(1, 2).contiguous(),
+        "sliced": t[1, 16:, 16:].T.contiguous(), "fused": (t.transpose(1, 2) * 2).contiguous(),
+    }, x)
+
+
 def test_gather_scatter_add_and_index_errors() -> None:
     x = floats((5, 8), 9, specials=False)
     index = np.random.default_rng(10).integers(0, 5, (3, 8)).astype(np.int64)

@@ -6,7 +6,7 @@ import numpy as np
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Store, walk
+from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Store, TransposeLocal, walk
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.schedule import schedule_kernels
@@ -69,12 +69,15 @@ def test_column_reduction_accumulates_rows_into_contiguous_output_blocks() -> No
     assert loads == ["(blk1*256 + r3*512 + t4)", "(blk1*256 + t4)"]
 
 
-def test_large_transpose_is_staged_through_a_tile() -> None:
+def test_large_transpose_is_staged_through_a_tile_transposed_in_registers() -> None:
     kernel = only_kernel(x(64, 96).T.contiguous())
     loads = [repr(s.index) for s in walk(kernel.body) if isinstance(s, Load)]
     stores = [repr(s.index) for s in walk(kernel.body) if isinstance(s, Store)]
-    assert loads == ["(blk1*32 + blk2*3072 + t3*96 + t4)", "(t6*32 + t7)"]  # both contiguous innermost
-    assert stores == ["(t3 + t4*32)", "(blk1*2048 + blk2*32 + t6*64 + t7)"]
+    assert loads == ["(blk1*1536 + blk2*16 + t3*96 + t4)", "(t6*16 + t7)"]  # both contiguous innermost
+    assert stores == ["(t3*16 + t4)", "(blk1*16 + blk2*1024 + t6*64 + t7)"]  # tiles walk the source's rows
+    (block,) = [s for s in walk(kernel.body) if isinstance(s, Loop) and s.var.name == "blk2"]
+    fill, transpose, drain = block.body[1:]
+    assert isinstance(fill, Loop) and isinstance(drain, Loop) and transpose == TransposeLocal("tile", 16)
 
 
 def test_softmax_computes_exp_once_through_a_row_array() -> None:
