@@ -1,13 +1,14 @@
 """Benchmark: the generated GEMM and conv2d kernels and the BLAS kernel against torch (MKL), in one run.
 
-    .venv/bin/python bench/gemm.py [--big] [--min-time 0.3] [--only squares,transformer,resnet,fused]
+    .venv/bin/python bench/gemm.py [--big] [--min-time 0.3] [--only squares,transformer,resnet,fused,prologue]
                                    [--threads N] [--clock wall|cpu]
 
 Every row times ours and torch interleaved (ours, torch, ours, ...) so background load hits them alike, then
 BLAS, all after warm-up. It prints medians in GFLOP/s; the ratio to torch (median over adjacent pairs of runs)
 against the targets of issue 5 (GEMM >= 95% of torch, conv2d >= 80%, fused linear+gelu faster than torch's
-linear then gelu); the fraction of this machine's FMA peak (measured at start with a register-only FMA loop on
-every thread); and the spread of ours (interquartile range / median), which says how noisy the row was.
+linear then gelu, gelu(h) @ W with gelu applied while packing h faster than torch's gelu then linear); the
+fraction of this machine's FMA peak (measured at start with a register-only FMA loop on every thread); and the
+spread of ours (interquartile range / median), which says how noisy the row was.
 
 On a machine shared with other work, `--threads 1 --clock cpu` compares the kernels by the CPU time of the one
 thread (time the thread was descheduled does not count), which is far less noisy than wall-clock time.
@@ -143,6 +144,21 @@ def fused_row(m: int, k: int, n: int) -> tuple[float, dict]:
     return 2.0 * m * n * k, candidates
 
 
+def prologue_row(m: int, k: int, n: int) -> tuple[float, dict]:
+    """gelu(h) @ W.T (a transformer's second FFN linear): ours activates h while packing it (gemm.h prologue)."""
+    h, weight = random((m, k), 1), random((n, k), 2)
+    out = np.empty((m, n), np.float32)
+    th, tw = torch.from_numpy(h), torch.from_numpy(weight)
+    gelu = torch.nn.functional.gelu
+    candidates = {
+        "ours": gemm.bind_matmul(h, weight.T, a_prologue="gelu_tanh", out=out),
+        "torch": lambda: torch.nn.functional.linear(gelu(th, approximate="tanh"), tw),
+    }
+    if blas.available():
+        candidates["blas"] = blas.bind_matmul(h, weight.T, a_prologue="gelu_tanh", out=out)
+    return 2.0 * m * n * k, candidates
+
+
 def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: int, padding: int) -> tuple[float, dict]:
     x, weight = random((batch, cin, size, size), 1), random((cout, cin, kernel, kernel), 2)
     tx, tw = torch.from_numpy(x), torch.from_numpy(weight)
@@ -184,6 +200,9 @@ def rows(groups: set[str], big: bool) -> list[tuple[str, str, float, Callable[[]
     if "fused" in groups:
         for m, k, n in ((1024, 256, 1024), (1024, 768, 3072)):
             table.append(("linear+gelu", f"{m}x{k}x{n}", 1.0, lambda m=m, k=k, n=n: fused_row(m, k, n)))
+    if "prologue" in groups:
+        for m, k, n in ((1024, 1024, 256), (1024, 3072, 768)):
+            table.append(("gelu+linear", f"{m}x{k}x{n}", 1.0, lambda m=m, k=k, n=n: prologue_row(m, k, n)))
     if "resnet" in groups:
         for name, cin, size, cout, kernel, stride, padding in RESNET18:
             table.append(("conv2d b8", name, 0.8, lambda c=(cin, size, cout, kernel, stride, padding): conv_row(8, *c)))
@@ -194,7 +213,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big", action="store_true", help="add the 4096^3 square")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of runs per implementation and row")
-    parser.add_argument("--only", default="squares,transformer,fused,resnet", help="comma-separated row groups")
+    parser.add_argument("--only", default="squares,transformer,fused,prologue,resnet",
+                        help="comma-separated row groups")
     parser.add_argument("--threads", type=int, default=None, help="threads for ours, torch and BLAS")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
     options = parser.parse_args()

@@ -364,7 +364,7 @@ class KernelRenderer:
         if any(isinstance(s, (Loop, Reduce, Local, TransposeLocal)) for s in loop.body):
             return None
         stores = [s for s in loop.body if isinstance(s, Store) and s.buffer in self.streamed]
-        if not stores:
+        if len(stores) != 1:  # none, or several outputs (a kernel storing riders): plain stores
             return None
         (store,) = stores
         run = loop.var.extent * np.dtype(self.element_dtype[store.buffer].storage).itemsize
@@ -490,12 +490,17 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     status it returns is always 0."""
     sizes = [call.batch, call.m, call.n, call.k]
     epilogue = call.epilogue
-    bias = [array[epilogue.bias], *epilogue.bias_strides] if epilogue.bias else ["NULL", 0, 0, 0]
+
+    def pointer(name: str, offset: int) -> str:
+        return f"{array[name]} + {offset}" if offset else array[name]
+
+    no_bias = ["NULL", 0, 0, 0]
+    bias = [pointer(epilogue.bias, epilogue.bias_offset), *epilogue.bias_strides] if epilogue.bias else no_bias
     residual = [array[epilogue.residual], *epilogue.residual_strides] if epilogue.residual else ["NULL", 0, 0]
-    a, b = (f"{array[name]} + {offset}" if offset else array[name]
-            for name, offset in ((call.a, call.a_offset), (call.b, call.b_offset)))
+    a, b = pointer(call.a, call.a_offset), pointer(call.b, call.b_offset)
     args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
-            literal(epilogue.alpha, dtypes.float32), *bias, *residual, gemm.ACTIVATIONS[epilogue.activation]]
+            literal(epilogue.alpha, dtypes.float32), *bias, *residual,
+            *(gemm.ACTIVATIONS[name] for name in (epilogue.activation, call.a_prologue, call.b_prologue))]
     return f"(void)tg_gemm_f32({', '.join(map(str, args))});"
 
 

@@ -154,11 +154,16 @@ class TransposeLocal:
         return f"transpose {self.name}[{self.side}x{self.side}]"
 
 
+def _at_offset(buffer: str, offset: int) -> str:
+    return f"{buffer}+{offset}" if offset else buffer
+
+
 @dataclass(frozen=True)
 class GemmEpilogue:
     """What the GEMM applies to each output element before storing it (gemm.h), in this order:
     c = activation(alpha * (a @ b) + bias) + residual. `bias_strides` are (batch, row, column), the column
-    stride 0 or 1 (a row vector over N is (0, 0, 1)); `residual_strides` are (batch, row)."""
+    stride 0 or 1 (a row vector over N is (0, 0, 1)), from `bias_offset` elements into its buffer;
+    `residual_strides` are (batch, row)."""
 
     alpha: float = 1.0
     bias: str | None = None
@@ -166,10 +171,11 @@ class GemmEpilogue:
     activation: str = "none"
     residual: str | None = None
     residual_strides: tuple[int, int] = (0, 0)
+    bias_offset: int = 0
 
     def __repr__(self) -> str:
         parts = [f"{self.alpha!r} * acc"] if self.alpha != 1.0 else ["acc"]
-        parts += [f"{self.bias}{list(self.bias_strides)}"] if self.bias else []
+        parts += [f"{_at_offset(self.bias, self.bias_offset)}{list(self.bias_strides)}"] if self.bias else []
         text = " + ".join(parts)
         text = f"{self.activation}({text})" if self.activation != "none" else text
         return f"{text} + {self.residual}{list(self.residual_strides)}" if self.residual else text
@@ -177,8 +183,9 @@ class GemmEpilogue:
 
 @dataclass(frozen=True)
 class GemmCall:
-    """c = epilogue(a @ b) by the GEMM library (`tensorgraphs.kernels.gemm`), float32; `a` and `b` start
-    `a_offset`/`b_offset` elements into their buffers.
+    """c = epilogue(a_prologue(a) @ b_prologue(b)) by the GEMM library (`tensorgraphs.kernels.gemm`), float32;
+    `a` and `b` start `a_offset`/`b_offset` elements into their buffers; a prologue is an activation
+    (`gemm.ACTIVATIONS`) the library applies to the operand while packing it.
 
     Strides are in elements: `a_strides`/`b_strides` are (batch, row, column), `c_strides` (batch, row); a
     batch stride of 0 broadcasts, a transposed operand is its swapped row/column strides (gemm.h).
@@ -197,10 +204,13 @@ class GemmCall:
     epilogue: GemmEpilogue = GemmEpilogue()
     a_offset: int = 0  # elements of `a`'s buffer before the operand starts (a slice of its leading dim)
     b_offset: int = 0
+    a_prologue: str = "none"
+    b_prologue: str = "none"
 
     def __repr__(self) -> str:
-        a, b = (f"{name}+{offset}" if offset else name for name, offset in ((self.a, self.a_offset),
-                                                                             (self.b, self.b_offset)))
+        a, b = (f"{prologue}({_at_offset(name, offset)})" if prologue != "none" else _at_offset(name, offset)
+                for name, offset, prologue in ((self.a, self.a_offset, self.a_prologue),
+                                               (self.b, self.b_offset, self.b_prologue)))
         product = f"gemm[{self.batch}x{self.m}x{self.n}x{self.k}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
         epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"
         return f"{self.c}{list(self.c_strides)} = {product}{epilogue}"

@@ -19,7 +19,13 @@ them; constants match through broadcasts, commutative operands either way). A
 rule fuses only when the value it consumes is needed nowhere else (a training
 step keeps the pre-activation for the backward pass: bias fuses, the activation
 does not), and only operands that are buffers anyway (inputs, other products,
-roots) become bias or residual.
+roots) become bias or residual; a bias may be a block of one (a slice of the
+stacked q/k/v in_proj_bias, read at an offset like an operand).
+
+An operand that is an activation of a buffer (`gelu(h) @ w`, and the weight gradient reading the same gelu(h))
+is read as that buffer with a prologue (`fuse_prologues`): the library activates the operand while packing it,
+so the activated value is never stored. This is done only when nothing but products reads the activated value,
+and after the epilogues, so an activation that can be the producer's epilogue is computed once there instead.
 
 TG_GEMM=0 turns this off (matmuls lowered to loops, for comparison); set it before
 the first program is built, since compiled programs are cached by graph.
@@ -103,16 +109,29 @@ def _leading_slice_start(view: Node) -> int | None:
     return start * math.prod(inner)
 
 
+def _contiguous_chain(view: Node) -> list[Node]:
+    """`view` and the reshapes and slices of the leading dim under it (each a contiguous block of its source),
+    down to the node whose buffer holds its elements (last)."""
+    chain = [view]
+    while chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None:
+        chain.append(chain[-1].src[0])
+    return chain
+
+
+def _view_chain(view: Node) -> list[Node]:
+    """`view` and the views under it down to the node whose buffer holds its elements (last): a swap of the
+    last two axes, then reshapes and slices of the leading dim (see the module docstring)."""
+    return [view, *_contiguous_chain(view.src[0])] if _swaps_last_two(view) else _contiguous_chain(view)
+
+
+def _storage_and_offset(chain: list[Node]) -> tuple[Node, int]:
+    *views, storage = chain
+    return storage, sum(_leading_slice_start(node) or 0 for node in views)
+
+
 def operand_storage(view: Node) -> tuple[Node, int]:
-    """The node whose buffer holds `view`'s elements, and the element offset where they start there: through
-    a swap of the last two axes, reshapes and slices of the leading dim (see the module docstring)."""
-    node, offset = (view.src[0] if _swaps_last_two(view) else view), 0
-    while True:
-        start = _leading_slice_start(node)
-        if node.op is not Op.RESHAPE and start is None:
-            return node, offset
-        offset += start or 0
-        node = node.src[0]
+    """The node whose buffer holds `view`'s elements, and the element offset where they start there."""
+    return _storage_and_offset(_view_chain(view))
 
 
 def operand_base(view: Node) -> Node:
@@ -143,7 +162,7 @@ def _activations() -> dict[str, Callable[[Any], Any]]:
 
 
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
-                            activation: str, residual: bool) -> Any:
+                            bias_offset: int, activation: str, residual: bool) -> Any:
     """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
     from tensorgraphs.frontend import elementwise as ew
     from tensorgraphs.frontend import linalg
@@ -152,7 +171,7 @@ def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ..
     given = iter(operands)
     out = mv.reshape(ew.mul(linalg.matmul(a, b), alpha), shape)
     if bias:
-        out = ew.add(out, mv.reshape(next(given), shape[-1:]))
+        out = ew.add(out, mv.narrow(mv.reshape(next(given), (-1,)), 0, bias_offset, shape[-1]))
     if activation != "none":
         out = _activations()[activation](out)
     return ew.add(out, mv.reshape(next(given), shape)) if residual else out
@@ -160,8 +179,9 @@ def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ..
 
 GEMM_EPILOGUE = Composite("matmul_epilogue", lambda a, b, *_, shape, **params: (a.dtype, shape),
                           _epilogue_decomposition)
-"""A product with its epilogue: sources (a, b, bias?, residual?), bias a vector over the last axis and residual
-shaped like the result, both contiguous buffers. Made by `fuse_epilogues` only, so it is not registered."""
+"""A product with its epilogue: sources (a, b, bias?, residual?), bias a vector over the last axis (starting
+`bias_offset` elements into its buffer: the q, k or v block of a stacked in_proj_bias) and residual shaped like
+the result, both contiguous buffers. Made by `fuse_epilogues` only, so it is not registered."""
 
 LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL = range(5)
 """Epilogue stages in the order gemm.h applies them; a reshape keeping the rows (LAYOUT) may come anywhere."""
@@ -175,18 +195,21 @@ class _Chain:
     stage: int = LAYOUT
     alpha: float = 1.0
     bias: Node | None = None
+    bias_offset: int = 0
     activation: str = "none"
     residual: Node | None = None
 
-    def fuses_anything(self) -> bool:
-        return self.stage > LAYOUT
+    def fuses_anything(self, end: Node) -> bool:
+        """Whether the chain ending at `end` does more than the product: an epilogue, or a reshape of it (the
+        call writes the reshaped result, so a reshaped product that is a root needs no copy)."""
+        return self.stage > LAYOUT or end is not self.product
 
     def operands(self) -> tuple[Node, ...]:
         return tuple(n for n in (self.bias, self.residual) if n is not None)
 
     def node(self, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
         a, b = self.product.src
-        params = {"shape": shape, "alpha": self.alpha, "bias": self.bias is not None,
+        params = {"shape": shape, "alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
                   "activation": self.activation, "residual": self.residual is not None}
         sources = tuple(rebuilt[n] for n in (a, b, *self.operands()))
         return make_node(GEMM_EPILOGUE, sources, params, dtypes.float32, shape)
@@ -257,6 +280,12 @@ def _setting(name: str, value: Callable[[Bindings], Any]) -> Update:
     return lambda chain, found: dataclasses.replace(chain, **{name: value(found)})
 
 
+def _setting_bias(chain: _Chain, found: Bindings) -> _Chain:
+    """The bias read where its buffer holds it: through reshapes and slices (a block of a stacked bias)."""
+    bias, offset = _storage_and_offset(_contiguous_chain(found["bias"]))
+    return dataclasses.replace(chain, bias=bias, bias_offset=offset)
+
+
 def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
     """What the GEMM can apply after a chain end (see gemm.h for the order)."""
     x = var("x", where=is_chain_end)
@@ -265,14 +294,37 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
         EpilogueRule(LAYOUT, op(Op.RESHAPE, x, where=_keeps_rows), lambda chain, _: chain),
         EpilogueRule(ALPHA, op(Op.MUL, x, scalar),
                      _setting("alpha", lambda f: float(_broadcast_constant(f["alpha"]).arg))),
-        EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)),
-                     _setting("bias", lambda f: _storage(f["bias"]))),
+        EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)), _setting_bias),
         EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
     ]
     for name, placeholder, template in _activation_templates():
         rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
                                   _setting("activation", lambda _, name=name: name)))
     return rules
+
+
+def _consumers(order: list[Node], roots: list[Node], is_leaf: Callable[[Node], bool]) -> dict[Node, set[Node | None]]:
+    """The nodes reading each node of `order`; None for a root (its value leaves the program)."""
+    consumers: dict[Node, set[Node | None]] = defaultdict(set)
+    for node in order:
+        for source in () if is_leaf(node) else node.src:
+            consumers[source].add(node)
+    for root in roots:
+        consumers[root].add(None)
+    return consumers
+
+
+def _rebuild(order: list[Node], replaced: Mapping[Node, Callable[[dict[Node, Node]], Node]],
+             is_leaf: Callable[[Node], bool]) -> dict[Node, Node]:
+    """Each node of `order` (sources first) on the new graph: a replaced one built by its function from the new
+    nodes so far, a leaf as it is, any other reading the new nodes of its sources."""
+    rebuilt: dict[Node, Node] = {}
+    for node in order:
+        if node in replaced:
+            rebuilt[node] = replaced[node](rebuilt)
+        else:
+            rebuilt[node] = node if is_leaf(node) else with_sources(node, tuple(rebuilt[s] for s in node.src))
+    return rebuilt
 
 
 def _region(root: Node, start: Node, position: dict[Node, int]) -> set[Node]:
@@ -287,34 +339,25 @@ def _region(root: Node, start: Node, position: dict[Node, int]) -> set[Node]:
 
 def fuse_epilogues(roots: list[Node], materialized: set[Node],
                    is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
-    """`roots` with each product's fusable elementwise consumers folded into one `GEMM_EPILOGUE` node, and the
-    nodes to materialize (those given, mapped onto the new graph, plus the fused products and their operands)."""
+    """`roots` with each product's fusable elementwise consumers folded into one `GEMM_EPILOGUE` node, then its
+    operands' activations into `GEMM_PROLOGUE` nodes (`fuse_prologues`), and the nodes to materialize (those
+    given, mapped onto the new graph, plus the fused products and their operands, less the activated operands)."""
     order = toposort(roots, stop=is_leaf)
     chains = _grow_chains(order, roots, materialized, is_leaf)
-    fused = {end: chain for end, chain in chains.items() if chain.fuses_anything()}
-    rebuilt: dict[Node, Node] = {}
-    for node in order:
-        if node in fused:
-            rebuilt[node] = fused[node].node(node.shape, rebuilt)
-        else:
-            rebuilt[node] = node if is_leaf(node) else with_sources(node, tuple(rebuilt[s] for s in node.src))
+    fused = {end: chain for end, chain in chains.items() if chain.fuses_anything(end)}
+    rebuilt = _rebuild(order, {end: functools.partial(chain.node, end.shape) for end, chain in fused.items()}, is_leaf)
     operands = {rebuilt[n] for chain in fused.values() for n in chain.operands() if not is_leaf(n)}
     kept = {rebuilt.get(n, n) for n in materialized} | {rebuilt[end] for end in fused} | operands
-    return [rebuilt[r] for r in roots], kept
+    return fuse_prologues([rebuilt[r] for r in roots], kept, is_leaf)
 
 
 def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
                  is_leaf: Callable[[Node], bool]) -> dict[Node, _Chain]:
     """Every product's chain, by its end. Walking the graph sources first, a rule extends a chain when every
     node it replaces (the chain end and the op's inner nodes) is consumed only inside the op, the op's result
-    is float32, and its bias or residual is a float32 buffer anyway (materialized, a leaf, or a chain end) of
-    the size the stage needs."""
-    consumers: dict[Node, set[Node | None]] = defaultdict(set)
-    for node in order:
-        for source in () if is_leaf(node) else node.src:
-            consumers[source].add(node)
-    for root in roots:
-        consumers[root].add(None)  # a root's value leaves the program
+    is float32, and its bias (a row vector, through reshapes and leading-dim slices) or residual (of the
+    result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain end)."""
+    consumers = _consumers(order, roots, is_leaf)
     position = {node: i for i, node in enumerate(order)}
     chains = {node: _Chain(node) for node in order if runs_as_gemm(node) and not is_leaf(node)}
     rejected: set[Node] = set()  # ends tried at this node and rule (a commutative op may bind x to either)
@@ -331,8 +374,7 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
         extended = rule.update(chain, found)
         region = _region(node, end, position)
         closed = all(consumers[n] <= region for n in region - {node} | {end})
-        shapes_fit = (extended.bias is None or extended.bias.size == chain.product.shape[-1]) and (
-            extended.residual is None or extended.residual.size == node.size)
+        shapes_fit = extended.residual is None or extended.residual.size == node.size  # a bias is a row vector
         operands_fit = all(buffered(n) for n in extended.operands()) and all(
             found[name] is not end for name in ("bias", "residual") if name in found)
         fits = closed and shapes_fit and operands_fit
@@ -354,6 +396,73 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
     return chains
 
 
+# ---------------------------------------------------------------------------
+# Prologues: an activation the GEMM applies to an operand while packing it.
+# ---------------------------------------------------------------------------
+
+
+def _prologue_decomposition(x: Any, *, activation: str) -> Any:
+    return _activations()[activation](x)
+
+
+GEMM_PROLOGUE = Composite("matmul_prologue", lambda x, **_: (x.dtype, x.shape), _prologue_decomposition)
+"""activation(x) read by products only, which apply it while packing x (a float32 buffer); never materialized.
+Made by `fuse_prologues` only, so it is not registered."""
+
+
+def _is_product(node: Node) -> bool:
+    return runs_as_gemm(node) or node.op is GEMM_EPILOGUE
+
+
+def fuse_prologues(roots: list[Node], materialized: set[Node],
+                   is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
+    """`roots` with every product operand stored as activation(x) (through views: `operand_storage`) reading
+    `GEMM_PROLOGUE(x)` instead, when x is a float32 buffer anyway (a leaf or materialized) of the same shape and
+    nothing but product operands reads the activated value; and `materialized` less the activated values."""
+    order = toposort(roots, stop=is_leaf)
+    consumers = _consumers(order, roots, is_leaf)
+    readers: dict[Node, set[Node]] = defaultdict(set)  # storage -> the products and views reading it as operand
+    read_whole = set()  # bias and residual operands
+    for product in filter(_is_product, order):
+        for operand in product.src[:2]:
+            *views, storage = _view_chain(operand)
+            readers[storage] |= {product, *views}
+        read_whole.update(product.src[2:])
+
+    def buffered(x: Node) -> bool:
+        return x.dtype == dtypes.float32 and (is_leaf(x) or x in materialized)
+
+    patterns = [(name, _template_pattern(template, placeholder, var("x", where=buffered)))
+                for name, placeholder, template in _activation_templates()]
+    activated: dict[Node, tuple[str, Node]] = {}  # storage -> (activation, x)
+    for storage, reading in readers.items():
+        views = {node for node in reading if not _is_product(node)}
+        if is_leaf(storage) or storage in read_whole or any(not consumers[n] <= reading for n in views | {storage}):
+            continue
+        for name, pattern in patterns:
+            found = pattern.match(storage)
+            if found is not None and found["x"].shape == storage.shape:
+                activated[storage] = name, found["x"]
+                break
+    if not activated:
+        return roots, materialized
+
+    def prologue(name: str, x: Node) -> Callable[[dict[Node, Node]], Node]:
+        return lambda rebuilt: make_node(GEMM_PROLOGUE, (rebuilt[x],), {"activation": name}, x.dtype, x.shape)
+
+    rebuilt = _rebuild(order, {storage: prologue(*found) for storage, found in activated.items()}, is_leaf)
+    kept = {rebuilt.get(n, n) for n in materialized if n not in activated}
+    return [rebuilt[r] for r in roots], kept
+
+
+def gemm_operand(view: Node) -> tuple[Node, int, str]:
+    """The node whose buffer a product reads for operand `view`, the element offset there, and the prologue."""
+    storage, offset = operand_storage(view)
+    if storage.op is GEMM_PROLOGUE:
+        return storage.src[0], offset, dict(storage.arg)["activation"]
+    return storage, offset, "none"
+
+
 @dataclass
 class GemmLowering:
     """The kernel of one matrix product and its epilogue; like `lower.Lowering`, it inlines and recomputes
@@ -370,13 +479,13 @@ class GemmLowering:
         *_, m, k = a.shape
         n = b.shape[-1]
         batch = math.prod(a.shape[:-2])
-        a_name, b_name, c_name = self.buffers[operand_base(a)], self.buffers[operand_base(b)], self.buffers[self.node]
+        (a_base, a_offset, a_prologue), (b_base, b_offset, b_prologue) = gemm_operand(a), gemm_operand(b)
+        a_name, b_name, c_name = self.buffers[a_base], self.buffers[b_base], self.buffers[self.node]
         params = {name: Buffer(name, dtypes.float32, source.size, False)
-                  for name, source in ((a_name, operand_base(a)), (b_name, operand_base(b)),
-                                       *((self.buffers[o], o) for o in operands))}
+                  for name, source in ((a_name, a_base), (b_name, b_base), *((self.buffers[o], o) for o in operands))}
         params[c_name] = Buffer(c_name, dtypes.float32, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
-                        (m * n, n), self.epilogue(m, n), operand_storage(a)[1], operand_storage(b)[1])
+                        (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue)
         return Kernel(self.name, list(params.values()), [call])
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:
@@ -386,4 +495,5 @@ class GemmLowering:
         operands = iter(self.buffers[o] for o in self.node.src[2:])
         bias = next(operands) if params["bias"] else None
         residual = next(operands) if params["residual"] else None
-        return GemmEpilogue(params["alpha"], bias, (0, 0, 1), params["activation"], residual, (m * n, n))
+        return GemmEpilogue(params["alpha"], bias, (0, 0, 1), params["activation"], residual, (m * n, n),
+                            bias_offset=params["bias_offset"])

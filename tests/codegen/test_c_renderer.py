@@ -15,6 +15,8 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import c_renderer, compiler
 from tensorgraphs.codegen.c_renderer import c_identifier, literal, render_program
+from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
+from tensorgraphs.kernels import gemm
 from tensorgraphs.schedule import schedule_kernels
 
 ULP_BOUNDS = {"exp2": 1.0, "log2": 2.0, "sin": 1.0}  # the bounds documented in c_preamble.h
@@ -148,3 +150,16 @@ def test_only_short_runs_of_stores_are_streamed(monkeypatch) -> None:
         schedule = schedule_kernels([result.node])
         kernels = render_program(schedule.kernels, [b.name for b in schedule.buffers]).split("#define TG_KERNEL")[1]
         assert ("tg_stream_line(" in kernels) == streams, kernels
+
+
+def test_gemm_call_passes_the_epilogue_activation_and_both_prologues_last() -> None:
+    """tg_gemm_f32's last three arguments (gemm.h): activation, a_prologue, b_prologue, as gemm.ACTIVATIONS codes;
+    a bias at an offset into its buffer is passed as a moved pointer."""
+    epilogue = GemmEpilogue(bias="bias", bias_strides=(0, 0, 1), activation="relu", bias_offset=10)
+    call = GemmCall(1, 4, 5, 6, "a", (0, 6, 1), "b", (0, 1, 6), "c", (0, 5), epilogue, a_prologue="gelu_tanh",
+                    b_prologue="relu")
+    codes = gemm.ACTIVATIONS
+    rendered = c_renderer.gemm_call(call, {"a": "A", "b": "B", "c": "C", "bias": "BIAS"})
+    assert rendered.endswith(f"{codes['relu']}, {codes['gelu_tanh']}, {codes['relu']});"), rendered
+    assert "BIAS + 10, 0, 0, 1," in rendered
+    assert "= gemm[1x4x5x6](gelu_tanh(a)[0, 6, 1], relu(b)[0, 1, 6])" in repr(call)

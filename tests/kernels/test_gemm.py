@@ -1,4 +1,5 @@
-"""The generated GEMM and the BLAS kernel against torch (float64) on odd shapes, strides, batches, epilogues."""
+"""The generated GEMM and the BLAS kernel against torch (float64) on odd shapes, strides, batches, epilogues and
+prologues."""
 
 from __future__ import annotations
 
@@ -38,17 +39,22 @@ def random(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
 
 
-def reference(a, b, *, bias=None, residual=None, activation="none", alpha=1.0) -> np.ndarray:
-    """The epilogue order of gemm.h in float64 torch: activation(alpha * a @ b + bias) + residual."""
+TORCH_ACTIVATIONS = {
+    "none": lambda t: t,
+    "relu": torch.relu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+}
+
+
+def reference(a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none",
+              b_prologue="none") -> np.ndarray:
+    """gemm.h in float64 torch: activation(alpha * a_prologue(a) @ b_prologue(b) + bias) + residual."""
     as64 = lambda x: torch.from_numpy(np.asarray(x, np.float64))
-    y = alpha * torch.matmul(as64(a), as64(b))
+    a, b = TORCH_ACTIVATIONS[a_prologue](as64(a)), TORCH_ACTIVATIONS[b_prologue](as64(b))
+    y = alpha * torch.matmul(a, b)
     if bias is not None:
         y = y + as64(bias)
-    y = {
-        "none": lambda t: t,
-        "relu": torch.relu,
-        "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
-    }[activation](y)
+    y = TORCH_ACTIVATIONS[activation](y)
     if residual is not None:
         y = y + as64(residual)
     return y.numpy()
@@ -169,6 +175,74 @@ def test_activations_propagate_nan_and_inf_like_torch(matmul):
         np.testing.assert_allclose(matmul(a, b, activation=activation), expected, rtol=1e-6, err_msg=activation)
 
 
+PROLOGUES = [("a", "relu"), ("a", "gelu_tanh"), ("b", "relu"), ("b", "gelu_tanh")]
+prologues = pytest.mark.parametrize(("operand", "prologue"), PROLOGUES, ids=[f"{o}:{p}" for o, p in PROLOGUES])
+
+
+def operands(m: int, n: int, k: int, layout: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """a (m x k) and b (k x n): contiguous, both transposed (strides swapped), or neither stride 1."""
+    if layout == "transposed":
+        return random((k, m), seed).T, random((n, k), seed + 1).T
+    if layout == "strided":
+        return random((2 * m, 3 * k), seed)[::2, ::3], random((2 * k, 2 * n), seed + 1)[::2, ::2]
+    return random((m, k), seed), random((k, n), seed + 1)
+
+
+@implementations
+@prologues
+@pytest.mark.parametrize("layout", ["plain", "transposed", "strided"])
+@pytest.mark.parametrize(("m", "n", "k"), ODD_SHAPES)
+def test_prologues_on_odd_shapes_and_every_packing_path(matmul, operand, prologue, layout, m, n, k):
+    """Each packing path (row-major A by 16x16 transposes, transposed A a column at a time, B by rows or by
+    transposes, strided operands element by element) and each threading strategy activates what it packs, and
+    the zero padding of partial tiles stays zero."""
+    a, b = operands(m, n, k, layout, 20)
+    arguments = {f"{operand}_prologue": prologue}
+    assert_close(matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{arguments} {layout} {m}x{n}x{k}")
+
+
+@implementations
+@prologues
+@pytest.mark.parametrize(("a_shape", "b_shape"), BATCH_CASES, ids=str)
+def test_prologues_on_batched_and_broadcast_batches(matmul, operand, prologue, a_shape, b_shape):
+    a, b = random(a_shape, 21), random(b_shape, 22)
+    arguments = {f"{operand}_prologue": prologue}
+    assert_close(matmul(a, b, **arguments), reference(a, b, **arguments), a_shape[-1], f"{arguments} {a_shape}")
+
+
+@implementations
+@pytest.mark.parametrize("epilogue", ["linear_bias_gelu", "everything"])
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600), (20, 300, 40)])
+def test_prologues_with_epilogues(matmul, epilogue, m, n, k):
+    """gelu on A, relu on a transposed B, and the epilogue: nothing interferes."""
+    a, b = random((2, m, k), 23), random((n, k), 24).T
+    arguments = dict(EPILOGUES[epilogue], a_prologue="gelu_tanh", b_prologue="relu", bias=random((n,), 25))
+    if arguments.get("residual"):
+        arguments["residual"] = random((2, m, n), 26)
+    assert_close(matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{epilogue} {m}x{n}x{k}")
+
+
+def test_prologues_beyond_every_cache_block():
+    """Several column blocks (A packed, and activated, once per block of NC columns) and K blocks."""
+    blocks = gemm.blocking()
+    m, n, k = blocks["MC"] + 3, blocks["NC"] + 37, blocks["KC"] + 5
+    a, b = random((k, m), 27).T, random((k, n), 28)
+    arguments = dict(a_prologue="gelu_tanh", b_prologue="gelu_tanh")
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{m}x{n}x{k}")
+
+
+@implementations
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_prologues_propagate_nan_and_inf_like_torch(matmul, operand):
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, -20.0, 3.0], np.float32)
+    a, b = (special[:, None], np.ones((1, 17), np.float32)) if operand == "a" else (
+        np.ones((17, 1), np.float32), special[None, :])
+    for prologue in ("relu", "gelu_tanh"):
+        arguments = {f"{operand}_prologue": prologue}
+        np.testing.assert_allclose(matmul(a, b, **arguments), reference(a, b, **arguments), rtol=1e-6,
+                                   err_msg=f"{arguments}")
+
+
 @implementations
 def test_empty_reduction_gives_the_epilogue_of_zero(matmul):
     bias = random((5,), 17)
@@ -187,6 +261,8 @@ def test_bad_arguments_raise_where_called():
         gemm.matmul(random((3, 4), 0), random((4, 2), 0), residual=residual, out=residual)
     with pytest.raises(ArgumentError, match="activation"):
         gemm.matmul(random((3, 4), 0), random((4, 2), 0), activation="tanh")
+    with pytest.raises(ArgumentError, match="b_prologue"):
+        gemm.matmul(random((3, 4), 0), random((4, 2), 0), b_prologue="tanh")
 
 
 C_CALLER = r"""
@@ -194,8 +270,9 @@ C_CALLER = r"""
 #include "gemm.h"
 int main(void) {
     float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, -1, 2, 0.5f, 1}, bias[2] = {10, 20}, c[4];
-    /* (2x3) @ (3x2) + bias, relu; then the BLAS kernel on the transposed b, same answer expected */
-    int status = GEMM(1, 2, 2, 3, a, 0, 3, 1, b, 0, 2, 1, c, 0, 2, 1.0f, bias, 0, 0, 1, NULL, 0, 0, TG_ACT_RELU);
+    /* (2x3) @ relu(3x2) + bias, relu */
+    int status = GEMM(1, 2, 2, 3, a, 0, 3, 1, b, 0, 2, 1, c, 0, 2, 1.0f, bias, 0, 0, 1, NULL, 0, 0, TG_ACT_RELU,
+                      TG_ACT_NONE, TG_ACT_RELU);
     printf("%d %g %g %g %g\n", status, c[0], c[1], c[2], c[3]);
     return status;
 }
@@ -224,7 +301,7 @@ def test_a_c_program_links_and_calls_the_kernel(kernel, tmp_path):
     subprocess.run(command, check=True)
     output = subprocess.run([str(tmp_path / "caller")], capture_output=True, text=True, check=True).stdout.split()
     expected = np.maximum(
-        np.arange(1, 7, dtype=np.float32).reshape(2, 3) @ np.float32([[1, 0], [-1, 2], [0.5, 1]])
+        np.arange(1, 7, dtype=np.float32).reshape(2, 3) @ np.float32([[1, 0], [0, 2], [0.5, 1]])
         + np.float32([10, 20]),
         0,
     )

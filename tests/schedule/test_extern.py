@@ -16,7 +16,7 @@ from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
 from tensorgraphs.schedule import extern
-from tensorgraphs.schedule.extern import GEMM_EPILOGUE, fuse_epilogues
+from tensorgraphs.schedule.extern import GEMM_EPILOGUE, GEMM_PROLOGUE, fuse_epilogues
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels, to_primitive
 
 pytestmark = pytest.mark.skipif(not gemm.available(), reason="the GEMM library needs AVX-512")
@@ -54,7 +54,7 @@ def test_batched_folded_and_transposed_operands_need_no_copy() -> None:
         for result, expected in products:
             schedule = schedule_kernels([result.node])
             role = {spec.name: spec.role for spec in schedule.buffers}
-            (call,) = [k for k in schedule.kernels if k.name.endswith("matmul")]
+            (call,) = [k for k in schedule.kernels if "matmul" in k.name]
             assert all(role[b.name] == "input" for b in call.buffers if not b.writes)
             np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5)
 
@@ -102,19 +102,6 @@ EPILOGUE_CASES = {  # name: (function of tg or torch tensors and their F module,
     "batched+bias+relu+residual": (lambda F, x, y, b, r: r + F.relu(x @ y + b), [(2, 3, 5, 7), (2, 3, 7, 9), (9,),
                                                                                   (2, 3, 5, 9)], "relu(acc + b"),
 }
-
-
-@pytest.mark.parametrize("name", list(EPILOGUE_CASES))
-def test_fused_epilogue_is_one_kernel_and_matches_torch(name: str) -> None:
-    build, shapes, epilogue = EPILOGUE_CASES[name]
-    arrays = [_floats(shape, seed) for seed, shape in enumerate(shapes)]
-    expected = build(torch.nn.functional, *map(torch.from_numpy, arrays)).numpy()
-    with tg.device("cpu"):
-        result = build(F, *map(tg.tensor, arrays))
-        schedule = schedule_kernels([result.node])
-        assert len(schedule.kernels) == 1, f"{name}: {schedule}"
-        assert epilogue in repr(_gemm_calls(schedule)[0]), f"{name}: {schedule}"
-        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_fused_node_decomposes_to_what_the_kernel_computes() -> None:
@@ -194,7 +181,8 @@ def test_training_step_fuses_bias_keeps_pre_activations_and_adds_no_kernel(monke
 
 def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/memory.py's pre-LN layer, small: out_proj and the second FFN linear take bias and residual, the first
-    FFN linear its bias (relu's backward reads the pre-activation), the attention scores their scale."""
+    FFN linear its bias (relu's backward reads the pre-activation), the q and v projections theirs (blocks of
+    in_proj_bias; k's is added after the heads' transpose), the attention scores their scale."""
     tg.manual_seed(0)
     layer = tg.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
     x, target = tg.tensor(_floats((2, 8, 16), 10)), tg.tensor(_floats((2, 8, 16), 11))
@@ -203,7 +191,8 @@ def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.Monk
     fused = schedule_kernels(roots)
     epilogues = [call.epilogue for call in _gemm_calls(fused)]
     assert sum(e.bias is not None and e.residual is not None for e in epilogues) == 2, epilogues
-    assert sum(e.bias is not None and e.residual is None for e in epilogues) == 1, epilogues
+    assert sum(e.bias is not None and e.residual is None for e in epilogues) == 3, epilogues
+    assert sorted(e.bias_offset for e in epilogues if e.bias is not None and e.residual is None) == [0, 0, 32]
     assert any(math.isclose(e.alpha, 1 / math.sqrt(16 // 2)) for e in epilogues), epilogues  # q @ k^T / sqrt(d)
     monkeypatch.setattr(extern, "epilogue_rules", lambda is_chain_end: [])
     assert len(fused.kernels) <= len(schedule_kernels(roots).kernels)
@@ -224,6 +213,25 @@ def test_a_transposed_product_is_computed_transposed_not_copied() -> None:
     assert sum(isinstance(s, GemmCall) for k in kernels for s in k.body) == 1 and len(kernels) == 2
 
 
+def test_a_bias_that_is_a_block_of_a_stacked_bias_is_read_at_an_offset() -> None:
+    """The q/k/v biases of an attention are slices of in_proj_bias: the call reads them in place."""
+    x, weight, bias = _floats((2, 5, 8), 16), _floats((24, 8), 17), _floats((24,), 18)
+    expected = torch.nn.functional.linear(*map(torch.from_numpy, (x, weight[8:16], bias[8:16]))).numpy()
+    with tg.device("cpu"):
+        result = F.linear(tg.tensor(x), tg.tensor(weight)[8:16], tg.tensor(bias)[8:16])
+        schedule = schedule_kernels([result.node])
+        (call,) = _gemm_calls(schedule)
+        assert len(schedule.kernels) == 1 and call.epilogue.bias_offset == 8 and call.b_offset == 64, schedule
+        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5)
+        strided = F.linear(tg.tensor(x), tg.tensor(weight)[8:16], tg.tensor(bias)[::3])  # not a block: not fused
+        (call,) = _gemm_calls(schedule_kernels([strided.node]))
+        assert call.epilogue.bias is None
+        np.testing.assert_allclose(strided.numpy(), expected - bias[8:16] + bias[::3], rtol=1e-5, atol=1e-5)
+    leaf = lambda n: n.op is Op.BUFFER  # noqa: E731
+    (fused,), _ = fuse_epilogues(*to_primitive([result.node], leaf), leaf)
+    np.testing.assert_allclose(REFERENCE.evaluate([fused])[0], expected, rtol=1e-5, atol=1e-5)  # its decomposition
+
+
 def test_leading_dim_slices_are_read_in_place_with_an_offset() -> None:
     """The q/k/v rows of a stacked projection weight: a slice of the leading dim is a contiguous block, read at
     an offset (no copy kernel); a column slice is not contiguous and is copied first."""
@@ -238,3 +246,122 @@ def test_leading_dim_slices_are_read_in_place_with_an_offset() -> None:
         columns = x @ stacked[:32, :16]
         assert len(schedule_kernels([columns.node]).kernels) == 2
         np.testing.assert_allclose(columns.numpy(), x.numpy() @ stacked.numpy()[:32, :16], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Prologues: an operand's activation applied while packing it (schedule.extern.fuse_prologues)
+# ---------------------------------------------------------------------------
+
+def _gelu(F, x):
+    return F.gelu(x, approximate="tanh")
+
+
+def _gelu_of(x: tg.Tensor) -> tg.Tensor:
+    return _gelu(F, x)
+
+
+PROLOGUE_CASES = {  # name: (function of tg or torch tensors and their F module, operand shapes, the call's text)
+    "gelu(h) @ w.T": (lambda F, h, w: F.linear(_gelu(F, h), w), [(33, 40), (7, 40)], "gelu_tanh(b0)"),
+    "x @ relu(y)": (lambda F, x, y: x @ F.relu(y), [(7, 33), (33, 255)], "(b0[231, 33, 1], relu(b1)"),
+    "gelu(h).T @ g": (lambda F, h, g: _gelu(F, h).T @ g, [(33, 7), (33, 5)], "gelu_tanh(b0)"),
+    "batched, transposed B": (lambda F, q, k: q @ F.relu(k).mT, [(2, 3, 5, 7), (2, 3, 4, 7)], "relu(b1)[28, 1, 7]"),
+    "both operands": (lambda F, x, y: F.relu(x) @ _gelu(F, y), [(1, 255), (255, 1)], "gemm[1x1x1x255](relu(b0)"),
+    "leading-dim slice": (lambda F, h, w: _gelu(F, h)[8:16] @ w, [(32, 9), (9, 4)], "gelu_tanh(b0+72)"),
+    "with bias and residual": (lambda F, h, w, b, r: F.linear(_gelu(F, h), w, b) + r,
+                               [(2, 5, 33), (17, 33), (17,), (2, 5, 17)], "gelu_tanh(b0)"),
+}
+
+
+FUSED_CASES = {**{f"epilogue: {name}": case for name, case in EPILOGUE_CASES.items()},
+               **{f"prologue: {name}": case for name, case in PROLOGUE_CASES.items()}}
+
+
+@pytest.mark.parametrize("name", list(FUSED_CASES))
+def test_fused_epilogue_or_prologue_is_one_kernel_and_matches_torch(name: str) -> None:
+    build, shapes, call_text = FUSED_CASES[name]
+    arrays = [_floats(shape, seed) for seed, shape in enumerate(shapes)]
+    expected = build(torch.nn.functional, *map(torch.from_numpy, arrays)).numpy()
+    with tg.device("cpu"):
+        result = build(F, *map(tg.tensor, arrays))
+        schedule = schedule_kernels([result.node])
+        assert len(schedule.kernels) == 1, f"{name}: {schedule}"
+        assert call_text in repr(_gemm_calls(schedule)[0]), f"{name}: {schedule}"
+        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_linear_of_gelu_compiles_to_one_kernel() -> None:
+    h, w = _floats((8, 16, 32), 0), _floats((64, 32), 1)
+    compiled = tg.compile(lambda h, w: F.linear(F.gelu(h, approximate="tanh"), w))
+    got = compiled(h, w)
+    assert compiled.stats.kernels == 1
+    expected = torch.nn.functional.linear(torch.nn.functional.gelu(torch.from_numpy(h), approximate="tanh"),
+                                          torch.from_numpy(w))
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_prologue_values_keep_nan_and_inf() -> None:
+    h = np.array([[np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, -20.0, 3.0]], np.float32).T
+    ones = np.ones((1, 3), np.float32)
+    with tg.device("numpy"):
+        expected = [(activation(tg.tensor(h)) @ tg.tensor(ones)).numpy() for activation in (F.relu, _gelu_of)]
+    with tg.device("cpu"):
+        for activation, want in zip((F.relu, _gelu_of), expected, strict=True):
+            result = activation(tg.tensor(h)) @ tg.tensor(ones)
+            assert len(schedule_kernels([result.node]).kernels) == 1
+            np.testing.assert_allclose(result.numpy(), want, rtol=1e-6)
+
+
+def test_activated_values_read_by_more_than_products_are_not_fused() -> None:
+    """gelu(h) also returned, or also added to something, or gelu of a value that is not a buffer (h * 2): the
+    activated value needs a buffer or a kernel anyway, and the product reads it."""
+    h, w = _floats((9, 12), 12), _floats((12, 10), 13)
+    with tg.device("cpu"):
+        activated = _gelu(F, tg.tensor(h))
+        product = activated @ tg.tensor(w)
+        for roots in ([product, activated], [product, activated + 1]):
+            (call,) = _gemm_calls(schedule_kernels([r.node for r in roots]))
+            assert call.a_prologue == "none", roots
+        (call,) = _gemm_calls(schedule_kernels([(_gelu(F, tg.tensor(h) * 2) @ tg.tensor(w)).node]))
+        assert call.a_prologue == "none"
+        expected = torch.nn.functional.gelu(torch.from_numpy(h), approximate="tanh").numpy()
+        np.testing.assert_allclose(product.numpy(), expected @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_prologue_node_decomposes_to_what_the_kernel_computes() -> None:
+    build, shapes, _ = PROLOGUE_CASES["both operands"]
+    arrays = [_floats(shape, seed) for seed, shape in enumerate(shapes)]
+    result = build(F, *map(tg.tensor, arrays))
+    leaf = lambda n: n.op is Op.BUFFER  # noqa: E731
+    (fused,), _ = fuse_epilogues(*to_primitive([result.node], leaf), leaf)
+    assert [s.op for s in fused.src] == [GEMM_PROLOGUE, GEMM_PROLOGUE]
+    (reference,) = REFERENCE.evaluate([fused])
+    with tg.device("cpu"):
+        np.testing.assert_allclose(result.numpy(), reference, rtol=1e-5, atol=1e-5)
+
+
+def _gelu_encoder_training_step() -> list[tg.Tensor]:
+    """bench/train.py's pre-LN encoder layer with GELU-tanh, small: loss and every parameter's gradient."""
+    tg.manual_seed(0)
+    layer = tg.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation=_gelu_of,
+                                          batch_first=True, norm_first=True)
+    x, target = tg.tensor(_floats((2, 8, 16), 14)), tg.tensor(_floats((2, 8, 16), 15))
+    loss = ((layer(x) - target) ** 2).mean()
+    return [loss, *tg.grad(loss, list(layer.parameters()))]
+
+
+def test_encoder_training_step_reads_gelu_of_the_hidden_layer_in_both_products(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FFN's second linear (gelu(h) as A) and its weight gradient (gelu(h) as B) apply gelu while packing h:
+    the kernel computing gelu(h) is gone, and the step's values do not change."""
+    roots = [t.node for t in _gelu_encoder_training_step()]
+    fused = schedule_kernels(roots)
+    calls = _gemm_calls(fused)
+    assert sum(c.a_prologue == "gelu_tanh" for c in calls) == 1 and sum(c.b_prologue == "gelu_tanh" for c in calls) == 1
+    with monkeypatch.context() as patched:
+        patched.setattr(extern, "fuse_prologues", lambda roots, materialized, is_leaf: (roots, materialized))
+        assert len(fused.kernels) < len(schedule_kernels(roots).kernels)
+    with tg.device("numpy"):
+        expected = [t.detach().numpy() for t in _gelu_encoder_training_step()]
+    with tg.device("cpu"):
+        for got, want in zip([t.detach().numpy() for t in _gelu_encoder_training_step()], expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

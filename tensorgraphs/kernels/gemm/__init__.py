@@ -26,7 +26,8 @@ STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", 
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
 GEMM_ARGTYPES = (
-    [_i64] * 4 + [_ptr, _i64, _i64, _i64] * 2 + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i32]
+    [_i64] * 4 + [_ptr, _i64, _i64, _i64] * 2 + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64]
+    + [_i32] * 3  # activation, a_prologue, b_prologue
 )
 CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_f32, _ptr, _i32]
 
@@ -103,20 +104,23 @@ def _float32(op: str, name: str, value: object) -> np.ndarray:
     return array
 
 
+def _check_activations(op: str, **activations: str) -> None:
+    for name, activation in activations.items():
+        if activation not in ACTIVATIONS:
+            fail(op, f"{name} must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
+
+
 def _gemm_operands(
     a: np.ndarray,
     b: np.ndarray,
     bias: np.ndarray | None,
     residual: np.ndarray | None,
-    activation: str,
     out: np.ndarray | None,
 ) -> tuple[list[np.ndarray], tuple[int, int, int]]:
     """[a, b, out, bias?, residual?] as views of the output's batch shape, and (M, N, K); checks everything."""
     a, b = _float32("matmul", "a", a), _float32("matmul", "b", b)
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
         fail("matmul", f"shapes {a.shape} and {b.shape} cannot be multiplied (need (..., M, K) @ (..., K, N))")
-    if activation not in ACTIVATIONS:
-        fail("matmul", f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
     (m, k), n = a.shape[-2:], b.shape[-1]
     try:
         batch_shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -149,10 +153,14 @@ def bind_gemm(
     activation: str = "none",
     alpha: float = 1.0,
     out: np.ndarray | None = None,
+    a_prologue: str = "none",
+    b_prologue: str = "none",
 ) -> Callable[[], np.ndarray]:
-    """A call, with every argument already converted, of out = activation(alpha * (a @ b) + bias) + residual
+    """A call, with every argument already converted, of
+    out = activation(alpha * (a_prologue(a) @ b_prologue(b)) + bias) + residual
     through `function` (any C function with tg_gemm_f32's signature): what a generated program does, so
-    repeated calls (benchmarks) pay no Python beyond ctypes.
+    repeated calls (benchmarks) pay no Python beyond ctypes. The prologues are activations (`ACTIVATIONS`) the
+    kernel applies to an operand while packing it.
 
     a (..., M, K) and b (..., K, N) broadcast their batch dims like torch.matmul (a 1-D a or b is a row or column
     that is squeezed from the result); bias and residual broadcast to the output. Transposed or broadcast
@@ -163,7 +171,8 @@ def bind_gemm(
     if vector_axes and out is not None:
         fail("matmul", "out= needs matrix operands (vectors are promoted and squeezed like torch.matmul)")
     a, b = a.reshape(1, -1) if a.ndim == 1 else a, b.reshape(-1, 1) if b.ndim == 1 else b
-    operands, (m, n, k) = _gemm_operands(a, b, bias, residual, activation, out)
+    _check_activations("matmul", activation=activation, a_prologue=a_prologue, b_prologue=b_prologue)
+    operands, (m, n, k) = _gemm_operands(a, b, bias, residual, out)
     strides = [_element_strides(operand) for operand in operands]
     dims = _merge_batch_dims(operands[2].shape[:-2], [s[:-2] for s in strides])
     inner_size, inner_strides = dims.pop() if dims else (1, [0] * len(operands))
@@ -182,7 +191,7 @@ def bind_gemm(
             [pointers[o := next(extra)], inner_strides[o], *strides[o][-2:]] if bias is not None else [None, 0, 0, 0]
         )
         args += [pointers[o := next(extra)], inner_strides[o], strides[o][-2]] if residual is not None else [None, 0, 0]
-        calls.append((*args, ACTIVATIONS[activation]))
+        calls.append((*args, ACTIVATIONS[activation], ACTIVATIONS[a_prologue], ACTIVATIONS[b_prologue]))
 
     def run() -> np.ndarray:
         for args in calls:
@@ -230,8 +239,7 @@ def conv2d(
     x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
     if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
         fail("conv2d", f"input {x.shape} and weight {weight.shape} do not fit (need NCHW and (Cout, Cin, kH, kW))")
-    if activation not in ACTIVATIONS:
-        fail("conv2d", f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
+    _check_activations("conv2d", activation=activation)
     (sh, sw), (ph, pw), (dh, dw) = (
         _pair("conv2d", n, v) for n, v in (("stride", stride), ("padding", padding), ("dilation", dilation))
     )

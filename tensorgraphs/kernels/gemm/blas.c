@@ -1,6 +1,7 @@
 /* The BLAS kernel: tg_gemm_f32's contract (gemm.h) on OpenBLAS's sgemm (scipy-openblas32, symbols prefixed
- * scipy_). Operands whose strides BLAS cannot express (neither unit row nor unit column stride) are copied;
- * the epilogue is a separate vectorized pass, since sgemm only fuses alpha. */
+ * scipy_). Operands whose strides BLAS cannot express (neither unit row nor unit column stride) or that have a
+ * prologue are copied (the copy activated); the epilogue is a separate vectorized pass, since sgemm only fuses
+ * alpha. */
 #include <cblas.h>
 #include <stdlib.h>
 
@@ -23,11 +24,14 @@ static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, enum 
     return 0;
 }
 
-static float *contiguous_copy(int64_t rows, int64_t cols, const float *data, int64_t rs, int64_t cs) {
+/* activation(operand) as a row-major rows x cols matrix, or NULL when out of memory. */
+static float *contiguous_copy(int64_t rows, int64_t cols, const float *data, int64_t rs, int64_t cs,
+                              int32_t activation) {
     float *copy = malloc(sizeof(float) * (size_t)(rows * cols > 0 ? rows * cols : 1));
-    if (copy)
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) copy[i * cols + j] = data[i * rs + j * cs];
+    if (!copy) return NULL;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) copy[i * cols + j] = data[i * rs + j * cs];
+    tg_activate_in_place(copy, rows * cols, activation);
     return copy;
 }
 
@@ -48,12 +52,12 @@ static int sgemm_one(const gemm_batch *g, int64_t index) {
     float *a_copy = NULL, *b_copy = NULL;
     enum CBLAS_TRANSPOSE ta, tb;
     blasint lda, ldb;
-    if (!blas_layout(g->m, g->k, g->a_rs, g->a_cs, &ta, &lda)) {
-        a = a_copy = contiguous_copy(g->m, g->k, a, g->a_rs, g->a_cs);
+    if (g->a_prologue || !blas_layout(g->m, g->k, g->a_rs, g->a_cs, &ta, &lda)) {
+        a = a_copy = contiguous_copy(g->m, g->k, a, g->a_rs, g->a_cs, g->a_prologue);
         ta = CblasNoTrans, lda = g->k > 1 ? (blasint)g->k : 1;
     }
-    if (!blas_layout(g->k, g->n, g->b_src.rs, g->b_src.cs, &tb, &ldb)) {
-        b = b_copy = contiguous_copy(g->k, g->n, b, g->b_src.rs, g->b_src.cs);
+    if (g->b_prologue || !blas_layout(g->k, g->n, g->b_src.rs, g->b_src.cs, &tb, &ldb)) {
+        b = b_copy = contiguous_copy(g->k, g->n, b, g->b_src.rs, g->b_src.cs, g->b_prologue);
         tb = CblasNoTrans, ldb = g->n > 1 ? (blasint)g->n : 1;
     }
     int status = a && b ? TG_GEMM_OK : TG_GEMM_NO_MEMORY;
@@ -67,13 +71,13 @@ static int sgemm_one(const gemm_batch *g, int64_t index) {
     return status;
 }
 
-/* A batch BLAS can express (strides included) is one sgemm_batch_strided call; 0 when it cannot. */
+/* A batch BLAS can express (strides included, no prologue) is one sgemm_batch_strided call; 0 when it cannot. */
 static int sgemm_strided_batch(const gemm_batch *g) {
     enum CBLAS_TRANSPOSE ta, tb;
     blasint lda, ldb;
     int64_t largest = g->batch * (g->a_bs > g->b_bs ? (g->a_bs > g->c_bs ? g->a_bs : g->c_bs)
                                                     : (g->b_bs > g->c_bs ? g->b_bs : g->c_bs));
-    if (largest > INT32_MAX || g->a_bs < 0 || g->b_bs < 0 || g->c_bs < 0 ||
+    if (largest > INT32_MAX || g->a_prologue || g->b_prologue || g->a_bs < 0 || g->b_bs < 0 || g->c_bs < 0 ||
         !blas_layout(g->m, g->k, g->a_rs, g->a_cs, &ta, &lda) ||
         !blas_layout(g->k, g->n, g->b_src.rs, g->b_src.cs, &tb, &ldb))
         return 0;

@@ -1,6 +1,6 @@
-/* The GEMM epilogue, vectorized with AVX-512: c = activation(alpha * acc + bias) + residual.
- * Shared by the generated GEMM (applied on registers before the store) and the BLAS kernel (a pass after
- * sgemm). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to ~2 ulp, so the
+/* The GEMM's activations and epilogue, vectorized with AVX-512: c = activation(alpha * acc + bias) + residual.
+ * Shared by the generated GEMM (the epilogue on registers before the store, a prologue activation on each packed
+ * block of an operand) and the BLAS kernel (passes after sgemm, on copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to ~2 ulp, so the
  * loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
 #ifndef TG_EPILOGUE_H
 #define TG_EPILOGUE_H
@@ -42,6 +42,12 @@ static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_ps(__m512 x) {
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
+/* One of enum tg_activation (gemm.h) on a vector. */
+static inline __attribute__((always_inline)) __m512 tg_activate_ps(__m512 x, int32_t activation) {
+    if (activation == 1) return _mm512_max_ps(_mm512_setzero_ps(), x); /* max(0, NaN) is NaN: NaN is operand 2 */
+    return activation == 2 ? tg_gelu_tanh_ps(x) : x;
+}
+
 /* One 16-wide vector of row `row`, columns col..col+15 (lanes outside `mask` are ignored by the caller). */
 static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, const tg_epilogue *ep, int64_t row,
                                                                        int64_t col, __mmask16 mask) {
@@ -50,14 +56,22 @@ static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, 
         const float *bias_row = ep->bias + row * ep->bias_rs;
         x = _mm512_add_ps(x, ep->bias_cs ? _mm512_maskz_loadu_ps(mask, bias_row + col) : _mm512_set1_ps(*bias_row));
     }
-    if (ep->activation == 1) x = _mm512_max_ps(_mm512_setzero_ps(), x); /* max(0, NaN) is NaN: NaN is operand 2 */
-    else if (ep->activation == 2) x = tg_gelu_tanh_ps(x);
+    x = tg_activate_ps(x, ep->activation);
     if (ep->residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col));
     return x;
 }
 
 static inline __mmask16 tg_tail_mask(int64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : remaining <= 0 ? (__mmask16)0 : (__mmask16)((1u << remaining) - 1);
+}
+
+/* x[0:count] = activation(x[0:count]): a prologue on a packed operand block (zero padding stays zero). */
+static inline void tg_activate_in_place(float *x, int64_t count, int32_t activation) {
+    if (activation == 0) return;
+    for (int64_t i = 0; i < count; i += 16) {
+        __mmask16 mask = tg_tail_mask(count - i);
+        _mm512_mask_storeu_ps(x + i, mask, tg_activate_ps(_mm512_maskz_loadu_ps(mask, x + i), activation));
+    }
 }
 
 /* The epilogue as a separate pass over an m x n block of c (for kernels that cannot fuse it). */

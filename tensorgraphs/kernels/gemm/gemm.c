@@ -1,7 +1,8 @@
 /* Blocked GEMM with packing and an AVX-512 FMA register tile (BLIS loop order: jc, pc, ic, jr, ir).
  * A blocks (MC x KC) are packed by the thread that computes them, B panels (KC x NC) by each thread or by the
- * team together (see tg_run_gemm_batch); the TG_MR x TG_NR micro-kernel keeps its accumulators in zmm registers
- * and applies the fused epilogue before the last store. */
+ * team together (see tg_run_gemm_batch), each then activated in place by its operand's prologue (while it is
+ * still in cache); the TG_MR x TG_NR micro-kernel keeps its accumulators in zmm registers and applies the fused
+ * epilogue before the last store. */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -184,11 +185,12 @@ typedef struct {
     float *c;
     int64_t c_rs;
     tg_epilogue ep;
+    int32_t a_prologue, b_prologue;
 } gemm_problem;
 
 static gemm_problem problem_at(const gemm_batch *g, int64_t index) {
     gemm_problem p = {g->m, g->n, g->k, g->a + index * g->a_bs, g->a_rs, g->a_cs, g->b + index * g->b_bs,
-                      &g->b_src, 0, g->c + index * g->c_bs, g->c_rs, g->ep};
+                      &g->b_src, 0, g->c + index * g->c_bs, g->c_rs, g->ep, g->a_prologue, g->b_prologue};
     if (p.ep.bias) p.ep.bias += index * g->bias_bs;
     if (p.ep.residual) p.ep.residual += index * g->residual_bs;
     return p;
@@ -222,9 +224,11 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
         int64_t nc = min_i64(TG_NC, p->n - jc), panels = ceil_div(nc, TG_NR);
         for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
             int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
-            for (int64_t panel; (panel = claim(&work->next[0][parity], nthreads)) < panels;)
+            for (int64_t panel; (panel = claim(&work->next[0][parity], nthreads)) < panels;) {
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + jc + panel * TG_NR,
                                min_i64(TG_NR, nc - panel * TG_NR), b_pack + panel * TG_NR * kc);
+                tg_activate_in_place(b_pack + panel * TG_NR * kc, TG_NR * kc, p->b_prologue);
+            }
             if (nthreads > 1) {
 #pragma omp barrier
             }
@@ -234,7 +238,10 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
             for (int64_t unit; (unit = claim(&work->next[1][parity], nthreads)) < units;) {
                 int64_t block = unit / n_split, part = unit % n_split;
                 int64_t ic = block * mc, mcur = min_i64(mc, p->m - ic);
-                if (block != packed_block) pack_a(p->a + ic * p->a_rs + pc * p->a_cs, p->a_rs, p->a_cs, mcur, kc, a_pack);
+                if (block != packed_block) {
+                    pack_a(p->a + ic * p->a_rs + pc * p->a_cs, p->a_rs, p->a_cs, mcur, kc, a_pack);
+                    tg_activate_in_place(a_pack, ceil_div(mcur, TG_MR) * TG_MR * kc, p->a_prologue);
+                }
                 packed_block = block;
                 for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
                     int64_t jr = jc + panel * TG_NR;
@@ -265,10 +272,12 @@ enum band_split { SHARED_TEAM, ROW_BANDS, COLUMN_BANDS };
 
 /* How a problem's threads share it. Bands need no synchronization, but each thread packs all of the operand the
  * bands do not split: B for row bands, A for column bands. So wide problems (N > M, B the larger operand to
- * pack) split their columns: for 256 x 1024 x 1024 row bands packed all 4 MiB of B in each thread. */
+ * pack) split their columns: for 256 x 1024 x 1024 row bands packed all 4 MiB of B in each thread. An operand
+ * with a prologue costs its activation each time it is packed, so the bands split it when they can. */
 static enum band_split band_split(const gemm_batch *g, int team) {
     int rows = g->m >= 2 * TG_MR * team, columns = g->n >= 2 * TG_NR * team;
-    if (columns && (g->n > g->m || !rows)) return COLUMN_BANDS;
+    if (rows && g->a_prologue && !g->b_prologue) return ROW_BANDS;
+    if (columns && (g->n > g->m || !rows || (g->b_prologue && !g->a_prologue))) return COLUMN_BANDS;
     return rows ? ROW_BANDS : SHARED_TEAM;
 }
 
@@ -353,9 +362,12 @@ static void fold_batch_into_rows(gemm_batch *g) {
     g->batch = 1;
 }
 
+static int known_activation(int32_t code) { return code >= TG_ACT_NONE && code <= TG_ACT_GELU_TANH; }
+
 int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS) {
     if (bias && bias_cs != 0 && bias_cs != 1) return TG_GEMM_BAD_STRIDE;
-    if (activation < TG_ACT_NONE || activation > TG_ACT_GELU_TANH) return TG_GEMM_BAD_ACTIVATION;
+    if (!known_activation(activation) || !known_activation(a_prologue) || !known_activation(b_prologue))
+        return TG_GEMM_BAD_ACTIVATION;
     *g = (gemm_batch){
         .batch = batch, .m = m, .n = n, .k = k,
         .a = a, .a_bs = a_bs, .a_rs = a_rs, .a_cs = a_cs,
@@ -363,6 +375,7 @@ int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS) {
         .c = c, .c_bs = c_bs, .c_rs = c_rs, .bias_bs = bias_bs, .residual_bs = residual_bs,
         .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = bias_rs, .bias_cs = bias_cs,
                .residual = residual, .residual_rs = residual_rs},
+        .a_prologue = a_prologue, .b_prologue = b_prologue,
     };
     fold_batch_into_rows(g);
     return TG_GEMM_OK;

@@ -10,6 +10,10 @@
  * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL. c must not overlap any input, the
  * residual included (partial sums are stored in c before the residual is read).
  *
+ * Prologue: a_prologue / b_prologue (enum tg_activation) apply an activation to every element of that operand
+ * as it is packed, so a(i, k) above is activation(A[...]): the activated operand is never stored. (The BLAS
+ * kernel, which cannot apply it inside sgemm, applies it on a copy of the operand.)
+ *
  * Every function returns 0 on success and a negative tg_gemm_status on invalid arguments. */
 #ifndef TG_GEMM_H
 #define TG_GEMM_H
@@ -25,7 +29,7 @@ int tg_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
                 float alpha,
                 const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
                 const float *residual, int64_t residual_bs, int64_t residual_rs,
-                int32_t activation);
+                int32_t activation, int32_t a_prologue, int32_t b_prologue);
 
 /* The same contract on OpenBLAS's sgemm (blas.c, a separate library linked against scipy-openblas32). */
 int tg_blas_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
@@ -35,7 +39,7 @@ int tg_blas_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
                      float alpha,
                      const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
                      const float *residual, int64_t residual_bs, int64_t residual_rs,
-                     int32_t activation);
+                     int32_t activation, int32_t a_prologue, int32_t b_prologue);
 
 /* conv2d in NCHW (PyTorch layout, groups = 1): x (n, cin, h, w), weight (cout, cin, kh, kw), bias (cout) or
  * NULL, out (n, cout, oh, ow) contiguous, with the same epilogue (alpha, activation, residual shaped like out). */

@@ -52,6 +52,7 @@ typedef struct {
     int64_t c_bs, c_rs;
     int64_t bias_bs, residual_bs;
     tg_epilogue ep;
+    int32_t a_prologue, b_prologue; /* enum tg_activation, applied to each packed block of A / B */
 } gemm_batch;
 
 /* tg_gemm_f32's parameter list (gemm.h), shared by every kernel with its signature. */
@@ -59,10 +60,11 @@ typedef struct {
     int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,   \
         const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs, float *c, int64_t c_bs, int64_t c_rs,         \
         float alpha, const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,                      \
-        const float *residual, int64_t residual_bs, int64_t residual_rs, int32_t activation
+        const float *residual, int64_t residual_bs, int64_t residual_rs, int32_t activation, int32_t a_prologue, \
+        int32_t b_prologue
 #define TG_GEMM_ARGS                                                                                            \
     batch, m, n, k, a, a_bs, a_rs, a_cs, b, b_bs, b_rs, b_cs, c, c_bs, c_rs, alpha, bias, bias_bs, bias_rs,     \
-        bias_cs, residual, residual_bs, residual_rs, activation
+        bias_cs, residual, residual_bs, residual_rs, activation, a_prologue, b_prologue
 
 /* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible). */
 int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS);
