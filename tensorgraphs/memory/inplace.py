@@ -4,8 +4,10 @@ Safe only when every element of the output is written once, from values loaded
 at that same element of the input earlier in the same loop body: then no load
 ever sees an element the kernel has already overwritten, whatever order the
 iterations (or threads) run in. Anything else (reductions over the input, views
-that read other elements, staging tiles, several or accumulating stores) keeps
-the output in bytes of its own.
+that read other elements, staging tiles, several or accumulating stores to the
+output) keeps the output in bytes of its own. A kernel storing several outputs
+(an optimizer's update and its new state, `schedule.fusion.store_in_consumers`)
+is checked output by output: stores to other arrays never touch the donor.
 """
 
 from __future__ import annotations

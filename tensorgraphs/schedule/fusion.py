@@ -37,6 +37,12 @@ Steps, each a plain function:
 The loop repeats until no kernel asks for a new buffer (each round only adds);
 buffers are named by node position, so only kernels that visited a new buffer's
 node are lowered again.
+
+3. `store_in_consumers`: a buffer a plain elementwise kernel writes only to be
+   read back at the same index (an optimizer's new moments, program outputs the
+   parameter update reads) is computed and stored by the kernel reading it: a
+   kernel may store several arrays, at one index (Adam: three kernels per
+   parameter become one).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from tensorgraphs.codegen.loop_ir import Kernel
+from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, Local, Reduce, Store, TransposeLocal, walk
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
@@ -164,7 +170,90 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
         if not added:  # it is a buffer
             break
         materialized |= added
-    return Schedule([low.kernel() for low in lowerings], buffers, [names[r] for r in primitive_roots])
+    homes = store_in_consumers(computed, lowered, names, order, materialized, leaf, set(primitive_roots))
+    kernels = [homes.get(n, lowered[n]).kernel() for n in computed if n not in homes or homes[n] is not None]
+    return Schedule(kernels, buffers, [names[r] for r in primitive_roots])
+
+
+def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | GemmLowering], names: dict[Node, str],
+                       order: list[Node], materialized: set[Node], leaf: IsInput,
+                       outputs: set[Node]) -> dict[Node, Lowering | None]:
+    """Kernels that also compute and store buffers their own kernels would write: node -> its new lowering, or
+    None for a kernel no longer needed (its node *rides* in another kernel).
+
+    A buffer a plain elementwise kernel writes only to be read again at the same index (an optimizer's new
+    moment: a program output, then read by the parameter update) is stored by the first kernel reading it, its
+    *home*, which computes it in the same loop body from what it loads: one pass over memory instead of a store
+    and a load. A home that is itself a rider passes its riders on to its own home. Memory: a rider read by
+    other kernels too makes its home run when they need it, so only a home writing a program output (no arena
+    bytes) takes one; and a rider must not keep a temporary alive longer than its home's group reads it anyway.
+    A rider is dropped when another reader would run before its home, when its home reads it at another index
+    (a transpose, a reduction), lowers it in another nest (transposing tiles, accumulated rows) or stages rows
+    in a `Local` (which keeps every output from overwriting an input in place), or when the home would inline
+    a chain deeper than MAX_INLINE_DEPTH; the rest are tried again until all are stored where planned.
+    """
+    position = {n: i for i, n in enumerate(computed)}
+    kernels = {n: lowered[n].kernel() for n in computed}
+    reads = {n: {b.name for b in kernels[n].buffers if not b.writes} for n in computed}
+    readers: dict[str, list[Node]] = {}
+    for n in computed:
+        for name in reads[n]:
+            readers.setdefault(name, []).append(n)
+    temporaries = {names[n] for n in computed if n not in outputs}
+    home = {}
+    for rider in computed:
+        first, *others = readers.get(names[rider], [rider])  # read by nothing: its own "first reader"
+        if (first is not rider and _plain(kernels[rider]) and isinstance(lowered[first], Lowering)
+                and first.shape == rider.shape and (first in outputs or not others)):
+            home[rider] = first
+    relowered: dict[tuple[Node, frozenset[Node]], Lowering] = {}
+    while True:
+        final = {n: _final_home(n, home) for n in home}
+        group = {destination: [destination] for destination in final.values()}
+        for rider in home:
+            group[final[rider]].append(rider)
+        at = {n: position[final.get(n, n)] for n in computed}  # where each node's kernel runs now
+
+        def keeps_alive(rider: Node) -> bool:
+            members = group[final[rider]]
+            return any(not any(r is not rider and (r in members or at[r] >= at[rider]) for r in readers[name])
+                       for name in reads[rider] & temporaries)
+
+        dropped = {rider for rider in home if any(at[r] < at[rider] for r in readers[names[rider]])
+                   or keeps_alive(rider)}
+        too_deep = too_deep_to_inline(order, materialized - set(home), leaf)
+        for destination, (_, *riders) in group.items():
+            if not too_deep.isdisjoint(lowered[destination].inlined.union(*(lowered[r].inlined for r in riders))):
+                dropped |= set(riders)
+            if dropped & set(riders):  # lowered again once the others are settled
+                continue
+            key = (destination, frozenset(riders))
+            if key not in relowered:
+                relowered[key] = lower_node(lowered[destination].name, destination, names, tuple(riders))
+            low = relowered[key]
+            staged = any(isinstance(s, Local) for s in walk(low.kernel().body))
+            dropped |= set(riders) if staged or low.recomputed else set(riders) - low.stored_riders
+        if not dropped:
+            break
+        home = {rider: h for rider, h in home.items() if rider not in dropped}
+    homes: dict[Node, Lowering | None] = {rider: None for rider in home}
+    for destination, (_, *riders) in group.items():
+        homes[destination] = relowered[(destination, frozenset(riders))]
+    return homes
+
+
+def _plain(kernel: Kernel) -> bool:
+    """One elementwise pass writing one buffer once (no reduction, staging or library call): what a kernel
+    reading it at the same index can compute on the way."""
+    stores = [s for s in walk(kernel.body) if isinstance(s, Store)]
+    return (len(stores) == 1 and not stores[0].accumulate
+            and not any(isinstance(s, (Reduce, Local, TransposeLocal, GemmCall)) for s in walk(kernel.body)))
+
+
+def _final_home(rider: Node, home: dict[Node, Node]) -> Node:
+    while rider in home:
+        rider = home[rider]
+    return rider
 
 
 MAX_INLINE_DEPTH = 96

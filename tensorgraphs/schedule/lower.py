@@ -130,6 +130,10 @@ class Lowering:
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
     _store_index: Expr | None = None
     _shape: tuple[int, ...] = ()
+    riders: tuple[Node, ...] = ()  # materialized nodes this kernel also computes and stores (`store_nest`)
+    _nest_index: Index | None = None
+    stored_riders: set[Node] = field(default_factory=set)  # riders `store_nest` stored
+    _misplaced: set[Node] = field(default_factory=set)  # riders read at another index than the store's
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
@@ -143,10 +147,24 @@ class Lowering:
             index[d], scope = self._open_loop(scope, "i", shape[d])
         self._nest = [v for v in map(index.__getitem__, dims) if isinstance(v, Var)]
         self._max_trips = max(self._max_trips, scope.trips)
+        self._nest_index = tuple(index)
         out_index, value = compute(tuple(index))
         self._param(out, node, writes=True)
         self._store_index = ix.flatten(out_index, node.shape)
         scope.stmts.append(Store(out, self._store_index, value, accumulate))
+        self._store_riders(scope, shape)
+
+    def _store_riders(self, scope: Scope, shape: tuple[int, ...]) -> None:
+        """A store of each rider computed at the nest's own index, after every load of the body (so an output
+        may still take the bytes of an input it reads at that index: `memory.inplace`)."""
+        assert self._nest_index is not None
+        for rider in self.riders:
+            value = self._memo.get((rider, self._nest_index))
+            if rider.shape != shape or rider in self._misplaced or value is None:  # (a slice of it, or not read)
+                continue
+            self._param(self.buffers[rider], rider, writes=True)
+            scope.stmts.append(Store(self.buffers[rider], ix.flatten(self._nest_index, shape), value))
+            self.stored_riders.add(rider)
 
     def transposed_nest(self, node: Node, out: str) -> None:
         """The last two axes in TRANSPOSE_TILE blocks: each tile is filled along the source's contiguous axis,
@@ -306,7 +324,7 @@ class Lowering:
         key = (node, index)
         found = self._memo.get(key)
         if found is None:
-            if node in self.buffers:
+            if node in self.buffers and not self._rides_here(node, index):
                 found = self._load(node, index)
             elif self._recomputes(node, index):
                 # The scheduler will give it a buffer and lower this kernel again, so its subgraph is not
@@ -320,6 +338,16 @@ class Lowering:
                     self.recomputed.add(node)
             self._memo[key] = found
         return found
+
+    def _rides_here(self, node: Node, index: Index) -> bool:
+        """Whether `node` is a rider this kernel computes (and stores): read at the store's own index. Read at
+        any other index it is loaded, and not stored here (the scheduler gives it back its own kernel)."""
+        if node not in self.riders:
+            return False
+        if index != self._nest_index:
+            self._misplaced.add(node)
+            return False
+        return True
 
     def _computed_again(self, node: Node, value: Ref) -> bool:
         """Whether expensive `node` runs more often than it has elements, or inside a second reduction: one
@@ -539,11 +567,13 @@ def _row_block(reduction: Node) -> int | None:
     return next((b for b in ROW_BLOCKS for size in columns if size % b == 0), None)
 
 
-def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
-    """The kernel computing materialized `node` into its buffer, every other materialized node loaded."""
-    low = Lowering(name, buffers)
+def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[Node, ...] = ()) -> Lowering:
+    """The kernel computing materialized `node` into its buffer, every other materialized node loaded, except
+    `riders`: computed and stored too where read at the output's own index (`Lowering.stored_riders` says which;
+    only a plain store nest stores them)."""
     out = buffers[node]
     if node.op is Op.SCATTER_ADD:
+        low = Lowering(name, buffers)
         base, positions, values = node.src
         low.store_nest(node, out, node.shape, lambda index: (index, low.value(base, index)))
 
@@ -558,6 +588,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str]) -> Lowering:
         low.store_nest(node, out, values.shape, scatter, accumulate=True)
         low.serial = True
         return low
+    low = Lowering(name, buffers, riders=riders)
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
     if low.recomputed:  # the scheduler lowers it again once those have buffers
         return low

@@ -9,10 +9,14 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
+from tensorgraphs.codegen.index import Var
+from tensorgraphs.codegen.loop_ir import Buffer, Kernel, Let, Lit, Load, Loop, Ref, Store
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.memory.inplace import alias_free, writes_in_place_safely
 from tensorgraphs.memory.order import order_for_memory
 from tensorgraphs.memory.packing import plan_memory
-from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
+from tensorgraphs.memory.verify import MemoryPlanError, verify_plan
+from tensorgraphs.schedule.fusion import BufferSpec, Schedule, schedule_kernels
 
 
 def test_elementwise_kernel_may_overwrite_its_input(handoff_schedule: Schedule) -> None:
@@ -54,3 +58,46 @@ def test_alias_free_kernel_reads_the_donor_through_the_output(handoff_schedule: 
     assert donor in {b.name for b in old.buffers} and donor not in {b.name for b in new.buffers}
     body = lambda kernel: str(kernel).split("\n", 1)[1]  # noqa: E731  (the listing without the signature)
     assert f"{donor}[" in body(old) and body(new) == body(old).replace(f"{donor}[", f"{output}[")
+
+
+def two_output_update(reload_after_store: bool) -> Schedule:
+    """make: m, p = x, 2x; update: m2 = 0.9 m, p2 = p + m2, both stored at i after loading m[i] and p[i] (an
+    optimizer's update with its state); use: out = m2 + p2. With `reload_after_store` the update reads m[i]
+    again after storing m2[i]: then m2 must not take m's bytes (the others still may take either)."""
+    i = Var("i", 64)
+    f32 = tg.float32
+    buffers = lambda reads, writes: ([Buffer(n, f32, 64, False) for n in reads]  # noqa: E731
+                                     + [Buffer(n, f32, 64, True) for n in writes])
+    x_value, m, p, m2, p2 = (Ref(n, f32) for n in ("vx", "vm", "vp", "vm2", "vp2"))
+    make = Kernel("make", buffers(["x"], ["m", "p"]), [Loop(i, [
+        Load("vx", f32, "x", i), Store("m", i, x_value), Let("vp", f32, Op.ADD, (x_value, x_value)),
+        Store("p", i, p)])])
+    update_body = [Load("vm", f32, "m", i), Load("vp", f32, "p", i), Let("vm2", f32, Op.MUL, (m, Lit(0.9, f32))),
+                   Store("m2", i, m2)]
+    if reload_after_store:
+        update_body += [Load("vm_again", f32, "m", i), Let("vp2", f32, Op.ADD, (p, Ref("vm_again", f32)))]
+    else:
+        update_body += [Let("vp2", f32, Op.ADD, (p, m2))]
+    update = Kernel("update", buffers(["m", "p"], ["m2", "p2"]), [Loop(i, update_body + [Store("p2", i, p2)])])
+    use = Kernel("use", buffers(["m2", "p2"], ["out"]), [Loop(i, [
+        Load("vm2", f32, "m2", i), Load("vp2", f32, "p2", i), Let("vo", f32, Op.ADD, (m2, p2)),
+        Store("out", i, Ref("vo", f32))])])
+    x = tg.tensor(np.arange(64, dtype=np.float32))
+    nodes = {name: (x * (k + 2)).node for k, name in enumerate(["m", "p", "m2", "p2", "out"])}
+    specs = [BufferSpec("x", x.node, "input")] + [BufferSpec(n, node, "output" if n == "out" else "temp")
+                                                  for n, node in nodes.items()]
+    return Schedule([make, update, use], specs, ["out"])
+
+
+def test_a_kernel_storing_several_outputs_hands_each_the_bytes_of_an_input_it_read_at_that_index() -> None:
+    """The planner and the verifier agree on kernels with several stores: each output is checked on its own."""
+    schedule = two_output_update(reload_after_store=False)
+    plan = plan_memory(schedule)
+    assert sorted(plan.in_place) == [("m", "m2"), ("p", "p2")]
+    verify_plan(schedule, plan)
+    reloading = two_output_update(reload_after_store=True)
+    reloading_plan = plan_memory(reloading)
+    assert ("m", "m2") not in reloading_plan.in_place and len(reloading_plan.in_place) == 2
+    verify_plan(reloading, reloading_plan)
+    with pytest.raises(MemoryPlanError, match="m and m2 share bytes"):
+        verify_plan(reloading, plan)

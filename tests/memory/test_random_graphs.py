@@ -40,13 +40,18 @@ STEPS: tuple[Step, ...] = (
 )
 
 
-def random_graph(seed: int, steps: int = 8) -> list[Node]:
-    """Roots of a random float32 graph of [12, 12] matrices: matmuls, reductions, elementwise chains, views."""
+MOVING_AVERAGE: Step = lambda rng, pool: pick(rng, pool) * 0.9 + pick(rng, pool) * 0.1  # noqa: E731
+"""An optimizer's moment: an elementwise output that later elementwise steps read at the same index."""
+
+
+def random_graph(seed: int, steps: int = 8, kinds: tuple[Step, ...] = STEPS, kept: float = 0.25) -> list[Node]:
+    """Roots of a random float32 graph of [12, 12] matrices: matmuls, reductions, elementwise chains, views; the
+    last value and each earlier one with probability `kept`."""
     rng = np.random.default_rng(seed)
     pool = [matrix(rng) for _ in range(2)]
     for _ in range(steps):
-        pool.append(STEPS[rng.integers(len(STEPS))](rng, pool))
-    return [pool[-1].node] + [t.node for t in pool[2:-1] if rng.random() < 0.25]
+        pool.append(kinds[rng.integers(len(kinds))](rng, pool))
+    return [pool[-1].node] + [t.node for t in pool[2:-1] if rng.random() < kept]
 
 
 def unplanned(roots: list[Node]) -> list[np.ndarray]:
@@ -93,3 +98,15 @@ def test_recomputing_graphs_equal_unplanned_and_reference() -> None:
             check(roots, seed, rtol=2e-3)
             recomputing += 1
     assert recomputing >= 2
+
+
+def test_graphs_of_moving_averages_store_several_arrays_per_kernel_and_equal_the_reference() -> None:
+    """Outputs read back at the same index ride in their reader's kernel (`schedule.fusion.store_in_consumers`):
+    planned (in place where allowed) equal to unplanned and to the reference."""
+    several = 0
+    for seed in range(24):
+        roots = random_graph(seed, kinds=STEPS + (MOVING_AVERAGE,) * 4, kept=0.6)
+        kernels = CPU.program(roots)[0].kernels
+        several += any(sum(b.writes for b in kernel.buffers) > 1 for kernel in kernels)
+        check(roots, seed, rtol=2e-3)
+    assert several >= 6, several

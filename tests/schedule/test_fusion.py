@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
+from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import PREAMBLE, render_program
-from tensorgraphs.codegen.loop_ir import Reduce, walk
+from tensorgraphs.codegen.loop_ir import Kernel, Reduce, Store, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.rewrite import optimize
+from tensorgraphs.rewrite import fuzz, optimize
 from tensorgraphs.schedule import Schedule, count_kernels, schedule_kernels
-from tensorgraphs.schedule.fusion import SPLIT_MIN_SIZE, to_primitive
+from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, SPLIT_MIN_SIZE, to_primitive
 
 
 def tensor(*shape: int, seed: int = 0) -> tg.Tensor:
@@ -146,3 +150,127 @@ def test_a_hundred_chained_softmaxes_compile_into_kernels_of_bounded_depth() -> 
     got = tg.compile(chain)(x).numpy()
     with tg.device("numpy"):
         np.testing.assert_allclose(got, chain(x).numpy(), rtol=1e-5, atol=1e-7)
+
+
+def stores_per_buffer(kernel: Kernel) -> dict[str, int]:
+    """How many stores write each of the kernel's arrays (staging `Local`s not counted)."""
+    arrays = {b.name for b in kernel.buffers}
+    return dict(Counter(s.buffer for s in walk(kernel.body) if isinstance(s, Store) and s.buffer in arrays))
+
+
+def assert_written_before_read(schedule: Schedule) -> None:
+    """Every buffer a kernel reads is an input or written by an earlier kernel (the scheduler's order is valid)."""
+    written = {b.name for b in schedule.buffers if b.role == "input"}
+    for kernel in schedule.kernels:
+        assert all(b.name in written for b in kernel.buffers if not b.writes), kernel.name
+        written |= {b.name for b in kernel.buffers if b.writes}
+
+
+OPTIMIZERS: dict[str, tuple[type[tg.optim.Optimizer], dict[str, Any], int]] = {  # and the arrays each update writes
+    "Adam": (tg.optim.Adam, {"lr": 0.01}, 3),
+    "AdamW_amsgrad": (tg.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1, "amsgrad": True}, 4),
+    "SGD_momentum": (tg.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, 2),
+    "SGD_nesterov": (tg.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}, 2),
+    "RMSprop_centered_momentum": (tg.optim.RMSprop, {"lr": 0.01, "momentum": 0.5, "centered": True}, 4),
+    "Adagrad": (tg.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01}, 2),
+}
+
+
+def optimizer_after_one_step(name: str) -> tuple[tg.Tensor, tg.optim.Optimizer]:
+    """A (64, 48) parameter and its optimizer after one step (its state exists), with a new gradient."""
+    make, options, _ = OPTIMIZERS[name]
+    param = tensor(64, 48, seed=7).requires_grad_()
+    optimizer = make([param], **options)
+    param.grad = tensor(64, 48, seed=8)
+    optimizer.step()
+    param.grad = tensor(64, 48, seed=9)
+    return param, optimizer
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_optimizer_update_is_one_kernel_storing_the_parameter_and_its_state(name: str) -> None:
+    """The new moments are program outputs the parameter update reads at the same index: computed and stored by
+    the update's kernel, one pass over the arrays (was one kernel per array, each read back)."""
+    param, optimizer = optimizer_after_one_step(name)
+    schedule = schedule_kernels([value.node for _, value in optimizer.step_updates()])
+    assert_written_before_read(schedule)
+    (update,) = [k for k in schedule.kernels if any(b.writes and b.size == param.numel() for b in k.buffers)]
+    assert sorted(stores_per_buffer(update).values()) == [1] * OPTIMIZERS[name][2], str(update)
+    assert len(schedule.kernels) <= 2  # and the step counter (a scalar the update reads at index 0)
+
+
+@pytest.mark.parametrize("name", ["Adam", "SGD_momentum", "RMSprop_centered_momentum"])
+def test_optimizer_update_kernel_equals_the_reference_in_place_or_not(name: str) -> None:
+    """Three steps; each as one program with the parameter and state overwritten in place, and as one writing
+    new arrays: the same bits, equal to the numpy reference."""
+    param, optimizer = optimizer_after_one_step(name)
+    for _ in range(3):
+        updates = optimizer.step_updates()
+        roots = [value.node for _, value in updates]
+        _, inputs = CPU.program(roots)
+        schedule = schedule_kernels(roots, set(inputs).__contains__)
+        donated = [(inputs.index(target.node), i) for i, (target, _) in enumerate(updates) if target.node in inputs]
+        in_place, fresh = Program(schedule, inputs, donated=donated), Program(schedule, inputs)
+        assert {i for i, (target, _) in enumerate(updates) if target.shape == param.shape} <= set(
+            in_place.updated_in_place)
+        got = in_place.run([np.array(n.arg.data) for n in inputs])  # copies: overwritten in place
+        want = REFERENCE.evaluate(roots)
+        for position, (a, b, expected) in enumerate(zip(got, fresh.run([n.arg.data for n in inputs]), want)):
+            assert fuzz.same_bits(a, b), f"{name}: output {position}"
+            np.testing.assert_allclose(a, expected, rtol=1e-5, atol=1e-7, err_msg=f"{name}: output {position}")
+        for (target, _), value in zip(updates, want):
+            target.assign(tg.Tensor.from_numpy(np.asarray(value), target.dtype))
+
+
+def test_compiled_adam_step_updates_each_parameter_and_its_moments_in_one_kernel() -> None:
+    """In a whole compiled step too (gradient kernels in between): one kernel stores p, m and v per parameter."""
+    model = tg.nn.Sequential(tg.nn.Linear(64, 128), tg.nn.ReLU(), tg.nn.Linear(128, 10))
+    optimizer = tg.optim.Adam(model.parameters(), lr=0.01)
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step(tensor(32, 64), tg.tensor(np.arange(32) % 10))
+    (trace,) = next(iter(step.traces.values()))
+    updates = [k for k in trace.program.kernels if sum(b.writes for b in k.buffers) == 3]
+    assert len(updates) == len(list(model.parameters())), [k.name for k in trace.program.kernels]
+
+
+def test_a_value_read_at_another_index_keeps_its_own_kernel_and_readers_follow_its_writer() -> None:
+    """An output rides in its first reader only where read at that kernel's own index, and every other reader
+    of it (a transpose) still runs after the kernel storing it."""
+    x, y, z = tensor(32, 32), tensor(32, 32, seed=1), tensor(32, 32, seed=2)
+    a = x * 2 + 1
+    h = a * y
+    f = h + z
+    cases = {  # roots -> kernels and how many buffers each stores
+        "read at the same index": ([a, a * y], [2]),
+        "read transposed": ([a, a.T * y], [1, 1]),
+        "reduced": ([a, a.sum(1)], [1, 1]),
+        "a chain, then a transposed reader": ([a, h, f, a.T * 3], [3, 1]),
+        "a transposed reader between a value and its chain's end": ([h, a.T * 3, f, a], [1, 1, 2]),
+    }
+    for label, (roots, stores) in cases.items():
+        schedule = schedule_kernels([t.node for t in roots])
+        assert_written_before_read(schedule)
+        assert [sum(stores_per_buffer(k).values()) for k in schedule.kernels] == stores, label
+        program, inputs = CPU.program([t.node for t in roots])
+        for got, want in zip(program.run([n.arg.data for n in inputs]), REFERENCE.evaluate([t.node for t in roots])):
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=label)
+
+
+def test_a_rider_never_makes_a_chain_deeper_than_the_inline_limit() -> None:
+    """Two output chains of 80 ops, the second reading the first: one kernel would inline 160 (`too_deep_to_inline`)."""
+    x = tensor(16, 16)
+    first = x
+    for _ in range(MAX_INLINE_DEPTH // 2 - 8):
+        first = first * 1.01 + 0.01
+    second = first
+    for _ in range(MAX_INLINE_DEPTH // 2 - 8):
+        second = second * 0.99 - 0.01
+    assert [sum(stores_per_buffer(k).values()) for k in schedule_kernels([first.node, second.node]).kernels] == [1, 1]
