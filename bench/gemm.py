@@ -185,6 +185,9 @@ RESNET18 = [  # (name, cin, input size, cout, kernel, stride, padding) at batch 
 ]
 
 
+GROUPS = ("squares", "transformer", "fused", "prologue", "resnet")
+
+
 def rows(groups: set[str], big: bool) -> list[tuple[str, str, float, Callable[[], tuple[float, dict]]]]:
     """(group, label, target ratio to torch, builder) for every benchmark row."""
     table = []
@@ -213,11 +216,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big", action="store_true", help="add the 4096^3 square")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds of runs per implementation and row")
-    parser.add_argument("--only", default="squares,transformer,fused,prologue,resnet",
-                        help="comma-separated row groups")
+    parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated row groups")
     parser.add_argument("--threads", type=int, default=None, help="threads for ours, torch and BLAS")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
     options = parser.parse_args()
+    unknown = set(options.only.split(",")) - set(GROUPS)
+    if unknown:
+        parser.error(f"unknown row groups {sorted(unknown)}: choose from {','.join(GROUPS)}")
     if options.clock == "cpu" and options.threads != 1:
         parser.error("--clock cpu measures one thread: add --threads 1")
     if options.threads:
