@@ -169,7 +169,8 @@ class Lowering:
     def transposed_nest(self, node: Node, out: str) -> None:
         """The last two axes in TRANSPOSE_TILE blocks: each tile is filled along the source's contiguous axis,
         transposed in registers and written out along the output's (contiguous loads and stores only).
-        Blocks are visited along the source's rows."""
+        Blocks are visited along the source's rows; the rows and columns past the last whole tile follow in
+        plain loop nests."""
         dims = [d for d, size in enumerate(node.shape) if size > 1]
         a, b = dims[-2:]
         side = TRANSPOSE_TILE
@@ -177,8 +178,9 @@ class Lowering:
         index: list[Expr] = [Const(0)] * node.ndim
         for d in dims[:-2]:
             index[d], scope = self._open_loop(scope, "i", node.shape[d])
-        block_b, scope = self._open_loop(scope, "blk", node.shape[b] // side)
-        block_a, block_scope = self._open_loop(scope, "blk", node.shape[a] // side)
+        whole_a, whole_b = node.shape[a] // side * side, node.shape[b] // side * side
+        block_b, blocks_scope = self._open_loop(scope, "blk", whole_b // side)
+        block_a, block_scope = self._open_loop(blocks_scope, "blk", whole_a // side)
         block_scope.stmts.append(Local("tile", node.dtype, side * side))
         column, column_scope = self._open_loop(block_scope, "t", side)
         row, row_scope = self._open_loop(column_scope, "t", side)
@@ -192,6 +194,22 @@ class Lowering:
         staged = self._load_at("tile", node.dtype, row * side + column)
         column_scope.stmts.append(Store(out, ix.flatten(tuple(index), node.shape), staged))
         self._max_trips = max(self._max_trips, column_scope.trips)
+        self._edge_nest(node, out, scope, index, (a, whole_a, node.shape[a]), (b, 0, node.shape[b]))
+        self._edge_nest(node, out, scope, index, (a, 0, whole_a), (b, whole_b, node.shape[b]))
+
+    def _edge_nest(self, node: Node, out: str, scope: Scope, index: list[Expr], rows: tuple[int, int, int],
+                   columns: tuple[int, int, int]) -> None:
+        """Plain loops over output rows [start, stop) x columns [start, stop) of the tiled axes (axis, start,
+        stop): columns outside, so the innermost loop reads the source contiguously."""
+        (a, a_start, a_stop), (b, b_start, b_stop) = rows, columns
+        if a_start == a_stop or b_start == b_stop:
+            return
+        column, scope = self._open_loop(scope, "e", b_stop - b_start)
+        row, scope = self._open_loop(scope, "e", a_stop - a_start)
+        index = list(index)
+        index[a], index[b] = row + a_start, column + b_start
+        scope.stmts.append(Store(out, ix.flatten(tuple(index), node.shape), self.define(node, tuple(index))))
+        self._max_trips = max(self._max_trips, scope.trips)
 
     def tiled_axes(self) -> list[int]:
         return [d for d, size in enumerate(self._shape) if size > 1][-2:]
@@ -592,7 +610,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
     if low.recomputed:  # the scheduler lowers it again once those have buffers
         return low
-    if low.reads_transposed() and all(node.shape[d] % TRANSPOSE_TILE == 0 for d in low.tiled_axes()):
+    if low.reads_transposed() and all(node.shape[d] >= TRANSPOSE_TILE for d in low.tiled_axes()):
         low = Lowering(name, buffers)
         low.transposed_nest(node, out)
     elif low.reduces_across_rows():

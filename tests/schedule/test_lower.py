@@ -80,6 +80,14 @@ def test_large_transpose_is_staged_through_a_tile_transposed_in_registers() -> N
     assert isinstance(fill, Loop) and isinstance(drain, Loop) and transpose == TransposeLocal("tile", 16)
 
 
+def test_transpose_past_the_last_whole_tile_ends_in_plain_loops() -> None:
+    kernel = only_kernel(x(37, 50).T.contiguous())
+    tiles, rows, columns = [s for s in kernel.body if isinstance(s, Loop)]
+    assert (tiles.var.extent, tiles.body[0].var.extent) == (2, 3)  # 32 of 37 rows x 48 of 50 columns in tiles
+    assert (rows.var.extent, rows.body[0].var.extent) == (37, 2)  # output rows 48-49, all columns
+    assert (columns.var.extent, columns.body[0].var.extent) == (5, 48)  # output columns 32-36 of the tiled rows
+
+
 def test_softmax_computes_exp_once_through_a_row_array() -> None:
     kernel = only_kernel(F.softmax(x(16, 100), -1))
     lets = [s for s in walk(kernel.body) if isinstance(s, Let)]
