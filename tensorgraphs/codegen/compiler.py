@@ -150,11 +150,13 @@ def _failure_message(source: str, path: Path, stderr: str) -> str:
             "To keep working, run on the reference backend with `with tg.device('numpy'):`.")
 
 
-OPENMP_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000"}
-"""Read by the OpenMP runtime when the first program loads (a user's own setting wins). Idle threads spin about
-0.1 ms before sleeping instead of libgomp's default of several ms: enough to catch the next kernel of a program,
-short enough that threads idle between calls leave the cores to the caller and to other processes (on a loaded
-2-core machine, 100 small kernels ran 2-5x faster)."""
+OPENMP_ENVIRONMENT = {"GOMP_SPINCOUNT": "3000"}
+"""Read by the OpenMP runtime when the first program loads (a user's own setting wins). Idle threads spin a few
+tens of microseconds before sleeping instead of libgomp's default of several ms: enough to catch the next kernel
+of a program, short enough that a thread waiting for a descheduled peer soon leaves its core to the others.
+Measured on the 2-core development machine, compiled training steps (enc1 / MLP of bench/train.py): quiet, 3000
+and 10000 spins ran alike (31.7 / 14.6 ms vs 30.9 / 14.0); beside one busy process, 3000 ran 68 / 28.5 ms,
+10000 90 / 34 ms, 1000 63-71 / 27-29 ms but ~5% slower quiet (torch eager there: 81 / 50 ms)."""
 
 
 @functools.cache
