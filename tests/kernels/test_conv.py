@@ -18,9 +18,14 @@ CASES = [
     (3, 4, 8, 8, 7, (1, 1), 2, 0, 1),  # downsample
     (2, 5, 10, 13, 3, (2, 3), (1, 2), (0, 1), 1),  # rectangular everything
     (1, 2, 12, 12, 4, (3, 3), 1, 2, 2),  # dilated
-    (4, 33, 7, 7, 40, (3, 3), 1, 1, 1),  # K and M across register tiles; images merged per thread
+    (4, 33, 7, 7, 40, (3, 3), 1, 1, 1),  # K and M across register tiles; images merged into one GEMM
     (2, 1, 4, 4, 2, (3, 3), 3, 4, 1),  # padding wider than the kernel
     (2, 3, 34, 32, 4, (3, 3), 1, 1, 1),  # images large enough to run one GEMM each (others merge images)
+    # stride 1 and "same" width pack by shifting whole images (a vector straddles two images)...
+    (3, 4, 5, 6, 6, (3, 1), 1, 0, 1),  # ...with fewer output rows than input rows
+    (2, 3, 6, 9, 5, (1, 5), 1, (0, 2), 1),  # ...with a wide kernel
+    (8, 16, 7, 7, 40, (3, 3), 1, 1, 1),  # ...in column bands, whose last partial vector the threads split by rows
+    (5, 3, 3, 3, 4, (3, 3), 1, 1, 1),  # images under 16 positions pack row segment by row segment
 ]
 
 

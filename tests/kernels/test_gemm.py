@@ -32,6 +32,7 @@ ODD_SHAPES = [
     (1000, 33, 255),
     (7, 1000, 255),
     (7, 255, 1000),
+    (500, 1000, 70),  # column bands, their last partial vector split by rows across row blocks
 ]
 
 

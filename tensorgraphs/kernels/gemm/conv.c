@@ -1,9 +1,9 @@
 /* conv2d lowered to GEMM with an implicit im2col: out[img] (cout x oh*ow) = weight (cout x cin*kh*kw) @ cols,
  * where the columns are never materialized: packing a B panel reads them straight from the image (stride-1
- * rows become contiguous copies). Large images are the batch of the GEMM driver; small ones are merged into
- * wider GEMMs. Implicit im2col was chosen by measurement: on the ResNet-18 layers the GEMM on ready-made
- * columns alone ran within about 10% of the whole implicit conv, before paying for building the columns. */
-#include <omp.h>
+ * rows become contiguous copies, and with "same" width whole images shift). Large images are the batch of the
+ * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement: on the
+ * ResNet-18 layers the GEMM on ready-made columns alone ran within about 10% of the whole implicit conv, before
+ * paying for building the columns. */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -86,23 +86,70 @@ static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, i
     }
 }
 
-/* out[img, co, p] = temp[group, co, local*positions + p] + residual[img, co, p], img = group*per_group + local:
- * the merged layout back to NCHW. */
-static void scatter_images(const float *temp, int64_t images, int64_t per_group, int64_t cout, int64_t positions,
-                           const float *residual, float *out) {
+/* Stride 1 with as many output columns as input columns ("same" width): an image's run of consecutive output
+ * positions reads a run of consecutive input positions at one offset per tap, with the lanes that fall off the
+ * image masked off. Images of at least 16 positions put at most two images in a 16-column vector, so each
+ * vector of a packed row is two masked loads, against a masked copy per output row segment in pack_b_im2col
+ * (about 10 per panel row for 7x7 images). */
+static int shifted_im2col(const conv_geometry *g) {
+    return g->stride_h == 1 && g->stride_w == 1 && g->ow == g->w && g->oh * g->ow >= 16;
+}
+
+static void pack_b_im2col_shifted(const b_source *src, const float *image, int64_t k0, int64_t kc, int64_t j0,
+                                  int64_t nr, float *restrict dst) {
+    const conv_geometry *g = src->conv;
+    int64_t positions = g->oh * g->ow, plane = g->h * g->w;
+    int32_t out_row[TG_NR], out_col[TG_NR];
+    const float *first[TG_NV], *second[TG_NV]; /* lane i of vector v reads first[v] + i or second[v] + i */
+    __mmask16 in_first[TG_NV], valid[TG_NV];
+    for (int v = 0; v < TG_NV; v++) {
+        int64_t j = j0 + 16 * v, img = j / positions, p = j % positions, split = min_i64(16, positions - p);
+        for (int64_t i = 0; i < 16; i++) {
+            int64_t position = i < split ? p + i : i - split;
+            out_row[16 * v + i] = (int32_t)(position / g->ow), out_col[16 * v + i] = (int32_t)(position % g->ow);
+        }
+        first[v] = image + img * g->cin * plane + p, second[v] = image + (img + 1) * g->cin * plane - split;
+        in_first[v] = tg_tail_mask(split), valid[v] = tg_tail_mask(nr - 16 * v);
+    }
+    const __m512i height = _mm512_set1_epi32((int32_t)g->h), width = _mm512_set1_epi32((int32_t)g->w);
+    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
+    for (int64_t k = 0; k < kc; k++) {
+        int64_t di = ki * g->dilation_h - g->pad_h, dj = kj * g->dilation_w - g->pad_w;
+        int64_t shift = channel * plane + di * g->w + dj;
+        __m512i row_shift = _mm512_set1_epi32((int32_t)di), col_shift = _mm512_set1_epi32((int32_t)dj);
+        for (int v = 0; v < TG_NV; v++) { /* unsigned compares: negative rows and columns are out too */
+            __m512i ih = _mm512_add_epi32(_mm512_loadu_si512(out_row + 16 * v), row_shift);
+            __m512i iw = _mm512_add_epi32(_mm512_loadu_si512(out_col + 16 * v), col_shift);
+            __mmask16 inside_image =
+                valid[v] & _mm512_cmplt_epu32_mask(ih, height) & _mm512_cmplt_epu32_mask(iw, width);
+            __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
+            x = _mm512_mask_loadu_ps(x, inside_image & ~in_first[v], second[v] + shift);
+            _mm512_store_ps(dst + k * TG_NR + 16 * v, x);
+        }
+        if (++kj == g->kw) {
+            kj = 0;
+            if (++ki == g->kh) ki = 0, channel++;
+        }
+    }
+}
+
+/* out[img, co, p] = temp[co, img*positions + p] + residual[img, co, p]: the merged layout back to NCHW. */
+static void scatter_images(const float *temp, int64_t images, int64_t cout, int64_t positions, const float *residual,
+                           float *out) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t image = 0; image < images; image++)
         for (int64_t co = 0; co < cout; co++) {
-            int64_t group = image / per_group, local = image % per_group;
-            const float *from = temp + ((group * cout + co) * per_group + local) * positions;
+            const float *from = temp + (co * images + image) * positions;
             int64_t offset = (image * cout + co) * positions;
             for (int64_t p = 0; p < positions; p++) out[offset + p] = from[p] + (residual ? residual[offset + p] : 0.0f);
         }
 }
 
-/* Below this many output positions per image, images are merged into wider GEMMs (columns image by image), so a
- * narrow image does not leave most of each register tile empty; the result is scattered back to NCHW. There is
- * one merged GEMM per thread when the images divide evenly (each runs alone, no synchronization), else one. */
+/* Below this many output positions per image, the images are merged into one wider GEMM (columns image by image),
+ * so a narrow image does not leave most of each register tile empty; the result is scattered back to NCHW. The
+ * threads split its columns (gemm.c's column bands: each packs only its own images, and the last partial vector
+ * is shared by rows). One GEMM per thread over half the images each ran about 3% slower for ResNet-18's layer4
+ * (4 images of 7x7 are 196 columns: 13 vectors, where the column bands run 12.5). */
 enum { MERGE_IMAGES_BELOW = 1024 };
 
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
@@ -120,7 +167,8 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     gemm_batch g = {
         .batch = n, .m = cout, .n = positions, .k = depth,
         .a = weight, .a_bs = 0, .a_rs = depth, .a_cs = 1,
-        .b = x, .b_bs = cin * h * w, .b_src = {.pack = pack_b_im2col, .conv = &geometry},
+        .b = x, .b_bs = cin * h * w,
+        .b_src = {.pack = shifted_im2col(&geometry) ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry},
         .c = out, .c_bs = cout * positions, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = 1, .bias_cs = 0,
@@ -129,12 +177,9 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
     float *temp = malloc(sizeof(float) * (size_t)(cout * n * positions));
     if (!temp) return TG_GEMM_NO_MEMORY;
-    int threads = omp_get_max_threads();
-    int64_t groups = n > threads && n % threads == 0 ? threads : 1, per_group = n / groups;
-    g.batch = groups, g.n = per_group * positions, g.b_bs *= per_group, g.ep.residual = NULL;
-    g.c = temp, g.c_bs = cout * g.n, g.c_rs = g.n;
+    g.batch = 1, g.n = n * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
     int status = tg_run_gemm_batch(&g);
-    if (status == TG_GEMM_OK) scatter_images(temp, n, per_group, cout, positions, residual, out);
+    if (status == TG_GEMM_OK) scatter_images(temp, n, cout, positions, residual, out);
     free(temp);
     return status;
 }

@@ -186,11 +186,15 @@ typedef struct {
     int64_t c_rs;
     tg_epilogue ep;
     int32_t a_prologue, b_prologue;
+    /* Columns tail_col..tail_col+tail_n (< one vector, relative to column 0), computed for rows tail_row_lo..
+     * tail_row_hi only, with the A blocks packed for the band (see run_band). */
+    int64_t tail_col, tail_n, tail_row_lo, tail_row_hi;
 } gemm_problem;
 
 static gemm_problem problem_at(const gemm_batch *g, int64_t index) {
     gemm_problem p = {g->m, g->n, g->k, g->a + index * g->a_bs, g->a_rs, g->a_cs, g->b + index * g->b_bs,
-                      &g->b_src, 0, g->c + index * g->c_bs, g->c_rs, g->ep, g->a_prologue, g->b_prologue};
+                      &g->b_src, 0, g->c + index * g->c_bs, g->c_rs, g->ep, g->a_prologue, g->b_prologue,
+                      0, 0, 0, 0};
     if (p.ep.bias) p.ep.bias += index * g->bias_bs;
     if (p.ep.residual) p.ep.residual += index * g->residual_bs;
     return p;
@@ -229,6 +233,12 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                                min_i64(TG_NR, nc - panel * TG_NR), b_pack + panel * TG_NR * kc);
                 tg_activate_in_place(b_pack + panel * TG_NR * kc, TG_NR * kc, p->b_prologue);
             }
+            float *tail_pack = b_pack + panels * TG_NR * kc;
+            int tail = jc == 0 && p->tail_n > 0;
+            if (tail) {
+                p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + p->tail_col, p->tail_n, tail_pack);
+                tg_activate_in_place(tail_pack, TG_NR * kc, p->b_prologue);
+            }
             if (nthreads > 1) {
 #pragma omp barrier
             }
@@ -249,6 +259,11 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                         micro_kernel(kc, a_pack + ir * kc, b_pack + panel * TG_NR * kc, p->c + (ic + ir) * p->c_rs + jr,
                                      p->c_rs, mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
                 }
+                for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
+                    if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
+                        micro_kernel(kc, a_pack + ir * kc, tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col, p->c_rs,
+                                     min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep, ic + ir,
+                                     p->tail_col);
             }
             if (nthreads > 1) {
 #pragma omp barrier
@@ -257,7 +272,10 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
     }
 }
 
-static size_t b_pack_count(const gemm_batch *g) { return (size_t)TG_KC * ceil_div(min_i64(TG_NC, g->n), TG_NR) * TG_NR; }
+/* B panels for one block, and one more for a column band's tail (see run_band). */
+static size_t b_pack_count(const gemm_batch *g) {
+    return (size_t)TG_KC * (ceil_div(min_i64(TG_NC, g->n), TG_NR) + (g->n % 16 != 0)) * TG_NR;
+}
 
 static const size_t a_pack_count = (size_t)TG_MC * TG_KC;
 
@@ -273,20 +291,18 @@ enum band_split { SHARED_TEAM, ROW_BANDS, COLUMN_BANDS };
 /* How a problem's threads share it. Bands need no synchronization, but each thread packs all of the operand the
  * bands do not split: B for row bands, A for column bands. So wide problems (N > M, B the larger operand to
  * pack) split their columns: for 256 x 1024 x 1024 row bands packed all 4 MiB of B in each thread. An operand
- * with a prologue costs its activation each time it is packed, so the bands split it when they can. */
+ * with a prologue costs its activation each time it is packed, so the bands split it when they can, and so does
+ * an implicit im2col B (its packing gathers the columns from the image). */
 static enum band_split band_split(const gemm_batch *g, int team) {
     int rows = g->m >= 2 * TG_MR * team, columns = g->n >= 2 * TG_NR * team;
-    if (rows && g->a_prologue && !g->b_prologue) return ROW_BANDS;
-    if (columns && (g->n > g->m || !rows || (g->b_prologue && !g->a_prologue))) return COLUMN_BANDS;
+    int costly_b = g->b_prologue || g->b_src.conv;
+    if (rows && g->a_prologue && !costly_b) return ROW_BANDS;
+    if (columns && (g->n > g->m || !rows || (costly_b && !g->a_prologue))) return COLUMN_BANDS;
     return rows ? ROW_BANDS : SHARED_TEAM;
 }
 
-/* Band `part` of `parts` of a problem as a problem of its own: rows in multiples of TG_MR or columns in multiples
- * of 16 (one vector), with bias and residual following. */
-static gemm_problem band_of(gemm_problem p, enum band_split split, int part, int parts) {
-    int64_t extent = split == COLUMN_BANDS ? p.n : p.m, unit = split == COLUMN_BANDS ? 16 : TG_MR;
-    int64_t lo = extent * part / parts / unit * unit;
-    int64_t hi = part == parts - 1 ? extent : extent * (part + 1) / parts / unit * unit;
+/* Columns lo..hi (or rows) of a problem as a problem of its own, with bias and residual following. */
+static gemm_problem slice_of(gemm_problem p, enum band_split split, int64_t lo, int64_t hi) {
     if (split == COLUMN_BANDS) {
         p.n = hi - lo, p.b_col0 += lo, p.c += lo;
         if (p.ep.bias) p.ep.bias += lo * p.ep.bias_cs;
@@ -297,6 +313,38 @@ static gemm_problem band_of(gemm_problem p, enum band_split split, int part, int
         if (p.ep.residual) p.ep.residual += lo * p.ep.residual_rs;
     }
     return p;
+}
+
+/* Part `part` of `parts` of 0..extent, cut at multiples of `unit`. */
+static void band_bounds(int64_t extent, int64_t unit, int part, int parts, int64_t *lo, int64_t *hi) {
+    *lo = extent * part / parts / unit * unit;
+    *hi = part == parts - 1 ? extent : extent * (part + 1) / parts / unit * unit;
+}
+
+/* Band `part` of `parts` of a problem: rows in multiples of TG_MR, or whole 16-column vectors. */
+static gemm_problem band_of(const gemm_problem *p, enum band_split split, int part, int parts) {
+    int64_t lo, hi;
+    if (split == COLUMN_BANDS)
+        band_bounds(p->n / 16 * 16, 16, part, parts, &lo, &hi);
+    else
+        band_bounds(p->m, TG_MR, part, parts, &lo, &hi);
+    return slice_of(*p, split, lo, hi);
+}
+
+/* Runs band `part` of a problem in the calling thread alone. Column bands hold whole vectors; the last partial
+ * vector (N % 16 columns) is split by rows and computed by each thread with the A blocks of its band: given to
+ * one band whole, it would run one more register-tile vector than the others (2 threads, N = 392: 13 vectors
+ * against 12, 8% longer), and as a problem of its own it would pack A once more. */
+static void run_band(const gemm_problem *p, enum band_split split, int part, int parts, float *b_pack,
+                     float *a_pack) {
+    gemm_problem band = band_of(p, split, part, parts);
+    if (split == COLUMN_BANDS && p->n % 16) {
+        band.tail_col = p->n / 16 * 16 - (band.b_col0 - p->b_col0), band.tail_n = p->n % 16;
+        band_bounds(p->m, TG_MR, part, parts, &band.tail_row_lo, &band.tail_row_hi);
+    }
+    work_counters alone = {{{0}}};
+    int64_t step = 0;
+    if (band.m > 0 && band.n > 0) gemm_blocks(&band, b_pack, a_pack, 0, 1, &alone, &step);
 }
 
 /* Three ways to use the threads, cheapest synchronization first:
@@ -337,10 +385,7 @@ int tg_run_gemm_batch(const gemm_batch *g) {
             gemm_problem p = problem_at(g, index);
             if (bands) {
                 float *b_pack = packs + per_thread * tid;
-                gemm_problem band = band_of(p, split, tid, size);
-                work_counters alone = {{{0}}};
-                int64_t band_step = 0;
-                gemm_blocks(&band, b_pack, b_pack + b_pack_count(g), 0, 1, &alone, &band_step);
+                run_band(&p, split, tid, size, b_pack, b_pack + b_pack_count(g));
             } else {
                 gemm_blocks(&p, packs, packs + b_pack_count(g) + a_pack_count * tid, tid, size, &shared, &step);
             }
