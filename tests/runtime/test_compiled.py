@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pytest
 
@@ -102,18 +104,6 @@ def lazy_losses(model: tg.nn.Module, optimizer: tg.optim.Optimizer, xs: np.ndarr
     return losses
 
 
-def compiled_step(model: tg.nn.Module, optimizer: tg.optim.Optimizer) -> tg.CompiledFunction:
-    @tg.compile
-    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
-
-
 def assert_same_parameters(a: tg.nn.Module, b: tg.nn.Module) -> None:
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
@@ -126,7 +116,7 @@ def reference_losses(steps: int) -> tuple[np.ndarray, np.ndarray, tg.nn.Module, 
     return xs, ys, reference, lazy_losses(reference, reference_optimizer, xs, ys)
 
 
-def test_training_step_compiles_to_one_program_equal_to_lazy_steps() -> None:
+def test_training_step_compiles_to_one_program_equal_to_lazy_steps(compiled_step: Callable) -> None:
     xs, ys, reference, expected = reference_losses(5)
     model, optimizer = mlp_and_adam()
     step = compiled_step(model, optimizer)
@@ -141,7 +131,7 @@ def test_training_step_compiles_to_one_program_equal_to_lazy_steps() -> None:
     assert float(state["step"].item()) == 5.0
 
 
-def test_compiled_step_reads_the_learning_rate_each_call() -> None:
+def test_compiled_step_reads_the_learning_rate_each_call(compiled_step: Callable) -> None:
     xs, ys = batches(4)
     reference, reference_optimizer = mlp_and_adam()
     expected = lazy_losses(reference, reference_optimizer, xs, ys,
@@ -157,7 +147,7 @@ def test_compiled_step_reads_the_learning_rate_each_call() -> None:
     assert_same_parameters(model, reference)
 
 
-def test_k_steps_in_one_call_equal_k_calls_and_leave_old_values_alone() -> None:
+def test_k_steps_in_one_call_equal_k_calls_and_leave_old_values_alone(compiled_step: Callable) -> None:
     xs, ys, reference, expected = reference_losses(5)
     model, optimizer = mlp_and_adam()
     first_weight = model[0].weight
@@ -253,7 +243,7 @@ def test_held_out_transformer_step_matches_torch_for_20_steps() -> None:
     assert all(p.grad is None for p in model.parameters())  # zero_grad() last: no gradient kept
 
 
-def test_module_buffers_dropout_and_momentum_carry_through_calls_and_steps() -> None:
+def test_module_buffers_dropout_and_momentum_carry_through_calls_and_steps(compiled_step: Callable) -> None:
     """BatchNorm's running statistics (assigned in forward), dropout's keys and SGD's momentum buffers."""
     rng = np.random.default_rng(0)
     xs, ys = rng.standard_normal((4, 6, 8), dtype=np.float32), rng.integers(0, 3, (4, 6))
@@ -294,7 +284,8 @@ def test_switching_train_and_eval_mode_gives_its_own_trace() -> None:
     assert sum(len(t) for t in forward.traces.values()) == 2  # the training trace again
 
 
-def test_parameters_and_optimizer_state_are_updated_in_place_unless_something_else_sees_them() -> None:
+def test_parameters_and_optimizer_state_are_updated_in_place_unless_something_else_sees_them(
+        compiled_step: Callable) -> None:
     xs, ys, reference, expected = reference_losses(4)
     model, optimizer = mlp_and_adam()
     step = compiled_step(model, optimizer)

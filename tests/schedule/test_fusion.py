@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -222,19 +222,10 @@ def test_optimizer_update_kernel_equals_the_reference_in_place_or_not(name: str)
             target.assign(tg.Tensor.from_numpy(np.asarray(value), target.dtype))
 
 
-def test_compiled_adam_step_updates_each_parameter_and_its_moments_in_one_kernel() -> None:
+def test_compiled_adam_step_updates_each_parameter_and_its_moments_in_one_kernel(compiled_step: Callable) -> None:
     """In a whole compiled step too (gradient kernels in between): one kernel stores p, m and v per parameter."""
     model = tg.nn.Sequential(tg.nn.Linear(64, 128), tg.nn.ReLU(), tg.nn.Linear(128, 10))
-    optimizer = tg.optim.Adam(model.parameters(), lr=0.01)
-
-    @tg.compile
-    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = compiled_step(model, tg.optim.Adam(model.parameters(), lr=0.01))
     step(tensor(32, 64), tg.tensor(np.arange(32) % 10))
     (trace,) = next(iter(step.traces.values()))
     updates = [k for k in trace.program.kernels if sum(b.writes for b in k.buffers) == 3]
