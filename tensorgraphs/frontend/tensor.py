@@ -198,11 +198,7 @@ class Tensor:
         if not self.requires_grad:
             self.node = value.node
             return self
-        if trace is None:
-            self.node = _materialize(value.node)
-        else:  # a leaf needs a buffer of its own: a stand-in until the compiled program computes the value
-            self.node = host_buffer(np.zeros(self.shape, self.dtype.storage), self.dtype)
-            trace.stand_ins[self.node] = value.node
+        self.node = _materialize(value.node) if trace is None else _stand_in(trace, value.node)
         self.node.arg.grad_leaf = weakref.ref(self)
         return self
 
@@ -227,8 +223,18 @@ def _materialize(node: Node) -> Node:
     return host_buffer(realize([node])[0].astype(node.dtype.storage, order="C"), node.dtype)
 
 
+def _stand_in(trace: tracing.Trace, value: Node) -> Node:
+    """A leaf BUFFER node of its own for `value` while tracing: nothing is computed then, so the compiled program
+    reads `value` wherever the graph reads this buffer (`Trace.resolve`)."""
+    return trace.stand_in(host_buffer(np.zeros(value.shape, value.dtype.storage), value.dtype), value)
+
+
 def _own_buffer(node: Node) -> Node:
-    """A BUFFER node no other tensor has, with `node`'s value (a buffer's data is shared, as torch's detach does)."""
+    """A BUFFER node no other tensor has, with `node`'s value (a buffer's data is shared, as torch's detach does).
+    While tracing it stands in for `node`, so a leaf made from an argument still reads the argument at every call."""
+    trace = tracing.active()
+    if trace is not None:
+        return _stand_in(trace, node)
     if node.op is not Op.BUFFER:
         return _materialize(node)
     return g.buffer(Buffer(node.arg.device, node.dtype, node.shape, node.arg.data), node.dtype, node.shape)

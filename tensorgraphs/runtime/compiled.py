@@ -186,14 +186,12 @@ class CompiledFunction:
 
     def _trace(self, args: tuple[Any, ...]) -> _Trace:
         placeholders: dict[Node, int] = {}
-        placeholder_tensors: list[Tensor] = []
         traced_args = []
         for a in args:
             if _is_tensor_like(a):
                 dtype = a.dtype if isinstance(a, Tensor) else dtypes.from_numpy_dtype(a.dtype)
                 placeholder = _wrap(np.zeros(a.shape, dtype.storage), dtype)
-                placeholders[placeholder.node] = len(placeholders)
-                placeholder_tensors.append(placeholder)
+                placeholders[tracing.placeholder(placeholder.node)] = len(placeholders)
                 traced_args.append(placeholder)
             else:
                 traced_args.append(a)
@@ -204,8 +202,6 @@ class CompiledFunction:
                 states, roots = _effects(effects, [t.node for t in outputs], placeholders)
             finally:
                 effects.restore()
-        for position, placeholder in enumerate(placeholder_tensors):  # requires_grad_() gives it a new buffer node
-            placeholders.setdefault(placeholder.node, position)
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or s.tensor.grad is not None}
         known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs})
@@ -226,6 +222,10 @@ class CompiledFunction:
                 readers.append(_fixed(known[node]))
             elif node.arg.live is not None:
                 readers.append(_Live(node.arg.live))
+            elif tracing.is_placeholder(node):
+                fail("compile", "the traced function reads a tensor computed inside an earlier trace (an argument of "
+                     "another call, or a value derived from one, kept in a variable that outlives the call): it "
+                     "has no value; pass it as an argument or return it instead", kind=UnsupportedError)
             else:
                 readers.append(_fixed(node.arg.data))
         grads_present = tuple((leaf, leaf.grad is not None) for key, (leaf, _) in effects.grads.items()

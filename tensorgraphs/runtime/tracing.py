@@ -12,16 +12,32 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.runtime.buffer import Buffer
 
 if TYPE_CHECKING:
     from tensorgraphs.frontend.tensor import Tensor
 
 _state = threading.local()
+_PLACEHOLDERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
+"""Buffers that only stand for a value while a function is traced (its arguments, stand-ins): their data is
+meaningless, so a graph that reads one after its trace would compute with made-up values."""
+
+
+def placeholder(node: Node) -> Node:
+    """Mark a BUFFER node as a placeholder (see `is_placeholder`)."""
+    _PLACEHOLDERS.add(node.arg)
+    return node
+
+
+def is_placeholder(node: Node) -> bool:
+    return node.op is Op.BUFFER and node.arg in _PLACEHOLDERS
 
 
 @dataclass
@@ -33,6 +49,11 @@ class Trace:
     grads_read: set[int] = field(default_factory=set)  # leaves whose gradient from before the call was used
     stand_ins: dict[Node, Node] = field(default_factory=dict)  # leaf buffer standing in for an assigned value
     modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
+
+    def stand_in(self, node: Node, value: Node) -> Node:
+        """Let the leaf buffer `node` stand for `value` (which tracing cannot compute) until `resolve`."""
+        self.stand_ins[placeholder(node)] = value
+        return node
 
     def note_assign(self, tensor: Tensor) -> None:
         self.assigned.setdefault(id(tensor), (tensor, tensor.node))

@@ -327,3 +327,96 @@ def test_two_optimizer_steps_in_one_traced_call_equal_two_lazy_steps() -> None:
     got = [t.item() for t in step(tg.tensor(xs[0]), tg.tensor(ys[0]))]
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     assert_same_parameters(model, reference)
+
+
+# -- gradients with respect to arguments (a leaf made from an argument reads it at every call) ---------------------
+
+def make_leaf(kind: str, t: tg.Tensor) -> tg.Tensor:
+    """The ways code turns an argument into a leaf to differentiate (tg and torch spell them alike)."""
+    if kind == "detach":
+        return t.detach().requires_grad_()
+    if kind == "clone":
+        return t.clone().requires_grad_()
+    return t.requires_grad_()
+
+
+def attention_grads(F: object, grad: Callable, kind: str, q: tg.Tensor, k: tg.Tensor, v: tg.Tensor) -> tuple:
+    q, k, v = (make_leaf(kind, t) for t in (q, k, v))
+    out = F.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1) @ v
+    loss = (out * out).sum()
+    return (loss.detach(), *grad(loss, [q, k, v]))
+
+
+def conv_grads(F: object, grad: Callable, kind: str, x: tg.Tensor, w: tg.Tensor) -> tuple:
+    x, w = make_leaf(kind, x), make_leaf(kind, w)
+    loss = (F.conv2d(x, w, padding=1).relu() ** 2).sum()
+    return (loss.detach(), *grad(loss, [x, w]))
+
+
+def torch_results(function: Callable, *arrays: np.ndarray) -> list[np.ndarray]:
+    torch = pytest.importorskip("torch")
+    results = function(torch.nn.functional, torch.autograd.grad, *(torch.from_numpy(a) for a in arrays))
+    return [r.detach().numpy() for r in results]
+
+
+def assert_compiled_equals_eager_and_torch(function: Callable, shapes: list[tuple[int, ...]],
+                                           rtol: float = 1e-4) -> None:
+    compiled = tg.compile(lambda *args: function(tg.nn.functional, tg.grad, *args))
+    for seed in range(3):  # new values at every call: the program must read them
+        arrays = [data(*shape, seed=10 * seed + i) * (seed + 1) for i, shape in enumerate(shapes)]
+        got = [r.numpy() for r in compiled(*(tg.tensor(a) for a in arrays))]
+        eager = [r.numpy() for r in function(tg.nn.functional, tg.grad, *(tg.tensor(a) for a in arrays))]
+        expected = torch_results(function, *arrays)
+        for index, (g, e, t) in enumerate(zip(got, eager, expected)):
+            np.testing.assert_allclose(e, t, rtol=rtol, atol=1e-4 * np.abs(t).max(), err_msg=f"eager {index}")
+            np.testing.assert_allclose(g, t, rtol=rtol, atol=1e-4 * np.abs(t).max(), err_msg=f"compiled {index}")
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+
+
+@pytest.mark.parametrize("kind", ["detach", "clone", "argument"])
+def test_attention_gradients_with_respect_to_arguments_match_torch(kind: str) -> None:
+    assert_compiled_equals_eager_and_torch(lambda F, grad, *qkv: attention_grads(F, grad, kind, *qkv),
+                                           [(1, 2, 16, 8)] * 3)
+
+
+@pytest.mark.parametrize("kind", ["detach", "clone", "argument"])
+def test_conv_gradients_with_respect_to_arguments_match_torch(kind: str) -> None:
+    assert_compiled_equals_eager_and_torch(lambda F, grad, x, w: conv_grads(F, grad, kind, x, w),
+                                           [(2, 3, 6, 6), (4, 3, 3, 3)])
+
+
+def test_mlp_gradients_with_respect_to_input_and_captured_parameters_match_torch() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.Tanh(), tg.nn.Linear(16, 3))
+    model.load_state_dict({k: v.detach().numpy() for k, v in reference.state_dict().items()})
+
+    def mlp_grads(F: object, grad: Callable, x: tg.Tensor) -> tuple:
+        net = reference if F is torch.nn.functional else model
+        x = x.detach().requires_grad_()
+        loss = (net(x) ** 2).mean()
+        return (loss.detach(), *grad(loss, [x, *net.parameters()]))
+
+    assert_compiled_equals_eager_and_torch(mlp_grads, [(5, 8)])
+
+
+def test_detached_argument_is_read_at_every_call() -> None:
+    compiled = tg.compile(lambda x, w: (x.detach() * w).sum(-1))
+    for scale in (1.0, 2.0):
+        x, w = data(3, 4) * scale, data(4, seed=1)
+        np.testing.assert_allclose(compiled(tg.tensor(x), tg.tensor(w)).numpy(), (x * w).sum(-1), rtol=1e-5)
+
+
+def test_a_value_kept_from_an_earlier_trace_is_refused_not_read_as_a_constant() -> None:
+    kept: list[tg.Tensor] = []
+
+    def remember(x: tg.Tensor) -> tg.Tensor:
+        if not kept:
+            kept.append(x * 2)
+        return kept[0] + x
+
+    compiled = tg.compile(remember)
+    np.testing.assert_allclose(compiled(tg.ones(3)).numpy(), np.full(3, 3.0))
+    with pytest.raises(tg.UnsupportedError, match=r"computed inside an earlier trace.*test_compiled.py"):
+        compiled(tg.ones(3, dtype=tg.float64))
