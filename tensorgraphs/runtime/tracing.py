@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.graph.ops import Op
 from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime.buffer import Buffer
 
 if TYPE_CHECKING:
