@@ -34,15 +34,41 @@ HOST = "host"
 class Tensor:
     """A lazily evaluated n-dimensional array with PyTorch's names and semantics."""
 
-    __slots__ = ("node", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("_node", "requires_grad", "_grad", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, node: Node, requires_grad: bool = False) -> None:
-        self.node = node
-        self.grad: Tensor | None = None
+        self._node = node
+        self._grad: Tensor | None = None
         self.requires_grad = False
+        if tracing.traces_recording:
+            tracing.note_created(self)
         if requires_grad:
             self.requires_grad_(True)
+
+    @property
+    def node(self) -> Node:
+        """The graph node holding this tensor's value. A function traced by tg.compile that reads a tensor made
+        before the trace reads it from this tensor at every call (`tracing.note_read`)."""
+        node = self._node
+        if tracing.traces_recording:
+            tracing.note_read(self, node)
+        return node
+
+    @node.setter
+    def node(self, node: Node) -> None:
+        self._node = node
+
+    @property
+    def grad(self) -> Tensor | None:
+        grad = self._grad
+        if grad is not None and tracing.traces_recording:
+            tracing.note_grad_read(self, grad, grad._node)
+        return grad
+
+    @grad.setter
+    def grad(self, grad: Tensor | None) -> None:
+        self._grad = grad
 
     # -- construction ------------------------------------------------------
     @staticmethod

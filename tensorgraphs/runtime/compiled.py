@@ -14,9 +14,11 @@ are read at every call and their new values written back after it, as fresh
 buffers (references held elsewhere stay valid). The learning rate is read at
 every call, so schedulers work; other hyperparameters are fixed when traced.
 
-Tensors `fn` only reads and that are not arguments are captured as they are
-when traced; pass values that change elsewhere as arguments. `fn` must not read
-tensor values (placeholders while tracing) or branch on them.
+Tensors `fn` reads that are not arguments (parameters, module buffers,
+gradients, closures) are read from the tensor at every call too, so the program
+sees weights trained or loaded since. A leaf `fn` makes from an argument
+(`x.detach().requires_grad_()`) reads the argument. `fn` must not read tensor
+values (placeholders while tracing) or branch on them.
 
 `steps(*stacked)` runs K calls in ONE native call: each tensor argument has a
 leading axis of K, one slice fed per step (the seed's Feeder); state carries
@@ -204,11 +206,13 @@ class CompiledFunction:
                 effects.restore()
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or s.tensor.grad is not None}
-        known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs})
-        boundary = lambda n: n in known or n in state_inputs  # noqa: E731
+        captured = {n: c for n, c in effects.captured.items() if n not in state_inputs}
+        known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs, *captured})
+        boundary = lambda n: n in known or n in state_inputs or n in captured  # noqa: E731
         roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
         donate = {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
-        program, inputs = CPU.program(roots, {**known, **{n: None for n in state_inputs}}, donate)
+        program, inputs = CPU.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
+        _refuse_earlier_placeholders(inputs, captured, placeholders)
         readers: list[Reader] = []
         for index, node in enumerate(inputs):
             if node in placeholders:
@@ -217,19 +221,18 @@ class CompiledFunction:
                 state = state_inputs[node]
                 state.input_index = index
                 in_place = state.output_index in program.updated_in_place
-                readers.append(_overwritable_value(state) if in_place else _current_value(state))
+                readers.append(_overwritable_value(state) if in_place else _current_value(_source(state), node))
+            elif node in captured:
+                readers.append(_current_value(captured[node], node))
             elif node in known and node.op is not Op.BUFFER:
                 readers.append(_fixed(known[node]))
             elif node.arg.live is not None:
                 readers.append(_Live(node.arg.live))
-            elif tracing.is_placeholder(node):
-                fail("compile", "the traced function reads a tensor computed inside an earlier trace (an argument of "
-                     "another call, or a value derived from one, kept in a variable that outlives the call): it "
-                     "has no value; pass it as an argument or return it instead", kind=UnsupportedError)
             else:
                 readers.append(_fixed(node.arg.data))
         grads_present = tuple((leaf, leaf.grad is not None) for key, (leaf, _) in effects.grads.items()
                               if key in effects.grads_read)
+        grads_present += tuple((c.grad_of, True) for c in captured.values() if c.grad_of is not None)
         single = isinstance(result, Tensor)
         return _Trace(program, readers, [t.dtype for t in outputs], states, grads_present,
                       tuple(effects.modes.values()), single)
@@ -258,6 +261,17 @@ def _effects(effects: tracing.Trace, results: list[Node],
     return states, effects.resolve(results + finals)
 
 
+def _refuse_earlier_placeholders(inputs: list[Node], captured: Mapping[Node, tracing.Captured],
+                                 placeholders: Mapping[Node, int]) -> None:
+    """A placeholder of another trace has no value: a program reading it, or a captured lazy tensor computed from
+    it, would silently compute with zeros."""
+    lazy = [n for n in captured if n.op is not Op.BUFFER]
+    if any(tracing.is_placeholder(n) and n not in placeholders for n in (*inputs, *toposort(lazy))):
+        fail("compile", "the traced function reads a tensor computed inside an earlier trace (an argument of "
+             "another call, or a value derived from one, kept in a variable that outlives the call): it has no "
+             "value; pass it as an argument or return it instead", kind=UnsupportedError)
+
+
 def _fixed_values(roots: list[Node], realized: Mapping[Node, np.ndarray], varying: set[Node]) -> dict[Node, np.ndarray]:
     """The realized values the program may capture: of nodes in its graph that read nothing `varying` (arguments,
     state read at every call). A node over a parameter, say, was realized with the parameter's value then."""
@@ -281,11 +295,23 @@ class _Argument:
         return arrays[self.position]
 
 
-def _current_value(state: _State) -> Reader:
-    tensor = state.tensor
-    if state.kind == "grad":
-        return lambda arrays: _stored_value(tensor.grad)
-    return lambda arrays: _stored_value(tensor)
+def _source(state: _State) -> tracing.Captured:
+    return tracing.Captured(grad_of=state.tensor) if state.kind == "grad" else tracing.Captured(tensor=state.tensor)
+
+
+def _current_value(source: tracing.Captured, node: Node) -> Reader:
+    """Reads the tensor's value as it is at the call (the trace read `node` from it)."""
+
+    def read(arrays: list[np.ndarray]) -> np.ndarray:
+        tensor = source.current()
+        if tensor is None or tensor.shape != node.shape or tensor.dtype is not node.dtype:
+            now = "no gradient" if tensor is None else f"{tensor.dtype.name}{list(tensor.shape)}"
+            fail("compile", f"a tensor the compiled function reads was {node.dtype.name}{list(node.shape)} when "
+                 f"traced and is {now} now; compile the function again (tg.compile) for the new tensor",
+                 kind=ArgumentError)
+        return _stored_value(tensor)
+
+    return read
 
 
 def _overwritable_value(state: _State) -> Reader:

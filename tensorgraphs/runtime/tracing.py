@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from tensorgraphs.frontend.tensor import Tensor
 
 _state = threading.local()
+traces_recording = 0
+"""How many traces are being recorded, on any thread: a cheap test before `active()` on hot paths."""
+_recording_lock = threading.Lock()
 _PLACEHOLDERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
 """Buffers that only stand for a value while a function is traced (its arguments, stand-ins): their data is
 meaningless, so a graph that reads one after its trace would compute with made-up values."""
@@ -40,6 +43,18 @@ def is_placeholder(node: Node) -> bool:
     return node.op is Op.BUFFER and node.arg in _PLACEHOLDERS
 
 
+@dataclass(frozen=True)
+class Captured:
+    """Where a traced function read a buffer: from `tensor`, or (`grad_of`) from that leaf's `.grad`. The compiled
+    program reads the tensor found there at every call, so later assigns, steps and loaded weights count."""
+
+    tensor: Tensor | None = None
+    grad_of: Tensor | None = None
+
+    def current(self) -> Tensor | None:
+        return self.tensor if self.grad_of is None else self.grad_of._grad
+
+
 @dataclass
 class Trace:
     """Effects recorded while tracing one call."""
@@ -49,6 +64,8 @@ class Trace:
     grads_read: set[int] = field(default_factory=set)  # leaves whose gradient from before the call was used
     stand_ins: dict[Node, Node] = field(default_factory=dict)  # leaf buffer standing in for an assigned value
     modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
+    captured: dict[Node, Captured] = field(default_factory=dict)  # node read -> the tensor it was read from
+    created: set[int] = field(default_factory=set)  # ids of the tensors made while tracing
 
     def stand_in(self, node: Node, value: Node) -> Node:
         """Let the leaf buffer `node` stand for `value` (which tracing cannot compute) until `resolve`."""
@@ -89,6 +106,30 @@ class Trace:
             leaf.grad = before
 
 
+def note_created(tensor: Tensor) -> None:
+    trace = active()
+    if trace is not None:
+        trace.created.add(id(tensor))
+
+
+def note_read(tensor: Tensor, node: Node) -> None:
+    """`tensor` is read while it holds `node`: a tensor made before the trace, and not assigned in it yet, is
+    captured (see `Captured`)."""
+    trace = active()
+    if trace is None or id(tensor) in trace.created or id(tensor) in trace.assigned or is_placeholder(node):
+        return
+    if node.op is not Op.BUFFER or node.arg.live is None:
+        trace.captured.setdefault(node, Captured(tensor=tensor))
+
+
+def note_grad_read(leaf: Tensor, grad: Tensor, node: Node) -> None:
+    """`leaf.grad` is read while it is `grad`, holding `node`: a gradient from before the trace, unless the trace
+    set it, is read from the leaf at every call."""
+    trace = active()
+    if trace is not None and id(leaf) not in trace.grads and id(grad) not in trace.created:
+        trace.captured.setdefault(node, Captured(grad_of=leaf))
+
+
 def active() -> Trace | None:
     """The trace being recorded on this thread, if any."""
     return getattr(_state, "trace", None)
@@ -99,10 +140,15 @@ def recording() -> Iterator[Trace]:
     if active() is not None:
         fail("compile", "a function compiled with tg.compile cannot call another one while it is traced",
              kind=ArgumentError)
+    global traces_recording
     _state.trace = trace = Trace()
+    with _recording_lock:
+        traces_recording += 1
     try:
         yield trace
     finally:
+        with _recording_lock:
+            traces_recording -= 1
         _state.trace = None
 
 

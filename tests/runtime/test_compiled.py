@@ -1,4 +1,4 @@
-"""tg.compile: one trace per signature, replay on new data, captured tensors fixed at trace time."""
+"""tg.compile: one trace per signature, replay on new data, captured tensors read at every call."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def test_numpy_inputs_tuple_outputs_and_captured_tensors() -> None:
     y, total = forward(x)
     np.testing.assert_allclose(y.numpy(), x @ data(3, 4, seed=1), rtol=1e-5)
     np.testing.assert_allclose(total.item(), y.numpy().sum(), rtol=1e-5)
-    weight.assign(tg.tensor(np.ones((3, 4), np.float32)))  # a new node: the trace keeps the captured one
+    weight.assign(tg.tensor(np.ones((3, 4), np.float32)))  # a new node: the program reads the weight per call
     y2, _ = forward(x)
-    np.testing.assert_allclose(y2.numpy(), y.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(y2.numpy(), x @ np.ones((3, 4), np.float32), rtol=1e-5)
     assert len(forward.traces) == 1
     as_argument = tg.compile(lambda x, w: x @ w)
     np.testing.assert_allclose(as_argument(x, weight.detach()).numpy(), x @ np.ones((3, 4), np.float32), rtol=1e-5)
@@ -420,3 +420,57 @@ def test_a_value_kept_from_an_earlier_trace_is_refused_not_read_as_a_constant() 
     np.testing.assert_allclose(compiled(tg.ones(3)).numpy(), np.full(3, 3.0))
     with pytest.raises(tg.UnsupportedError, match=r"computed inside an earlier trace.*test_compiled.py"):
         compiled(tg.ones(3, dtype=tg.float64))
+
+
+# -- captured tensors are read at every call -----------------------------------------------------------------------
+
+def test_compiled_evaluation_reads_the_weights_trained_and_loaded_since() -> None:
+    """An evaluation compiled once follows eager training (parameters, BatchNorm statistics) and load_state_dict."""
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(4, 8), tg.nn.BatchNorm1d(8), tg.nn.Linear(8, 2))
+    optimizer = tg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = tg.tensor(data(6, 4)), tg.tensor(data(6, 2, seed=1))
+    evaluate = tg.compile(lambda x, y: F.mse_loss(model(x), y))
+
+    def expected() -> float:
+        with tg.device("numpy"), tg.no_grad():
+            return F.mse_loss(model(x), y).item()
+
+    losses = []
+    for _ in range(3):
+        model.train()
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        model.eval()
+        losses.append(evaluate(x, y).item())
+        assert losses[-1] == pytest.approx(expected(), rel=1e-5)
+    assert len(set(losses)) == 3
+    model.load_state_dict({k: np.full(v.shape, 0.25, np.float32) for k, v in model.state_dict().items()})
+    assert evaluate(x, y).item() == pytest.approx(expected(), rel=1e-5)
+    assert sum(len(t) for t in evaluate.traces.values()) == 1
+
+
+def test_compiled_optimizer_step_reads_gradients_set_outside() -> None:
+    w = tg.tensor(data(3), requires_grad=True)
+    optimizer = tg.optim.SGD([w], lr=0.5)
+    step = tg.compile(lambda: (optimizer.step(), w.detach() * 1)[1])
+    expected = data(3)
+    for scale in (1.0, 2.0, 3.0):
+        optimizer.zero_grad()
+        (w * w * scale).sum().backward()
+        expected = expected - 0.5 * 2 * scale * expected
+        np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6)
+    optimizer.zero_grad()
+    step()  # no gradient now: traced again, and the step leaves the parameter alone
+    np.testing.assert_allclose(w.detach().numpy(), expected, rtol=1e-6)
+
+
+def test_a_captured_tensor_that_changes_shape_is_refused() -> None:
+    tg.manual_seed(0)
+    model = tg.nn.Linear(3, 2)
+    forward = tg.compile(lambda x: model(x))
+    forward(tg.ones(1, 3))
+    model.weight.node = tg.ones(2, 2).node
+    with pytest.raises(tg.ArgumentError, match=r"float32\[2, 3\] when traced and is float32\[2, 2\].*test_compiled"):
+        forward(tg.ones(1, 3))
