@@ -272,13 +272,20 @@ def _own_buffer(node: Node) -> Node:
 
 
 def is_scalar(value: object) -> bool:
-    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating, tracing.NumberArgument))
+
+
+def _number_tensor(value: tracing.NumberArgument, dtype: DType) -> Tensor:
+    """A number argument of a traced function as the program input it is (its placeholder), in `dtype`."""
+    return cast(Tensor(value.node), dtype)
 
 
 def as_tensor(value: Any, dtype: DType | None = None) -> Tensor:
     """A Tensor from a Tensor, a scalar, a numpy array or nested lists."""
     if isinstance(value, Tensor):
         return value if dtype is None else value.to(dtype)
+    if isinstance(value, tracing.NumberArgument):
+        return _number_tensor(value, dtypes.scalar_dtype(value.value) if dtype is None else dtype)
     if is_scalar(value):
         dtype = dtypes.scalar_dtype(value) if dtype is None else dtype
         return Tensor(g.const(value, dtype))
@@ -356,13 +363,19 @@ def operands(op: str, *values: Any, dtype: DType | None = None,
             fail(op, f"expected a Tensor or a number, got {type(s).__name__}", kind=DTypeError)
     if dtype is None:
         dims, zero_dims = [t.dtype for t in tensors if t.ndim], [t.dtype for t in tensors if not t.ndim]
-        dtype = dtypes.result_type(dims, zero_dims, scalars)
+        numbers = [s.value if isinstance(s, tracing.NumberArgument) else s for s in scalars]  # their types count
+        dtype = dtypes.result_type(dims, zero_dims, numbers)
     if floating and not dtype.is_floating_point:
         dtype = dtypes.default_float
     shape = broadcast_shapes(op, *(t.shape for t in tensors))
     out = []
     for v in values:
-        t = cast(v, dtype) if isinstance(v, Tensor) else Tensor(g.const(v, dtype))
+        if isinstance(v, Tensor):
+            t = cast(v, dtype)
+        elif isinstance(v, tracing.NumberArgument):
+            t = _number_tensor(v, dtype)
+        else:
+            t = Tensor(g.const(v, dtype))
         out.append(expand_to(t, shape))
     return out, dtype
 

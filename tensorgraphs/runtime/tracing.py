@@ -11,10 +11,11 @@ outputs written back into it after the call.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.graph.node import Node, toposort, with_sources
@@ -159,3 +160,50 @@ def refuse_values(what: str) -> None:
              "placeholders then): return the tensor from the function and read it after the call",
              kind=ArgumentError)
 
+
+
+class NumberArgument:
+    """A Python int or float argument of a traced function. Tensor ops take it as a program input (`node`, a 0-d
+    placeholder), so one program serves every value; any other use (a comparison, `int()`, a shape, `math.sqrt`)
+    gets the number itself and marks it `specialized`: the trace then holds for this value only."""
+
+    __slots__ = ("value", "node", "specialized")
+
+    def __init__(self, value: int | float, node: Node) -> None:
+        self.value = value
+        self.node = node
+        self.specialized = False
+
+    def concrete(self) -> int | float:
+        self.specialized = True
+        return self.value
+
+    def __index__(self) -> int:
+        return operator.index(self.concrete())
+
+
+def _concrete_unary(name: str) -> Callable[[NumberArgument], Any]:
+    def method(self: NumberArgument, *rest: Any) -> Any:
+        return getattr(self.concrete(), name)(*rest)
+
+    return method
+
+
+def _concrete_binary(name: str) -> Callable[[NumberArgument, Any], Any]:
+    def method(self: NumberArgument, other: Any, *rest: Any) -> Any:
+        if isinstance(other, NumberArgument):
+            other = other.concrete()
+        elif not isinstance(other, (int, float, complex)):
+            return NotImplemented  # a Tensor's reflected operator takes the number as a program input
+        return getattr(self.concrete(), name)(other, *rest)
+
+    return method
+
+
+for _name in ("__float__", "__int__", "__bool__", "__hash__", "__repr__", "__str__", "__format__", "__neg__",
+              "__pos__", "__abs__", "__round__", "__trunc__", "__floor__", "__ceil__"):
+    setattr(NumberArgument, _name, _concrete_unary(_name))
+for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__radd__", "__sub__",
+              "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__",
+              "__mod__", "__rmod__", "__pow__", "__rpow__", "__divmod__", "__rdivmod__"):
+    setattr(NumberArgument, _name, _concrete_binary(_name))

@@ -29,8 +29,8 @@ def test_traces_once_per_signature_and_replays_new_data() -> None:
         np.testing.assert_allclose(got, F.softmax(tg.tensor(x) * 2.0, -1).numpy(), rtol=1e-6, atol=1e-7)
     assert len(calls) == 1
     step(tg.tensor(data(5, 9)), 2.0)
-    step(tg.tensor(data(5, 9)), 3.0)
-    assert len(calls) == 3 and len(step.traces) == 3
+    step(tg.tensor(data(5, 9)), 3.0)  # a number is a program input: same trace
+    assert len(calls) == 2 and len(step.traces) == 2
 
 
 def test_numpy_inputs_tuple_outputs_and_captured_tensors() -> None:
@@ -474,3 +474,53 @@ def test_a_captured_tensor_that_changes_shape_is_refused() -> None:
     model.weight.node = tg.ones(2, 2).node
     with pytest.raises(tg.ArgumentError, match=r"float32\[2, 3\] when traced and is float32\[2, 2\].*test_compiled"):
         forward(tg.ones(1, 3))
+
+
+# -- Python numbers are program inputs; other arguments are checked -------------------------------------------------
+
+def test_number_arguments_are_read_per_call_without_new_traces() -> None:
+    def scaled(x: tg.Tensor, scale: float, shift: int) -> tg.Tensor:
+        return F.softmax(x * scale, -1) + shift
+
+    compiled = tg.compile(scaled)
+    x = data(4, 9)
+    for scale, shift in ((1.0, 0), (2.5, 3), (-0.75, -2)):
+        with tg.device("numpy"):
+            expected = scaled(tg.tensor(x), scale, shift).numpy()
+        np.testing.assert_allclose(compiled(tg.tensor(x), scale, shift).numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+    losses = compiled.steps(tg.tensor(np.stack([x, 2 * x])), 0.5, 1)
+    with tg.device("numpy"):
+        np.testing.assert_allclose(losses.numpy()[1], scaled(tg.tensor(2 * x), 0.5, 1).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tg.float16, tg.float64, tg.int32])
+def test_number_arguments_promote_like_python_numbers(dtype: tg.DType) -> None:
+    x = tg.tensor(np.arange(1, 5)).to(dtype)
+    for number in (0.1, 3):
+        got = tg.compile(lambda x, s: x * s)(x, number)
+        with tg.device("numpy"):
+            expected = x * number
+        assert got.dtype is expected.dtype
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_numbers_used_as_values_fix_the_trace_to_their_value() -> None:
+    """A shape, a branch, math.sqrt: the trace holds for that value; other values are traced again."""
+    import math
+
+    def shaped(x: tg.Tensor, rows: int, scale: float) -> tg.Tensor:
+        y = x.reshape(rows, -1)
+        return y * math.sqrt(scale) if scale > 1 else y - scale
+
+    compiled = tg.compile(shaped)
+    x = tg.tensor(np.arange(12, dtype=np.float32))
+    for rows, scale in ((3, 4.0), (4, 4.0), (3, 9.0), (3, 0.5), (3, 4.0)):
+        np.testing.assert_allclose(compiled(x, rows, scale).numpy(), shaped(x, rows, scale).numpy(), rtol=1e-6)
+    assert sum(len(t) for t in compiled.traces.values()) == 4
+
+
+@pytest.mark.parametrize("argument", [[tg.ones(2)], {"x": tg.ones(2)}, {1, 2}])
+def test_unsupported_arguments_name_the_argument_and_the_line(argument: object) -> None:
+    with pytest.raises(tg.ArgumentError, match=rf"argument 1 is a {type(argument).__name__}.*test_compiled.py"):
+        tg.compile(lambda x, a: x)(tg.ones(2), argument)
