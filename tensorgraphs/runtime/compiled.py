@@ -40,7 +40,7 @@ from typing import Any, Callable, Collection, Mapping
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.node import Node, toposort
@@ -68,6 +68,8 @@ class _State:
 @dataclass
 class _Trace:
     program: Program
+    roots: list[Node]  # the graph it computes, for errors (`run_explained`)
+    inputs: list[Node]  # the nodes whose arrays it takes, in order
     readers: list[Reader]  # one per program input, in order
     result_dtypes: list[dtypes.DType]  # of fn's results, the program's first outputs (state outputs follow)
     states: list[_State]
@@ -134,7 +136,7 @@ class CompiledFunction:
 
     def __call__(self, *args: Any) -> Any:
         trace, inputs = self._bound(args)
-        return self._finish(trace, trace.program.run(inputs))
+        return self._finish(trace, run_explained(trace.program, trace.roots, trace.inputs, inputs))
 
     def kernel_times(self, *args: Any, repeat: int = 5) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
@@ -203,7 +205,7 @@ class CompiledFunction:
         for position, a in enumerate(args):
             if _is_tensor_like(a):
                 dtype = a.dtype if isinstance(a, Tensor) else dtypes.from_numpy_dtype(a.dtype)
-                placeholder = _wrap(np.zeros(a.shape, dtype.storage), dtype)
+                placeholder = _wrap(np.broadcast_to(np.zeros((), dtype.storage), a.shape), dtype)  # no memory
                 placeholders[tracing.placeholder(placeholder.node)] = position
                 traced_args.append(placeholder)
             elif numbers_as_inputs and _is_number(a):
@@ -254,7 +256,7 @@ class CompiledFunction:
         single = isinstance(result, Tensor)
         fixed_numbers = tuple((p, a) for p, (a, t) in enumerate(zip(args, traced_args))
                               if _is_number(a) and getattr(t, "specialized", True))
-        return _Trace(program, readers, [t.dtype for t in outputs], states, grads_present,
+        return _Trace(program, roots, inputs, readers, [t.dtype for t in outputs], states, grads_present,
                       tuple(effects.modes.values()), single, fixed_numbers)
 
 

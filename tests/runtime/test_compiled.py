@@ -524,3 +524,20 @@ def test_numbers_used_as_values_fix_the_trace_to_their_value() -> None:
 def test_unsupported_arguments_name_the_argument_and_the_line(argument: object) -> None:
     with pytest.raises(tg.ArgumentError, match=rf"argument 1 is a {type(argument).__name__}.*test_compiled.py"):
         tg.compile(lambda x, a: x)(tg.ones(2), argument)
+
+
+@pytest.mark.parametrize("name", ["index", "gather", "embedding", "cross_entropy"])
+def test_out_of_range_indices_name_the_op_the_index_and_the_line(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    functions = {
+        "index": lambda x, i: x[i],
+        "gather": lambda x, i: x.gather(0, i.reshape(2, 1).expand(2, 3)),
+        "embedding": lambda x, i: F.embedding(i, x),
+        "cross_entropy": lambda x, i: F.cross_entropy(x[:2], i),
+    }
+    x, index = tg.tensor(data(4, 3)), tg.tensor([1, 7])
+    pattern = r"gather: index 7 is out of bounds for axis \d with size [34] .*test_compiled.py"
+    with pytest.raises(IndexError, match=pattern):
+        tg.compile(functions[name])(x, index)
+    monkeypatch.setattr(tg.backends.cpu.CPU, "interpret_below", 0)  # eager on the cpu device, compiled too
+    with tg.device("cpu"), pytest.raises(IndexError, match=pattern):
+        functions[name](x, index).numpy()
