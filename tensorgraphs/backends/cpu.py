@@ -334,7 +334,18 @@ class CpuBackend:
             return REFERENCE.evaluate(roots, known)
         program, inputs = self.program(roots, known)
         arrays = [known[n] if n in known else n.arg.data for n in inputs]
+        return run_explained(program, roots, inputs, arrays)
+
+
+def run_explained(program: Program, roots: list[Node], inputs: list[Node],
+                  arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """`program.run(arrays)`; when it reports an index out of bounds, the reference interpreter runs the graph
+    (`roots` over `inputs` holding `arrays`) to raise the error that names the op, the index and the user's line."""
+    try:
         return program.run(arrays)
+    except IndexError:
+        REFERENCE.evaluate(roots, dict(zip(inputs, arrays)))
+        raise
 
 
 CPU = CpuBackend()

@@ -34,15 +34,41 @@ HOST = "host"
 class Tensor:
     """A lazily evaluated n-dimensional array with PyTorch's names and semantics."""
 
-    __slots__ = ("node", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("_node", "requires_grad", "_grad", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, node: Node, requires_grad: bool = False) -> None:
-        self.node = node
-        self.grad: Tensor | None = None
+        self._node = node
+        self._grad: Tensor | None = None
         self.requires_grad = False
+        if tracing.traces_recording:
+            tracing.note_created(self)
         if requires_grad:
             self.requires_grad_(True)
+
+    @property
+    def node(self) -> Node:
+        """The graph node holding this tensor's value. A function traced by tg.compile that reads a tensor made
+        before the trace reads it from this tensor at every call (`tracing.note_read`)."""
+        node = self._node
+        if tracing.traces_recording:
+            tracing.note_read(self, node)
+        return node
+
+    @node.setter
+    def node(self, node: Node) -> None:
+        self._node = node
+
+    @property
+    def grad(self) -> Tensor | None:
+        grad = self._grad
+        if grad is not None and tracing.traces_recording:
+            tracing.note_grad_read(self, grad, grad._node)
+        return grad
+
+    @grad.setter
+    def grad(self, grad: Tensor | None) -> None:
+        self._grad = grad
 
     # -- construction ------------------------------------------------------
     @staticmethod
@@ -198,11 +224,7 @@ class Tensor:
         if not self.requires_grad:
             self.node = value.node
             return self
-        if trace is None:
-            self.node = _materialize(value.node)
-        else:  # a leaf needs a buffer of its own: a stand-in until the compiled program computes the value
-            self.node = host_buffer(np.zeros(self.shape, self.dtype.storage), self.dtype)
-            trace.stand_ins[self.node] = value.node
+        self.node = _materialize(value.node) if trace is None else _stand_in(trace, value.node)
         self.node.arg.grad_leaf = weakref.ref(self)
         return self
 
@@ -227,8 +249,18 @@ def _materialize(node: Node) -> Node:
     return host_buffer(realize([node])[0].astype(node.dtype.storage, order="C"), node.dtype)
 
 
+def _stand_in(trace: tracing.Trace, value: Node) -> Node:
+    """A leaf BUFFER node of its own for `value` while tracing: nothing is computed then, so the compiled program
+    reads `value` wherever the graph reads this buffer (`Trace.resolve`)."""
+    return trace.stand_in(host_buffer(np.zeros(value.shape, value.dtype.storage), value.dtype), value)
+
+
 def _own_buffer(node: Node) -> Node:
-    """A BUFFER node no other tensor has, with `node`'s value (a buffer's data is shared, as torch's detach does)."""
+    """A BUFFER node no other tensor has, with `node`'s value (a buffer's data is shared, as torch's detach does).
+    While tracing it stands in for `node`, so a leaf made from an argument still reads the argument at every call."""
+    trace = tracing.active()
+    if trace is not None:
+        return _stand_in(trace, node)
     if node.op is not Op.BUFFER:
         return _materialize(node)
     return g.buffer(Buffer(node.arg.device, node.dtype, node.shape, node.arg.data), node.dtype, node.shape)
@@ -240,13 +272,20 @@ def _own_buffer(node: Node) -> Node:
 
 
 def is_scalar(value: object) -> bool:
-    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating, tracing.NumberArgument))
+
+
+def _number_tensor(value: tracing.NumberArgument, dtype: DType) -> Tensor:
+    """A number argument of a traced function as the program input it is (its placeholder), in `dtype`."""
+    return cast(Tensor(value.node), dtype)
 
 
 def as_tensor(value: Any, dtype: DType | None = None) -> Tensor:
     """A Tensor from a Tensor, a scalar, a numpy array or nested lists."""
     if isinstance(value, Tensor):
         return value if dtype is None else value.to(dtype)
+    if isinstance(value, tracing.NumberArgument):
+        return _number_tensor(value, dtypes.scalar_dtype(value.value) if dtype is None else dtype)
     if is_scalar(value):
         dtype = dtypes.scalar_dtype(value) if dtype is None else dtype
         return Tensor(g.const(value, dtype))
@@ -324,13 +363,19 @@ def operands(op: str, *values: Any, dtype: DType | None = None,
             fail(op, f"expected a Tensor or a number, got {type(s).__name__}", kind=DTypeError)
     if dtype is None:
         dims, zero_dims = [t.dtype for t in tensors if t.ndim], [t.dtype for t in tensors if not t.ndim]
-        dtype = dtypes.result_type(dims, zero_dims, scalars)
+        numbers = [s.value if isinstance(s, tracing.NumberArgument) else s for s in scalars]  # their types count
+        dtype = dtypes.result_type(dims, zero_dims, numbers)
     if floating and not dtype.is_floating_point:
         dtype = dtypes.default_float
     shape = broadcast_shapes(op, *(t.shape for t in tensors))
     out = []
     for v in values:
-        t = cast(v, dtype) if isinstance(v, Tensor) else Tensor(g.const(v, dtype))
+        if isinstance(v, Tensor):
+            t = cast(v, dtype)
+        elif isinstance(v, tracing.NumberArgument):
+            t = _number_tensor(v, dtype)
+        else:
+            t = Tensor(g.const(v, dtype))
         out.append(expand_to(t, shape))
     return out, dtype
 

@@ -48,14 +48,21 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
+    def init_state(self, param: Tensor, group: ParamGroup) -> dict[str, Any]:
+        if not group["momentum"]:
+            return {}
+        return {"step": _step_counter(), "momentum_buffer": state_buffer(param.shape, param.dtype)}
+
     def update(self, param: Tensor, grad: Tensor, state: dict[str, Any], group: ParamGroup) -> dict[str, Tensor]:
         direction = _with_weight_decay(grad, param, group["weight_decay"])
         new: dict[str, Tensor] = {}
         momentum = group["momentum"]
         if momentum:
-            previous = state.get("momentum_buffer")
-            buffer = direction if previous is None else \
-                ew.add(ew.mul(previous, momentum), ew.mul(direction, 1 - group["dampening"]))
+            buffer = ew.add(ew.mul(state["momentum_buffer"], momentum), ew.mul(direction, 1 - group["dampening"]))
+            if "step" in state:  # torch's first step takes the direction undamped; a select, so a compiled step
+                # does the same at every call (a state loaded from torch has no count: it is past its first step)
+                buffer = ew.where(ew.eq(state["step"], 0.0), direction, buffer)
+                new["step"] = ew.add(state["step"], 1.0)
             new["momentum_buffer"] = buffer
             direction = ew.add(direction, ew.mul(buffer, momentum)) if group["nesterov"] else buffer
         new["param"] = ew.sub(param, ew.mul(direction, group["lr"]))

@@ -1,10 +1,12 @@
 """`tg.compile(fn)`: trace once per input signature, then replay the compiled program on new data.
 
 The first call with a given signature (each tensor argument's dtype and shape,
-every other argument's value) runs `fn` on placeholder tensors, building its
-graph, and compiles that graph for the cpu backend. Later calls bind the new
-arrays to the same program: no Python runs per op or per kernel, one native
-call per step.
+each number argument's type, every other argument's value) runs `fn` on
+placeholders, building its graph, and compiles that graph for the cpu backend.
+Later calls bind the new arrays to the same program: no Python runs per op or
+per kernel, one native call per step. Python numbers are program inputs too,
+read at every call, unless `fn` uses one as a value (a shape, a branch): that
+trace then holds for that value only.
 
 A training step compiles whole: what `fn` assigns (parameters and optimizer
 state through `optimizer.step()`, module buffers) and the `.grad` that
@@ -14,9 +16,11 @@ are read at every call and their new values written back after it, as fresh
 buffers (references held elsewhere stay valid). The learning rate is read at
 every call, so schedulers work; other hyperparameters are fixed when traced.
 
-Tensors `fn` only reads and that are not arguments are captured as they are
-when traced; pass values that change elsewhere as arguments. `fn` must not read
-tensor values (placeholders while tracing) or branch on them.
+Tensors `fn` reads that are not arguments (parameters, module buffers,
+gradients, closures) are read from the tensor at every call too, so the program
+sees weights trained or loaded since. A leaf `fn` makes from an argument
+(`x.detach().requires_grad_()`) reads the argument. `fn` must not read tensor
+values (placeholders while tracing) or branch on them.
 
 `steps(*stacked)` runs K calls in ONE native call: each tensor argument has a
 leading axis of K, one slice fed per step (the seed's Feeder); state carries
@@ -31,22 +35,22 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
-from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import realized_values
 
-Reader = Callable[[list[np.ndarray]], np.ndarray]
-"""How one program input gets its array at a call, from the call's tensor arguments."""
+Reader = Callable[[list[Any]], np.ndarray]
+"""How one program input gets its array at a call, from the call's arguments (tensors as arrays)."""
 
 
 @dataclass
@@ -64,23 +68,28 @@ class _State:
 @dataclass
 class _Trace:
     program: Program
+    roots: list[Node]  # the graph it computes, for errors (`run_explained`)
+    inputs: list[Node]  # the nodes whose arrays it takes, in order
     readers: list[Reader]  # one per program input, in order
     result_dtypes: list[dtypes.DType]  # of fn's results, the program's first outputs (state outputs follow)
     states: list[_State]
     grads_present: tuple[tuple[Tensor, bool], ...]  # the gradients the trace read or replaced, as present then
     modes: tuple[tuple[Any, bool], ...]  # the modules called, and whether they were in training mode
     single: bool  # fn returned one tensor, not a sequence
+    fixed_numbers: tuple[tuple[int, int | float], ...] = ()  # (position, value): number arguments used as values
     compile_seconds: float = 0.0
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
         return CompileStats(self.program.kernel_count, memory.arena_bytes, memory.naive_bytes, self.compile_seconds)
 
-    def holds(self) -> bool:
-        """Whether this trace fits the current state: a gradient absent when traced must still be (and vice versa),
-        and every module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm)."""
+    def holds(self, args: tuple[Any, ...]) -> bool:
+        """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
+        module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), and a number
+        argument the function used as a value (a shape, a branch) must have that value."""
         return (all((leaf.grad is not None) == present for leaf, present in self.grads_present)
-                and all(module.training == training for module, training in self.modes))
+                and all(module.training == training for module, training in self.modes)
+                and all(args[position] == value for position, value in self.fixed_numbers))
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ class CompiledFunction:
 
     def __call__(self, *args: Any) -> Any:
         trace, inputs = self._bound(args)
-        return self._finish(trace, trace.program.run(inputs))
+        return self._finish(trace, run_explained(trace.program, trace.roots, trace.inputs, inputs))
 
     def kernel_times(self, *args: Any, repeat: int = 5) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
@@ -137,23 +146,23 @@ class CompiledFunction:
     def _bound(self, args: tuple[Any, ...]) -> tuple[_Trace, list[np.ndarray]]:
         """The trace for `args` and the arrays its program reads, in order."""
         trace = self._trace_for(args)
-        arrays = [_array_of(a) for a in args if _is_tensor_like(a)]
-        return trace, [read(arrays) for read in trace.readers]
+        values = _argument_values(args)
+        return trace, [read(values) for read in trace.readers]
 
     def steps(self, *args: Any) -> Any:
         """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per
         step); state changes carry from step to step, live values (learning rate, random keys) are read once per
         step. Returns the results stacked along a new first axis."""
-        stacked = [_array_of(a) for a in args if _is_tensor_like(a)]
-        lengths = {a.shape[0] if a.ndim else None for a in stacked}
+        stacked = _argument_values(args)
+        tensors = [v for a, v in zip(args, stacked) if _is_tensor_like(a)]
+        lengths = {v.shape[0] if v.ndim else None for v in tensors}
         if len(lengths) != 1 or None in lengths:
             fail("compile.steps", "every tensor argument needs the same leading (steps) axis; got shapes "
-                 f"{[a.shape for a in stacked]}", kind=ArgumentError)
+                 f"{[v.shape for v in tensors]}", kind=ArgumentError)
         (count,) = lengths
         if count < 1:
             fail("compile.steps", "the steps axis is empty: give at least one step", kind=ArgumentError)
-        slices = iter([a[0] for a in stacked])
-        first = [next(slices) if _is_tensor_like(a) else a for a in args]
+        first = [v[0] if _is_tensor_like(a) else a for a, v in zip(args, stacked)]
         trace = self._trace_for(tuple(first))
         fed = {i for i, read in enumerate(trace.readers) if isinstance(read, (_Argument, _Live))}
         inputs = [read.per_step(count) if isinstance(read, _Live) else read(stacked) for read in trace.readers]
@@ -163,14 +172,17 @@ class CompiledFunction:
         return self._finish(trace, outputs)
 
     def _trace_for(self, args: tuple[Any, ...]) -> _Trace:
-        signature = tuple(("tensor", a.dtype.name, a.shape) if isinstance(a, Tensor) else
-                          ("array", a.dtype.str, a.shape) if isinstance(a, np.ndarray) else ("value", repr(a))
-                          for a in args)
+        signature = tuple(_argument_key(position, a) for position, a in enumerate(args))
         candidates = self.traces.setdefault(signature, [])
-        trace = next((t for t in candidates if t.holds()), None)
+        trace = next((t for t in candidates if t.holds(args)), None)
         if trace is None:
             started = time.perf_counter()
-            trace = self._trace(args)
+            try:
+                trace = self._trace(args, numbers_as_inputs=True)
+            except Exception:
+                if not any(_is_number(a) for a in args):
+                    raise
+                trace = self._trace(args, numbers_as_inputs=False)  # a use of a number tracing cannot follow
             trace.compile_seconds = time.perf_counter() - started
             candidates.append(trace)
             RECENT_TRACES.append((getattr(self.fn, "__qualname__", repr(self.fn)), signature, trace.stats()))
@@ -184,17 +196,23 @@ class CompiledFunction:
         results = [_wrap(array, dtype) for array, dtype in zip(outputs, trace.result_dtypes)]
         return results[0] if trace.single else tuple(results)
 
-    def _trace(self, args: tuple[Any, ...]) -> _Trace:
+    def _trace(self, args: tuple[Any, ...], numbers_as_inputs: bool) -> _Trace:
+        """Trace `fn` on placeholders of `args`: tensors always, Python numbers if `numbers_as_inputs` (else the
+        trace holds for their values only)."""
         placeholders: dict[Node, int] = {}
-        placeholder_tensors: list[Tensor] = []
-        traced_args = []
-        for a in args:
+        numbers: dict[Node, int] = {}  # placeholder -> position of a number argument
+        traced_args: list[Any] = []
+        for position, a in enumerate(args):
             if _is_tensor_like(a):
                 dtype = a.dtype if isinstance(a, Tensor) else dtypes.from_numpy_dtype(a.dtype)
-                placeholder = _wrap(np.zeros(a.shape, dtype.storage), dtype)
-                placeholders[placeholder.node] = len(placeholders)
-                placeholder_tensors.append(placeholder)
+                placeholder = _wrap(np.broadcast_to(np.zeros((), dtype.storage), a.shape), dtype)  # no memory
+                placeholders[tracing.placeholder(placeholder.node)] = position
                 traced_args.append(placeholder)
+            elif numbers_as_inputs and _is_number(a):
+                dtype = dtypes.float64 if isinstance(a, float) else dtypes.int64
+                number = tracing.NumberArgument(a, tracing.placeholder(_wrap(np.zeros((), dtype.storage), dtype).node))
+                numbers[number.node] = position
+                traced_args.append(number)
             else:
                 traced_args.append(a)
         with tracing.recording() as effects:
@@ -204,24 +222,28 @@ class CompiledFunction:
                 states, roots = _effects(effects, [t.node for t in outputs], placeholders)
             finally:
                 effects.restore()
-        for position, placeholder in enumerate(placeholder_tensors):  # requires_grad_() gives it a new buffer node
-            placeholders.setdefault(placeholder.node, position)
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or s.tensor.grad is not None}
-        known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs})
-        boundary = lambda n: n in known or n in state_inputs  # noqa: E731
+        captured = {n: c for n, c in effects.captured.items() if n not in state_inputs}
+        known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs, *captured})
+        boundary = lambda n: n in known or n in state_inputs or n in captured  # noqa: E731
         roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
         donate = {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
-        program, inputs = CPU.program(roots, {**known, **{n: None for n in state_inputs}}, donate)
+        program, inputs = CPU.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
+        _refuse_earlier_placeholders(inputs, captured, {*placeholders, *numbers})
         readers: list[Reader] = []
         for index, node in enumerate(inputs):
             if node in placeholders:
                 readers.append(_Argument(placeholders[node]))
+            elif node in numbers:
+                readers.append(_NumberArgument(numbers[node], node.dtype))
             elif node in state_inputs:
                 state = state_inputs[node]
                 state.input_index = index
                 in_place = state.output_index in program.updated_in_place
-                readers.append(_overwritable_value(state) if in_place else _current_value(state))
+                readers.append(_overwritable_value(state) if in_place else _current_value(_source(state), node))
+            elif node in captured:
+                readers.append(_current_value(captured[node], node))
             elif node in known and node.op is not Op.BUFFER:
                 readers.append(_fixed(known[node]))
             elif node.arg.live is not None:
@@ -230,9 +252,12 @@ class CompiledFunction:
                 readers.append(_fixed(node.arg.data))
         grads_present = tuple((leaf, leaf.grad is not None) for key, (leaf, _) in effects.grads.items()
                               if key in effects.grads_read)
+        grads_present += tuple((c.grad_of, True) for c in captured.values() if c.grad_of is not None)
         single = isinstance(result, Tensor)
-        return _Trace(program, readers, [t.dtype for t in outputs], states, grads_present,
-                      tuple(effects.modes.values()), single)
+        fixed_numbers = tuple((p, a) for p, (a, t) in enumerate(zip(args, traced_args))
+                              if _is_number(a) and getattr(t, "specialized", True))
+        return _Trace(program, *_graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
+                      grads_present, tuple(effects.modes.values()), single, fixed_numbers)
 
 
 def _effects(effects: tracing.Trace, results: list[Node],
@@ -258,6 +283,27 @@ def _effects(effects: tracing.Trace, results: list[Node],
     return states, effects.resolve(results + finals)
 
 
+def _graph_without_data(roots: list[Node], inputs: list[Node]) -> tuple[list[Node], list[Node]]:
+    """`roots` and `inputs` with every input a zero-stride buffer of its dtype and shape: the graph runs again on
+    other arrays (`run_explained`) and keeps none of the arrays it was traced with alive."""
+    free = {n: host_buffer(np.broadcast_to(np.zeros((), n.dtype.storage), n.shape), n.dtype) for n in inputs}
+    rebuilt: dict[Node, Node] = {}
+    for node in toposort(roots, stop=free.__contains__):
+        rebuilt[node] = free[node] if node in free else with_sources(node, tuple(rebuilt[s] for s in node.src))
+    return [rebuilt[r] for r in roots], [free[n] for n in inputs]
+
+
+def _refuse_earlier_placeholders(inputs: list[Node], captured: Mapping[Node, tracing.Captured],
+                                 placeholders: Collection[Node]) -> None:
+    """A placeholder of another trace has no value: a program reading it, or a captured lazy tensor computed from
+    it, would silently compute with zeros."""
+    lazy = [n for n in captured if n.op is not Op.BUFFER]
+    if any(tracing.is_placeholder(n) and n not in placeholders for n in (*inputs, *toposort(lazy))):
+        fail("compile", "the traced function reads a tensor computed inside an earlier trace (an argument of "
+             "another call, or a value derived from one, kept in a variable that outlives the call): it has no "
+             "value; pass it as an argument or return it instead", kind=UnsupportedError)
+
+
 def _fixed_values(roots: list[Node], realized: Mapping[Node, np.ndarray], varying: set[Node]) -> dict[Node, np.ndarray]:
     """The realized values the program may capture: of nodes in its graph that read nothing `varying` (arguments,
     state read at every call). A node over a parameter, say, was realized with the parameter's value then."""
@@ -281,11 +327,33 @@ class _Argument:
         return arrays[self.position]
 
 
-def _current_value(state: _State) -> Reader:
-    tensor = state.tensor
-    if state.kind == "grad":
-        return lambda arrays: _stored_value(tensor.grad)
-    return lambda arrays: _stored_value(tensor)
+def _source(state: _State) -> tracing.Captured:
+    return tracing.Captured(grad_of=state.tensor) if state.kind == "grad" else tracing.Captured(tensor=state.tensor)
+
+
+class _NumberArgument:
+    """Reads the call's number argument at `position`, as the 0-d array of `dtype` its placeholder is."""
+
+    def __init__(self, position: int, dtype: dtypes.DType) -> None:
+        self.position, self.dtype = position, dtype
+
+    def __call__(self, values: list[Any]) -> np.ndarray:
+        return np.asarray(values[self.position], self.dtype.storage)
+
+
+def _current_value(source: tracing.Captured, node: Node) -> Reader:
+    """Reads the tensor's value as it is at the call (the trace read `node` from it)."""
+
+    def read(arrays: list[np.ndarray]) -> np.ndarray:
+        tensor = source.current()
+        if tensor is None or tensor.shape != node.shape or tensor.dtype is not node.dtype:
+            now = "no gradient" if tensor is None else f"{tensor.dtype.name}{list(tensor.shape)}"
+            fail("compile", f"a tensor the compiled function reads was {node.dtype.name}{list(node.shape)} when "
+                 f"traced and is {now} now; compile the function again (tg.compile) for the new tensor",
+                 kind=ArgumentError)
+        return _stored_value(tensor)
+
+    return read
 
 
 def _overwritable_value(state: _State) -> Reader:
@@ -353,6 +421,42 @@ def _result_tensors(result: Any) -> list[Tensor]:
 
 def _is_tensor_like(value: Any) -> bool:
     return isinstance(value, (Tensor, np.ndarray))
+
+
+def _is_number(value: Any) -> bool:
+    """A Python int or float a program can take as an input (bools stay values: they choose branches)."""
+    return type(value) is float or (type(value) is int and -(2**63) <= value < 2**63)
+
+
+def _argument_values(args: tuple[Any, ...]) -> list[Any]:
+    return [_array_of(a) if _is_tensor_like(a) else a for a in args]
+
+
+_VALUE_TYPES = (type(None), bool, int, float, str, np.generic, dtypes.DType)
+
+
+def _argument_key(position: int, value: Any) -> tuple:
+    """What calls with the same trace have in common at `position`: a tensor's dtype and shape, a number's type,
+    another value itself (compared by value, or for an object such as a module by identity)."""
+    if isinstance(value, Tensor):
+        return ("tensor", value.dtype.name, value.shape)
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape)
+    if _is_number(value):
+        return ("number", type(value).__name__)
+    if _is_plain_value(value):
+        return ("value", repr(value))
+    if type(value).__hash__ is object.__hash__ and type(value).__eq__ is object.__eq__:
+        return ("object", value)
+    fail("compile", f"argument {position} is a {type(value).__name__}, which a compiled function cannot take: pass "
+         "Tensors, numpy arrays, numbers, bools, strings, None, tuples of those, or objects such as modules (tensors "
+         "in a list or dict: pass each one as an argument)", kind=ArgumentError)
+
+
+def _is_plain_value(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_is_plain_value(v) for v in value)
+    return isinstance(value, _VALUE_TYPES)
 
 
 def _array_of(value: Tensor | np.ndarray) -> np.ndarray:

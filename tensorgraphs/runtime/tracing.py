@@ -11,17 +11,49 @@ outputs written back into it after the call.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
+import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime.buffer import Buffer
 
 if TYPE_CHECKING:
     from tensorgraphs.frontend.tensor import Tensor
 
 _state = threading.local()
+traces_recording = 0
+"""How many traces are being recorded, on any thread: a cheap test before `active()` on hot paths."""
+_recording_lock = threading.Lock()
+_PLACEHOLDERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
+"""Buffers that only stand for a value while a function is traced (its arguments, stand-ins): their data is
+meaningless, so a graph that reads one after its trace would compute with made-up values."""
+
+
+def placeholder(node: Node) -> Node:
+    """Mark a BUFFER node as a placeholder (see `is_placeholder`)."""
+    _PLACEHOLDERS.add(node.arg)
+    return node
+
+
+def is_placeholder(node: Node) -> bool:
+    return node.op is Op.BUFFER and node.arg in _PLACEHOLDERS
+
+
+@dataclass(frozen=True)
+class Captured:
+    """Where a traced function read a buffer: from `tensor`, or (`grad_of`) from that leaf's `.grad`. The compiled
+    program reads the tensor found there at every call, so later assigns, steps and loaded weights count."""
+
+    tensor: Tensor | None = None
+    grad_of: Tensor | None = None
+
+    def current(self) -> Tensor | None:
+        return self.tensor if self.grad_of is None else self.grad_of._grad
 
 
 @dataclass
@@ -33,6 +65,13 @@ class Trace:
     grads_read: set[int] = field(default_factory=set)  # leaves whose gradient from before the call was used
     stand_ins: dict[Node, Node] = field(default_factory=dict)  # leaf buffer standing in for an assigned value
     modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
+    captured: dict[Node, Captured] = field(default_factory=dict)  # node read -> the tensor it was read from
+    created: set[int] = field(default_factory=set)  # ids of the tensors made while tracing
+
+    def stand_in(self, node: Node, value: Node) -> Node:
+        """Let the leaf buffer `node` stand for `value` (which tracing cannot compute) until `resolve`."""
+        self.stand_ins[placeholder(node)] = value
+        return node
 
     def note_assign(self, tensor: Tensor) -> None:
         self.assigned.setdefault(id(tensor), (tensor, tensor.node))
@@ -68,6 +107,30 @@ class Trace:
             leaf.grad = before
 
 
+def note_created(tensor: Tensor) -> None:
+    trace = active()
+    if trace is not None:
+        trace.created.add(id(tensor))
+
+
+def note_read(tensor: Tensor, node: Node) -> None:
+    """`tensor` is read while it holds `node`: a tensor made before the trace, and not assigned in it yet, is
+    captured (see `Captured`)."""
+    trace = active()
+    if trace is None or id(tensor) in trace.created or id(tensor) in trace.assigned or is_placeholder(node):
+        return
+    if node.op is not Op.BUFFER or node.arg.live is None:
+        trace.captured.setdefault(node, Captured(tensor=tensor))
+
+
+def note_grad_read(leaf: Tensor, grad: Tensor, node: Node) -> None:
+    """`leaf.grad` is read while it is `grad`, holding `node`: a gradient from before the trace, unless the trace
+    set it, is read from the leaf at every call."""
+    trace = active()
+    if trace is not None and id(leaf) not in trace.grads and id(grad) not in trace.created:
+        trace.captured.setdefault(node, Captured(grad_of=leaf))
+
+
 def active() -> Trace | None:
     """The trace being recorded on this thread, if any."""
     return getattr(_state, "trace", None)
@@ -78,10 +141,15 @@ def recording() -> Iterator[Trace]:
     if active() is not None:
         fail("compile", "a function compiled with tg.compile cannot call another one while it is traced",
              kind=ArgumentError)
+    global traces_recording
     _state.trace = trace = Trace()
+    with _recording_lock:
+        traces_recording += 1
     try:
         yield trace
     finally:
+        with _recording_lock:
+            traces_recording -= 1
         _state.trace = None
 
 
@@ -92,3 +160,50 @@ def refuse_values(what: str) -> None:
              "placeholders then): return the tensor from the function and read it after the call",
              kind=ArgumentError)
 
+
+
+class NumberArgument:
+    """A Python int or float argument of a traced function. Tensor ops take it as a program input (`node`, a 0-d
+    placeholder), so one program serves every value; any other use (a comparison, `int()`, a shape, `math.sqrt`)
+    gets the number itself and marks it `specialized`: the trace then holds for this value only."""
+
+    __slots__ = ("value", "node", "specialized")
+
+    def __init__(self, value: int | float, node: Node) -> None:
+        self.value = value
+        self.node = node
+        self.specialized = False
+
+    def concrete(self) -> int | float:
+        self.specialized = True
+        return self.value
+
+    def __index__(self) -> int:
+        return operator.index(self.concrete())
+
+
+def _concrete_unary(name: str) -> Callable[[NumberArgument], Any]:
+    def method(self: NumberArgument, *rest: Any) -> Any:
+        return getattr(self.concrete(), name)(*rest)
+
+    return method
+
+
+def _concrete_binary(name: str) -> Callable[[NumberArgument, Any], Any]:
+    def method(self: NumberArgument, other: Any, *rest: Any) -> Any:
+        if isinstance(other, NumberArgument):
+            other = other.concrete()
+        elif not isinstance(other, (int, float, complex)):
+            return NotImplemented  # a Tensor's reflected operator takes the number as a program input
+        return getattr(self.concrete(), name)(other, *rest)
+
+    return method
+
+
+for _name in ("__float__", "__int__", "__bool__", "__hash__", "__repr__", "__str__", "__format__", "__neg__",
+              "__pos__", "__abs__", "__round__", "__trunc__", "__floor__", "__ceil__"):
+    setattr(NumberArgument, _name, _concrete_unary(_name))
+for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__radd__", "__sub__",
+              "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__",
+              "__mod__", "__rmod__", "__pow__", "__rpow__", "__divmod__", "__rdivmod__"):
+    setattr(NumberArgument, _name, _concrete_binary(_name))

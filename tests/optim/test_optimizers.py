@@ -84,6 +84,59 @@ def test_optimizer_matches_torch_over_ten_steps(label: str) -> None:
     assert_same_parameters(reference, mine, label)
 
 
+@pytest.mark.parametrize("label", OPTIMIZERS)
+def test_compiled_step_matches_eager_and_torch(label: str) -> None:
+    """The whole step under tg.compile, traced at the first step: what the first step does differently (SGD's
+    momentum buffer starts as the gradient) must be a graph value, not a branch fixed when traced."""
+    name, options, lrs = OPTIMIZERS[label]
+    torch.manual_seed(0)
+    reference, eager, compiled = build(torch.nn), build(tg.nn), build(tg.nn)
+    copy_weights(reference, eager)
+    copy_weights(reference, compiled)
+    data = batches()[:4]
+    run(torch, reference, getattr(torch.optim, name)(groups(reference, lrs), **options), data, range(4),
+        torch.nn.functional.mse_loss)
+    run(tg, eager, getattr(tg.optim, name)(groups(eager, lrs), **options), data, range(4), tg.nn.functional.mse_loss)
+    optimizer = getattr(tg.optim, name)(groups(compiled, lrs), **options)
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = tg.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for x, y in data:
+        step(tg.tensor(x), tg.tensor(y))
+    assert sum(len(t) for t in step.traces.values()) == 1
+    assert_same_parameters(reference, eager, f"eager {label}")
+    assert_same_parameters(reference, compiled, f"compiled {label}")
+
+
+def test_compiled_sgd_momentum_takes_the_first_gradient_whole() -> None:
+    """The issue's case: three steps with gradient 1 from 0 (torch: -1, -2.9, -5.61)."""
+    expected = torch.zeros(1, requires_grad=True)
+    reference = torch.optim.SGD([expected], lr=1.0, momentum=0.9)
+    w = tg.zeros(1, requires_grad=True)
+    optimizer = tg.optim.SGD([w], lr=1.0, momentum=0.9)
+
+    @tg.compile
+    def step(x: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = (w * x).sum()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for _ in range(3):
+        reference.zero_grad()
+        expected.sum().backward()
+        reference.step()
+        step(tg.ones(1))
+    np.testing.assert_allclose(w.detach().numpy(), expected.detach().numpy(), rtol=1e-6)
+
+
 def test_state_dict_resumes_the_same_trajectory() -> None:
     """Stop after 4 steps, move the optimizer state to a fresh optimizer (through a safetensors file), go on."""
     torch.manual_seed(0)
@@ -219,3 +272,18 @@ def test_pre_ln_transformer_training_matches_torch() -> None:
         if name.endswith("in_proj_bias"):  # the key bias's gradient is 0 up to rounding; Adam amplifies the noise
             got, want = np.delete(got, np.s_[8:16]), np.delete(want, np.s_[8:16])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_sgd_momentum_resumes_from_a_torch_state_dict() -> None:
+    """torch's SGD state has no step count: a loaded momentum buffer is past its first step."""
+    torch.manual_seed(0)
+    reference, mine = build(torch.nn), build(tg.nn)
+    data = batches()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9, dampening=0.2)
+    run(torch, reference, ref_opt, data, range(2), torch.nn.functional.mse_loss)
+    copy_weights(reference, mine)
+    my_opt = tg.optim.SGD(mine.parameters(), lr=0.05, momentum=0.9, dampening=0.2)
+    my_opt.load_state_dict(ref_opt.state_dict())
+    run(torch, reference, ref_opt, data, range(2, 5), torch.nn.functional.mse_loss)
+    run(tg, mine, my_opt, data, range(2, 5), tg.nn.functional.mse_loss)
+    assert_same_parameters(reference, mine, "SGD resumed from torch")

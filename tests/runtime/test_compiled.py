@@ -1,4 +1,4 @@
-"""tg.compile: one trace per signature, replay on new data, captured tensors fixed at trace time."""
+"""tg.compile: one trace per signature, replay on new data, captured tensors read at every call."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def test_traces_once_per_signature_and_replays_new_data() -> None:
         np.testing.assert_allclose(got, F.softmax(tg.tensor(x) * 2.0, -1).numpy(), rtol=1e-6, atol=1e-7)
     assert len(calls) == 1
     step(tg.tensor(data(5, 9)), 2.0)
-    step(tg.tensor(data(5, 9)), 3.0)
-    assert len(calls) == 3 and len(step.traces) == 3
+    step(tg.tensor(data(5, 9)), 3.0)  # a number is a program input: same trace
+    assert len(calls) == 2 and len(step.traces) == 2
 
 
 def test_numpy_inputs_tuple_outputs_and_captured_tensors() -> None:
@@ -45,9 +45,9 @@ def test_numpy_inputs_tuple_outputs_and_captured_tensors() -> None:
     y, total = forward(x)
     np.testing.assert_allclose(y.numpy(), x @ data(3, 4, seed=1), rtol=1e-5)
     np.testing.assert_allclose(total.item(), y.numpy().sum(), rtol=1e-5)
-    weight.assign(tg.tensor(np.ones((3, 4), np.float32)))  # a new node: the trace keeps the captured one
+    weight.assign(tg.tensor(np.ones((3, 4), np.float32)))  # a new node: the program reads the weight per call
     y2, _ = forward(x)
-    np.testing.assert_allclose(y2.numpy(), y.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(y2.numpy(), x @ np.ones((3, 4), np.float32), rtol=1e-5)
     assert len(forward.traces) == 1
     as_argument = tg.compile(lambda x, w: x @ w)
     np.testing.assert_allclose(as_argument(x, weight.detach()).numpy(), x @ np.ones((3, 4), np.float32), rtol=1e-5)
@@ -327,3 +327,217 @@ def test_two_optimizer_steps_in_one_traced_call_equal_two_lazy_steps() -> None:
     got = [t.item() for t in step(tg.tensor(xs[0]), tg.tensor(ys[0]))]
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     assert_same_parameters(model, reference)
+
+
+# -- gradients with respect to arguments (a leaf made from an argument reads it at every call) ---------------------
+
+def make_leaf(kind: str, t: tg.Tensor) -> tg.Tensor:
+    """The ways code turns an argument into a leaf to differentiate (tg and torch spell them alike)."""
+    if kind == "detach":
+        return t.detach().requires_grad_()
+    if kind == "clone":
+        return t.clone().requires_grad_()
+    return t.requires_grad_()
+
+
+def attention_grads(F: object, grad: Callable, kind: str, q: tg.Tensor, k: tg.Tensor, v: tg.Tensor) -> tuple:
+    q, k, v = (make_leaf(kind, t) for t in (q, k, v))
+    out = F.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1) @ v
+    loss = (out * out).sum()
+    return (loss.detach(), *grad(loss, [q, k, v]))
+
+
+def conv_grads(F: object, grad: Callable, kind: str, x: tg.Tensor, w: tg.Tensor) -> tuple:
+    x, w = make_leaf(kind, x), make_leaf(kind, w)
+    loss = (F.conv2d(x, w, padding=1).relu() ** 2).sum()
+    return (loss.detach(), *grad(loss, [x, w]))
+
+
+def torch_results(function: Callable, *arrays: np.ndarray) -> list[np.ndarray]:
+    torch = pytest.importorskip("torch")
+    results = function(torch.nn.functional, torch.autograd.grad, *(torch.from_numpy(a) for a in arrays))
+    return [r.detach().numpy() for r in results]
+
+
+def assert_compiled_equals_eager_and_torch(function: Callable, shapes: list[tuple[int, ...]],
+                                           rtol: float = 1e-4) -> None:
+    compiled = tg.compile(lambda *args: function(tg.nn.functional, tg.grad, *args))
+    for seed in range(3):  # new values at every call: the program must read them
+        arrays = [data(*shape, seed=10 * seed + i) * (seed + 1) for i, shape in enumerate(shapes)]
+        got = [r.numpy() for r in compiled(*(tg.tensor(a) for a in arrays))]
+        eager = [r.numpy() for r in function(tg.nn.functional, tg.grad, *(tg.tensor(a) for a in arrays))]
+        expected = torch_results(function, *arrays)
+        for index, (g, e, t) in enumerate(zip(got, eager, expected)):
+            np.testing.assert_allclose(e, t, rtol=rtol, atol=1e-4 * np.abs(t).max(), err_msg=f"eager {index}")
+            np.testing.assert_allclose(g, t, rtol=rtol, atol=1e-4 * np.abs(t).max(), err_msg=f"compiled {index}")
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+
+
+@pytest.mark.parametrize("kind", ["detach", "clone", "argument"])
+def test_attention_gradients_with_respect_to_arguments_match_torch(kind: str) -> None:
+    assert_compiled_equals_eager_and_torch(lambda F, grad, *qkv: attention_grads(F, grad, kind, *qkv),
+                                           [(1, 2, 16, 8)] * 3)
+
+
+@pytest.mark.parametrize("kind", ["detach", "clone", "argument"])
+def test_conv_gradients_with_respect_to_arguments_match_torch(kind: str) -> None:
+    assert_compiled_equals_eager_and_torch(lambda F, grad, x, w: conv_grads(F, grad, kind, x, w),
+                                           [(2, 3, 6, 6), (4, 3, 3, 3)])
+
+
+def test_mlp_gradients_with_respect_to_input_and_captured_parameters_match_torch() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.Tanh(), tg.nn.Linear(16, 3))
+    model.load_state_dict({k: v.detach().numpy() for k, v in reference.state_dict().items()})
+
+    def mlp_grads(F: object, grad: Callable, x: tg.Tensor) -> tuple:
+        net = reference if F is torch.nn.functional else model
+        x = x.detach().requires_grad_()
+        loss = (net(x) ** 2).mean()
+        return (loss.detach(), *grad(loss, [x, *net.parameters()]))
+
+    assert_compiled_equals_eager_and_torch(mlp_grads, [(5, 8)])
+
+
+def test_detached_argument_is_read_at_every_call() -> None:
+    compiled = tg.compile(lambda x, w: (x.detach() * w).sum(-1))
+    for scale in (1.0, 2.0):
+        x, w = data(3, 4) * scale, data(4, seed=1)
+        np.testing.assert_allclose(compiled(tg.tensor(x), tg.tensor(w)).numpy(), (x * w).sum(-1), rtol=1e-5)
+
+
+def test_a_value_kept_from_an_earlier_trace_is_refused_not_read_as_a_constant() -> None:
+    kept: list[tg.Tensor] = []
+
+    def remember(x: tg.Tensor) -> tg.Tensor:
+        if not kept:
+            kept.append(x * 2)
+        return kept[0] + x
+
+    compiled = tg.compile(remember)
+    np.testing.assert_allclose(compiled(tg.ones(3)).numpy(), np.full(3, 3.0))
+    with pytest.raises(tg.UnsupportedError, match=r"computed inside an earlier trace.*test_compiled.py"):
+        compiled(tg.ones(3, dtype=tg.float64))
+
+
+# -- captured tensors are read at every call -----------------------------------------------------------------------
+
+def test_compiled_evaluation_reads_the_weights_trained_and_loaded_since() -> None:
+    """An evaluation compiled once follows eager training (parameters, BatchNorm statistics) and load_state_dict."""
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(4, 8), tg.nn.BatchNorm1d(8), tg.nn.Linear(8, 2))
+    optimizer = tg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = tg.tensor(data(6, 4)), tg.tensor(data(6, 2, seed=1))
+    evaluate = tg.compile(lambda x, y: F.mse_loss(model(x), y))
+
+    def expected() -> float:
+        with tg.device("numpy"), tg.no_grad():
+            return F.mse_loss(model(x), y).item()
+
+    losses = []
+    for _ in range(3):
+        model.train()
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+        model.eval()
+        losses.append(evaluate(x, y).item())
+        assert losses[-1] == pytest.approx(expected(), rel=1e-5)
+    assert len(set(losses)) == 3
+    model.load_state_dict({k: np.full(v.shape, 0.25, np.float32) for k, v in model.state_dict().items()})
+    assert evaluate(x, y).item() == pytest.approx(expected(), rel=1e-5)
+    assert sum(len(t) for t in evaluate.traces.values()) == 1
+
+
+def test_compiled_optimizer_step_reads_gradients_set_outside() -> None:
+    w = tg.tensor(data(3), requires_grad=True)
+    optimizer = tg.optim.SGD([w], lr=0.5)
+    step = tg.compile(lambda: (optimizer.step(), w.detach() * 1)[1])
+    expected = data(3)
+    for scale in (1.0, 2.0, 3.0):
+        optimizer.zero_grad()
+        (w * w * scale).sum().backward()
+        expected = expected - 0.5 * 2 * scale * expected
+        np.testing.assert_allclose(step().numpy(), expected, rtol=1e-6)
+    optimizer.zero_grad()
+    step()  # no gradient now: traced again, and the step leaves the parameter alone
+    np.testing.assert_allclose(w.detach().numpy(), expected, rtol=1e-6)
+
+
+def test_a_captured_tensor_that_changes_shape_is_refused() -> None:
+    tg.manual_seed(0)
+    model = tg.nn.Linear(3, 2)
+    forward = tg.compile(lambda x: model(x))
+    forward(tg.ones(1, 3))
+    model.weight.node = tg.ones(2, 2).node
+    with pytest.raises(tg.ArgumentError, match=r"float32\[2, 3\] when traced and is float32\[2, 2\].*test_compiled"):
+        forward(tg.ones(1, 3))
+
+
+# -- Python numbers are program inputs; other arguments are checked -------------------------------------------------
+
+def test_number_arguments_are_read_per_call_without_new_traces() -> None:
+    def scaled(x: tg.Tensor, scale: float, shift: int) -> tg.Tensor:
+        return F.softmax(x * scale, -1) + shift
+
+    compiled = tg.compile(scaled)
+    x = data(4, 9)
+    for scale, shift in ((1.0, 0), (2.5, 3), (-0.75, -2)):
+        with tg.device("numpy"):
+            expected = scaled(tg.tensor(x), scale, shift).numpy()
+        np.testing.assert_allclose(compiled(tg.tensor(x), scale, shift).numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+    losses = compiled.steps(tg.tensor(np.stack([x, 2 * x])), 0.5, 1)
+    with tg.device("numpy"):
+        np.testing.assert_allclose(losses.numpy()[1], scaled(tg.tensor(2 * x), 0.5, 1).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [tg.float16, tg.float64, tg.int32])
+def test_number_arguments_promote_like_python_numbers(dtype: tg.DType) -> None:
+    x = tg.tensor(np.arange(1, 5)).to(dtype)
+    for number in (0.1, 3):
+        got = tg.compile(lambda x, s: x * s)(x, number)
+        with tg.device("numpy"):
+            expected = x * number
+        assert got.dtype is expected.dtype
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_numbers_used_as_values_fix_the_trace_to_their_value() -> None:
+    """A shape, a branch, math.sqrt: the trace holds for that value; other values are traced again."""
+    import math
+
+    def shaped(x: tg.Tensor, rows: int, scale: float) -> tg.Tensor:
+        y = x.reshape(rows, -1)
+        return y * math.sqrt(scale) if scale > 1 else y - scale
+
+    compiled = tg.compile(shaped)
+    x = tg.tensor(np.arange(12, dtype=np.float32))
+    for rows, scale in ((3, 4.0), (4, 4.0), (3, 9.0), (3, 0.5), (3, 4.0)):
+        np.testing.assert_allclose(compiled(x, rows, scale).numpy(), shaped(x, rows, scale).numpy(), rtol=1e-6)
+    assert sum(len(t) for t in compiled.traces.values()) == 4
+
+
+@pytest.mark.parametrize("argument", [[tg.ones(2)], {"x": tg.ones(2)}, {1, 2}])
+def test_unsupported_arguments_name_the_argument_and_the_line(argument: object) -> None:
+    with pytest.raises(tg.ArgumentError, match=rf"argument 1 is a {type(argument).__name__}.*test_compiled.py"):
+        tg.compile(lambda x, a: x)(tg.ones(2), argument)
+
+
+@pytest.mark.parametrize("name", ["index", "gather", "embedding", "cross_entropy"])
+def test_out_of_range_indices_name_the_op_the_index_and_the_line(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    functions = {
+        "index": lambda x, i: x[i],
+        "gather": lambda x, i: x.gather(0, i.reshape(2, 1).expand(2, 3)),
+        "embedding": lambda x, i: F.embedding(i, x),
+        "cross_entropy": lambda x, i: F.cross_entropy(x[:2], i),
+    }
+    x, index = tg.tensor(data(4, 3)), tg.tensor([1, 7])
+    pattern = r"gather: index 7 is out of bounds for axis \d with size [34] .*test_compiled.py"
+    with pytest.raises(IndexError, match=pattern):
+        tg.compile(functions[name])(x, index)
+    monkeypatch.setattr(tg.backends.cpu.CPU, "interpret_below", 0)  # eager on the cpu device, compiled too
+    with tg.device("cpu"), pytest.raises(IndexError, match=pattern):
+        functions[name](x, index).numpy()
