@@ -24,7 +24,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import CACHE_LINE, render_program, uses_gemm
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
-from tensorgraphs.graph.node import Node, _arg_key, toposort
+from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
 from tensorgraphs.runtime.realize import register_backend
@@ -46,22 +46,6 @@ POOLED_BYTES = 1 << 20
 
 def _debug(stage: str) -> bool:
     return stage in os.environ.get("TG_DEBUG", "").split(",")
-
-
-def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tuple, list[Node]]:
-    """A key equal for graphs that compute the same thing from different input arrays, and those inputs in order."""
-    position: dict[Node, int] = {}
-    entries: list[tuple] = []
-    inputs: list[Node] = []
-    for node in toposort(roots, stop=is_input):
-        position[node] = len(entries)
-        if is_input(node):
-            inputs.append(node)
-            entries.append(("input", node.dtype.name, node.shape))
-        else:
-            op = (type(node.op).__name__, node.op.name)
-            entries.append((op, node.dtype.name, node.shape, _arg_key(node.arg), tuple(position[s] for s in node.src)))
-    return (tuple(entries), tuple(position[r] for r in roots)), inputs
 
 
 @dataclass
@@ -273,7 +257,7 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return block[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def _elements_touched(roots: list[Node], known: Mapping[Node, Any]) -> int:
+def _elements_touched(roots: list[Node], known: Collection[Node]) -> int:
     """Elements read and written by the graph's computed nodes: a cheap measure of its work."""
     stop = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
     return sum(node.size + sum(s.size for s in node.src) for node in toposort(roots, stop=stop) if not stop(node))
@@ -330,11 +314,35 @@ class CpuBackend:
 
     def evaluate(self, roots: list[Node], known: Mapping[Node, np.ndarray] | None = None) -> list[np.ndarray]:
         known = {} if known is None else known
-        if self.interpret_below and _elements_touched(roots, known) < self.interpret_below:
-            return REFERENCE.evaluate(roots, known)
-        program, inputs = self.program(roots, known)
-        arrays = [known[n] if n in known else n.arg.data for n in inputs]
-        return run_explained(program, roots, inputs, arrays)
+        is_input = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
+        inputs = [n for n in toposort(roots, stop=is_input) if is_input(n)]
+        return self.prepare(roots, inputs)([known[n] if n in known else n.arg.data for n in inputs])
+
+    def prepare(self, roots: list[Node], inputs: list[Node]) -> Prepared:
+        return Prepared(self, roots, inputs)
+
+
+class Prepared:
+    """`roots` over `inputs`, run on each call's arrays for them: interpreted while the backend interprets graphs
+    this small (`CpuBackend.interpret_below`, read at each call), else as the compiled program (built once)."""
+
+    def __init__(self, backend: CpuBackend, roots: list[Node], inputs: list[Node]) -> None:
+        self.backend, self.roots, self.inputs = backend, roots, inputs
+        self.touched = _elements_touched(roots, set(inputs))
+        self._program: Program | None = None
+        self._order: list[Node] = []  # the program's inputs
+        self._positions: list[int | None] = []  # of each in `inputs` (None: a BUFFER the graph itself holds)
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        below = self.backend.interpret_below
+        if below and self.touched < below:
+            return REFERENCE.evaluate(self.roots, dict(zip(self.inputs, arrays)))
+        if self._program is None:
+            self._program, self._order = self.backend.program(self.roots, dict.fromkeys(self.inputs))
+            position = {n: i for i, n in enumerate(self.inputs)}
+            self._positions = [position.get(n) for n in self._order]
+        bound = [n.arg.data if p is None else arrays[p] for p, n in zip(self._positions, self._order)]
+        return run_explained(self._program, self.roots, self._order, bound)
 
 
 def run_explained(program: Program, roots: list[Node], inputs: list[Node],

@@ -7,7 +7,7 @@ is computed in float64 (a more exact oracle for accuracy tests).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -126,6 +126,10 @@ class NumpyBackend:
                 cached = known.get(node)
                 values[node] = self._run(node, values) if cached is None else cached
         return [values[r] for r in roots]
+
+    def prepare(self, roots: list[Node], inputs: list[Node]) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+        """`roots` interpreted again on each call's arrays for `inputs`."""
+        return lambda arrays: self.evaluate(roots, dict(zip(inputs, arrays)))
 
     def _run(self, node: Node, values: dict[Node, np.ndarray]) -> np.ndarray:
         if is_composite(node):

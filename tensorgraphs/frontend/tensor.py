@@ -23,12 +23,10 @@ from tensorgraphs.graph.composite import Composite, make_node
 from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.buffer import Buffer
+from tensorgraphs.runtime.buffer import HOST, Buffer
 from tensorgraphs.runtime.realize import default_device, realize
 
 Scalar = bool | int | float
-HOST = "host"
-"""Where buffers live: every backend so far computes on host (numpy) arrays."""
 
 
 class Tensor:
@@ -245,8 +243,9 @@ def live_buffer(value: np.ndarray, read: Callable[[], np.ndarray], dtype: DType)
 
 
 def _materialize(node: Node) -> Node:
-    """A fresh BUFFER node holding `node`'s value."""
-    return host_buffer(realize([node])[0].astype(node.dtype.storage, order="C"), node.dtype)
+    """A fresh BUFFER node holding `node`'s value (a copy: a compiled step may update a leaf's array in place)."""
+    value = node.arg.data if node.op is Op.BUFFER else realize([node])[0]
+    return host_buffer(np.array(value, dtype=node.dtype.storage, order="C"), node.dtype)
 
 
 def _stand_in(trace: tracing.Trace, value: Node) -> Node:

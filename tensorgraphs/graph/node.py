@@ -103,6 +103,22 @@ def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> l
     return order
 
 
+def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tuple, list[Node]]:
+    """A key equal for graphs that compute the same thing from different input arrays, and those inputs in order."""
+    position: dict[Node, int] = {}
+    entries: list[tuple] = []
+    inputs: list[Node] = []
+    for node in toposort(roots, stop=is_input):
+        position[node] = len(entries)
+        if is_input(node):
+            inputs.append(node)
+            entries.append(("input", node.dtype.name, node.shape))
+        else:
+            op = (type(node.op).__name__, node.op.name)
+            entries.append((op, node.dtype.name, node.shape, _arg_key(node.arg), tuple(position[s] for s in node.src)))
+    return (tuple(entries), tuple(position[r] for r in roots)), inputs
+
+
 def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
     """`node` reading `src` instead of its own sources (itself when they are the same nodes)."""
     if all(a is b for a, b in zip(src, node.src)):

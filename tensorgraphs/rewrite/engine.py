@@ -55,6 +55,8 @@ class RuleSet:
         self._reindex()
 
     def _reindex(self) -> None:
+        global _edits
+        _edits += 1
         keys = {key for r in self.rules for key in r.pattern.ops or ()}
         self._any_op = [r for r in self.rules if r.pattern.ops is None]
         self._by_op = {key: [r for r in self.rules if r.pattern.ops is None or key in r.pattern.ops] for key in keys}
@@ -127,6 +129,7 @@ def rewrite(roots: Sequence[Node], ruleset: RuleSet, stop: Callable[[Node], bool
 # ---------------------------------------------------------------------------
 
 RULESETS: dict[str, RuleSet] = {}
+_edits = 0  # rules added or removed, in any rule set
 DEFAULT_ACTIVE = ("canonical", "user")
 _state = threading.local()
 
@@ -140,6 +143,12 @@ def named_ruleset(name: str, exact: bool = True) -> RuleSet:
 
 def active_rulesets() -> tuple[str, ...]:
     return getattr(_state, "active", DEFAULT_ACTIVE)
+
+
+def rewriting_key() -> tuple[tuple[str, ...], int]:
+    """Equal while `optimize` rewrites every graph the same way: the same rule sets active, no rule added or
+    removed since (a cache of rewritten graphs keys on it)."""
+    return active_rulesets(), _edits
 
 
 @contextlib.contextmanager

@@ -9,6 +9,9 @@ import numpy as np
 
 from tensorgraphs.dtypes import DType
 
+HOST = "host"
+"""The device of buffers in the Python process's memory."""
+
 
 class Buffer:
     """Storage for one tensor on one device. Identity matters: a BUFFER node refers to it."""

@@ -43,11 +43,11 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
-from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.realize import realized_values
+from tensorgraphs.runtime.realize import graph_without_data, realized_values
 
 Reader = Callable[[list[Any]], np.ndarray]
 """How one program input gets its array at a call, from the call's arguments (tensors as arrays)."""
@@ -256,7 +256,7 @@ class CompiledFunction:
         single = isinstance(result, Tensor)
         fixed_numbers = tuple((p, a) for p, (a, t) in enumerate(zip(args, traced_args))
                               if _is_number(a) and getattr(t, "specialized", True))
-        return _Trace(program, *_graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
+        return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
                       grads_present, tuple(effects.modes.values()), single, fixed_numbers)
 
 
@@ -281,16 +281,6 @@ def _effects(effects: tracing.Trace, results: list[Node],
         if grad is not None:
             finals.append(grad.node)
     return states, effects.resolve(results + finals)
-
-
-def _graph_without_data(roots: list[Node], inputs: list[Node]) -> tuple[list[Node], list[Node]]:
-    """`roots` and `inputs` with every input a zero-stride buffer of its dtype and shape: the graph runs again on
-    other arrays (`run_explained`) and keeps none of the arrays it was traced with alive."""
-    free = {n: host_buffer(np.broadcast_to(np.zeros((), n.dtype.storage), n.shape), n.dtype) for n in inputs}
-    rebuilt: dict[Node, Node] = {}
-    for node in toposort(roots, stop=free.__contains__):
-        rebuilt[node] = free[node] if node in free else with_sources(node, tuple(rebuilt[s] for s in node.src))
-    return [rebuilt[r] for r in roots], [free[n] for n in inputs]
 
 
 def _refuse_earlier_placeholders(inputs: list[Node], captured: Mapping[Node, tracing.Captured],

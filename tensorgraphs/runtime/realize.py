@@ -2,6 +2,13 @@
 
 Results of realized tensors are remembered per node while the node lives, so a
 tensor printed twice is computed once and later graphs start from its value.
+
+Eager code builds the same graphs over and over (one per training step, with
+new parameter buffers each time). A backend that can `prepare` a graph gets it
+once per *structure* (ops, dtypes, shapes, constants, wiring: `structure`): the
+rewritten graph over data-free placeholders becomes an executable, and a graph
+seen before is only bound to its new input arrays (no rewriting, scheduling or
+code generation).
 """
 
 from __future__ import annotations
@@ -10,18 +17,32 @@ import contextlib
 import functools
 import threading
 import weakref
-from typing import Iterator, Mapping, Protocol
+from collections import OrderedDict
+from typing import Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.errors import ArgumentError
-from tensorgraphs.graph.node import Node
+from tensorgraphs.graph import node as g
+from tensorgraphs.graph.node import Node, structure, toposort, with_sources
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
+from tensorgraphs.rewrite.engine import rewriting_key
+from tensorgraphs.runtime.buffer import HOST, Buffer
 from tensorgraphs.runtime.tracing import refuse_values
 
 
+class Executable(Protocol):
+    """A prepared graph: its roots' values from the arrays of its inputs, in order."""
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+
+
 class Backend(Protocol):
+    """Runs graphs. A backend may also have `prepare(roots, inputs) -> Executable`: a graph over data-free
+    BUFFER `inputs` made into something that runs again on other arrays; realization then reuses it."""
+
     name: str
 
     def evaluate(self, roots: list[Node], known: dict[Node, np.ndarray] | None = None) -> list[np.ndarray]: ...
@@ -81,8 +102,42 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     refuse_values("realize")
     name = default_device()
     known = realized_values(name)
-    optimized = optimize(nodes, stop=known.__contains__)
-    values = BACKENDS[name].evaluate(optimized, known=known)
+    backend = BACKENDS[name]
+    if hasattr(backend, "prepare"):
+        key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or n in known)
+        run = _executable(backend, key, nodes, inputs)
+        values = run([known[n] if n in known else n.arg.data for n in inputs])
+    else:
+        values = backend.evaluate(optimize(nodes, stop=known.__contains__), known=known)
     for node, value in zip(nodes, values):
         known[node] = value
     return values
+
+
+EXECUTABLE_CACHE_SIZE = 512
+_executables: OrderedDict[tuple, Executable] = OrderedDict()
+
+
+def _executable(backend: Backend, key: tuple, roots: list[Node], inputs: list[Node]) -> Executable:
+    """The backend's executable for graphs with `roots`' structure, prepared on first sight."""
+    full_key = (backend.name, rewriting_key(), key)
+    found = _executables.get(full_key)
+    if found is not None:
+        _executables.move_to_end(full_key)
+        return found
+    roots, inputs = graph_without_data(roots, inputs)
+    found = _executables[full_key] = backend.prepare(optimize(roots, stop=set(inputs).__contains__), inputs)
+    if len(_executables) > EXECUTABLE_CACHE_SIZE:
+        _executables.popitem(last=False)
+    return found
+
+
+def graph_without_data(roots: list[Node], inputs: list[Node]) -> tuple[list[Node], list[Node]]:
+    """`roots` and `inputs` with every input a zero-stride BUFFER of its dtype and shape: the graph runs again on
+    other arrays and keeps none of the arrays it was built with alive."""
+    free = {n: g.buffer(Buffer(HOST, n.dtype, n.shape, np.broadcast_to(np.zeros((), n.dtype.storage), n.shape)),
+                        n.dtype, n.shape) for n in inputs}
+    rebuilt: dict[Node, Node] = {}
+    for node in toposort(roots, stop=free.__contains__):
+        rebuilt[node] = free[node] if node in free else with_sources(node, tuple(rebuilt[s] for s in node.src))
+    return [rebuilt[r] for r in roots], [free[n] for n in inputs]

@@ -1,0 +1,94 @@
+"""Realization reuses what it prepared for a graph structure: new data is only bound, never rewritten again."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import tensorgraphs as tg
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.runtime import realize as realization
+
+
+@pytest.fixture
+def rewrites(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the graphs realization rewrites (one per structure it prepares)."""
+    monkeypatch.setattr(realization, "_executables", type(realization._executables)())
+    calls: list[int] = []
+    optimize = realization.optimize
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return optimize(*args, **kwargs)
+
+    monkeypatch.setattr(realization, "optimize", counting)
+    return calls
+
+
+def _expression(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+    return ((x * 3.0 + y).relu() - y.exp()).sum(0)
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+@pytest.mark.parametrize("interpret_below", [0, 1 << 30])
+def test_a_structure_seen_before_is_only_rebound(device: str, interpret_below: int, rewrites: list[int],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CPU, "interpret_below", interpret_below)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((5, 7), dtype=np.float32) for _ in range(6)]
+    with tg.device(device):
+        results = [_expression(tg.tensor(a), tg.tensor(b)).numpy() for a, b in zip(arrays[::2], arrays[1::2])]
+    assert len(rewrites) == 1
+    with tg.device("numpy"):
+        for got, a, b in zip(results, arrays[::2], arrays[1::2]):
+            np.testing.assert_allclose(got, ((a * 3 + b).clip(0) - np.exp(b)).sum(0), rtol=1e-6, atol=1e-6)
+
+
+def test_shared_inputs_make_another_structure(rewrites: list[int]) -> None:
+    """x op x and x op y look alike to a per-node key; the program of one must not run the other."""
+    a, b = np.float32([1, 2, 3]), np.float32([10, 20, 30])
+    x, y = tg.tensor(a), tg.tensor(b)
+    np.testing.assert_array_equal((x - y).numpy(), a - b)
+    np.testing.assert_array_equal((x - x).numpy(), np.zeros(3, np.float32))
+    assert len(rewrites) == 2
+
+
+def test_a_new_rule_is_applied_to_a_structure_seen_before(rewrites: list[int]) -> None:
+    x = tg.tensor(np.float32([1.0, -2.0]))
+    expected = np.exp(np.float32([1.0, -2.0])) + np.float32(1)
+    np.testing.assert_allclose((x.exp() + 1.0).numpy(), expected, rtol=1e-6)
+    rule = tg.rewrite.rule("test_realize_exp_to_zero", lambda v: v.exp(), lambda v: v * 0.0)
+    tg.rewrite.register(rule)
+    try:
+        np.testing.assert_array_equal((x.exp() + 1.0).numpy(), np.ones(2, np.float32))
+    finally:
+        tg.rewrite.unregister(rule.name)
+    np.testing.assert_allclose((x.exp() + 1.0).numpy(), expected, rtol=1e-6)
+
+
+def test_a_prepared_graph_keeps_no_input_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    alive = weakref.ref(array)
+    value = (tg.tensor(array, dtype=tg.float32) * 2.0).numpy()
+    np.testing.assert_array_equal(value, np.arange(12, dtype=np.float32).reshape(3, 4) * 2)
+    del array, value
+    gc.collect()
+    assert alive() is None
+
+
+def test_eager_training_steps_rewrite_nothing_after_the_first(rewrites: list[int]) -> None:
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.ReLU(), tg.nn.Linear(16, 3))
+    optimizer = tg.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = tg.randn(4, 8), tg.tensor([0, 2, 1, 1])
+    counts = []
+    for _ in range(4):
+        optimizer.zero_grad()
+        tg.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        counts.append(len(rewrites))
+    assert counts[0] > 0 and counts[-1] == counts[0]
