@@ -8,10 +8,16 @@ from tensorgraphs.autograd.rules import GRAD_RULES
 from tensorgraphs.errors import ArgumentError, ShapeError, fail
 from tensorgraphs.frontend.tensor import Tensor, as_tensor
 from tensorgraphs.graph.composite import is_composite, params_of
-from tensorgraphs.graph.node import Node, const, toposort
+from tensorgraphs.graph.node import Node, const, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.realize import realize
+from tensorgraphs.runtime.realize import (
+    cached_executable,
+    default_device,
+    graph_without_data,
+    placeholder,
+    realized_values,
+)
 
 
 def vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
@@ -73,38 +79,71 @@ def _grad_leaves(node: Node) -> list[tuple[Node, Tensor]]:
     A leaf's buffers from before an `assign` count too: a graph built earlier still
     differentiates into the same leaf, as in PyTorch.
     """
-    leaves = []
-    for n in toposort([node]):
-        if n.op is Op.BUFFER and n.arg.grad_leaf is not None:
-            leaf = n.arg.grad_leaf()
-            if leaf is not None and leaf.requires_grad:
-                leaves.append((n, leaf))
-    return leaves
+    return [(n, leaf) for n in toposort([node]) if n.op is Op.BUFFER and (leaf := _leaf_of(n)) is not None]
 
 
-def backward(output: Tensor, gradient: Tensor | None = None) -> None:
-    """Accumulate d(output)/d(leaf) into `.grad` of every leaf that requires grad; computed now."""
-    if not output.requires_grad:
-        fail("backward", "element 0 of tensors does not require grad and does not have a grad_fn",
-             kind=ArgumentError)
-    seed = _seed_gradient(output, gradient, "backward")
-    leaves = _grad_leaves(output.node)
-    grads = vjp([output.node], [seed], [n for n, _ in leaves])
+def _leaf_of(node: Node) -> Tensor | None:
+    """The leaf that requires grad and owns the BUFFER `node`, if any."""
+    owner = node.arg.grad_leaf
+    leaf = None if owner is None else owner()
+    return leaf if leaf is not None and leaf.requires_grad else None
+
+
+def _gradient_totals(output: Node, seed: Node, leaves: list[tuple[Node, Tensor]]) -> dict[Tensor, Tensor]:
+    """Per leaf, its gradient after this backward: what was in `.grad` plus the sum over its buffers."""
+    grads = vjp([output], [seed], [n for n, _ in leaves])
     per_leaf: dict[Tensor, Tensor] = {}
     for (_, leaf), gr in zip(leaves, grads):
         if gr is not None:
             per_leaf[leaf] = Tensor(gr) if leaf not in per_leaf else per_leaf[leaf] + Tensor(gr)
-    totals = [total if leaf.grad is None else leaf.grad + total for leaf, total in per_leaf.items()]
+    return {leaf: total if leaf.grad is None else leaf.grad + total for leaf, total in per_leaf.items()}
+
+
+def backward(output: Tensor, gradient: Tensor | None = None) -> None:
+    """Accumulate d(output)/d(leaf) into `.grad` of every leaf that requires grad; computed now.
+
+    Eager: the gradient graph is built once per structure of the differentiated graph (which buffers belong to
+    which leaves, which leaves have a `.grad` already) and later only run on the current arrays."""
+    if not output.requires_grad:
+        fail("backward", "element 0 of tensors does not require grad and does not have a grad_fn",
+             kind=ArgumentError)
+    seed = _seed_gradient(output, gradient, "backward")
     trace = tracing.active()
     if trace is not None:  # compiled: the gradients stay graphs the program computes
-        for leaf, total in zip(per_leaf, totals):
+        for leaf, total in _gradient_totals(output.node, seed, _grad_leaves(output.node)).items():
             trace.note_grad(leaf)
             leaf.grad = Tensor(total.node)
         return
-    # the output is computed on the way anyway: realizing it too lets a later `loss.item()` reuse the value
-    values = realize([output.node] + [t.node for t in totals])[1:]
-    for leaf, value in zip(per_leaf, values):
-        leaf.grad = Tensor.from_numpy(value, leaf.dtype)
+    key, inputs = structure([output.node, seed], lambda n: n.op is Op.BUFFER)
+    owners = [_leaf_of(n) for n in inputs]
+    leaves = list(dict.fromkeys(leaf for leaf in owners if leaf is not None))
+    number = {leaf: i for i, leaf in enumerate(leaves)}
+    layout = (key, tuple(-1 if leaf is None else number[leaf] for leaf in owners),
+              tuple(None if leaf.grad is None else (leaf.grad.dtype, leaf.grad.shape) for leaf in leaves))
+    run, updated = cached_executable(("backward", layout), lambda: _backward_graph(output, seed, inputs, owners))
+    arrays = [n.arg.data for n in inputs] + [leaf.grad._value() for leaf in leaves if leaf.grad is not None]
+    values = run(arrays)
+    realized_values(default_device())[output.node] = values[0]  # a later `loss.item()` reuses it
+    for index, value in zip(updated, values[1:]):
+        leaves[index].grad = Tensor.from_numpy(value, leaves[index].dtype)
+
+
+def _backward_graph(output: Tensor, seed: Node, inputs: list[Node],
+                    owners: list[Tensor | None]) -> tuple[list[Node], list[Node], list[int]]:
+    """`backward`'s graph over placeholders: roots (the output, then each updated leaf's new gradient), inputs
+    (`inputs`' placeholders, then those of the leaves' present gradients) and the updated leaves' numbers."""
+    (output_node, seed_node), free = graph_without_data([output.node, seed], inputs)
+    leaves = list(dict.fromkeys(leaf for leaf in owners if leaf is not None))
+    stand_ins = [Tensor(placeholder(leaf.dtype, leaf.shape)) for leaf in leaves]  # take `.grad` like `leaves`
+    present = [Tensor(placeholder(leaf.grad.dtype, leaf.grad.shape)) for leaf in leaves if leaf.grad is not None]
+    for stand_in, grad in zip((s for s, leaf in zip(stand_ins, leaves) if leaf.grad is not None), present):
+        stand_in.grad = grad
+    number = {leaf: i for i, leaf in enumerate(leaves)}
+    buffers = [(node, stand_ins[number[leaf]]) for node, leaf in zip(free, owners) if leaf is not None]
+    totals = _gradient_totals(output_node, seed_node, buffers)
+    updated = [number_of for number_of, stand_in in enumerate(stand_ins) if stand_in in totals]
+    roots = [output_node] + [totals[stand_ins[i]].node for i in updated]
+    return roots, free + [g.node for g in present], updated
 
 
 def grad(outputs: Tensor | Sequence[Tensor], inputs: Tensor | Sequence[Tensor],

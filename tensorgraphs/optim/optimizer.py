@@ -5,22 +5,30 @@ value of every parameter and state tensor and returns `(target, new_value)` pair
 graph a compiled training step can capture. `commit()` evaluates all of them in one
 realization and writes them back with `Tensor.assign`, keeping every target object (so
 references held by modules, schedulers and compiled programs stay valid).
+
+An eager `step()` builds that graph once per layout (which parameters have gradients, their
+shapes and dtypes, the state's, the hyperparameters other than the learning rate) over
+placeholders, and at later steps only runs it on the current arrays (`realize.cached_executable`):
+the same graph and values, without rebuilding it per step.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 import numpy as np
 
 from tensorgraphs.dtypes import DType, float32
 from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
 from tensorgraphs.frontend.tensor import Tensor, live_buffer
+from tensorgraphs.graph.node import Node
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.realize import realize
+from tensorgraphs.runtime.realize import cached_executable, placeholder, realize
 
 ParamGroup = dict[str, Any]
 Update = tuple[Tensor, Tensor]
+Entry = tuple[ParamGroup, Tensor, dict[str, Any]]
+"""A parameter that gets updated: its group, itself, its state."""
 
 
 def state_buffer(shape: tuple[int, ...], dtype: DType, fill: float = 0.0) -> Tensor:
@@ -106,25 +114,37 @@ class Optimizer:
         `group["lr"]` is a 0-d tensor here (see `live_scalar`)."""
         raise NotImplementedError
 
+    def _entries(self) -> list[Entry]:
+        """The parameters with a gradient, with their state (created on their first update)."""
+        entries = []
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state.get(param)
+                if state is None:
+                    state = self.state[param] = self.init_state(param, group)
+                entries.append((group, param, state))
+        return entries
+
+    def _new_values(self, entries: list[Entry], lrs: dict[int, Tensor]) -> list[list[tuple[str, Tensor]]]:
+        """Per entry, `update`'s (key, new value) pairs; `lrs` holds each group's learning rate by group id."""
+        new = []
+        with no_grad():
+            for group, param, state in entries:
+                grad = -param.grad if group.get("maximize") else param.grad
+                new.append(list(self.update(param, grad, state, {**group, "lr": lrs[id(group)]}).items()))
+        return new
+
     def step_updates(self) -> list[Update]:
         """Every (target, new value) pair of one step, as lazy in-graph Tensor ops."""
+        entries = self._entries()
+        lrs = {id(group): live_scalar(lambda group=group: group["lr"]) for group in self.param_groups}
         updates: list[Update] = []
-        with no_grad():
-            for group in self.param_groups:
-                values = {**group, "lr": live_scalar(lambda group=group: group["lr"])}
-                for param in group["params"]:
-                    if param.grad is None:
-                        continue
-                    state = self.state.get(param)
-                    if state is None:
-                        state = self.state[param] = self.init_state(param, group)
-                    grad = -param.grad if group.get("maximize") else param.grad
-                    for key, value in self.update(param, grad, state, values).items():
-                        if key == "param":
-                            updates.append((param, value))
-                            continue
-                        target = state.setdefault(key, state_buffer(value.shape, value.dtype))
-                        updates.append((target, value))
+        for (_, param, state), values in zip(entries, self._new_values(entries, lrs)):
+            for key, value in values:
+                target = param if key == "param" else _state_target(state, key, value.shape, value.dtype)
+                updates.append((target, value))
         return updates
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -132,8 +152,57 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
-        commit(self.step_updates())
+        if tracing.active() is not None:
+            commit(self.step_updates())
+        else:
+            self._replayed_step()
         return loss
+
+    def _replayed_step(self) -> None:
+        """`commit(self.step_updates())` with the step's graph built once per layout (module docstring)."""
+        entries = self._entries()
+        if not entries:
+            return
+        tensors = [t for _, param, state in entries for t in (param, param.grad, *_tensors(state))]
+        run, outputs = cached_executable(("optimizer step", self._layout(entries)),
+                                         lambda: self._step_graph(entries, tensors))
+        lrs = [np.asarray(group["lr"], np.float32) for group in self.param_groups]
+        values = run([*(t._value() for t in tensors), *lrs])
+        for (index, key, dtype), value in zip(outputs, values):
+            _, param, state = entries[index]
+            target = param if key == "param" else _state_target(state, key, value.shape, dtype)
+            target.assign(Tensor.from_numpy(np.asarray(value), target.dtype))
+
+    def _layout(self, entries: list[Entry]) -> Hashable:
+        """What the step's graph depends on besides the arrays' values (see the module docstring)."""
+        groups = {id(group): index for index, group in enumerate(self.param_groups)}
+        hyper = tuple(tuple((k, repr(v)) for k, v in sorted(group.items()) if k not in ("params", "lr"))
+                      for group in self.param_groups)
+        per_param = tuple((groups[id(group)], param.dtype, param.shape, param.grad.dtype,
+                           tuple((k, (v.dtype, v.shape) if isinstance(v, Tensor) else repr(v))
+                                 for k, v in state.items()))
+                          for group, param, state in entries)
+        return type(self), hyper, per_param
+
+    def _step_graph(self, entries: list[Entry],
+                    tensors: list[Tensor]) -> tuple[list[Node], list[Node], list[tuple[int, str, DType]]]:
+        """The step's graph over placeholders of `tensors` and the learning rates: its roots, its inputs, and
+        which (entry, key) each root is the new value of, with its dtype."""
+        stand_ins = iter([Tensor(placeholder(t.dtype, t.shape)) for t in tensors])
+        mirrored: list[Entry] = []
+        for group, _, state in entries:
+            twin = next(stand_ins)
+            twin.grad = next(stand_ins)
+            tensor_keys = [k for k, v in state.items() if isinstance(v, Tensor)]
+            mirrored.append((group, twin, {**state, **{k: next(stand_ins) for k in tensor_keys}}))
+        lrs = {id(group): Tensor(placeholder(float32, ())) for group in self.param_groups}
+        outputs, roots = [], []
+        for index, values in enumerate(self._new_values(mirrored, lrs)):
+            for key, value in values:
+                outputs.append((index, key, value.dtype))
+                roots.append(value.node)
+        inputs = [t.node for _, twin, state in mirrored for t in (twin, twin.grad, *_tensors(state))]
+        return roots, inputs + [lrs[id(group)].node for group in self.param_groups], outputs
 
     # -- state_dict ----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -168,6 +237,18 @@ class Optimizer:
             lines.append(f"Parameter Group {i}")
             lines.extend(f"    {key}: {group[key]}" for key in sorted(group) if key != "params")
         return "\n".join(lines + [")"])
+
+
+def _tensors(state: dict[str, Any]) -> list[Tensor]:
+    return [v for v in state.values() if isinstance(v, Tensor)]
+
+
+def _state_target(state: dict[str, Any], key: str, shape: tuple[int, ...], dtype: DType) -> Tensor:
+    """The state tensor `key` that gets a new value, created (zeros) when `update` first makes it."""
+    target = state.get(key)
+    if not isinstance(target, Tensor):
+        target = state[key] = state_buffer(shape, dtype)
+    return target
 
 
 def _fresh(value: Any) -> Any:

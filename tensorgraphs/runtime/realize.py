@@ -18,11 +18,12 @@ import functools
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
+from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node, structure, toposort, with_sources
@@ -105,7 +106,7 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     backend = BACKENDS[name]
     if hasattr(backend, "prepare"):
         key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or n in known)
-        run = _executable(backend, key, nodes, inputs)
+        run, _ = cached_executable(("graph", key), lambda: (*graph_without_data(nodes, inputs), None))
         values = run([known[n] if n in known else n.arg.data for n in inputs])
     else:
         values = backend.evaluate(optimize(nodes, stop=known.__contains__), known=known)
@@ -115,28 +116,45 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
 
 
 EXECUTABLE_CACHE_SIZE = 512
-_executables: OrderedDict[tuple, Executable] = OrderedDict()
+_executables: OrderedDict[Hashable, tuple[Executable, Any]] = OrderedDict()
 
 
-def _executable(backend: Backend, key: tuple, roots: list[Node], inputs: list[Node]) -> Executable:
-    """The backend's executable for graphs with `roots`' structure, prepared on first sight."""
-    full_key = (backend.name, rewriting_key(), key)
+def cached_executable(key: Hashable, build: Callable[[], tuple[list[Node], list[Node], Any]]) -> tuple[Executable, Any]:
+    """The executable kept under `key` on the current device, with what `build` said about it; on first sight
+    `build()` gives (roots, placeholder inputs, info) and the graph is `prepare`d. `key` must fix the graph
+    `build` makes: the cache adds the device and the rewriting state."""
+    full_key = (default_device(), rewriting_key(), key)
     found = _executables.get(full_key)
     if found is not None:
         _executables.move_to_end(full_key)
         return found
-    roots, inputs = graph_without_data(roots, inputs)
-    found = _executables[full_key] = backend.prepare(optimize(roots, stop=set(inputs).__contains__), inputs)
+    roots, inputs, info = build()
+    found = _executables[full_key] = prepare(roots, inputs), info
     if len(_executables) > EXECUTABLE_CACHE_SIZE:
         _executables.popitem(last=False)
     return found
 
 
+def prepare(roots: list[Node], inputs: list[Node]) -> Executable:
+    """`roots` over the BUFFER nodes `inputs` (placeholders: their data is never read) as an executable of the
+    current device that takes the inputs' arrays at each call: rewritten once, then prepared by the backend (or
+    evaluated at each call, for a backend that cannot prepare)."""
+    backend = BACKENDS[default_device()]
+    optimized = optimize(roots, stop=set(inputs).__contains__)
+    if hasattr(backend, "prepare"):
+        return backend.prepare(optimized, inputs)
+    return lambda arrays: backend.evaluate(optimized, dict(zip(inputs, arrays)))
+
+
+def placeholder(dtype: DType, shape: tuple[int, ...]) -> Node:
+    """A BUFFER node of `dtype` and `shape` whose data (zero-stride zeros) is never read: an input of `prepare`."""
+    return g.buffer(Buffer(HOST, dtype, shape, np.broadcast_to(np.zeros((), dtype.storage), shape)), dtype, shape)
+
+
 def graph_without_data(roots: list[Node], inputs: list[Node]) -> tuple[list[Node], list[Node]]:
     """`roots` and `inputs` with every input a zero-stride BUFFER of its dtype and shape: the graph runs again on
     other arrays and keeps none of the arrays it was built with alive."""
-    free = {n: g.buffer(Buffer(HOST, n.dtype, n.shape, np.broadcast_to(np.zeros((), n.dtype.storage), n.shape)),
-                        n.dtype, n.shape) for n in inputs}
+    free = {n: placeholder(n.dtype, n.shape) for n in inputs}
     rebuilt: dict[Node, Node] = {}
     for node in toposort(roots, stop=free.__contains__):
         rebuilt[node] = free[node] if node in free else with_sources(node, tuple(rebuilt[s] for s in node.src))

@@ -290,3 +290,51 @@ def test_detach_then_requires_grad_makes_an_independent_leaf() -> None:
     (w * data).sum().backward()
     np.testing.assert_array_equal(w.grad.numpy(), [1.0, 2.0, 3.0])
     assert data.grad is None and not data.requires_grad
+
+
+@pytest.fixture
+def gradient_graphs_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the gradient graphs eager backward builds (a fresh cache, so the count starts at zero)."""
+    from tensorgraphs.autograd import backward as backward_module
+    from tensorgraphs.runtime import realize
+
+    monkeypatch.setattr(realize, "_executables", type(realize._executables)())
+    calls: list[int] = []
+    build = backward_module._backward_graph
+    monkeypatch.setattr(backward_module, "_backward_graph", lambda *args: calls.append(1) or build(*args))
+    return calls
+
+
+def test_repeated_backward_builds_the_gradient_graph_once_and_follows_new_values(
+        gradient_graphs_built: list[int]) -> None:
+    """Each step's graph has the structure of the last; its gradients must still be those of its own values."""
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        arrays = [rng.standard_normal((3, 4)), rng.standard_normal((4, 2))]
+        _assert_same_grads(lambda lib, t: (lib.tanh(t[0] @ t[1]) * t[0].sum()).sum(), arrays)
+    assert len(gradient_graphs_built) == 1
+
+
+def test_backward_layout_counts_which_leaves_have_a_grad(gradient_graphs_built: list[int]) -> None:
+    """Accumulating into an existing .grad, or a leaf that stops requiring grad, is another gradient graph."""
+    a, b = tg.tensor([1.0, 2.0], requires_grad=True), tg.tensor([3.0, 4.0], requires_grad=True)
+    (a * b).sum().backward()
+    (a * b).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [6.0, 8.0])
+    b.requires_grad_(False)
+    (a * b).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [9.0, 12.0])
+    assert b.grad is not None and np.array_equal(b.grad.numpy(), [2.0, 4.0])
+    assert len(gradient_graphs_built) == 3
+
+
+def test_one_leaf_read_through_two_buffers_sums_both(gradient_graphs_built: list[int]) -> None:
+    """A graph built before an assign reads the leaf's old buffer, one built after its new one: both count."""
+    for _ in range(2):
+        w = tg.tensor([1.0, 2.0], requires_grad=True)
+        before = w * 3.0
+        with tg.no_grad():
+            w.assign(tg.tensor([5.0, 7.0]))
+        (before * w).sum().backward()
+        np.testing.assert_array_equal(w.grad.numpy(), [3.0 * 5.0 + 3.0 * 1.0, 3.0 * 7.0 + 3.0 * 2.0])
+    assert len(gradient_graphs_built) == 1

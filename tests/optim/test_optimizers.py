@@ -287,3 +287,30 @@ def test_sgd_momentum_resumes_from_a_torch_state_dict() -> None:
     run(torch, reference, ref_opt, data, range(2, 5), torch.nn.functional.mse_loss)
     run(tg, mine, my_opt, data, range(2, 5), tg.nn.functional.mse_loss)
     assert_same_parameters(reference, mine, "SGD resumed from torch")
+
+
+@pytest.mark.parametrize("label", ["SGD_nesterov_groups", "Adam_wd_amsgrad_groups", "RMSprop_centered_momentum"])
+def test_eager_steps_build_their_graph_once_and_read_the_scheduled_lr(label: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorgraphs.optim.optimizer import Optimizer
+    from tensorgraphs.runtime import realize
+
+    monkeypatch.setattr(realize, "_executables", type(realize._executables)())
+    built: list[int] = []
+    step_graph = Optimizer._step_graph
+    monkeypatch.setattr(Optimizer, "_step_graph", lambda self, *args: built.append(1) or step_graph(self, *args))
+    name, options, lrs = OPTIMIZERS[label]
+    torch.manual_seed(0)
+    reference, mine = build(torch.nn), build(tg.nn)
+    copy_weights(reference, mine)
+    data = batches(seed=3)
+    ref_opt = getattr(torch.optim, name)(groups(reference, lrs), **options)
+    my_opt = getattr(tg.optim, name)(groups(mine, lrs), **options)
+    schedulers = [torch.optim.lr_scheduler.StepLR(ref_opt, 2, 0.5), tg.optim.lr_scheduler.StepLR(my_opt, 2, 0.5)]
+    for lib, model, optimizer, scheduler in ((torch, reference, ref_opt, schedulers[0]),
+                                             (tg, mine, my_opt, schedulers[1])):
+        for step in range(STEPS):
+            run(lib, model, optimizer, data, range(step, step + 1), lib.nn.functional.mse_loss)
+            scheduler.step()
+    assert_same_parameters(reference, mine, label)
+    assert len(built) == 1
