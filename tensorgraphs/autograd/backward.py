@@ -6,7 +6,7 @@ from typing import Sequence
 
 from tensorgraphs.autograd.rules import GRAD_RULES
 from tensorgraphs.errors import ArgumentError, ShapeError, fail
-from tensorgraphs.frontend.tensor import Tensor, as_tensor
+from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
 from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node, const, structure, toposort
 from tensorgraphs.graph.ops import Op
@@ -15,6 +15,7 @@ from tensorgraphs.runtime.realize import (
     cached_executable,
     default_device,
     graph_without_data,
+    owned,
     placeholder,
     realized_values,
 )
@@ -122,10 +123,10 @@ def backward(output: Tensor, gradient: Tensor | None = None) -> None:
               tuple(None if leaf.grad is None else (leaf.grad.dtype, leaf.grad.shape) for leaf in leaves))
     run, updated = cached_executable(("backward", layout), lambda: _backward_graph(output, seed, inputs, owners))
     arrays = [n.arg.data for n in inputs] + [leaf.grad._value() for leaf in leaves if leaf.grad is not None]
-    values = run(arrays)
+    values = owned(run(arrays), arrays)
     realized_values(default_device())[output.node] = values[0]  # a later `loss.item()` reuses it
     for index, value in zip(updated, values[1:]):
-        leaves[index].grad = Tensor.from_numpy(value, leaves[index].dtype)
+        leaves[index].grad = held(value, leaves[index].dtype)
 
 
 def _backward_graph(output: Tensor, seed: Node, inputs: list[Node],

@@ -227,12 +227,28 @@ class Tensor:
         self.node.arg.grad_leaf = weakref.ref(self)
         return self
 
+    def _hold(self, array: np.ndarray) -> None:
+        """`assign` of an array nothing else holds (see `realize.owned`), kept as it is: no copy, no fresh pages."""
+        self.node = _held(array, self.dtype)
+        if self.requires_grad:
+            self.node.arg.grad_leaf = weakref.ref(self)
+
     # Operators and methods are attached by tensorgraphs.frontend.methods.
 
 
 def host_buffer(data: np.ndarray, dtype: DType) -> Node:
     """A BUFFER node holding `data` (in `dtype`'s storage type, C order) on the host."""
     return g.buffer(Buffer(HOST, dtype, tuple(data.shape), data), dtype, tuple(data.shape))
+
+
+def _held(array: np.ndarray, dtype: DType) -> Node:
+    """A BUFFER node holding `array` itself (converted only if not yet `dtype`'s storage in C order)."""
+    return host_buffer(np.asarray(array, dtype=dtype.storage, order="C"), dtype)
+
+
+def held(array: np.ndarray, dtype: DType) -> Tensor:
+    """A tensor holding `array` itself, which nothing else may hold (see `realize.owned`)."""
+    return Tensor(_held(array, dtype))
 
 
 def live_buffer(value: np.ndarray, read: Callable[[], np.ndarray], dtype: DType) -> Tensor:

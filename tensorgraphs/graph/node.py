@@ -24,6 +24,8 @@ def _arg_key(arg: Any) -> Any:
     if isinstance(arg, float):
         return ("float", repr(arg))
     if isinstance(arg, tuple):
+        if all(type(a) is int for a in arg):  # shapes, axes: the common case, keyed whole
+            return ("ints", arg)
         return tuple(_arg_key(a) for a in arg)
     if isinstance(arg, (bool, int, str, type(None), DType, Op)):
         return (type(arg).__name__, arg)
@@ -43,7 +45,7 @@ class Node:
     arg: Any
 
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
-        key = (op, dtype, shape, tuple(id(s) for s in src), _arg_key(arg))
+        key = (op, dtype, shape, tuple(map(id, src)), _arg_key(arg))
         found = cls._interned.get(key)
         if found is not None:
             return found

@@ -23,7 +23,7 @@ from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
 from tensorgraphs.frontend.tensor import Tensor, live_buffer
 from tensorgraphs.graph.node import Node
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.realize import cached_executable, placeholder, realize
+from tensorgraphs.runtime.realize import cached_executable, owned, placeholder, realize
 
 ParamGroup = dict[str, Any]
 Update = tuple[Tensor, Tensor]
@@ -166,12 +166,11 @@ class Optimizer:
         tensors = [t for _, param, state in entries for t in (param, param.grad, *_tensors(state))]
         run, outputs = cached_executable(("optimizer step", self._layout(entries)),
                                          lambda: self._step_graph(entries, tensors))
-        lrs = [np.asarray(group["lr"], np.float32) for group in self.param_groups]
-        values = run([*(t._value() for t in tensors), *lrs])
-        for (index, key, dtype), value in zip(outputs, values):
+        arrays = [*(t._value() for t in tensors), *(np.asarray(group["lr"], np.float32) for group in self.param_groups)]
+        for (index, key, dtype), value in zip(outputs, owned(run(arrays), arrays)):
             _, param, state = entries[index]
             target = param if key == "param" else _state_target(state, key, value.shape, dtype)
-            target.assign(Tensor.from_numpy(np.asarray(value), target.dtype))
+            target._hold(value)
 
     def _layout(self, entries: list[Entry]) -> Hashable:
         """What the step's graph depends on besides the arrays' values (see the module docstring)."""

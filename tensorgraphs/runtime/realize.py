@@ -146,6 +146,26 @@ def prepare(roots: list[Node], inputs: list[Node]) -> Executable:
     return lambda arrays: backend.evaluate(optimized, dict(zip(inputs, arrays)))
 
 
+def owned(values: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """`values` (an executable's results for `inputs`) where each shares memory with no input and no other value,
+    so a tensor may hold it as its own: a result that is an input or a view of one (an interpreted graph returns
+    those), or shares memory with an earlier result, is copied."""
+    taken = {id(_memory_of(a)) for a in inputs}
+    result = []
+    for value in values:
+        memory = id(_memory_of(value))
+        result.append(value.copy() if memory in taken else value)
+        taken.add(memory)
+    return result
+
+
+def _memory_of(array: np.ndarray) -> Any:
+    """The object owning `array`'s memory (the end of its chain of bases)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array if array.base is None else array.base
+
+
 def placeholder(dtype: DType, shape: tuple[int, ...]) -> Node:
     """A BUFFER node of `dtype` and `shape` whose data (zero-stride zeros) is never read: an input of `prepare`."""
     return g.buffer(Buffer(HOST, dtype, shape, np.broadcast_to(np.zeros((), dtype.storage), shape)), dtype, shape)

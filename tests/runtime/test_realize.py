@@ -92,3 +92,12 @@ def test_eager_training_steps_rewrite_nothing_after_the_first(rewrites: list[int
         optimizer.step()
         counts.append(len(rewrites))
     assert counts[0] > 0 and counts[-1] == counts[0]
+
+
+def test_owned_copies_results_that_share_memory_with_inputs_or_each_other() -> None:
+    a, fresh = np.arange(6.0), np.ones(3)
+    inputs = [a.reshape(2, 3), np.zeros(2)]
+    values = realization.owned([a, a[1:], fresh, fresh[:2]], inputs)
+    assert not any(np.shares_memory(v, a) for v in values[:2])
+    assert values[2] is fresh and not np.shares_memory(values[3], fresh)
+    np.testing.assert_array_equal(values[1], np.arange(1.0, 6.0))
