@@ -25,6 +25,8 @@ from tensorgraphs.frontend import methods as _methods  # noqa: F401  (attaches T
 from tensorgraphs.frontend.creation import *  # noqa: F401,F403
 from tensorgraphs.frontend.elementwise import *  # noqa: F401,F403
 from tensorgraphs.frontend.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from tensorgraphs.frontend.precision import get_float32_matmul_precision, set_float32_matmul_precision
+from tensorgraphs.frontend.random import Generator, default_generator, initial_seed
 from tensorgraphs.frontend.linalg import bmm, dot, einsum, matmul, mm, outer
 from tensorgraphs.frontend.movement import (
     broadcast_tensors,
@@ -80,7 +82,7 @@ from tensorgraphs.runtime.realize import default_device, device, set_default_dev
 from tensorgraphs import rewrite  # noqa: E402
 from tensorgraphs.graph.show import show  # noqa: E402
 from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
-from tensorgraphs import data, optim  # noqa: E402
+from tensorgraphs import cuda, data, optim, utils  # noqa: E402
 from tensorgraphs.serialization import load, save  # noqa: E402
 
 half, double, long, short = float16, float64, int64, int16

@@ -11,6 +11,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import random as rng
+from tensorgraphs.frontend.placement import accepts_device as _accepts_device
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, cast, is_scalar
 from tensorgraphs.graph import node as g
 
@@ -32,6 +33,7 @@ def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
     return t.requires_grad_() if requires_grad else t
 
 
+@_accepts_device
 def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     if isinstance(data, Tensor):
         data = data.detach()
@@ -47,20 +49,24 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return Tensor.from_numpy(array)
 
 
+@_accepts_device
 def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     if dtype is None:
         dtype = dtypes.scalar_dtype(fill_value)
     return _leaf(Tensor(g.const(fill_value, dtypes.to_dtype(dtype), _size((size,), "full"))), requires_grad)
 
 
+@_accepts_device
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     return full(_size(size, "zeros"), 0, dtype=_dtype(dtype), requires_grad=requires_grad)
 
 
+@_accepts_device
 def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     return full(_size(size, "ones"), 1, dtype=_dtype(dtype), requires_grad=requires_grad)
 
 
+@_accepts_device
 def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     return zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
@@ -69,26 +75,31 @@ def _like(x: Tensor, dtype: Any) -> tuple[tuple[int, ...], dtypes.DType]:
     return x.shape, x.dtype if dtype is None else dtypes.to_dtype(dtype)
 
 
+@_accepts_device
 def zeros_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     shape, dt = _like(x, dtype)
     return full(shape, 0, dtype=dt, requires_grad=requires_grad)
 
 
+@_accepts_device
 def ones_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     shape, dt = _like(x, dtype)
     return full(shape, 1, dtype=dt, requires_grad=requires_grad)
 
 
+@_accepts_device
 def empty_like(x: Tensor, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     return zeros_like(x, dtype=dtype, requires_grad=requires_grad)
 
 
+@_accepts_device
 def full_like(x: Tensor, fill_value: Any, *, dtype: Any = None, device: Any = None,
               requires_grad: bool = False) -> Tensor:
     shape, dt = _like(x, dtype)
     return full(shape, fill_value, dtype=dt, requires_grad=requires_grad)
 
 
+@_accepts_device
 def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None,
            requires_grad: bool = False) -> Tensor:
     if end is None:
@@ -103,6 +114,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
     return _leaf(cast(values, out_dtype), requires_grad)
 
 
+@_accepts_device
 def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
              requires_grad: bool = False) -> Tensor:
     """PyTorch's symmetric formula: the first half counts up from start, the second down from end."""
@@ -119,6 +131,7 @@ def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device:
     return _leaf(cast(values, out_dtype), requires_grad)
 
 
+@_accepts_device
 def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     m = n if m is None else m
     rows = Tensor(g.iota(n, dtypes.int64)).reshape(n, 1)
@@ -126,26 +139,31 @@ def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None, 
     return _leaf(cast(ew.eq(rows, cols), _dtype(dtype)), requires_grad)
 
 
-def manual_seed(seed: int) -> None:
-    rng.manual_seed(seed)
+def manual_seed(seed: int) -> rng.Generator:
+    """Seed the default random stream; returns its Generator (as torch.manual_seed)."""
+    return rng.manual_seed(seed)
 
 
+@_accepts_device
 def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
          generator: Any = None) -> Tensor:
-    return _leaf(rng.rand(_size(size, "rand"), _dtype(dtype)), requires_grad)
+    return _leaf(rng.rand(_size(size, "rand"), _dtype(dtype), generator), requires_grad)
 
 
+@_accepts_device
 def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
           generator: Any = None) -> Tensor:
-    return _leaf(rng.randn(_size(size, "randn"), _dtype(dtype)), requires_grad)
+    return _leaf(rng.randn(_size(size, "randn"), _dtype(dtype), generator), requires_grad)
 
 
-def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, device: Any = None) -> Tensor:
+@_accepts_device
+def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, device: Any = None,
+            generator: rng.Generator | None = None) -> Tensor:
     if size is None:
         low, high, size = 0, low, high
     if size is None:
         fail("randint", "size is required", kind=ArgumentError)
-    return rng.randint(int(low), int(high), _size((size,), "randint"), _dtype(dtype, dtypes.int64))
+    return rng.randint(int(low), int(high), _size((size,), "randint"), _dtype(dtype, dtypes.int64), generator)
 
 
 def rand_like(x: Tensor, *, dtype: Any = None) -> Tensor:
@@ -162,9 +180,9 @@ def randint_like(x: Tensor, low: int, high: Any = None, *, dtype: Any = None) ->
     return randint(low, high, x.shape, dtype=x.dtype if dtype is None else dtype)
 
 
-def randperm(n: int, *, dtype: Any = None) -> Tensor:
+def randperm(n: int, *, dtype: Any = None, generator: rng.Generator | None = None) -> Tensor:
     """Argsort of random keys, computed on the host (a data-dependent permutation)."""
-    keys = rand(n, dtype=dtypes.float64)
+    keys = rand(n, dtype=dtypes.float64, generator=generator)
     return Tensor.from_numpy(np.argsort(keys.numpy(), kind="stable"), _dtype(dtype, dtypes.int64))
 
 

@@ -42,14 +42,24 @@ class _GradModeContext:
         return wrapper
 
 
-class no_grad(_GradModeContext):
-    def __init__(self) -> None:
-        super().__init__(False)
+class _FixedGradMode(_GradModeContext):
+    """A context manager, `@decorator()` or bare `@decorator` (torch accepts both decorator forms)."""
+
+    mode: bool
+
+    def __new__(cls, fn: Callable[..., Any] | None = None) -> Any:
+        return super().__new__(cls) if fn is None else cls()(fn)
+
+    def __init__(self, fn: None = None) -> None:
+        super().__init__(self.mode)
 
 
-class enable_grad(_GradModeContext):
-    def __init__(self) -> None:
-        super().__init__(True)
+class no_grad(_FixedGradMode):
+    mode = False
+
+
+class enable_grad(_FixedGradMode):
+    mode = True
 
 
 class set_grad_enabled(_GradModeContext):

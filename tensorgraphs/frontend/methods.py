@@ -9,6 +9,7 @@ from tensorgraphs.frontend import creation, linalg
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.placement import to_arguments
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.graph.show import graph_text
 
@@ -63,17 +64,20 @@ def _functional() -> Any:
 
 
 def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """tensor.to(dtype) / to(device) / to(other); only the reference device exists so far."""
-    target = kwargs.get("dtype")
-    for a in args:
-        if isinstance(a, Tensor):
-            target = a.dtype
-        elif isinstance(a, dtypes.DType) or str(a).replace("torch.", "") in {d.name for d in dtypes.ALL_DTYPES}:
-            target = dtypes.to_dtype(a)
-    return self if target is None else cast(self, dtypes.to_dtype(target))
+    """tensor.to(dtype) / to(device) / to(device, dtype) / to(other): a cast; devices are checked (see placement)."""
+    target = to_arguments("Tensor.to", args, kwargs)
+    return self if target is None else cast(self, target)
 
 
 Tensor.to = to
+
+
+def _format(self: Tensor, spec: str) -> str:
+    """f"{loss:.4f}" formats a 0-d tensor's value, as torch; other tensors take only the empty spec."""
+    return format(self.item(), spec) if self.ndim == 0 else object.__format__(self, spec)
+
+
+Tensor.__format__ = _format
 for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half": dtypes.float16,
                       "bfloat16": dtypes.bfloat16, "int": dtypes.int32, "long": dtypes.int64, "bool": dtypes.bool_,
                       "byte": dtypes.uint8, "short": dtypes.int16, "char": dtypes.int8}.items():

@@ -9,7 +9,9 @@ computes the same bits.
 from __future__ import annotations
 
 import math
+import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -27,34 +29,47 @@ _PARITY = 0x1BD11BDA
 _MASK = 0xFFFFFFFF
 
 
-class _GeneratorState:
-    """One process-wide stream, as PyTorch's default generator: threads share the seed and the call count."""
+class Generator:
+    """A random stream (a seed and a call count), as torch.Generator. `tg.manual_seed` seeds the default one
+    (process-wide: threads share it) and returns it; a Generator passed as `generator=` draws from its own."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.seed = 0
-        self.calls = 0
+    def __init__(self, device: Any = "cpu") -> None:
+        self._lock = threading.Lock()
+        self._seed = 0
+        self._calls = 0
+
+    def manual_seed(self, seed: int) -> Generator:
+        with self._lock:
+            self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+            self._calls = 0
+        return self
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def seed(self) -> int:
+        """Seed from the operating system's entropy (as torch.Generator.seed); returns the seed."""
+        seed = int.from_bytes(os.urandom(8), "little")
+        self.manual_seed(seed)
+        return seed
+
+    def next_key(self) -> tuple[int, int, int]:
+        """(key0, key1, counter_high) of the next random call."""
+        with self._lock:
+            calls = self._calls
+            self._calls += 1
+            return self._seed & _MASK, calls & _MASK, self._seed >> 32
 
 
-_state = _GeneratorState()
+default_generator = Generator()
 
 
-def manual_seed(seed: int) -> None:
-    with _state.lock:
-        _state.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        _state.calls = 0
+def manual_seed(seed: int) -> Generator:
+    return default_generator.manual_seed(seed)
 
 
 def initial_seed() -> int:
-    return _state.seed
-
-
-def _next_key() -> tuple[int, int, int]:
-    """(key0, key1, counter_high) of the next random call."""
-    with _state.lock:
-        calls = _state.calls
-        _state.calls += 1
-        return _state.seed & _MASK, calls & _MASK, _state.seed >> 32
+    return default_generator.initial_seed()
 
 
 def _u32(value: int, shape: tuple[int, ...]) -> Tensor:
@@ -99,20 +114,21 @@ def _bits_decomposition(key: Tensor, *, shape: tuple[int, ...]) -> Tensor:
 RANDOM_BITS = register(Composite("random_bits", infer=_bits_shape, decompose=_bits_decomposition))
 
 
-def _key_buffer() -> Tensor:
+def _key_buffer(generator: Generator | None) -> Tensor:
     """The next call's (key0, key1, counter_high) as a uint32 buffer, not constants: a compiled program reads
     the next key at every call (so each call draws new numbers), instead of the one it was traced with."""
-    next_key = lambda: np.asarray(_next_key(), np.uint32)  # noqa: E731
+    stream = default_generator if generator is None else generator
+    next_key = lambda: np.asarray(stream.next_key(), np.uint32)  # noqa: E731
     if tracing.active() is None:
         return Tensor.from_numpy(next_key(), dtypes.uint32)
     return live_buffer(np.zeros(3, np.uint32), next_key, dtypes.uint32)  # no key drawn while tracing
 
 
-def random_bits(shape: tuple[int, ...]) -> Tensor:
+def random_bits(shape: tuple[int, ...], generator: Generator | None = None) -> Tensor:
     """uint32 bits for a fresh random call."""
     if math.prod(shape) >= 2**32:
         fail("random", f"at most 2**32 - 1 random numbers per call, asked for shape {shape}", kind=ArgumentError)
-    return apply_composite(RANDOM_BITS, _key_buffer(), shape=tuple(shape))
+    return apply_composite(RANDOM_BITS, _key_buffer(generator), shape=tuple(shape))
 
 
 # How many random bits a uniform float gets: as many as its significand holds (float64 is limited
@@ -132,29 +148,30 @@ def _require_float(op: str, dtype: dtypes.DType) -> None:
         fail(op, f"expected a floating point dtype, got {dtype.name} (use randint for integers)", kind=DTypeError)
 
 
-def rand(shape: tuple[int, ...], dtype: dtypes.DType) -> Tensor:
+def rand(shape: tuple[int, ...], dtype: dtypes.DType, generator: Generator | None = None) -> Tensor:
     _require_float("rand", dtype)
-    return uniform_bits_to_float(random_bits(shape), dtype)
+    return uniform_bits_to_float(random_bits(shape, generator), dtype)
 
 
-def randn(shape: tuple[int, ...], dtype: dtypes.DType) -> Tensor:
+def randn(shape: tuple[int, ...], dtype: dtypes.DType, generator: Generator | None = None) -> Tensor:
     """Box-Muller on two uniforms (in float32, or float64 for float64); u1 is in (0, 1] so the log is finite."""
     _require_float("randn", dtype)
     n = math.prod(shape)
-    u = rand((2, n), dtypes.float64 if dtype is dtypes.float64 else dtypes.float32)
+    u = rand((2, n), dtypes.float64 if dtype is dtypes.float64 else dtypes.float32, generator)
     u1 = ew.sub(1.0, u[0])
     radius = ew.sqrt(ew.mul(ew.log(u1), -2.0))
     normal = ew.mul(radius, ew.cos(ew.mul(u[1], 2 * math.pi)))
     return cast(normal.reshape(shape), dtype)
 
 
-def randint(low: int, high: int, shape: tuple[int, ...], dtype: dtypes.DType) -> Tensor:
+def randint(low: int, high: int, shape: tuple[int, ...], dtype: dtypes.DType,
+            generator: Generator | None = None) -> Tensor:
     span = high - low
     if span <= 0:
         fail("randint", f"expected low < high, got low={low}, high={high}", kind=ArgumentError)
     if span > 2**32:
         fail("randint", f"the range high - low must be at most 2**32, got {span}", kind=ArgumentError)
-    bits = random_bits(shape)
+    bits = random_bits(shape, generator)
     if span < 2**32:
         bits = apply(Op.MOD, bits, _u32(span, bits.shape))
     return cast(ew.add(cast(bits, dtypes.int64), low), dtype)

@@ -24,7 +24,7 @@ from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import HOST, Buffer
-from tensorgraphs.runtime.realize import default_device, realize
+from tensorgraphs.runtime.realize import default_device, device, realize
 
 Scalar = bool | int | float
 
@@ -104,8 +104,9 @@ class Tensor:
         return len(self.node.shape)
 
     @property
-    def device(self) -> str:
-        return default_device()
+    def device(self) -> device:
+        """The device that computes this tensor: the current one (tensors are lazy)."""
+        return device(default_device())
 
     @property
     def is_leaf(self) -> bool:

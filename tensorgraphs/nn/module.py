@@ -11,6 +11,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError
 from tensorgraphs.frontend.grad_mode import no_grad
+from tensorgraphs.frontend.placement import to_arguments
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.parameter import Parameter
 from tensorgraphs.runtime import tracing
@@ -233,15 +234,12 @@ class Module:
         return self
 
     def to(self, *args: Any, **kwargs: Any) -> Module:
-        """Module.to(dtype) casts floating point parameters and buffers; devices are accepted and ignored."""
-        target = kwargs.get("dtype")
-        for arg in args:
-            if arg is not None and not isinstance(arg, str) and "device" not in type(arg).__name__:
-                target = arg
+        """Module.to(dtype) casts floating point parameters and buffers; devices are checked (tensors are computed
+        on the current device, see tg.device)."""
+        target = to_arguments("Module.to", args, kwargs)
         if target is None:
             return self
-        dtype = dtypes.to_dtype(target)
-        return self._apply_to_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return self._apply_to_tensors(lambda t: t.to(target) if t.is_floating_point() else t)
 
     def float(self) -> Module:
         return self.to(dtypes.float32)

@@ -2,6 +2,7 @@
 
 from tensorgraphs.optim import lr_scheduler
 from tensorgraphs.optim.optimizer import Optimizer
-from tensorgraphs.optim.optimizers import SGD, Adagrad, Adam, AdamW, RMSprop
+from tensorgraphs.optim.optimizers import SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, NAdam, RAdam, RMSprop
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Optimizer", "RMSprop", "lr_scheduler"]
+__all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "Optimizer", "RAdam", "RMSprop",
+           "lr_scheduler"]

@@ -13,18 +13,17 @@ code generation).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.dtypes import DType
-from tensorgraphs.errors import ArgumentError
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node, structure, toposort, with_sources
 from tensorgraphs.graph.ops import Op
@@ -72,21 +71,75 @@ def _initial_device() -> str:
     return "cpu" if "cpu" in BACKENDS and compiler_available() else "numpy"
 
 
-def set_default_device(name: str) -> None:
-    if name not in BACKENDS:
-        raise ArgumentError(f"unknown device {name!r}; available: {', '.join(sorted(BACKENDS))}")
-    _state.device = name
+def set_default_device(name: str | device) -> None:
+    _state.device = device(name).require_available()
 
 
-@contextlib.contextmanager
-def device(name: str) -> Iterator[None]:
-    """Run realizations inside the block on backend `name`."""
-    previous = default_device()
-    set_default_device(name)
-    try:
-        yield
-    finally:
-        _state.device = previous
+OTHER_DEVICE_TYPES = ("cuda", "mps", "xpu", "hip", "meta")
+"""torch's device types tensorgraphs has no backend for: `device("cuda")` is a value (as in torch), using it fails."""
+
+
+class device:
+    """A device as torch.device is one (`type`, `index`, str, repr, ==, hash), and a context manager:
+    `with tg.device("numpy"):` runs the block's realizations on that backend and restores the previous one.
+
+    Tensors are lazy and live wherever they are realized, so a device names the backend that computes them.
+    """
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type: str | device, index: int | None = None) -> None:
+        if isinstance(type, device):
+            type, index = type.type, type.index if index is None else index
+        name, colon, suffix = str(type).partition(":")
+        if colon:
+            if index is not None or not suffix.isdigit():
+                fail("device", f"invalid device string {type!r}: expected a type and an optional index, as 'cpu' "
+                     f"or 'cuda:0'", kind=ArgumentError)
+            index = int(suffix)
+        if name not in BACKENDS and name not in OTHER_DEVICE_TYPES:
+            fail("device", f"unknown device {name!r}; available: {', '.join(sorted(BACKENDS))}", kind=ArgumentError)
+        if index is not None and (not isinstance(index, int) or index < 0):
+            fail("device", f"device index must be a non-negative int, got {index!r}", kind=ArgumentError)
+        self.type, self.index = name, index
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"device(type={self.type!r})" if self.index is None else \
+            f"device(type={self.type!r}, index={self.index})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, device) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+    def __reduce__(self) -> tuple:
+        return device, (self.type, self.index)
+
+    def require_available(self) -> str:
+        """The backend's name; an UnsupportedError for torch's device types that tensorgraphs lacks."""
+        if self.type not in BACKENDS:
+            fail("device", f"tensorgraphs has no {self.type!r} device (tg.cuda.is_available() is False); its "
+                           f"devices are {', '.join(sorted(BACKENDS))}: use 'cpu'", kind=UnsupportedError)
+        return self.type
+
+    def __enter__(self) -> device:
+        name = self.require_available()
+        _previous_devices().append(default_device())
+        _state.device = name
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _state.device = _previous_devices().pop()
+
+
+def _previous_devices() -> list[str]:
+    if not hasattr(_state, "previous"):
+        _state.previous = []
+    return _state.previous
 
 
 def realized_values(name: str) -> Mapping[Node, np.ndarray]:

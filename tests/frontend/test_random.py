@@ -200,3 +200,14 @@ def test_a_rejected_call_does_not_advance_the_stream() -> None:
     with pytest.raises(tg.ArgumentError):
         rng.random_bits((2**16, 2**16))
     np.testing.assert_array_equal(tg.rand(4).numpy(), expected)
+
+
+def test_manual_seed_returns_the_default_generator_and_generators_have_their_own_stream() -> None:
+    generator = tg.manual_seed(5)
+    assert generator is tg.default_generator and generator.initial_seed() == 5 == tg.initial_seed()
+    first = tg.rand(4).numpy()
+    own = tg.Generator().manual_seed(5)
+    np.testing.assert_array_equal(tg.rand(4, generator=own).numpy(), first)  # same seed, same stream
+    np.testing.assert_array_equal(tg.randint(0, 9, (3,), generator=tg.Generator().manual_seed(5)).numpy(),
+                                  tg.randint(0, 9, (3,), generator=tg.Generator().manual_seed(5)).numpy())
+    assert not np.array_equal(tg.rand(4).numpy(), first)  # the default stream went on

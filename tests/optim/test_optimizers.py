@@ -48,6 +48,16 @@ OPTIMIZERS: dict[str, tuple[str, dict[str, Any], tuple[float, float] | None]] = 
     "Adagrad": ("Adagrad", {"lr": 0.1}, None),
     "Adagrad_decay": ("Adagrad", {"lr": 0.1, "lr_decay": 0.05, "weight_decay": 0.01,
                                   "initial_accumulator_value": 0.1}, None),
+    "Adadelta": ("Adadelta", {}, None),
+    "Adadelta_wd_groups": ("Adadelta", {"lr": 0.5, "rho": 0.8, "weight_decay": 0.05}, (1.0, 0.3)),
+    "Adamax": ("Adamax", {"lr": 0.01}, None),
+    "Adamax_wd_maximize": ("Adamax", {"lr": 0.02, "betas": (0.8, 0.9), "weight_decay": 0.1, "maximize": True}, None),
+    "NAdam": ("NAdam", {"lr": 0.01}, None),
+    "NAdam_wd": ("NAdam", {"lr": 0.01, "weight_decay": 0.1, "momentum_decay": 0.01}, None),
+    "NAdam_decoupled": ("NAdam", {"lr": 0.02, "weight_decay": 0.1, "decoupled_weight_decay": True}, None),
+    "RAdam": ("RAdam", {"lr": 0.01}, None),
+    "RAdam_wd_groups": ("RAdam", {"lr": 0.01, "betas": (0.5, 0.8), "weight_decay": 0.1}, (0.02, 0.005)),
+    "RAdam_decoupled": ("RAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}, None),
 }
 
 
@@ -70,16 +80,21 @@ def assert_same_parameters(reference: torch.nn.Module, mine: tg.nn.Module, label
                                    atol=1e-6, err_msg=f"{label}: parameter {name}")
 
 
-@pytest.mark.parametrize("label", OPTIMIZERS)
-def test_optimizer_matches_torch_over_ten_steps(label: str) -> None:
+def trained_reference(label: str) -> tuple[torch.nn.Module, tg.nn.Module, tg.optim.Optimizer, list]:
+    """torch's model after STEPS steps of optimizer `label`, and tg's model (same initial weights) and optimizer."""
     name, options, lrs = OPTIMIZERS[label]
     torch.manual_seed(0)
     reference, mine = build(torch.nn), build(tg.nn)
     copy_weights(reference, mine)
     data = batches()
     ref_opt = getattr(torch.optim, name)(groups(reference, lrs), **options)
-    my_opt = getattr(tg.optim, name)(groups(mine, lrs), **options)
     run(torch, reference, ref_opt, data, range(STEPS), torch.nn.functional.mse_loss)
+    return reference, mine, getattr(tg.optim, name)(groups(mine, lrs), **options), data
+
+
+@pytest.mark.parametrize("label", OPTIMIZERS)
+def test_optimizer_matches_torch_over_ten_steps(label: str) -> None:
+    reference, mine, my_opt, data = trained_reference(label)
     run(tg, mine, my_opt, data, range(STEPS), tg.nn.functional.mse_loss)
     assert_same_parameters(reference, mine, label)
 
@@ -180,7 +195,8 @@ def test_step_updates_are_lazy_graph_values() -> None:
     np.testing.assert_allclose(updates[0][1].numpy(), before - 0.5, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam",
+                                  "RAdam"])
 def test_update_graph_keeps_its_structure_while_the_lr_changes(name: str) -> None:
     """State starts as buffers and lr is an input, so every step (a scheduler running) is one compiled program."""
     model = tg.nn.Linear(3, 2)
@@ -314,3 +330,22 @@ def test_eager_steps_build_their_graph_once_and_read_the_scheduled_lr(label: str
             scheduler.step()
     assert_same_parameters(reference, mine, label)
     assert len(built) == 1
+
+
+@pytest.mark.parametrize("label", ["Adadelta_wd_groups", "Adamax_wd_maximize", "NAdam_wd", "RAdam"])
+def test_compiled_optimizer_step_matches_torch(label: str) -> None:
+    """The update traced once by tg.compile replays every step (step-dependent factors are graph values)."""
+    reference, mine, my_opt, data = trained_reference(label)
+
+    @tg.compile
+    def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        my_opt.zero_grad()
+        loss = tg.nn.functional.mse_loss(mine(x), y)
+        loss.backward()
+        my_opt.step()
+        return loss
+
+    for x, y in data:
+        train_step(x, y)
+    assert sum(len(traces) for traces in train_step.traces.values()) == 1
+    assert_same_parameters(reference, mine, f"compiled {label}")
