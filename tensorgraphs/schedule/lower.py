@@ -138,7 +138,9 @@ class Lowering:
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
                    compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False) -> None:
-        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store."""
+        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store. A nest without loops
+        (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
+        copied in by the first nest."""
         dims = [d for d, size in enumerate(shape) if size > 1]
         self._shape = shape
         scope = self._root
@@ -151,10 +153,11 @@ class Lowering:
         out_index, value = compute(tuple(index))
         self._param(out, node, writes=True)
         self._store_index = ix.flatten(out_index, node.shape)
-        scope.stmts.append(Store(out, self._store_index, value, accumulate))
-        self._store_riders(scope, shape)
+        emit = scope.stmts.append if dims else scope.then
+        emit(Store(out, self._store_index, value, accumulate))
+        self._store_riders(emit, shape)
 
-    def _store_riders(self, scope: Scope, shape: tuple[int, ...]) -> None:
+    def _store_riders(self, emit: Callable[[Stmt], None], shape: tuple[int, ...]) -> None:
         """A store of each rider computed at the nest's own index, after every load of the body (so an output
         may still take the bytes of an input it reads at that index: `memory.inplace`)."""
         assert self._nest_index is not None
@@ -163,7 +166,7 @@ class Lowering:
             if rider.shape != shape or rider in self._misplaced or value is None:  # (a slice of it, or not read)
                 continue
             self._param(self.buffers[rider], rider, writes=True)
-            scope.stmts.append(Store(self.buffers[rider], ix.flatten(self._nest_index, shape), value))
+            emit(Store(self.buffers[rider], ix.flatten(self._nest_index, shape), value))
             self.stored_riders.add(rider)
 
     def transposed_nest(self, node: Node, out: str) -> None:
