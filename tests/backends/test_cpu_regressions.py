@@ -66,3 +66,19 @@ def test_batch_of_one_gradients_through_gather_are_not_zero() -> None:
     for name, want in expected.items():
         assert np.abs(want).sum() > 0.5, name
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+# -- a row operation broadcast after it -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, expanded", [((512, 1, 64), (512, 3, 64)), ((2, 1, 10000), (2, 3, 10000)),
+                                             ((3, 1, 1, 64), (3, 2, 4, 64))],
+                         ids=["row array", "row through the output", "two broadcast axes"])
+def test_softmax_expanded_along_a_new_axis(shape: tuple[int, ...], expanded: tuple[int, ...]) -> None:
+    """The exp a softmax computes in its row reduction is passed to its output loop; the reduction sits above
+    the broadcast axis, so the row array must be declared there (it was declared inside that axis' loop)."""
+    x = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    assert_same(lambda: {
+        "log_softmax": tg.tensor(x).log_softmax(-1).expand(*expanded),
+        "softmax_plus": tg.tensor(x).softmax(-1).expand(*expanded) + 1,
+    })
