@@ -128,6 +128,7 @@ class Lowering:
     _loads: list[Load] = field(default_factory=list)
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
+    _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
     _store_index: Expr | None = None
     _shape: tuple[int, ...] = ()
     riders: tuple[Node, ...] = ()  # materialized nodes this kernel also computes and stores (`store_nest`)
@@ -138,7 +139,9 @@ class Lowering:
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
                    compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False) -> None:
-        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store."""
+        """One loop nest over `shape`; `compute(index)` gives (output index, value) to store. A nest without loops
+        (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
+        copied in by the first nest."""
         dims = [d for d, size in enumerate(shape) if size > 1]
         self._shape = shape
         scope = self._root
@@ -151,10 +154,11 @@ class Lowering:
         out_index, value = compute(tuple(index))
         self._param(out, node, writes=True)
         self._store_index = ix.flatten(out_index, node.shape)
-        scope.stmts.append(Store(out, self._store_index, value, accumulate))
-        self._store_riders(scope, shape)
+        emit = scope.stmts.append if dims else scope.then
+        emit(Store(out, self._store_index, value, accumulate))
+        self._store_riders(emit, shape)
 
-    def _store_riders(self, scope: Scope, shape: tuple[int, ...]) -> None:
+    def _store_riders(self, emit: Callable[[Stmt], None], shape: tuple[int, ...]) -> None:
         """A store of each rider computed at the nest's own index, after every load of the body (so an output
         may still take the bytes of an input it reads at that index: `memory.inplace`)."""
         assert self._nest_index is not None
@@ -163,7 +167,7 @@ class Lowering:
             if rider.shape != shape or rider in self._misplaced or value is None:  # (a slice of it, or not read)
                 continue
             self._param(self.buffers[rider], rider, writes=True)
-            scope.stmts.append(Store(self.buffers[rider], ix.flatten(self._nest_index, shape), value))
+            emit(Store(self.buffers[rider], ix.flatten(self._nest_index, shape), value))
             self.stored_riders.add(rider)
 
     def transposed_nest(self, node: Node, out: str) -> None:
@@ -288,7 +292,12 @@ class Lowering:
             if scope.var is not column:
                 continue
             early = self._same_value_in_a_row_loop(source, index, column)
-            if early is not None:
+            if early is None:
+                continue
+            row = self._scope_of[early.name].var
+            assert row is not None
+            # through the output only where the reduction runs once per output row (not above a broadcast axis)
+            if not through_output or self._reduce_home[row].depth == scope.depth - 1:
                 self._forward(out, found, early, scope, self._scope_of[early.name])
                 if through_output:  # one value only: a second would overwrite the first's stores in `out`
                     return
@@ -313,7 +322,7 @@ class Lowering:
         target, early_offset = out, ix.substitute(offset, column, row)
         if column.extent * late.dtype.itemsize <= ROW_STAGE_BYTES:
             target, early_offset, offset = self._fresh("row"), row, column
-            row_scope = self._scope_of[self._nest[-2].name] if len(self._nest) > 1 else self._root
+            row_scope = self._reduce_home[row]  # (above the output's inner loops when it is broadcast along them)
             row_scope.stmts.insert(0, Local(target, late.dtype, column.extent))
         position = next(k for k, s in enumerate(early_scope.stmts) if getattr(s, "name", None) == early.name)
         early_scope.stmts.insert(position + 1, Store(target, early_offset, early))
@@ -439,6 +448,7 @@ class Lowering:
                 continue
             var = self._fresh_var("r", source.shape[axis])
             self._reduce_vars.append(var)
+            self._reduce_home[var] = scope
             body_scope = body_scope.child(var)
             self._scope_of[var.name] = body_scope
             loops.append((var, body_scope))

@@ -1,0 +1,84 @@
+"""Silent wrong results the cpu device once gave, each checked against the numpy device (or torch) with
+compilation forced: every graph here, however small, runs as generated C."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import tensorgraphs as tg
+import tensorgraphs.nn.functional as F
+from tensorgraphs.backends.cpu import CPU
+
+
+@pytest.fixture(autouse=True)
+def forced_compilation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+
+
+def on_both(build: Callable[[], dict[str, tg.Tensor]]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`build()`'s outputs evaluated on the numpy device (expected) and on the cpu device (got)."""
+    results = []
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            results.append({name: t.detach().numpy() for name, t in build().items()})
+    return results[0], results[1]
+
+
+def assert_same(build: Callable[[], dict[str, tg.Tensor]], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    expected, got = on_both(build)
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=rtol, atol=atol, equal_nan=True, err_msg=name)
+
+
+# -- scatter-add of a single element --------------------------------------------------------------------------
+
+
+def test_scatter_add_of_one_element_adds_to_the_base() -> None:
+    """A one-element scatter has no loop of its own: its store must still follow the loop copying the base."""
+    assert_same(lambda: {
+        "vector": tg.scatter_add(tg.zeros(70000), 0, tg.tensor([2]), tg.ones(1)),
+        "row": tg.scatter_add(tg.ones(1, 5), 1, tg.tensor([[4]]), tg.full((1, 1), 2.0)) * 2 + 1,
+        "column": tg.scatter_add(tg.ones(3, 5), 1, tg.tensor([[2], [0], [4]]), tg.full((3, 1), 2.0)),
+        "single": tg.scatter_add(tg.zeros(1), 0, tg.tensor([0]), tg.full((1,), 3.0)),
+    })
+
+
+def test_batch_of_one_gradients_through_gather_are_not_zero() -> None:
+    logits = np.random.default_rng(0).normal(size=(1, 70000)).astype(np.float32)
+
+    def build() -> dict[str, tg.Tensor]:
+        grads = {}
+        for name, loss in {
+            "cross_entropy": lambda x: F.cross_entropy(x, tg.tensor([5])),
+            "label_smoothing": lambda x: F.cross_entropy(x, tg.tensor([5]), label_smoothing=0.1),
+            "nll_loss": lambda x: F.nll_loss(x.log_softmax(1), tg.tensor([7])),
+            "gather": lambda x: (x.gather(1, tg.tensor([[4]])) * 3).sum(),
+        }.items():
+            x = tg.tensor(logits, requires_grad=True)
+            loss(x).backward()
+            grads[name] = x.grad
+        return grads
+
+    expected, got = on_both(build)
+    for name, want in expected.items():
+        assert np.abs(want).sum() > 0.5, name
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+# -- a row operation broadcast after it -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, expanded", [((512, 1, 64), (512, 3, 64)), ((2, 1, 10000), (2, 3, 10000)),
+                                             ((3, 1, 1, 64), (3, 2, 4, 64))],
+                         ids=["row array", "row through the output", "two broadcast axes"])
+def test_softmax_expanded_along_a_new_axis(shape: tuple[int, ...], expanded: tuple[int, ...]) -> None:
+    """The exp a softmax computes in its row reduction is passed to its output loop; the reduction sits above
+    the broadcast axis, so the row array must be declared there (it was declared inside that axis' loop)."""
+    x = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    assert_same(lambda: {
+        "log_softmax": tg.tensor(x).log_softmax(-1).expand(*expanded),
+        "softmax_plus": tg.tensor(x).softmax(-1).expand(*expanded) + 1,
+    })
