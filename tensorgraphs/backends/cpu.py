@@ -20,11 +20,12 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import signal
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -92,6 +93,9 @@ class Program:
         self._steps_entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long, ctypes.POINTER(ctypes.c_long),
                                       ctypes.POINTER(ctypes.c_long)]
         self._steps_entry.restype = ctypes.c_int
+        self._watch_interrupts = library.tg_watch_interrupts
+        self._unwatch_interrupts = library.tg_unwatch_interrupts
+        self._watch_interrupts.restype, self._unwatch_interrupts.restype = None, ctypes.c_int
         position = {node: i for i, node in enumerate(inputs)}
         self._slots: list[_Slot] = []
         for spec in schedule.buffers:
@@ -144,8 +148,24 @@ class Program:
             if memory.poison_enabled():
                 self.arena.poison()
             arrays = self._arrays(inputs)
-            _check_status(self._entry(_pointers(arrays)))
+            _check_status(self._interruptible(self._entry, _pointers(arrays)))
             return [arrays[i] for i in self._outputs]
+
+    def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
+        """`entry(*args)`, stopped between kernels by Ctrl-C (raising KeyboardInterrupt) instead of running to the
+        end first. Only where Python's own SIGINT handling would raise it: on the main thread, with the default
+        handler (a handler of the user's runs after the call, as before)."""
+        if threading.current_thread() is not threading.main_thread() or (
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return entry(*args)
+        self._watch_interrupts()
+        try:
+            status = entry(*args)
+        finally:
+            interrupted = self._unwatch_interrupts()
+        if interrupted:
+            raise KeyboardInterrupt
+        return status
 
     def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
@@ -197,7 +217,7 @@ class Program:
                 arrays.append(array)
             for output_slot, input_slot in self._in_place_slots.items():
                 arrays[output_slot] = arrays[input_slot]
-            _check_status(self._steps_entry(_pointers(arrays), steps, advance, swap_with))
+            _check_status(self._interruptible(self._steps_entry, _pointers(arrays), steps, advance, swap_with))
             # every run ends with a swap: after an even number the newest state is back in the input's array
             newest = {i: arrays[p] if p is not None and steps % 2 == 0 and i not in self._in_place_slots else arrays[i]
                       for i, p in partner.items()}

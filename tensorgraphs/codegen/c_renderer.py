@@ -510,7 +510,9 @@ def uses_gemm(kernels: list[Kernel]) -> bool:
 
 
 def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
-    """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order.
+    """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
+    (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
+    `tg_unwatch_interrupts`, see INTERRUPTS).
 
     Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
     one function called several times: the C compiler's time grows with the distinct code only. Functions
@@ -535,11 +537,38 @@ def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = Fals
             args.append("&status")
         call = f"    {name}({', '.join(args)});"
         calls.extend(_timed(call, index) if timed else [call])
+        calls.append("    if (tg_interrupted) return TG_INTERRUPTED;")
     clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
-    entry = [*declarations, *clock, "", "int tg_program(void **buffers) {", "    int status = 0;", *calls,
+    entry = [*declarations, *clock, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;", *calls,
              "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
     return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
 
+
+TG_INTERRUPTED = -1
+"""What `tg_program` and `tg_steps` return when a Ctrl-C stopped them."""
+
+INTERRUPTS = f"""
+/* Ctrl-C during a run: Python handles a signal only when the native call returns, so between
+   tg_watch_interrupts and tg_unwatch_interrupts a SIGINT only sets tg_interrupted and the run stops before
+   its next kernel. tg_unwatch_interrupts puts the previous handler back and says whether one came. */
+#include <signal.h>
+#define TG_INTERRUPTED ({TG_INTERRUPTED})
+static volatile sig_atomic_t tg_interrupted;
+static struct sigaction tg_previous_handler;
+static void tg_on_interrupt(int signal) {{ (void)signal; tg_interrupted = 1; }}
+void tg_watch_interrupts(void) {{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = tg_on_interrupt;
+    sigemptyset(&action.sa_mask);
+    tg_interrupted = 0;
+    sigaction(SIGINT, &action, &tg_previous_handler);
+}}
+int tg_unwatch_interrupts(void) {{
+    sigaction(SIGINT, &tg_previous_handler, NULL);
+    return tg_interrupted;
+}}
+"""
 
 TIMER = """#include <time.h>
 static double tg_now(void) {

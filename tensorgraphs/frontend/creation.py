@@ -12,7 +12,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import random as rng
 from tensorgraphs.frontend.placement import accepts_device as _accepts_device
-from tensorgraphs.frontend.tensor import Tensor, as_tensor, cast, is_scalar
+from tensorgraphs.frontend.tensor import Tensor, as_tensor, cast, fresh_buffer, is_scalar
 from tensorgraphs.graph import node as g
 
 
@@ -35,13 +35,14 @@ def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
 
 @_accepts_device
 def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new leaf holding a copy of `data` (inside a traced function, a copy made at every call)."""
     if isinstance(data, Tensor):
         data = data.detach()
         t = data if dtype is None else cast(data, dtypes.to_dtype(dtype))
-        return _leaf(Tensor.from_numpy(t.numpy(), t.dtype), requires_grad)
+        return _leaf(Tensor(fresh_buffer(t.node)), requires_grad)
     t = as_tensor(data, None if dtype is None else dtypes.to_dtype(dtype))
     if t.node.op is not g.Op.BUFFER:
-        t = Tensor.from_numpy(np.asarray(t._value()), t.dtype)
+        t = Tensor(fresh_buffer(t.node))
     return _leaf(t, requires_grad)
 
 

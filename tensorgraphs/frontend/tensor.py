@@ -224,7 +224,7 @@ class Tensor:
         if not self.requires_grad:
             self.node = value.node
             return self
-        self.node = _materialize(value.node) if trace is None else _stand_in(trace, value.node)
+        self.node = fresh_buffer(value.node)
         self.node.arg.grad_leaf = weakref.ref(self)
         return self
 
@@ -264,6 +264,13 @@ def _materialize(node: Node) -> Node:
     """A fresh BUFFER node holding `node`'s value (a copy: a compiled step may update a leaf's array in place)."""
     value = node.arg.data if node.op is Op.BUFFER else realize([node])[0]
     return host_buffer(np.array(value, dtype=node.dtype.storage, order="C"), node.dtype)
+
+
+def fresh_buffer(node: Node) -> Node:
+    """A BUFFER node of its own with `node`'s value: a copy, or while tracing a stand-in that the compiled program
+    fills with `node`'s value at every call (so a copy of an argument still reads the argument)."""
+    trace = tracing.active()
+    return _materialize(node) if trace is None else _stand_in(trace, node)
 
 
 def _stand_in(trace: tracing.Trace, value: Node) -> Node:

@@ -7,6 +7,12 @@ output that differs. Inputs come from fixed seeds.
 from __future__ import annotations
 
 import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
 from typing import Callable
 
 import numpy as np
@@ -318,3 +324,44 @@ def test_one_program_runs_safely_from_several_threads() -> None:
             got = list(pool.map(lambda x: step(tg.tensor(x)).numpy(), inputs))
             for g, e in zip(got, expected):
                 np.testing.assert_allclose(g, e, rtol=1e-4)
+
+
+INTERRUPTED_RUN = """
+import os, signal, sys
+import numpy as np
+import tensorgraphs as tg
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.runtime.realize import placeholder
+
+x = placeholder(tg.float32, (4096,))
+program, _ = CPU.program([(tg.Tensor(x) + 1).node], {x: None})
+start = np.zeros(4096, np.float32)
+print("running", flush=True)
+try:
+    program.run_steps([start], 1 << 62, set(), {0: 0})  # x += 1 for ever, in one native call
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted")
+print("after", program.run_steps([start], 1000, set(), {0: 0})[0][:2].tolist())
+try:
+    os.kill(os.getpid(), signal.SIGINT)  # outside a run: Python's own handler again
+    signal.pause()
+except KeyboardInterrupt:
+    print("interrupted outside")
+"""
+
+
+def test_ctrl_c_stops_a_native_call_and_the_program_runs_again(tmp_path: pathlib.Path) -> None:
+    """One SIGINT ends a native call that would run for ever with KeyboardInterrupt; the program runs correctly
+    afterwards and later SIGINTs reach Python as before."""
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "running\n"
+        threading.Event().wait(1.0)  # let it enter the native call (a signal before it is handled by Python)
+        child.send_signal(signal.SIGINT)
+        output, _ = child.communicate(timeout=300)  # a guard only: without the fix it never ends
+    finally:
+        child.kill()
+    assert output.splitlines() == ["interrupted", "after [1000.0, 1000.0]", "interrupted outside"]
+    assert child.returncode == 0

@@ -385,6 +385,81 @@ def test_conv_gradients_with_respect_to_arguments_match_torch(kind: str) -> None
                                            [(2, 3, 6, 6), (4, 3, 3, 3)])
 
 
+def sdpa_grads(F: object, grad: Callable, kind: str, q: tg.Tensor, k: tg.Tensor, v: tg.Tensor,
+               mask: tg.Tensor) -> tuple:
+    q, k, v = (make_leaf(kind, t) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    loss = (out * causal).sum()
+    return (loss.detach(), *grad(loss, [q, k, v]))
+
+
+@pytest.mark.parametrize("kind", ["detach", "clone", "argument"])
+def test_scaled_dot_product_attention_gradients_with_respect_to_arguments_match_torch(kind: str) -> None:
+    assert_compiled_equals_eager_and_torch(lambda F, grad, *args: sdpa_grads(F, grad, kind, *args),
+                                           [(2, 2, 6, 8), (2, 2, 5, 8), (2, 2, 5, 4), (6, 5)])
+
+
+def mlp_loss(F: object, x: tg.Tensor, w1: tg.Tensor, b1: tg.Tensor, w2: tg.Tensor, b2: tg.Tensor) -> tg.Tensor:
+    return (F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2) ** 2).mean()
+
+
+def grad_and_value(grad: Callable, loss: Callable) -> Callable:
+    """torch.func.grad_and_value written with tg.grad / torch.autograd.grad: gradients of `loss` with respect to
+    every argument, and its value."""
+
+    def gradient_function(*args: tg.Tensor) -> tuple:
+        leaves = [a.detach().requires_grad_() for a in args]
+        value = loss(*leaves)
+        return (*grad(value, leaves), value.detach())
+
+    return gradient_function
+
+
+def test_a_compiled_gradient_function_matches_torch_func() -> None:
+    """The torch.func style: the model's parameters are arguments of a pure loss, differentiated by a wrapper."""
+    torch = pytest.importorskip("torch")
+    compiled = tg.compile(grad_and_value(tg.grad, lambda *args: mlp_loss(tg.nn.functional, *args)))
+    expected_function = torch.func.grad_and_value(lambda *args: mlp_loss(torch.nn.functional, *args),
+                                                  argnums=(0, 1, 2, 3, 4))
+    for seed in range(3):
+        arrays = [data(*shape, seed=10 * seed + i) for i, shape in enumerate([(4, 6), (8, 6), (8,), (3, 8), (3,)])]
+        got = [r.numpy() for r in compiled(*(tg.tensor(a) for a in arrays))]
+        grads, value = expected_function(*(torch.from_numpy(a) for a in arrays))
+        for index, (g, t) in enumerate(zip(got, [*grads, value])):
+            np.testing.assert_allclose(g, t.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"result {index}")
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+
+
+def test_gradients_with_respect_to_captured_parameters_follow_the_weights_loaded_since() -> None:
+    torch = pytest.importorskip("torch")
+    reference = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                    torch.nn.Linear(4 * 5 * 5, 3))
+    model = tg.nn.Sequential(tg.nn.Conv2d(2, 4, 3, padding=1), tg.nn.ReLU(), tg.nn.Flatten(),
+                             tg.nn.Linear(4 * 5 * 5, 3))
+    compiled = tg.compile(lambda x, y: tg.grad(F.cross_entropy(model(x), y), list(model.parameters())))
+    x, y = data(2, 2, 5, 5), np.array([0, 2])
+    for seed in range(3):
+        torch.manual_seed(seed)
+        for p in reference.parameters():
+            torch.nn.init.normal_(p)
+        model.load_state_dict({k: v.detach().numpy() for k, v in reference.state_dict().items()})
+        got = compiled(tg.tensor(x), tg.tensor(y))
+        loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(x)), torch.from_numpy(y))
+        expected = torch.autograd.grad(loss, list(reference.parameters()))
+        for index, (g, t) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(g.numpy(), t.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"parameter {index}")
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+
+
+def test_tensor_copies_of_arguments_and_numbers_are_made_at_every_call() -> None:
+    compiled = tg.compile(lambda x, n: tg.maximum(tg.tensor(x) * 2, tg.tensor(n)))
+    for n in (1.0, 5.0):
+        x = data(3, 4, seed=int(n)) * n
+        np.testing.assert_allclose(compiled(tg.tensor(x), n).numpy(), np.maximum(x * 2, n), rtol=1e-6)
+    assert sum(len(t) for t in compiled.traces.values()) == 1
+
+
 def test_mlp_gradients_with_respect_to_input_and_captured_parameters_match_torch() -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
