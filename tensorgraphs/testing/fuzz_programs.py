@@ -1,45 +1,40 @@
-"""Fuzzer of the compiled path: random Tensor-API programs, run three ways, must agree.
+"""Fuzzer of the compiled path: random Tensor-API programs must give the `numpy` device's results.
 
-    python -m tensorgraphs.testing.fuzz_programs             # 300 programs
-    python -m tensorgraphs.testing.fuzz_programs --long      # 10,000 programs, every failure reported
-    python -m tensorgraphs.testing.fuzz_programs --seed 17   # one program, the one a failure names
+    python -m tensorgraphs.testing.fuzz_programs             # 300 programs and a few training runs
+    python -m tensorgraphs.testing.fuzz_programs --long      # 10,000 programs, 200 training runs
+    python -m tensorgraphs.testing.fuzz_programs --seed 17   # the program (and training run) a failure names
 
-A program is data: inputs (dtype, shape, values) and a few steps, each one line of Python over the public
-API (elementwise ops with division, pow, where, clamp; reductions with softmax, logsumexp, argmax; views with
-strided slices, flip, pad, cat, expand, permute; matmul; casts between all 9 dtypes; broadcasting, size-0
-and size-1 dims, non-contiguous views of inputs, NaN/±Inf/±0 values). Its source is the function that runs
-and the reproducer that is printed, so the two cannot drift apart. Some programs also return the gradients
-of their outputs with respect to their float arguments (`tg.grad` of arguments made leaves inside the
-function: under `tg.compile` the gradient is part of the compiled program).
+The default first seed comes from the date (so coverage moves from day to day) unless TG_FUZZ_SEED or
+--start gives one; TG_FUZZ_PROGRAMS or --count sets the number of programs.
 
-Each program runs on the `numpy` device (the oracle), on the `cpu` device with every graph compiled to C,
-and under `tg.compile`. Programs run in batches, one graph per batch (one compile); a batch that disagrees
-is split, and each failing program shrunk (outputs dropped, steps turned into inputs holding their values,
-views and gradients removed) while it fails the same way.
+A program is data: arguments (dtype, values, and a layout: contiguous, permuted, strided or expanded) and a
+few steps, each one line of Python over the public API (elementwise ops with division, pow, where, clamp;
+reductions with softmax, logsumexp, argmax; views with strided slices, flip, pad, cat, expand, permute;
+matmul; casts between all 9 dtypes; broadcasting, size-0 and size-1 dims, NaN/±Inf/±0 values). Its source
+is both the function that runs and the reproducer that is printed, so the two cannot drift apart. A
+quarter of the programs also return the gradients of their outputs with respect to their float arguments,
+taken the way a function takes them (`x.detach().requires_grad_()`, then `tg.grad`).
 
-Comparison, per output, from the ops it depends on (`Step.exactness`):
-
-* exact: ops every backend computes identically (IEEE +, *, /, sqrt, comparisons, views, casts, max-based
-  ops, integer arithmetic): bit for bit, NaN positions and the sign of zero included (not the sign of a zero
-  that a max-based op produced, which ops.md leaves unspecified);
-* close: rounding that may differ (transcendental functions, float sums in any order, matmul, mean,
-  softmax): NaN and infinity positions exactly, finite values within `rtol * (|expected| + scale)`, `scale`
-  being the largest finite magnitude among the values the output depends on, `rtol` per dtype in
-  `RTOL` (a few ulp of the dtype, times the error growth of a short chain);
-* unstable: a discontinuous op (comparison, rounding, argmax, cast to an integer) applied to a close value:
-  only dtype and shape are compared, since one ulp can flip the result.
+Each program runs on the `numpy` device (the oracle) and three ways on the compiled path (`MODES`): on the
+`cpu` device with every graph compiled to C, under `tg.compile` (forward only), and under `tg.compile`
+with the gradients inside the compiled function. Programs run in batches, one graph per batch (one
+compile); a batch that disagrees is split, and each failing program is shrunk while it fails the same way.
+Results are compared as `fuzz_core` describes, each output at the level (`Step.exactness`) of the ops it
+depends on. `fuzz_training` adds small training runs, one optimizer each. What known bugs trigger is left
+out of the generators (`fuzz_known_bugs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import math
+import os
 import sys
 import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -47,40 +42,36 @@ import numpy as np
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs import dtypes
-from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.errors import TGError
 from tensorgraphs.rewrite.fuzz import random_values
 from tensorgraphs.runtime.realize import realize
-from tensorgraphs.testing.samples import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES
+from tensorgraphs.testing import fuzz_known_bugs, fuzz_training
+from tensorgraphs.testing.fuzz_core import (
+    CLOSE,
+    EXACT,
+    RTOL,
+    UNSTABLE,
+    Failure,
+    Input,
+    compiling_everything,
+    differs,
+    largest_finite,
+    last_line,
+    shrink,
+)
+from tensorgraphs.testing.samples import ALL_DTYPES, FLOAT_DTYPES
 
 Rng = np.random.Generator
-EXACT, CLOSE, UNSTABLE = 0, 1, 2
-RTOL = {"float64": 1e-9, "float32": 2e-4, "float16": 2e-2, "bfloat16": 8e-2}
-"""Relative tolerance of close outputs per dtype: a few ulp, times the growth of a chain of a few ops."""
 MODES = ("cpu", "compile", "compile-grad")
 """The ways a program runs besides the oracle: the cpu device compiling every graph, `tg.compile` of the
 forward part, and `tg.compile` of programs that take gradients of their arguments."""
+LAYOUTS = ("contiguous",) * 5 + ("permuted", "strided", "expanded")
+
 
 
 # ---------------------------------------------------------------------------
 # Programs as data.
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Input:
-    """An argument of the program: `values` (numpy storage) of dtype `dtype`."""
-
-    name: str
-    dtype: str
-    values: np.ndarray
-
-    def source(self) -> str:
-        storage = np.dtype(dtypes.to_dtype(self.dtype).storage).name
-        array = f"np.array({self.values.tolist()!r}, dtype=np.{storage})"
-        if self.values.ndim and self.values.size == 0:
-            array = f"np.zeros({self.values.shape}, dtype=np.{storage})"
-        return f"{self.name} = tg.tensor({array}, dtype=tg.{self.dtype})"
 
 
 @dataclass(frozen=True)
@@ -133,11 +124,11 @@ class Program:
 
     def function(self) -> Callable[..., list[tg.Tensor]]:
         namespace: dict[str, Any] = {"tg": tg, "F": F, "np": np}
-        exec(compile(self.source(), f"<fuzz program {self.seed}>", "exec"), namespace)
+        exec(compile(self.source(), f"<fuzz program {self.seed}>", "exec"), namespace)  # noqa: S102
         return namespace["program"]
 
     def reproducer(self) -> str:
-        """Runnable Python printing the oracle's results, then the two compiled paths'."""
+        """Runnable Python printing the oracle's results, then the compiled paths'."""
         inputs = "\n".join(i.source() for i in self.arguments)
         names = ", ".join(i.name for i in self.arguments)
         return "\n".join([
@@ -189,8 +180,12 @@ class Program:
 
 @dataclass
 class Var:
+    """A variable of the program being generated: its lazy tensor (for shape and dtype) and, when a known
+    bug's rule asks, its values on the oracle."""
+
     name: str
     tensor: tg.Tensor
+    text: str = ""  # the step that made it ("" for an argument)
 
     @property
     def dtype(self) -> str:
@@ -204,11 +199,25 @@ class Var:
     def is_float(self) -> bool:
         return self.dtype in FLOAT_DTYPES
 
+    @cached_property
+    def values(self) -> np.ndarray:
+        with tg.device("numpy"):
+            return realize([self.tensor.node])[0]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A step about to be added, as the rules of `fuzz_known_bugs` see it."""
+
+    text: str
+    args: tuple[Var, ...]
+    dtype: str
+    numel: int
+
 
 @dataclass
 class Builder:
-    """The state of one program being generated: variables with their lazy tensors (for shapes and
-    dtypes; nothing is computed), and the steps so far."""
+    """The state of one program being generated: its variables and steps so far."""
 
     rng: Rng
     grad: bool
@@ -218,13 +227,20 @@ class Builder:
 
     def new_input(self, dtype: str, shape: tuple[int, ...]) -> Var:
         dt = dtypes.to_dtype(dtype)
-        values = random_values(self.rng, dt, shape)
-        if self.grad:  # gradients are compared away from NaN, infinities and overflow
-            values = np.where(np.isfinite(values), np.clip(values, -4, 4), 1.0).astype(values.dtype)
-        values = np.array(values, order="C")
-        name = f"x{len(self.inputs)}"
-        self.inputs.append(Input(name, dtype, values))
-        var = Var(name, tg.tensor(values, dtype=dt, requires_grad=self.grad and dt.is_floating_point))
+
+        def make(base_shape: tuple[int, ...]) -> np.ndarray:
+            values = random_values(self.rng, dt, base_shape)
+            if self.grad:  # gradients are compared away from NaN, infinities and overflow
+                values = np.where(np.isfinite(values), np.clip(values, -4, 4), 1.0).astype(values.dtype)
+            return np.array(values, order="C")
+
+        layout = str(self.rng.choice(LAYOUTS))
+        argument = Input.viewed(f"x{len(self.inputs)}", dtype, shape, layout, make)
+        self.inputs.append(argument)
+        tensor = argument.tensor()
+        if self.grad and dt.is_floating_point:
+            tensor = tensor.detach().requires_grad_()
+        var = Var(argument.name, tensor)
         self.pool.append(var)
         return var
 
@@ -236,16 +252,20 @@ class Builder:
         return choices[len(choices) - 1 - min(int(self.rng.exponential(2.5)), len(choices) - 1)]
 
     def add(self, text: str, args: Sequence[Var], exactness: int, signed_zero: bool = True) -> Var | None:
-        """Builds `text` lazily; a call the API rejects (a shape or dtype error) adds nothing."""
+        """Builds `text` lazily; a call the API rejects (a shape or dtype error), or one that a known bug
+        makes wrong, adds nothing."""
         namespace = {"tg": tg, "F": F, **{v.name: v.tensor for v in self.pool}}
         try:
             tensor = eval(text, namespace)  # noqa: S307 - our own generated text
         except (TGError, ValueError, TypeError, IndexError):
             return None
+        unique = tuple({id(v): v for v in args}.values())
+        if fuzz_known_bugs.skipped_step(Proposal(text, unique, tensor.dtype.name, tensor.numel())):
+            return None
         name = f"v{len(self.steps)}"
-        names = tuple(dict.fromkeys(v.name for v in args))
-        self.steps.append(Step(name, text, names, exactness, signed_zero, tensor.dtype.name))
-        var = Var(name, tensor)
+        self.steps.append(Step(name, text, tuple(v.name for v in unique), exactness, signed_zero,
+                               tensor.dtype.name))
+        var = Var(name, tensor, text)
         self.pool.append(var)
         return var
 
@@ -314,7 +334,7 @@ def op_binary(b: Builder) -> None:
     text, exactness, signed = b.choice(templates)
     if b.rng.random() < 0.25:  # a Python scalar operand
         text = text.replace("{y}", _scalar(b, y)) if b.rng.random() < 0.5 else text.replace("{x}", _scalar(b, x))
-    args = [v for v in (x, y) if "{" + ("x" if v is x else "y") + "}" in text]
+    args = [v for v, key in ((x, "{x}"), (y, "{y}")) if key in text]
     b.add(text.format(x=x.name, y=y.name), args, exactness, signed)
 
 
@@ -387,7 +407,7 @@ def op_reduce(b: Builder) -> None:
         return
     dim, keep = _dim(b, x), b.choice(("", ", keepdim=True"))
     sum_kind = CLOSE if x.is_float else EXACT
-    templates = [(f"{{x}}.sum({dim}{keep})", sum_kind, True), (f"{{x}}.sum()", sum_kind, True),
+    templates = [(f"{{x}}.sum({dim}{keep})", sum_kind, True), ("{x}.sum()", sum_kind, True),
                  (f"{{x}}.amax({dim}{keep})", EXACT, False), (f"{{x}}.amin({dim}{keep})", EXACT, False),
                  (f"{{x}}.argmax({dim}{keep})", UNSTABLE, True), (f"{{x}}.argmin({dim})", UNSTABLE, True),
                  (f"{{x}}.max({dim}{keep}).values", EXACT, False), (f"{{x}}.prod({dim})", sum_kind, True),
@@ -495,7 +515,8 @@ GENERATORS: tuple[Callable[[Builder], None], ...] = (
 
 
 def random_program(seed: int, steps: int | None = None) -> Program:
-    """The program of `seed`: 1-3 inputs, a few steps, 1-3 outputs; a quarter take gradients."""
+    """The program of `seed`: 1-2 inputs (more as ops need partners), a few steps, 1-3 outputs; a quarter
+    take gradients."""
     rng = np.random.default_rng(seed)
     b = Builder(rng, grad=rng.random() < 0.25)
     for _ in range(int(rng.integers(1, 3))):
@@ -523,15 +544,11 @@ def random_program(seed: int, steps: int | None = None) -> Program:
 # ---------------------------------------------------------------------------
 
 
-def forward_only(program: Program) -> Program:
-    return replace(program, leaves=(), seeds=())
-
-
 def programs_for(mode: str, programs: Sequence[Program]) -> list[Program]:
     """What runs in `mode`: under plain "compile" the forward part only, under "compile-grad" the programs
     that take gradients (the gradient of arguments inside the compiled function), elsewhere everything."""
     if mode == "compile":
-        return [forward_only(p) for p in programs]
+        return [replace(p, leaves=(), seeds=()) for p in programs]
     if mode == "compile-grad":
         return [p for p in programs if p.seeds]
     return list(programs)
@@ -558,22 +575,16 @@ def run(programs: Sequence[Program], mode: str) -> list[list[np.ndarray]]:
     if not programs:
         return []
     batch = _batch_function(programs)
-    args = [tg.tensor(i.values, dtype=getattr(tg, i.dtype)) for p in programs for i in p.arguments]
+    args = [i.tensor() for p in programs for i in p.arguments]
     if mode.startswith("compile"):
         results = tg.compile(batch)(*args)
         results = [results] if isinstance(results, tg.Tensor) else list(results)
         with tg.device("numpy"):
             flat = [t.numpy() for t in results]
     else:
-        previous = CPU.interpret_below
-        CPU.interpret_below = 0
-        try:
-            with tg.device(mode):
-                results = batch(*args)
-                realize([t.node for t in results])
-                flat = [t.numpy() for t in results]
-        finally:
-            CPU.interpret_below = previous
+        with compiling_everything(), tg.device(mode):
+            results = batch(*args)
+            flat = realize([t.node for t in results])
     counts = [len(result_kinds(p)) for p in programs]
     if len(flat) != sum(counts):
         raise AssertionError(f"{len(flat)} results, expected {sum(counts)}")
@@ -581,25 +592,12 @@ def run(programs: Sequence[Program], mode: str) -> list[list[np.ndarray]]:
     return [flat[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
 
-def _scale_and_rtol(program: Program, values: dict[str, np.ndarray], names: set[str]) -> tuple[float, float]:
-    """The largest finite magnitude among `names`' oracle values, and the loosest tolerance of their dtypes."""
-    scale, rtol = 0.0, 0.0
-    dtype_of = {i.name: i.dtype for i in program.inputs} | {s.name: s.dtype for s in program.steps}
-    for name in names:
-        rtol = max(rtol, RTOL.get(dtype_of[name], 0.0))
-        v = values[name]
-        if v.dtype.kind == "f" and v.size:
-            finite = np.abs(v[np.isfinite(v)].astype(np.float64))
-            scale = max(scale, float(finite.max()) if finite.size else 0.0)
-    return scale, rtol
-
-
 def intermediate_values(program: Program) -> dict[str, np.ndarray]:
     """Every variable's value on the oracle (the scale of close comparisons)."""
     namespace = {"tg": tg, "F": F}
     with tg.device("numpy"), tg.no_grad():
         for i in program.inputs:
-            namespace[i.name] = tg.tensor(i.values, dtype=getattr(tg, i.dtype))
+            namespace[i.name] = i.tensor()
         for s in program.steps:
             namespace[s.name] = eval(s.text, namespace)  # noqa: S307 - our own generated text
         names = [i.name for i in program.inputs] + [s.name for s in program.steps]
@@ -619,60 +617,26 @@ def result_kinds(program: Program) -> list[tuple[int, bool, set[str]]]:
     return kinds
 
 
-def differs(expected: np.ndarray, got: np.ndarray, exactness: int, signed_zero: bool, scale: float,
-            rtol: float) -> str | None:
-    """Why `got` is not an acceptable result where `expected` is the oracle's, or None."""
-    if expected.shape != got.shape or expected.dtype != got.dtype:
-        return f"shape/dtype {got.dtype}{list(got.shape)}, expected {expected.dtype}{list(expected.shape)}"
-    if exactness == UNSTABLE:
-        return None
-    if expected.dtype.kind != "f":
-        bad = expected != got
-    else:
-        e, g = expected.astype(np.float64), got.astype(np.float64)
-        nan_e, nan_g = np.isnan(e), np.isnan(g)
-        if exactness == EXACT:
-            bad = ~((e == g) | (nan_e & nan_g))
-            if signed_zero:
-                bad |= (e == 0) & (g == 0) & (np.signbit(e) != np.signbit(g))
-        else:
-            with np.errstate(invalid="ignore"):
-                close = np.abs(e - g) <= rtol * (np.abs(e) + scale)
-            bad = (nan_e != nan_g) | ~(close | (e == g) | (nan_e & nan_g))
-    if not bad.any():
-        return None
-    where = tuple(int(i) for i in np.argwhere(bad)[0])
-    return f"{int(bad.sum())} of {bad.size} elements differ, first at {list(where)}: " \
-           f"expected {expected[where]!r}, got {got[where]!r}"
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How one program failed: in which mode, and the error type or 'mismatch'."""
-
-    mode: str
-    kind: str
-    detail: str
-
-
 def check(program: Program, modes: Sequence[str] = MODES) -> Failure | None:
-    """None when the cpu device and `tg.compile` agree with the oracle on `program`."""
+    """None when the compiled paths agree with the oracle on `program`, else the first failure."""
     failures = check_batch([program], modes)
     return failures[0] if failures else None
 
 
 def check_batch(programs: Sequence[Program], modes: Sequence[str] = MODES) -> list[Failure]:
-    """The failures of running the programs together (empty when all agree)."""
+    """The failures of running the programs together, one per mode at most (empty when all agree)."""
     try:
         expected = run(programs, "numpy")
     except Exception as error:  # noqa: BLE001 - the oracle's own failure is a finding too
-        return [Failure("numpy", type(error).__name__, _last_line(error))]
+        return [Failure("numpy", type(error).__name__, last_line(error))]
     failures = []
     for mode in modes:
+        if fuzz_known_bugs.skipped_mode(mode):
+            continue
         try:
             got = run(programs, mode)
         except Exception as error:  # noqa: BLE001 - any crash of a compiled path is a finding
-            failures.append(Failure(mode, type(error).__name__, _last_line(error)))
+            failures.append(Failure(mode, type(error).__name__, last_line(error)))
             continue
         ran = programs_for(mode, programs)
         oracle = [e for p, e in zip(programs, expected) if p.seeds or mode != "compile-grad"]
@@ -685,33 +649,22 @@ def check_batch(programs: Sequence[Program], modes: Sequence[str] = MODES) -> li
 def compare(program: Program, expected: list[np.ndarray], got: list[np.ndarray]) -> str | None:
     """Why `got` (a prefix of the oracle's results when gradients were left out) is wrong, or None."""
     values: dict[str, np.ndarray] | None = None
+    dtype_of = {i.name: i.dtype for i in program.inputs} | {s.name: s.dtype for s in program.steps}
     for i, (e, g, (level, signed, names)) in enumerate(zip(expected, got, result_kinds(program))):
         scale, rtol = 0.0, 0.0
         if level == CLOSE:
             values = intermediate_values(program) if values is None else values
-            scale, rtol = _scale_and_rtol(program, values, names)
+            scale = largest_finite(values[n] for n in names)
+            rtol = max(RTOL.get(dtype_of[n], 0.0) for n in names)
         reason = differs(e, g, level, signed, scale, rtol)
         if reason is not None:
             return f"result {i}: {reason}"
     return None
 
 
-def _last_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip().splitlines()
-    return text[-1][:300] if len(text) == 1 else (text[0][:200] + " ... " + text[-1][:200])
-
-
 # ---------------------------------------------------------------------------
 # Shrinking.
 # ---------------------------------------------------------------------------
-
-
-def _same_failure(program: Program, failure: Failure) -> Failure | None:
-    try:
-        found = check(program, (failure.mode,) if failure.mode != "numpy" else ())
-    except Exception:  # noqa: BLE001 - a candidate that breaks the harness is not smaller
-        return None
-    return found if found is not None and (found.mode, found.kind) == (failure.mode, failure.kind) else None
 
 
 def _pruned(program: Program) -> Program:
@@ -726,8 +679,17 @@ def _pruned(program: Program) -> Program:
                    leaves=leaves, seeds=seeds)
 
 
+def _simpler_values(argument: Input) -> Input:
+    """The argument with its finite floats rounded to integers (shorter to read; specials kept)."""
+    values = argument.values
+    if values.dtype.kind == "f":
+        values = np.where(np.isfinite(values), np.round(values), values).astype(values.dtype)
+    return replace(argument, values=values)
+
+
 def _candidates(program: Program) -> Iterator[Program]:
-    """Smaller programs: fewer outputs, no gradients, a step replaced by an input holding its value."""
+    """Smaller programs: fewer outputs, no gradients, a step replaced by an input holding its value,
+    contiguous or rounder arguments."""
     if len(program.outputs) > 1:
         for o in program.outputs:
             yield _pruned(replace(program, outputs=(o,)))
@@ -736,33 +698,32 @@ def _candidates(program: Program) -> Iterator[Program]:
     try:
         values = intermediate_values(program)
     except Exception:  # noqa: BLE001 - the oracle fails: only cutting is possible
-        return
+        values = {}
     for step in program.steps:
-        if step.name in program.outputs:
+        if step.name in program.outputs or step.name not in values:
             continue
-        value = values[step.name]
-        as_input = Input(step.name, step.dtype, np.array(value, order="C"))
+        as_input = Input(step.name, step.dtype, np.array(values[step.name], order="C"))
         steps = tuple(s for s in program.steps if s is not step)
+        leaf = (step.name,) if program.seeds and step.dtype in FLOAT_DTYPES else ()
         yield _pruned(replace(program, inputs=program.inputs + (as_input,), steps=steps,
-                              leaves=program.leaves + ((step.name,) if program.seeds and step.dtype in FLOAT_DTYPES
-                                                       else ())))
+                              leaves=program.leaves + leaf))
+    for field_name in ("inputs", "seeds"):
+        arguments = getattr(program, field_name)
+        for i, argument in enumerate(arguments):
+            for simpler in (argument.contiguous(), _simpler_values(argument)):
+                yield replace(program, **{field_name: arguments[:i] + (simpler,) + arguments[i + 1:]})
 
 
-def _size(program: Program) -> tuple[int, int, int]:
+def _size(program: Program) -> tuple[int, ...]:
     return (len(program.steps) + len(program.seeds), len(program.outputs),
-            sum(i.values.size for i in program.arguments))
+            sum(i.values.size for i in program.arguments), sum(i.view != "contiguous" for i in program.arguments),
+            len(program.source()) + sum(len(i.source()) for i in program.arguments))
 
 
-def shrink(program: Program, failure: Failure) -> tuple[Program, Failure]:
-    """The smallest program reachable by the candidates above that fails the same way."""
-    program = _pruned(program)
-    while True:
-        for candidate in _candidates(program):
-            if _size(candidate) < _size(program) and (found := _same_failure(candidate, failure)) is not None:
-                program, failure = candidate, found
-                break
-        else:
-            return program, failure
+def shrink_program(program: Program, failure: Failure) -> tuple[Program, Failure]:
+    """The smallest program reachable by `_candidates` that fails the same way."""
+    return shrink(_pruned(program), failure, _candidates, _size,
+                  lambda p, mode: check(p, (mode,) if mode != "numpy" else ()))
 
 
 # ---------------------------------------------------------------------------
@@ -772,14 +733,17 @@ def shrink(program: Program, failure: Failure) -> tuple[Program, Failure]:
 
 @dataclass(frozen=True)
 class Report:
+    """A failure found: the seed that generated it, how it failed, and the shrunk reproducer."""
+
     seed: int
     failure: Failure
-    program: Program
+    reproducer: str
+    what: str = "program"
 
     def text(self) -> str:
         command = f"python -m tensorgraphs.testing.fuzz_programs --seed {self.seed}"
-        return (f"seed {self.seed} ({command}): {self.failure.mode} {self.failure.kind}: {self.failure.detail}\n"
-                f"{textwrap.indent(self.program.reproducer(), '    ')}")
+        return (f"{self.what} of seed {self.seed} ({command}): {self.failure.mode} {self.failure.kind}: "
+                f"{self.failure.detail}\n{textwrap.indent(self.reproducer, '    ')}")
 
 
 def fuzz(seeds: Sequence[int], batch: int = 16, modes: Sequence[str] = MODES,
@@ -794,53 +758,88 @@ def fuzz(seeds: Sequence[int], batch: int = 16, modes: Sequence[str] = MODES,
         if check_batch(programs, modes):
             for seed, program in zip(chunk, programs):
                 for failure in check_batch([program], modes):
-                    small, small_failure = shrink(program, failure)
-                    report = Report(seed, small_failure, small)
-                    reports.append(report)
+                    small, small_failure = shrink_program(program, failure)
+                    reports.append(Report(seed, small_failure, small.reproducer()))
                     if on_report is not None:
-                        on_report(report)
+                        on_report(reports[-1])
         if progress is not None:
             progress(len(chunk))
     return reports
 
 
+def fuzz_training_runs(seeds: Sequence[int], on_report: Callable[[Report], None] | None = None) -> list[Report]:
+    """The training runs of `seeds` (`fuzz_training`), each failure shrunk and reported."""
+    reports = []
+    for seed in seeds:
+        case = fuzz_training.random_case(seed)
+        failure = fuzz_training.check(case)
+        if failure is not None:
+            small, small_failure = fuzz_training.shrink_case(case, failure)
+            reports.append(Report(seed, small_failure, small.reproducer(), what="training run"))
+            if on_report is not None:
+                on_report(reports[-1])
+    return reports
+
+
 def date_seed(day: datetime.date | None = None) -> int:
     """A seed that changes every day, so every CI run covers new programs."""
-    day = day or datetime.datetime.now(datetime.timezone.utc).date()
+    day = day or datetime.datetime.now(datetime.UTC).date()
     return int(day.strftime("%Y%m%d")) * 100_000
+
+
+def default_seeds(long: bool = False) -> range:
+    """The seeds of a run: from TG_FUZZ_SEED (else the date), TG_FUZZ_PROGRAMS of them (else 300, or 10,000
+    for a long run)."""
+    start = int(os.environ.get("TG_FUZZ_SEED") or date_seed())
+    return range(start, start + int(os.environ.get("TG_FUZZ_PROGRAMS") or (10_000 if long else 300)))
+
+
+def training_seeds(seeds: Sequence[int]) -> list[int]:
+    """One training run per 50 programs, at least one per optimizer of `fuzz_training`."""
+    count = max(len(fuzz_training.OPTIMIZERS), len(seeds) // 50) if len(seeds) > 1 else 1
+    return list(seeds[:count])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Random Tensor-API programs: numpy device vs compiled paths.")
     parser.add_argument("--long", action="store_true", help="10,000 programs instead of 300")
-    parser.add_argument("--count", type=int, help="number of programs")
-    parser.add_argument("--seed", type=int, help="run only this seed (shrunk and printed if it fails)")
-    parser.add_argument("--start", type=int, help="first seed (default: today's)")
+    parser.add_argument("--count", type=int, help="number of programs (default: TG_FUZZ_PROGRAMS or 300)")
+    parser.add_argument("--start", type=int, help="first seed (default: TG_FUZZ_SEED or today's)")
+    parser.add_argument("--seed", type=int, help="run only this seed's program and training run")
     parser.add_argument("--batch", type=int, default=16, help="programs per compiled graph")
     parser.add_argument("--show", action="store_true", help="with --seed: print the program")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--no-training", action="store_true", help="programs only")
+    parser.add_argument("--known-bugs", action="store_true",
+                        help="also generate what the known bugs of fuzz_known_bugs trigger")
     args = parser.parse_args(argv)
+    if args.known_bugs:
+        os.environ["TG_FUZZ_KNOWN_BUGS"] = "1"
     if args.seed is not None:
         seeds: Sequence[int] = [args.seed]
         if args.show:
             print(random_program(args.seed).reproducer())
     else:
-        start = date_seed() if args.start is None else args.start
-        seeds = range(start, start + (args.count or (10_000 if args.long else 300)))
+        seeds = default_seeds(args.long)
+        seeds = range(args.start if args.start is not None else seeds.start,
+                      (args.start if args.start is not None else seeds.start) + (args.count or len(seeds)))
     began, done = time.monotonic(), 0
 
     def progress(n: int) -> None:
         nonlocal done
         done += n
         rate = done / max(time.monotonic() - began, 1e-9)
-        eta = (len(seeds) - done) / rate
-        print(f"\r{done}/{len(seeds)} programs, {rate:.1f}/s, ETA {eta:.0f} s", end="", file=sys.stderr, flush=True)
+        print(f"\r{done}/{len(seeds)} programs, {rate:.1f}/s, ETA {(len(seeds) - done) / rate:.0f} s", end="",
+              file=sys.stderr, flush=True)
 
     def on_report(report: Report) -> None:
         print("\n" + report.text(), flush=True)
 
     reports = fuzz(seeds, args.batch, args.modes.split(","), on_report, progress if len(seeds) > 1 else None)
-    print(f"\nfuzz_programs: {len(seeds)} programs from seed {seeds[0]}, {len(reports)} failing", file=sys.stderr)
+    trained = [] if args.no_training else training_seeds(seeds)
+    reports += fuzz_training_runs(trained, on_report)
+    print(f"\nfuzz_programs: {len(seeds)} programs and {len(trained)} training runs from seed {seeds[0]}, "
+          f"{len(reports)} failing", file=sys.stderr)
     return 1 if reports else 0
 
 
