@@ -733,17 +733,18 @@ def shrink_program(program: Program, failure: Failure) -> tuple[Program, Failure
 
 @dataclass(frozen=True)
 class Report:
-    """A failure found: the seed that generated it, how it failed, and the shrunk reproducer."""
+    """A failure found: the seed that generated it, how it failed, and the shrunk case (a `Program` or a
+    `fuzz_training.TrainingCase`)."""
 
     seed: int
     failure: Failure
-    reproducer: str
-    what: str = "program"
+    case: Program | fuzz_training.TrainingCase
 
     def text(self) -> str:
+        what = "program" if isinstance(self.case, Program) else "training run"
         command = f"python -m tensorgraphs.testing.fuzz_programs --seed {self.seed}"
-        return (f"{self.what} of seed {self.seed} ({command}): {self.failure.mode} {self.failure.kind}: "
-                f"{self.failure.detail}\n{textwrap.indent(self.reproducer, '    ')}")
+        return (f"{what} of seed {self.seed} ({command}): {self.failure.mode} {self.failure.kind}: "
+                f"{self.failure.detail}\n{textwrap.indent(self.case.reproducer(), '    ')}")
 
 
 def fuzz(seeds: Sequence[int], batch: int = 16, modes: Sequence[str] = MODES,
@@ -759,7 +760,7 @@ def fuzz(seeds: Sequence[int], batch: int = 16, modes: Sequence[str] = MODES,
             for seed, program in zip(chunk, programs):
                 for failure in check_batch([program], modes):
                     small, small_failure = shrink_program(program, failure)
-                    reports.append(Report(seed, small_failure, small.reproducer()))
+                    reports.append(Report(seed, small_failure, small))
                     if on_report is not None:
                         on_report(reports[-1])
         if progress is not None:
@@ -775,7 +776,7 @@ def fuzz_training_runs(seeds: Sequence[int], on_report: Callable[[Report], None]
         failure = fuzz_training.check(case)
         if failure is not None:
             small, small_failure = fuzz_training.shrink_case(case, failure)
-            reports.append(Report(seed, small_failure, small.reproducer(), what="training run"))
+            reports.append(Report(seed, small_failure, small))
             if on_report is not None:
                 on_report(reports[-1])
     return reports
