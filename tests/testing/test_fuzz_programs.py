@@ -13,6 +13,7 @@ import tensorgraphs as tg
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import c_renderer
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import realize
 from tensorgraphs.testing import fuzz_known_bugs, fuzz_training
 from tensorgraphs.testing import fuzz_programs as fp
 from tensorgraphs.testing.fuzz_core import Input
@@ -38,8 +39,10 @@ def test_10000_programs_agree_with_the_numpy_device() -> None:
 
 
 def _isolated_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Programs compiled while a renderer is broken stay out of the process-wide program cache."""
+    """Programs compiled while a renderer is broken stay out of the process-wide caches of programs and of
+    prepared executables (which hold their programs)."""
     monkeypatch.setattr(CPU, "_programs", OrderedDict())
+    monkeypatch.setattr(realize, "_executables", OrderedDict())
     monkeypatch.setattr(CPU, "interpret_below", 0)
 
 
@@ -59,7 +62,7 @@ def test_a_wrong_sign_in_the_add_kernel_is_caught_and_shrunk_to_a_reproducer(
     printed = capsys.readouterr().out
     assert printed.startswith("numpy") and "cpu" in printed and "compile" in printed
     monkeypatch.setitem(c_renderer.BINARY, Op.ADD, add)
-    monkeypatch.setattr(CPU, "_programs", OrderedDict())
+    _isolated_kernels(monkeypatch)
     assert fp.check(report.case, ("cpu",)) is None  # the reproducer fails only because of the injected bug
 
 
