@@ -460,6 +460,27 @@ def test_tensor_copies_of_arguments_and_numbers_are_made_at_every_call() -> None
     assert sum(len(t) for t in compiled.traces.values()) == 1
 
 
+def test_arguments_that_require_grad_are_traced_as_such() -> None:
+    """As in eager code, the function sees whether an argument requires grad (a trace for each), can differentiate
+    with respect to it directly, and may not set its .grad (the argument outside would not get it)."""
+    def gradient_or_triple(x: tg.Tensor) -> tg.Tensor:
+        return tg.grad((x ** 3).sum(), [x])[0] if x.requires_grad else x * 3
+
+    compiled = tg.compile(gradient_or_triple)
+    x = data(4)
+    np.testing.assert_allclose(compiled(tg.tensor(x, requires_grad=True)).numpy(), 3 * x**2, rtol=1e-6)
+    np.testing.assert_allclose(compiled(tg.tensor(x)).numpy(), 3 * x, rtol=1e-6)
+    assert sum(len(t) for t in compiled.traces.values()) == 2
+
+    def sets_the_argument_gradient(x: tg.Tensor) -> tg.Tensor:
+        loss = (x * x).sum()
+        loss.backward()
+        return loss.detach()
+
+    with pytest.raises(tg.UnsupportedError, match=r"cannot set the .grad of its own arguments.*test_compiled.py"):
+        tg.compile(sets_the_argument_gradient)(tg.tensor(x, requires_grad=True))
+
+
 def test_mlp_gradients_with_respect_to_input_and_captured_parameters_match_torch() -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
