@@ -141,7 +141,11 @@ class Tensor:
 
     def _value(self) -> np.ndarray:
         node = self.node
-        value = node.arg.data if node.op is Op.BUFFER and not tracing.traces_recording else realize([node])[0]
+        if node.op is Op.BUFFER and not tracing.traces_recording:
+            tracing.refuse_placeholders("realize", [node])
+            value = node.arg.data
+        else:
+            value = realize([node])[0]
         return value.astype(self.dtype.storage, copy=False)
 
     def item(self) -> Scalar:

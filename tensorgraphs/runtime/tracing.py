@@ -15,9 +15,9 @@ import operator
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime.buffer import Buffer
@@ -42,6 +42,16 @@ def placeholder(node: Node) -> Node:
 
 def is_placeholder(node: Node) -> bool:
     return node.op is Op.BUFFER and node.arg in _PLACEHOLDERS
+
+
+def refuse_placeholders(what: str, leaves: Iterable[Node]) -> None:
+    """Called where values are computed from `leaves` outside a trace: a placeholder among them has no value (a
+    tensor made inside a traced function, kept in a variable that outlived the call), so refuse clearly rather
+    than compute with made-up zeros."""
+    if any(is_placeholder(n) for n in leaves):
+        fail(what, "this tensor was computed inside a function traced by tg.compile, from its placeholder "
+             "arguments, and kept past the call: it has no value; return it from the function instead",
+             kind=UnsupportedError)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import numpy as np
@@ -516,6 +517,25 @@ def test_a_value_kept_from_an_earlier_trace_is_refused_not_read_as_a_constant() 
     np.testing.assert_allclose(compiled(tg.ones(3)).numpy(), np.full(3, 3.0))
     with pytest.raises(tg.UnsupportedError, match=r"computed inside an earlier trace.*test_compiled.py"):
         compiled(tg.ones(3, dtype=tg.float64))
+
+
+def test_a_value_kept_from_a_trace_is_refused_when_read_after_it() -> None:
+    """Inside the trace the arguments are placeholders: a tensor made from one and kept past the call has no
+    value, and reading it, or differentiating through it, says so instead of computing with zeros."""
+    kept: list[tg.Tensor] = []
+
+    def remember(x: tg.Tensor) -> tg.Tensor:
+        kept.extend([x, x * 2, x.detach().requires_grad_()])
+        return x + 1
+
+    tg.compile(remember)(tg.ones(3))
+    for device, tensor in itertools.product(["cpu", "numpy"], kept):
+        with tg.device(device), pytest.raises(tg.UnsupportedError, match=r"kept past the call.*test_compiled.py"):
+            tensor.detach().sum().item()
+        with tg.device(device), pytest.raises(tg.UnsupportedError, match=r"kept past the call.*test_compiled.py"):
+            tensor.detach().numpy()
+    with pytest.raises(tg.UnsupportedError, match=r"backward: .*kept past the call.*test_compiled.py"):
+        (kept[2] * kept[2]).sum().backward()
 
 
 # -- captured tensors are read at every call -----------------------------------------------------------------------
