@@ -260,6 +260,7 @@ def live_buffer(value: np.ndarray, read: Callable[[], np.ndarray], dtype: DType)
     a learning rate a scheduler changes, the next random key."""
     tensor = Tensor.from_numpy(value, dtype)
     tensor.node.arg.live = read
+    tracing.note_live(tensor.node.arg)
     return tensor
 
 

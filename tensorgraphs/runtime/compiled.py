@@ -79,6 +79,7 @@ class _Trace:
     grads_present: tuple[tuple[Tensor, bool], ...]  # the gradients the trace read or replaced, as present then
     modes: tuple[tuple[Any, bool], ...]  # the modules called, and whether they were in training mode
     single: bool  # fn returned one tensor, not a sequence
+    live_order: tuple[int, ...]  # the program inputs read live (random keys), in the order fn made them
     grad_enabled: bool  # the grad mode traced in (under no_grad the graph has no gradient paths)
     fixed_numbers: tuple[tuple[int, int | float], ...] = ()  # (position, value): number arguments used as values
     results_graph: differentiable.ResultGraph | None = None  # for results autograd can differentiate
@@ -159,7 +160,11 @@ class CompiledFunction:
         """The trace for the call and the arrays its program reads, in order."""
         trace = self._trace_for(args, kwargs)
         values = _argument_values((*args, *kwargs.values()))
-        return trace, [read(values) for read in trace.readers]
+        live = set(trace.live_order)
+        inputs: list[Any] = [None if i in live else read(values) for i, read in enumerate(trace.readers)]
+        for i in trace.live_order:  # random keys drawn in eager code's order
+            inputs[i] = trace.readers[i](values)
+        return trace, inputs
 
     def steps(self, *args: Any) -> Any:
         """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per
@@ -177,7 +182,10 @@ class CompiledFunction:
         first = [v[0] if _is_tensor_like(a) else a for a, v in zip(args, stacked)]
         trace = self._trace_for(tuple(first), {})
         fed = {i for i, read in enumerate(trace.readers) if isinstance(read, (_Argument, _Live))}
-        inputs = [read.per_step(count) if isinstance(read, _Live) else read(stacked) for read in trace.readers]
+        inputs: list[Any] = [None if isinstance(read, _Live) else read(stacked) for read in trace.readers]
+        drawn = [[trace.readers[i](stacked) for i in trace.live_order] for _ in range(count)]  # step by step
+        for j, i in enumerate(trace.live_order):
+            inputs[i] = np.stack([step[j] for step in drawn])
         carried = {s.output_index: s.input_index for s in trace.states
                    if s.output_index is not None and s.input_index is not None}
         outputs = trace.program.run_steps(inputs, count, fed, carried)
@@ -282,6 +290,9 @@ class CompiledFunction:
                               if key in effects.grads_read)
         grads_present += tuple((c.grad_of, True) for c in captured.values() if c.grad_of is not None)
         single = isinstance(result, Tensor)
+        made = {id(buffer): order for order, buffer in enumerate(effects.lives)}
+        live_order = sorted((i for i, read in enumerate(readers) if isinstance(read, _Live)),
+                            key=lambda i: made.get(id(inputs[i].arg), len(made)))
         fixed_numbers = tuple((p, a) for p, (a, t) in enumerate(zip(args, traced_args))
                               if _is_number(a) and getattr(t, "specialized", True))
         results_graph = None
@@ -289,7 +300,8 @@ class CompiledFunction:
             sources = _leaf_sources(inputs, placeholders, numbers, state_inputs, captured)
             results_graph = differentiable.ResultGraph.build(results, sources)
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
-                      grads_present, tuple(effects.modes.values()), single, is_grad_enabled(), fixed_numbers,
+                      grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
+                      fixed_numbers,
                       results_graph)
 
 
@@ -430,9 +442,6 @@ class _Live:
 
     def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
         return self.read()
-
-    def per_step(self, steps: int) -> np.ndarray:
-        return np.stack([self.read() for _ in range(steps)])
 
 
 def _fixed(array: np.ndarray) -> Reader:

@@ -77,6 +77,7 @@ class Trace:
     modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
     captured: dict[Node, Captured] = field(default_factory=dict)  # node read -> the tensor it was read from
     created: set[int] = field(default_factory=set)  # ids of the tensors made while tracing
+    lives: list[Buffer] = field(default_factory=list)  # live buffers made while tracing (random keys), in order
 
     def stand_in(self, node: Node, value: Node) -> Node:
         """Let the leaf buffer `node` stand for `value` (which tracing cannot compute) until `resolve`."""
@@ -121,6 +122,14 @@ def note_created(tensor: Tensor) -> None:
     trace = active()
     if trace is not None:
         trace.created.add(id(tensor))
+
+
+def note_live(buffer: Buffer) -> None:
+    """A live buffer (`Buffer.live`) is made: a compiled call reads them in this order, so it draws random keys in
+    the order eager code would."""
+    trace = active()
+    if trace is not None:
+        trace.lives.append(buffer)
 
 
 def note_read(tensor: Tensor, node: Node) -> None:

@@ -163,3 +163,27 @@ def test_keyword_arguments_and_torch_compile_options() -> None:
     assert isinstance(tg.compile(fullgraph=True)(module), tg.CompiledModule)
     with pytest.raises(tg.ArgumentError, match=r"unknown option.*test_compiled_module.py"):
         tg.compile(module, fast=True)
+
+
+def test_a_compiled_transformer_with_dropout_trains_like_the_eager_one() -> None:
+    """Dropout in several places (attention, feed-forward, residuals): the compiled forward draws the same masks
+    as eager code under the same seed, and backward reuses them."""
+    def build() -> tg.nn.Module:
+        tg.manual_seed(0)
+        layer = tg.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.2, batch_first=True)
+        return tg.nn.Sequential(tg.nn.TransformerEncoder(layer, 2), tg.nn.Flatten(), tg.nn.Linear(7 * 8, 3))
+
+    eager, compiled = build(), tg.compile(build())
+    optimizers = [tg.optim.Adam(m.parameters(), lr=1e-3) for m in (eager, compiled)]
+    for seed, (x, y) in enumerate(batches((4, 7, 8))):
+        losses = []
+        for model, optimizer in zip((eager, compiled), optimizers):
+            tg.manual_seed(seed)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(tg.tensor(x)), tg.tensor(y))
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6, err_msg=name)

@@ -196,6 +196,24 @@ def test_compiled_random_numbers_continue_the_eager_stream_per_call_and_per_step
     assert len({m.tobytes() for m in got}) == 4
 
 
+def test_compiled_random_numbers_are_drawn_in_the_order_eager_code_draws_them() -> None:
+    """Several random calls whose results the program computes in another order than they were made (here
+    returned in reverse): each call and each step draws the keys as eager code does."""
+    def draws(x: tg.Tensor) -> tuple[tg.Tensor, ...]:
+        first = F.dropout(x, 0.5)
+        second = tg.rand(8, 8).T.reshape(64) + x
+        return second, first * 2
+
+    x = tg.ones(64)
+    tg.manual_seed(5)
+    eager = [np.stack([t.numpy() for t in draws(x)]) for _ in range(4)]
+    tg.manual_seed(5)
+    compiled = tg.compile(draws)
+    got = [np.stack([t.numpy() for t in compiled(x)])]
+    got += list(np.stack([t.numpy() for t in compiled.steps(tg.ones(3, 64))], axis=1))
+    np.testing.assert_array_equal(np.stack(got), np.stack(eager))
+
+
 def test_reading_values_while_traced_fails_clearly_and_changes_nothing() -> None:
     with pytest.raises(tg.ArgumentError, match=r"inside a function being traced by tg.compile.*test_compiled.py"):
         tg.compile(lambda x: x * x.sum().item())(tg.tensor(data(3)))
