@@ -19,9 +19,9 @@ from tensorgraphs.frontend.tensor import Tensor, held
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.runtime.realize import graph_without_data, realized_values
 
-LeafSource = Callable[[Sequence[Any], Sequence[np.ndarray]], Tensor]
+LeafSource = Callable[[Sequence[Any], Sequence[np.ndarray]], Tensor | None]
 """The tensor a leaf of the traced graph stands for at a call, from the call's arguments and the arrays its
-program is fed (in program input order)."""
+program is fed (in program input order); None for a gradient that is not there."""
 
 
 def argument(position: int) -> LeafSource:
@@ -45,7 +45,7 @@ def number(position: int, dtype: dtypes.DType) -> LeafSource:
 
 
 def fed(index: int, dtype: dtypes.DType) -> LeafSource:
-    """What the program is fed as its input `index` (a number argument, a random key), as a constant."""
+    """What the program is fed as its input `index` (a random key, a value fixed when traced), as a constant."""
     return lambda args, arrays: held(arrays[index], dtype)
 
 
