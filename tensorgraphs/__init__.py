@@ -95,4 +95,5 @@ from tensorgraphs import plan as _plan  # noqa: F401  (built-in kernels, the "pl
 from tensorgraphs.profiler import install_from_environment as _install_profiler, profile
 
 _install_profiler()
-from tensorgraphs.runtime.compiled import CompiledFunction, compile  # noqa: E402  (trace once, replay compiled)
+from tensorgraphs.runtime.compiled import CompiledFunction  # noqa: E402  (trace once, replay compiled)
+from tensorgraphs.nn.compiled_module import CompiledModule, compile  # noqa: E402

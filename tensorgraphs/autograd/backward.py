@@ -116,6 +116,7 @@ def backward(output: Tensor, gradient: Tensor | None = None) -> None:
             leaf.grad = Tensor(total.node)
         return
     key, inputs = structure([output.node, seed], lambda n: n.op is Op.BUFFER)
+    tracing.refuse_placeholders("backward", inputs)
     owners = [_leaf_of(n) for n in inputs]
     leaves = list(dict.fromkeys(leaf for leaf in owners if leaf is not None))
     number = {leaf: i for i, leaf in enumerate(leaves)}

@@ -142,7 +142,11 @@ class Tensor:
 
     def _value(self) -> np.ndarray:
         node = self.node
-        value = node.arg.data if node.op is Op.BUFFER and not tracing.traces_recording else realize([node])[0]
+        if node.op is Op.BUFFER and not tracing.traces_recording:
+            tracing.refuse_placeholders("realize", [node])
+            value = node.arg.data
+        else:
+            value = realize([node])[0]
         return value.astype(self.dtype.storage, copy=False)
 
     def item(self) -> Scalar:
@@ -257,6 +261,7 @@ def live_buffer(value: np.ndarray, read: Callable[[], np.ndarray], dtype: DType)
     a learning rate a scheduler changes, the next random key."""
     tensor = Tensor.from_numpy(value, dtype)
     tensor.node.arg.live = read
+    tracing.note_live(tensor.node.arg)
     return tensor
 
 

@@ -299,6 +299,5 @@ def print_compiled_functions() -> None:
     if not RECENT_TRACES:
         return
     print("\ncompiled functions (tg.compile), one line per traced signature:")
-    for name, signature, stats in RECENT_TRACES:
-        shapes = ", ".join(f"{kind[1]}{list(kind[2])}" if kind[0] != "value" else kind[1] for kind in signature)
-        print(f"  {name}({shapes}): {stats}")
+    for name, arguments, stats in RECENT_TRACES:
+        print(f"  {name}({arguments}): {stats}")

@@ -1,10 +1,12 @@
-"""`tg.compile(fn)`: trace once per input signature, then replay the compiled program on new data.
+"""`tg.compile(fn)`: trace once per input signature, then replay the compiled program on new data (of a module:
+`nn.compiled_module`).
 
-The first call with a given signature (each tensor argument's dtype and shape,
-each number argument's type, every other argument's value) runs `fn` on
-placeholders, building its graph, and compiles that graph for the cpu backend.
-Later calls bind the new arrays to the same program: no Python runs per op or
-per kernel, one native call per step. Python numbers are program inputs too,
+The first call with a given signature (each tensor argument's dtype, shape and
+requires_grad, each number argument's type, every other argument's value, the
+keywords used, the grad mode) runs `fn` on placeholders, building its graph,
+and compiles that graph for the cpu backend. Later calls bind the new arrays
+to the same program: no Python runs per op or per kernel, one native call per
+step. Python numbers are program inputs too,
 read at every call, unless `fn` uses one as a value (a shape, a branch): that
 trace then holds for that value only.
 
@@ -42,11 +44,12 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
+from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
-from tensorgraphs.runtime import tracing
+from tensorgraphs.runtime import differentiable, tracing
 from tensorgraphs.runtime.realize import graph_without_data, realized_values
 
 Reader = Callable[[list[Any]], np.ndarray]
@@ -76,7 +79,10 @@ class _Trace:
     grads_present: tuple[tuple[Tensor, bool], ...]  # the gradients the trace read or replaced, as present then
     modes: tuple[tuple[Any, bool], ...]  # the modules called, and whether they were in training mode
     single: bool  # fn returned one tensor, not a sequence
+    live_order: tuple[int, ...]  # the program inputs read live (random keys), in the order fn made them
+    grad_enabled: bool  # the grad mode traced in (under no_grad the graph has no gradient paths)
     fixed_numbers: tuple[tuple[int, int | float], ...] = ()  # (position, value): number arguments used as values
+    results_graph: differentiable.ResultGraph | None = None  # for results autograd can differentiate
     compile_seconds: float = 0.0
 
     def stats(self) -> CompileStats:
@@ -85,9 +91,10 @@ class _Trace:
 
     def holds(self, args: tuple[Any, ...]) -> bool:
         """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
-        module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), and a number
-        argument the function used as a value (a shape, a branch) must have that value."""
-        return (all((leaf.grad is not None) == present for leaf, present in self.grads_present)
+        module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), grad mode must be
+        as it was, and a number argument the function used as a value (a shape, a branch) must have that value."""
+        return (self.grad_enabled == is_grad_enabled()
+                and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
                 and all(module.training == training for module, training in self.modes)
                 and all(args[position] == value for position, value in self.fixed_numbers))
 
@@ -114,15 +121,18 @@ def _binary_size(count: int) -> str:
     return f"{count} B"
 
 
-RECENT_TRACES: collections.deque[tuple[str, tuple, CompileStats]] = collections.deque(maxlen=256)
-"""(function name, signature, stats) of the latest traces in this process, for `tg explain`."""
+RECENT_TRACES: collections.deque[tuple[str, str, CompileStats]] = collections.deque(maxlen=256)
+"""(function name, its arguments as traced, stats) of the latest traces in this process, for `tg explain`."""
 
 
 class CompiledFunction:
-    """`fn` compiled per input signature; call it like `fn`."""
+    """`fn` compiled per input signature; call it like `fn`. If `differentiable`, its results require grad where
+    what they are computed from does (arguments, parameters), and `backward()` on them works as in eager code
+    (`runtime.differentiable`); `fn` must then not call `backward()` itself."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], differentiable: bool = False) -> None:
         self.fn = fn
+        self.differentiable = differentiable
         self.traces: dict[tuple, list[_Trace]] = {}
         self._latest: _Trace | None = None
         functools.update_wrapper(self, fn)
@@ -134,20 +144,27 @@ class CompiledFunction:
             fail("compile", "no stats yet: call the compiled function once so that it is traced", kind=ArgumentError)
         return self._latest.stats()
 
-    def __call__(self, *args: Any) -> Any:
-        trace, inputs = self._bound(args)
-        return self._finish(trace, run_explained(trace.program, trace.roots, trace.inputs, inputs))
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        trace, inputs = self._bound(args, kwargs)
+        graphs = None
+        if trace.results_graph is not None and is_grad_enabled():
+            graphs = trace.results_graph.bind((*args, *kwargs.values()), inputs)
+        return self._finish(trace, run_explained(trace.program, trace.roots, trace.inputs, inputs), graphs)
 
-    def kernel_times(self, *args: Any, repeat: int = 5) -> list[tuple[str, float]]:
+    def kernel_times(self, *args: Any, repeat: int = 5, **kwargs: Any) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
-        trace, inputs = self._bound(args)
+        trace, inputs = self._bound(args, kwargs)
         return trace.program.kernel_seconds(inputs, repeat)
 
-    def _bound(self, args: tuple[Any, ...]) -> tuple[_Trace, list[np.ndarray]]:
-        """The trace for `args` and the arrays its program reads, in order."""
-        trace = self._trace_for(args)
-        values = _argument_values(args)
-        return trace, [read(values) for read in trace.readers]
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Trace, list[np.ndarray]]:
+        """The trace for the call and the arrays its program reads, in order."""
+        trace = self._trace_for(args, kwargs)
+        values = _argument_values((*args, *kwargs.values()))
+        live = set(trace.live_order)
+        inputs: list[Any] = [None if i in live else read(values) for i, read in enumerate(trace.readers)]
+        for i in trace.live_order:  # random keys drawn in eager code's order
+            inputs[i] = trace.readers[i](values)
+        return trace, inputs
 
     def steps(self, *args: Any) -> Any:
         """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per
@@ -163,50 +180,65 @@ class CompiledFunction:
         if count < 1:
             fail("compile.steps", "the steps axis is empty: give at least one step", kind=ArgumentError)
         first = [v[0] if _is_tensor_like(a) else a for a, v in zip(args, stacked)]
-        trace = self._trace_for(tuple(first))
+        trace = self._trace_for(tuple(first), {})
         fed = {i for i, read in enumerate(trace.readers) if isinstance(read, (_Argument, _Live))}
-        inputs = [read.per_step(count) if isinstance(read, _Live) else read(stacked) for read in trace.readers]
+        inputs: list[Any] = [None if isinstance(read, _Live) else read(stacked) for read in trace.readers]
+        drawn = [[trace.readers[i](stacked) for i in trace.live_order] for _ in range(count)]  # step by step
+        for j, i in enumerate(trace.live_order):
+            inputs[i] = np.stack([step[j] for step in drawn])
         carried = {s.output_index: s.input_index for s in trace.states
                    if s.output_index is not None and s.input_index is not None}
         outputs = trace.program.run_steps(inputs, count, fed, carried)
         return self._finish(trace, outputs)
 
-    def _trace_for(self, args: tuple[Any, ...]) -> _Trace:
-        signature = tuple(_argument_key(position, a) for position, a in enumerate(args))
+    def _trace_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
+        keywords = tuple(kwargs)
+        labels = [f"argument {i}" for i in range(len(args))] + [f"keyword argument {k!r}" for k in keywords]
+        args = (*args, *kwargs.values())  # keyword arguments follow the positional ones, as program inputs
+        signature = (keywords, *(_argument_key(label, a) for label, a in zip(labels, args)))
         candidates = self.traces.setdefault(signature, [])
         trace = next((t for t in candidates if t.holds(args)), None)
         if trace is None:
             started = time.perf_counter()
             try:
-                trace = self._trace(args, numbers_as_inputs=True)
+                trace = self._trace(args, keywords, numbers_as_inputs=True)
             except Exception:
                 if not any(_is_number(a) for a in args):
                     raise
-                trace = self._trace(args, numbers_as_inputs=False)  # a use of a number tracing cannot follow
+                trace = self._trace(args, keywords, numbers_as_inputs=False)  # a use tracing cannot follow
             trace.compile_seconds = time.perf_counter() - started
             candidates.append(trace)
-            RECENT_TRACES.append((getattr(self.fn, "__qualname__", repr(self.fn)), signature, trace.stats()))
+            names = [""] * (len(args) - len(keywords)) + [f"{k}=" for k in keywords]
+            described = ", ".join(name + _describe_key(key) for name, key in zip(names, signature[1:]))
+            RECENT_TRACES.append((getattr(self.fn, "__qualname__", repr(self.fn)), described, trace.stats()))
         self._latest = trace
         return trace
 
-    def _finish(self, trace: _Trace, outputs: list[np.ndarray]) -> Any:
+    def _finish(self, trace: _Trace, outputs: list[np.ndarray], graphs: list[Node | None] | None = None) -> Any:
+        """Rebind the state the call changed and wrap its results (as differentiable ones where `graphs` has a
+        graph, see `ResultGraph.bind`)."""
         for state in trace.states:
             array = None if state.output_index is None else outputs[state.output_index]
             _rebind(state, array)
-        results = [_wrap(array, dtype) for array, dtype in zip(outputs, trace.result_dtypes)]
+        graphs = graphs or [None] * len(trace.result_dtypes)
+        results = [_wrap(array, dtype) if graph is None else differentiable.differentiable_result(graph, array)
+                   for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
         return results[0] if trace.single else tuple(results)
 
-    def _trace(self, args: tuple[Any, ...], numbers_as_inputs: bool) -> _Trace:
-        """Trace `fn` on placeholders of `args`: tensors always, Python numbers if `numbers_as_inputs` (else the
-        trace holds for their values only)."""
+    def _trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], numbers_as_inputs: bool) -> _Trace:
+        """Trace `fn` on placeholders of `args` (the last `len(keywords)` passed by those names): tensors always,
+        Python numbers if `numbers_as_inputs` (else the trace holds for their values only)."""
         placeholders: dict[Node, int] = {}
         numbers: dict[Node, int] = {}  # placeholder -> position of a number argument
         traced_args: list[Any] = []
+        arguments: set[int] = set()  # ids of the tensor placeholders
         for position, a in enumerate(args):
             if _is_tensor_like(a):
                 dtype = a.dtype if isinstance(a, Tensor) else dtypes.from_numpy_dtype(a.dtype)
                 placeholder = _wrap(np.broadcast_to(np.zeros((), dtype.storage), a.shape), dtype)  # no memory
+                placeholder.requires_grad_(isinstance(a, Tensor) and a.requires_grad)
                 placeholders[tracing.placeholder(placeholder.node)] = position
+                arguments.add(id(placeholder))
                 traced_args.append(placeholder)
             elif numbers_as_inputs and _is_number(a):
                 dtype = dtypes.float64 if isinstance(a, float) else dtypes.int64
@@ -215,20 +247,24 @@ class CompiledFunction:
                 traced_args.append(number)
             else:
                 traced_args.append(a)
+        positional = len(traced_args) - len(keywords)
         with tracing.recording() as effects:
             try:
-                result = self.fn(*traced_args)
+                result = self.fn(*traced_args[:positional], **dict(zip(keywords, traced_args[positional:])))
                 outputs = _result_tensors(result)
-                states, roots = _effects(effects, [t.node for t in outputs], placeholders)
+                states, roots = _effects(effects, [t.node for t in outputs], placeholders, arguments)
             finally:
                 effects.restore()
+        results = roots[:len(outputs)]
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or s.tensor.grad is not None}
         captured = {n: c for n, c in effects.captured.items() if n not in state_inputs}
         known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs, *captured})
         boundary = lambda n: n in known or n in state_inputs or n in captured  # noqa: E731
         roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
-        donate = {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
+        graphed = self.differentiable and not effects.grads  # no backward inside: results can be differentiated
+        # a differentiable result's graph reads state as it was before the call, so it is never updated in place
+        donate = {} if graphed else {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
         program, inputs = CPU.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
         _refuse_earlier_placeholders(inputs, captured, {*placeholders, *numbers})
         readers: list[Reader] = []
@@ -254,14 +290,36 @@ class CompiledFunction:
                               if key in effects.grads_read)
         grads_present += tuple((c.grad_of, True) for c in captured.values() if c.grad_of is not None)
         single = isinstance(result, Tensor)
+        made = {id(buffer): order for order, buffer in enumerate(effects.lives)}
+        live_order = sorted((i for i, read in enumerate(readers) if isinstance(read, _Live)),
+                            key=lambda i: made.get(id(inputs[i].arg), len(made)))
         fixed_numbers = tuple((p, a) for p, (a, t) in enumerate(zip(args, traced_args))
                               if _is_number(a) and getattr(t, "specialized", True))
+        results_graph = None
+        if graphed:
+            sources = _leaf_sources(inputs, placeholders, numbers, state_inputs, captured)
+            results_graph = differentiable.ResultGraph.build(results, sources)
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
-                      grads_present, tuple(effects.modes.values()), single, fixed_numbers)
+                      grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
+                      fixed_numbers,
+                      results_graph)
 
 
-def _effects(effects: tracing.Trace, results: list[Node],
-             placeholders: dict[Node, int]) -> tuple[list[_State], list[Node]]:
+def _leaf_sources(inputs: list[Node], placeholders: Mapping[Node, int], numbers: Mapping[Node, int],
+                  state_inputs: Mapping[Node, _State],
+                  captured: Mapping[Node, tracing.Captured]) -> dict[Node, differentiable.LeafSource]:
+    """Where a differentiable result's graph finds each leaf that varies from call to call."""
+    sources: dict[Node, differentiable.LeafSource] = {
+        node: differentiable.fed(index, node.dtype) for index, node in enumerate(inputs)}
+    sources.update({node: differentiable.argument(position) for node, position in placeholders.items()})
+    sources.update({node: differentiable.number(position, node.dtype) for node, position in numbers.items()})
+    sources.update({node: differentiable.tensor(_source(state).current) for node, state in state_inputs.items()})
+    sources.update({node: differentiable.tensor(source.current) for node, source in captured.items()})
+    return sources
+
+
+def _effects(effects: tracing.Trace, results: list[Node], placeholders: dict[Node, int],
+             arguments: Collection[int]) -> tuple[list[_State], list[Node]]:
     """The changed tensors as program states, and every node the program computes: fn's results first."""
     states: list[_State] = []
     finals: list[Node] = []
@@ -274,6 +332,10 @@ def _effects(effects: tracing.Trace, results: list[Node],
         states.append(_State(tensor, "value", len(results) + len(finals)))
         finals.append(tensor.node)
     for leaf, _ in effects.grads.values():
+        if id(leaf) in arguments:
+            fail("compile", "a function compiled with tg.compile cannot set the .grad of its own arguments "
+                 "(backward() through an argument that requires grad); take gradients with tg.grad and return "
+                 "them, or detach the argument", kind=UnsupportedError)
         grad = leaf.grad
         if grad is not None and grad.node.op is Op.BUFFER and grad.node not in effects.stand_ins:
             continue  # unchanged, or a gradient set from outside the trace
@@ -381,9 +443,6 @@ class _Live:
     def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
         return self.read()
 
-    def per_step(self, steps: int) -> np.ndarray:
-        return np.stack([self.read() for _ in range(steps)])
-
 
 def _fixed(array: np.ndarray) -> Reader:
     return lambda arrays: array
@@ -425,11 +484,12 @@ def _argument_values(args: tuple[Any, ...]) -> list[Any]:
 _VALUE_TYPES = (type(None), bool, int, float, str, np.generic, dtypes.DType)
 
 
-def _argument_key(position: int, value: Any) -> tuple:
-    """What calls with the same trace have in common at `position`: a tensor's dtype and shape, a number's type,
-    another value itself (compared by value, or for an object such as a module by identity)."""
+def _argument_key(label: str, value: Any) -> tuple:
+    """What calls with the same trace have in common in one argument: a tensor's dtype, shape and whether it
+    requires grad, a number's type, another value itself (compared by value, or for an object such as a module by
+    identity)."""
     if isinstance(value, Tensor):
-        return ("tensor", value.dtype.name, value.shape)
+        return ("tensor", value.dtype.name, value.shape, value.requires_grad)
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape)
     if _is_number(value):
@@ -438,9 +498,16 @@ def _argument_key(position: int, value: Any) -> tuple:
         return ("value", repr(value))
     if type(value).__hash__ is object.__hash__ and type(value).__eq__ is object.__eq__:
         return ("object", value)
-    fail("compile", f"argument {position} is a {type(value).__name__}, which a compiled function cannot take: pass "
+    fail("compile", f"{label} is a {type(value).__name__}, which a compiled function cannot take: pass "
          "Tensors, numpy arrays, numbers, bools, strings, None, tuples of those, or objects such as modules (tensors "
          "in a list or dict: pass each one as an argument)", kind=ArgumentError)
+
+
+def _describe_key(key: tuple) -> str:
+    """An `_argument_key` as the reader would write the argument's type: float32[2, 3], float, 'mean'."""
+    if key[0] in ("tensor", "array"):
+        return f"{key[1]}{list(key[2])}"
+    return key[1] if key[0] in ("number", "value") else type(key[1]).__name__
 
 
 def _is_plain_value(value: Any) -> bool:
@@ -457,8 +524,3 @@ def _array_of(value: Tensor | np.ndarray) -> np.ndarray:
 
 def _wrap(array: np.ndarray, dtype: dtypes.DType) -> Tensor:
     return Tensor(host_buffer(array, dtype))
-
-
-def compile(fn: Callable[..., Any]) -> CompiledFunction:
-    """Compile `fn` (Tensors in, a Tensor or tuple of Tensors out) for the cpu backend; usable as a decorator."""
-    return CompiledFunction(fn)

@@ -30,7 +30,7 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.rewrite.engine import rewriting_key
 from tensorgraphs.runtime.buffer import HOST, Buffer
-from tensorgraphs.runtime.tracing import refuse_values
+from tensorgraphs.runtime.tracing import refuse_placeholders, refuse_values
 
 
 class Executable(Protocol):
@@ -159,9 +159,11 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     backend = BACKENDS[name]
     if hasattr(backend, "prepare"):
         key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or n in known)
+        refuse_placeholders("realize", inputs)
         run, _ = cached_executable(("graph", key), lambda: (*graph_without_data(nodes, inputs), None))
         values = run([known[n] if n in known else n.arg.data for n in inputs])
     else:
+        refuse_placeholders("realize", toposort(nodes, stop=known.__contains__))
         values = backend.evaluate(optimize(nodes, stop=known.__contains__), known=known)
     for node, value in zip(nodes, values):
         known[node] = value

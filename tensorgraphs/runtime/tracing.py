@@ -15,9 +15,9 @@ import operator
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime.buffer import Buffer
@@ -44,6 +44,16 @@ def is_placeholder(node: Node) -> bool:
     return node.op is Op.BUFFER and node.arg in _PLACEHOLDERS
 
 
+def refuse_placeholders(what: str, leaves: Iterable[Node]) -> None:
+    """Called where values are computed from `leaves` outside a trace: a placeholder among them has no value (a
+    tensor made inside a traced function, kept in a variable that outlived the call), so refuse clearly rather
+    than compute with made-up zeros."""
+    if any(is_placeholder(n) for n in leaves):
+        fail(what, "this tensor was computed inside a function traced by tg.compile, from its placeholder "
+             "arguments, and kept past the call: it has no value; return it from the function instead",
+             kind=UnsupportedError)
+
+
 @dataclass(frozen=True)
 class Captured:
     """Where a traced function read a buffer: from `tensor`, or (`grad_of`) from that leaf's `.grad`. The compiled
@@ -67,6 +77,7 @@ class Trace:
     modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
     captured: dict[Node, Captured] = field(default_factory=dict)  # node read -> the tensor it was read from
     created: set[int] = field(default_factory=set)  # ids of the tensors made while tracing
+    lives: list[Buffer] = field(default_factory=list)  # live buffers made while tracing (random keys), in order
 
     def stand_in(self, node: Node, value: Node) -> Node:
         """Let the leaf buffer `node` stand for `value` (which tracing cannot compute) until `resolve`."""
@@ -111,6 +122,14 @@ def note_created(tensor: Tensor) -> None:
     trace = active()
     if trace is not None:
         trace.created.add(id(tensor))
+
+
+def note_live(buffer: Buffer) -> None:
+    """A live buffer (`Buffer.live`) is made: a compiled call reads them in this order, so it draws random keys in
+    the order eager code would."""
+    trace = active()
+    if trace is not None:
+        trace.lives.append(buffer)
 
 
 def note_read(tensor: Tensor, node: Node) -> None:

@@ -9,7 +9,7 @@ import pytest
 from tensorgraphs import cli
 from tensorgraphs.kerneldb import default_db
 from tensorgraphs.plan import KERNELS, Planner
-from tensorgraphs.plan.tuning import collect_composites, measurement_tasks, tune
+from tensorgraphs.plan.tuning import collect_composites, measurement_tasks, print_compiled_functions, tune
 
 SCRIPT = textwrap.dedent("""
     import numpy as np
@@ -109,3 +109,13 @@ def test_explain_prints_the_stats_of_compiled_functions(tmp_path, capsys):
     line = next(line for line in capsys.readouterr().out.splitlines() if "explained_step(" in line)
     assert "explained_step(float32[4, 8], float32[4, 2]): " in line
     assert "kernels, arena" in line and "naive" in line and "compiled in" in line
+
+
+def test_compiled_functions_are_listed_with_their_argument_types(capsys: pytest.CaptureFixture[str]) -> None:
+    import tensorgraphs as tg
+
+    layer = tg.nn.Linear(3, 2)
+    scaled = tg.compile(lambda x, scale, reduction, module, bias=None: module(x) * scale + bias)
+    scaled(tg.ones(2, 3), 2.0, "mean", layer, bias=tg.ones(1))
+    print_compiled_functions()
+    assert "<lambda>(float32[2, 3], float, 'mean', Linear, bias=float32[1]): " in capsys.readouterr().out

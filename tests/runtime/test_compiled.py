@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import numpy as np
@@ -193,6 +194,24 @@ def test_compiled_random_numbers_continue_the_eager_stream_per_call_and_per_step
     got = [dropout(x).numpy(), *dropout.steps(tg.ones(3, 64)).numpy()]
     np.testing.assert_array_equal(np.stack(got), np.stack(eager))
     assert len({m.tobytes() for m in got}) == 4
+
+
+def test_compiled_random_numbers_are_drawn_in_the_order_eager_code_draws_them() -> None:
+    """Several random calls whose results the program computes in another order than they were made (here
+    returned in reverse): each call and each step draws the keys as eager code does."""
+    def draws(x: tg.Tensor) -> tuple[tg.Tensor, ...]:
+        first = F.dropout(x, 0.5)
+        second = tg.rand(8, 8).T.reshape(64) + x
+        return second, first * 2
+
+    x = tg.ones(64)
+    tg.manual_seed(5)
+    eager = [np.stack([t.numpy() for t in draws(x)]) for _ in range(4)]
+    tg.manual_seed(5)
+    compiled = tg.compile(draws)
+    got = [np.stack([t.numpy() for t in compiled(x)])]
+    got += list(np.stack([t.numpy() for t in compiled.steps(tg.ones(3, 64))], axis=1))
+    np.testing.assert_array_equal(np.stack(got), np.stack(eager))
 
 
 def test_reading_values_while_traced_fails_clearly_and_changes_nothing() -> None:
@@ -460,6 +479,27 @@ def test_tensor_copies_of_arguments_and_numbers_are_made_at_every_call() -> None
     assert sum(len(t) for t in compiled.traces.values()) == 1
 
 
+def test_arguments_that_require_grad_are_traced_as_such() -> None:
+    """As in eager code, the function sees whether an argument requires grad (a trace for each), can differentiate
+    with respect to it directly, and may not set its .grad (the argument outside would not get it)."""
+    def gradient_or_triple(x: tg.Tensor) -> tg.Tensor:
+        return tg.grad((x ** 3).sum(), [x])[0] if x.requires_grad else x * 3
+
+    compiled = tg.compile(gradient_or_triple)
+    x = data(4)
+    np.testing.assert_allclose(compiled(tg.tensor(x, requires_grad=True)).numpy(), 3 * x**2, rtol=1e-6)
+    np.testing.assert_allclose(compiled(tg.tensor(x)).numpy(), 3 * x, rtol=1e-6)
+    assert sum(len(t) for t in compiled.traces.values()) == 2
+
+    def sets_the_argument_gradient(x: tg.Tensor) -> tg.Tensor:
+        loss = (x * x).sum()
+        loss.backward()
+        return loss.detach()
+
+    with pytest.raises(tg.UnsupportedError, match=r"cannot set the .grad of its own arguments.*test_compiled.py"):
+        tg.compile(sets_the_argument_gradient)(tg.tensor(x, requires_grad=True))
+
+
 def test_mlp_gradients_with_respect_to_input_and_captured_parameters_match_torch() -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -495,6 +535,25 @@ def test_a_value_kept_from_an_earlier_trace_is_refused_not_read_as_a_constant() 
     np.testing.assert_allclose(compiled(tg.ones(3)).numpy(), np.full(3, 3.0))
     with pytest.raises(tg.UnsupportedError, match=r"computed inside an earlier trace.*test_compiled.py"):
         compiled(tg.ones(3, dtype=tg.float64))
+
+
+def test_a_value_kept_from_a_trace_is_refused_when_read_after_it() -> None:
+    """Inside the trace the arguments are placeholders: a tensor made from one and kept past the call has no
+    value, and reading it, or differentiating through it, says so instead of computing with zeros."""
+    kept: list[tg.Tensor] = []
+
+    def remember(x: tg.Tensor) -> tg.Tensor:
+        kept.extend([x, x * 2, x.detach().requires_grad_()])
+        return x + 1
+
+    tg.compile(remember)(tg.ones(3))
+    for device, tensor in itertools.product(["cpu", "numpy"], kept):
+        with tg.device(device), pytest.raises(tg.UnsupportedError, match=r"kept past the call.*test_compiled.py"):
+            tensor.detach().sum().item()
+        with tg.device(device), pytest.raises(tg.UnsupportedError, match=r"kept past the call.*test_compiled.py"):
+            tensor.detach().numpy()
+    with pytest.raises(tg.UnsupportedError, match=r"backward: .*kept past the call.*test_compiled.py"):
+        (kept[2] * kept[2]).sum().backward()
 
 
 # -- captured tensors are read at every call -----------------------------------------------------------------------
