@@ -220,13 +220,43 @@ def reciprocal(x: Tensor) -> Tensor:
 
 
 def pow(base: Any, exponent: Any) -> Tensor:
-    """torch.pow: exact repeated multiplication for small integer exponents, exp2/log2 otherwise."""
+    """torch.pow: exact repeated multiplication for small integer exponents, exp2/log2 otherwise; integers
+    exactly, wrapping as torch."""
     if isinstance(base, Tensor) and is_scalar(exponent):
         return _pow_scalar_exponent(base, exponent)
     (x, y), dtype = operands("pow", base, exponent)
-    if not dtype.is_floating_point:
-        return cast(_pow_float(to_float(x), to_float(y)), dtype)
+    if dtype.is_bool:
+        x, y, dtype = cast(x, dtypes.int64), cast(y, dtypes.int64), dtypes.int64
+    if dtype.is_integer:
+        return _pow_integer(x, y)
     return in_float32_for_halves(_pow_float, x, y)
+
+
+def _pow_integer(x: Tensor, y: Tensor) -> Tensor:
+    """x ** y by squaring over every bit an exponent of this dtype can have (products wrap, as torch's). A
+    negative exponent gives 1 / x truncated, as torch: 1 for x == 1, -1 or 1 for x == -1, else 0."""
+    result, square, bits = full_like_node(1, x), x, where(lt(y, 0), 0, y)
+    for _ in range(x.dtype.bits - (x.dtype.kind == "i")):
+        result = where(eq(remainder(bits, 2), 1), mul(result, square), result)
+        square, bits = mul(square, square), div(bits, 2, rounding_mode="floor")
+    if x.dtype.kind == "u":
+        return result
+    one = full_like_node(1, x)
+    reciprocal_ = where(eq(x, -1), where(eq(remainder(y, 2), 1), neg(one), one), mul(one, 0))
+    negative = where(eq(x, 1), one, reciprocal_)
+    return where(lt(y, 0), negative, result)
+
+
+def _pow_by_squaring(x: Tensor, exponent: int) -> Tensor:
+    """x ** exponent (>= 0, a Python int) by squaring: exact for integer dtypes, products wrapping."""
+    result, square = full_like_node(1, x), x
+    while exponent:
+        if exponent & 1:
+            result = mul(result, square)
+        exponent >>= 1
+        if exponent:
+            square = mul(square, square)
+    return result
 
 
 def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
@@ -245,6 +275,8 @@ def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
         return reciprocal(_pow_scalar_exponent(x, -exponent))
     if dtype.is_integer and exponent < 0:
         fail("pow", "integers to negative integer powers are not allowed", kind=DTypeError)
+    if dtype.is_integer:
+        return _pow_by_squaring(x, int(exponent))
     x = to_float(x)
     return in_float32_for_halves(_pow_float, x, full_like_node(float(exponent), x))
 

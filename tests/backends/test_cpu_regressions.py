@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import torch
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
@@ -82,3 +83,33 @@ def test_softmax_expanded_along_a_new_axis(shape: tuple[int, ...], expanded: tup
         "log_softmax": tg.tensor(x).log_softmax(-1).expand(*expanded),
         "softmax_plus": tg.tensor(x).softmax(-1).expand(*expanded) + 1,
     })
+
+
+# -- integer powers ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32", "int64"])
+def test_integer_pow_is_exact_and_wraps_as_torch(dtype: str) -> None:
+    rng = np.random.default_rng(2)
+    low = 0 if dtype == "uint8" else -6
+    base, exponent = rng.integers(low, 12, 48).astype(dtype), rng.integers(low, 70, 48).astype(dtype)
+    base[:4] = [5, 6, 10, 1] if dtype == "uint8" else [5, 6, 10, -1]
+    exponent[:4] = [5, 6, 10, 7]
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            x, y = tg.tensor(base), tg.tensor(exponent)
+            got = {"tensor": x ** y, "scalar": x ** 13, "scalar_base": 3 ** y}
+            for name, value in got.items():
+                want = {"tensor": torch.tensor(base) ** torch.tensor(exponent), "scalar": torch.tensor(base) ** 13,
+                        "scalar_base": 3 ** torch.tensor(exponent)}[name].numpy()
+                np.testing.assert_array_equal(value.numpy(), want, err_msg=f"{device} {name}")
+                assert value.numpy().dtype == want.dtype, (device, name)
+
+
+def test_int32_ten_to_the_ten_wraps() -> None:
+    x = np.array([5, 6, 10], np.int32)
+    want = (torch.tensor(x) ** torch.tensor(x)).numpy()
+    assert want[2] == 1410065408
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            np.testing.assert_array_equal((tg.tensor(x) ** tg.tensor(x)).numpy(), want, err_msg=device)
