@@ -427,12 +427,19 @@ def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
         fail("clamp", "at least one of 'min' or 'max' must not be None")
     result = x
     if min is not None:  # where, not maximum: the gradient is 1 at the bound itself, as in PyTorch
-        (result, low), _ = operands("clamp", result, min)
-        result = where(lt(result, low), low, result)
+        result = _clamp_at(result, min, lt)
     if max is not None:
-        (result, high), _ = operands("clamp", result, max)
-        result = where(gt(result, high), high, result)
+        result = _clamp_at(result, max, gt)
     return result
+
+
+def _clamp_at(x: Tensor, bound: Any, beyond: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """x replaced by `bound` where `beyond(x, bound)` holds, or where the bound is NaN (as torch)."""
+    (x, limit), _ = operands("clamp", x, bound)
+    replaced = beyond(x, limit)
+    if limit.dtype.is_floating_point and not (is_scalar(bound) and not math.isnan(bound)):
+        replaced = logical_or(replaced, isnan(limit))
+    return where(replaced, limit, x)
 
 
 # ---------------------------------------------------------------------------
@@ -693,16 +700,16 @@ def round(x: Tensor, decimals: int = 0) -> Tensor:
     magic = float(2 ** _MANTISSA_BITS[x.dtype.name])
     a = abs(x)
     rounded = sub(add(a, magic), magic)
-    signed = where(lt(x, 0), neg(rounded), rounded)
-    return where(_is_exact_integer_range(x), signed, x)
+    return where(_is_exact_integer_range(x), copysign_of(rounded, x), x)
 
 
 @piecewise_constant
 def trunc(x: Tensor) -> Tensor:
+    """With the sign of x (-0.5 and -0.0 give -0.0); floor and ceil inherit it."""
     if not x.dtype.is_floating_point:
         return x
-    truncated = cast(cast(x, dtypes.int64), x.dtype)
-    return where(_is_exact_integer_range(x), truncated, x)
+    truncated = cast(cast(abs(x), dtypes.int64), x.dtype)
+    return where(_is_exact_integer_range(x), copysign_of(truncated, x), x)
 
 
 @piecewise_constant

@@ -3,6 +3,7 @@ compilation forced: every graph here, however small, runs as generated C."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -113,3 +114,39 @@ def test_int32_ten_to_the_ten_wraps() -> None:
     for device in ("numpy", "cpu"):
         with tg.device(device):
             np.testing.assert_array_equal((tg.tensor(x) ** tg.tensor(x)).numpy(), want, err_msg=device)
+
+
+# -- NaN bounds and signed zeros --------------------------------------------------------------------------------
+
+
+def assert_same_bits_as_torch(got: np.ndarray, want: torch.Tensor, message: str) -> None:
+    want_array = want.detach().float().numpy() if want.dtype == torch.bfloat16 else want.detach().numpy()
+    got = got.astype(want_array.dtype)
+    np.testing.assert_array_equal(got, want_array, err_msg=message)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want_array), err_msg=f"{message}: sign of zero")
+
+
+def test_clamp_with_a_nan_bound_gives_nan_as_torch() -> None:
+    x = np.array([1.0, 3.0, np.nan, -0.0, 7.0], np.float32)
+    low, high = np.array([np.nan, 0, 0, 0, 0], np.float32), np.array([5, np.nan, 5, 5, 5], np.float32)
+    cases = {
+        "max_nan": (lambda m, a, b: m.clamp(m.tensor(x), 2, math.nan)),
+        "min_nan": (lambda m, a, b: m.clamp(m.tensor(x), math.nan, 3)),
+        "max_only_nan": (lambda m, a, b: m.clamp(m.tensor(x), max=math.nan)),
+        "tensor_bounds": (lambda m, a, b: m.clamp(m.tensor(x), m.tensor(a), m.tensor(b))),
+    }
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            for name, case in cases.items():
+                assert_same_bits_as_torch(case(tg, low, high).numpy(), case(torch, low, high), f"{device} {name}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_rounding_keeps_negative_zero_and_rounds_half_to_even(dtype: str) -> None:
+    values = np.array([-0.0, 0.0, -0.4, -0.5, -0.7, -1.5, -2.5, 0.5, 1.5, 2.5, -3.5, np.nan, np.inf, -np.inf, -1e30
+                       if dtype != "float16" else -6e4, 2.0**23 + 0.5 if dtype != "float16" else 1000.5], dtype)
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            for name in ("trunc", "ceil", "floor", "round"):
+                got = getattr(tg.tensor(values), name)().numpy()
+                assert_same_bits_as_torch(got, getattr(torch.tensor(values), name)(), f"{device} {name}")
