@@ -206,3 +206,56 @@ def test_integer_and_compiled_scans() -> None:
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-5)
+
+
+# -- non-finite values in matrix products (the contract in docs/ops.md) ------------------------------------------
+
+
+def product_operands() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(6)
+    a, b = rng.normal(size=(37, 70)).astype(np.float32), rng.normal(size=(70, 45)).astype(np.float32)
+    inf_times_zero, nan, inf_minus_inf, same_sign = a.copy(), a.copy(), a.copy(), a.copy()
+    inf_times_zero[3, 5] = np.inf
+    nan[4, 6] = np.nan
+    inf_minus_inf[1, 2], inf_minus_inf[1, 3] = np.inf, -np.inf
+    same_sign[7] = 3e38
+    zero_row, positive = b.copy(), np.abs(b)
+    zero_row[5] = 0
+    return {"inf_times_zero": (inf_times_zero, zero_row), "nan": (nan, b), "inf_minus_inf": (inf_minus_inf, positive),
+            "overflow_same_sign": (same_sign, positive), "overflow_mixed_signs": (a * 1e20, b * 1e20)}
+
+
+@pytest.mark.parametrize("case", list(product_operands()))
+def test_matrix_products_are_non_finite_exactly_where_torch_is(case: str) -> None:
+    a, b = product_operands()[case]
+    want = (torch.tensor(a) @ torch.tensor(b)).numpy()
+    assert not np.isfinite(want).all()
+    linear = tg.compile(lambda x, w: F.linear(x, w))
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            got = {"matmul": (tg.tensor(a) @ tg.tensor(b)).numpy(),
+                   "linear": F.linear(tg.tensor(a), tg.tensor(b.T)).numpy()}
+        if device == "cpu":
+            got["compiled"] = linear(tg.tensor(a), tg.tensor(b.T)).numpy()
+        for name, value in got.items():
+            finite = np.isfinite(want)
+            np.testing.assert_array_equal(np.isfinite(value), finite, err_msg=f"{device} {name}: finite where")
+            np.testing.assert_allclose(value[finite], want[finite], rtol=1e-4, atol=1e-4, err_msg=f"{device} {name}")
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e25, 3e18])
+def test_attention_with_overflowing_scores_is_non_finite_where_torch_is(scale: float) -> None:
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=(2, 2, 33, 16)).astype(np.float32) for _ in range(3))
+    q, k = (q * scale).astype(np.float32), (k * scale).astype(np.float32)
+    want = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v))).numpy()
+    attention = tg.compile(lambda *t: F.scaled_dot_product_attention(*t))
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            got = {"eager": F.scaled_dot_product_attention(*map(tg.tensor, (q, k, v))).numpy()}
+        if device == "cpu":
+            got["compiled"] = attention(*map(tg.tensor, (q, k, v))).numpy()
+        for name, value in got.items():
+            finite = np.isfinite(want)
+            np.testing.assert_array_equal(np.isfinite(value), finite, err_msg=f"{device} {name}: finite where")
+            np.testing.assert_allclose(value[finite], want[finite], rtol=1e-4, atol=1e-4, err_msg=f"{device} {name}")
