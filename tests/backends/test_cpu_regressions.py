@@ -259,3 +259,10 @@ def test_attention_with_overflowing_scores_is_non_finite_where_torch_is(scale: f
             finite = np.isfinite(want)
             np.testing.assert_array_equal(np.isfinite(value), finite, err_msg=f"{device} {name}: finite where")
             np.testing.assert_allclose(value[finite], want[finite], rtol=1e-4, atol=1e-4, err_msg=f"{device} {name}")
+
+
+def test_integer_tensor_to_a_negative_python_int_raises_as_torch() -> None:
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        torch.tensor([2, 3]) ** -1
+    with pytest.raises(tg.errors.DTypeError, match="negative integer powers"):
+        tg.tensor([2, 3]) ** -1
