@@ -273,10 +273,12 @@ CUMPROD = register(Composite("cumprod", infer=_scan_infer, decompose=_scan_decom
 
 
 def _scan(op: str, composite: Composite, x: Tensor, dim: int) -> Tensor:
+    """float16/bfloat16 accumulate in float32, each output rounded once, as torch on CPU."""
     d = normalize_dim(op, dim, x.ndim)
     if x.ndim == 0 or x.shape[d] <= 1:
         return x
-    return apply_composite(composite, x, axis=d, combine="add" if composite is CUMSUM else "mul")
+    combine = "add" if composite is CUMSUM else "mul"
+    return ew.in_float32_for_halves(lambda t: apply_composite(composite, t, axis=d, combine=combine), x)
 
 
 def cumsum(x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:

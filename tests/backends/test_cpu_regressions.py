@@ -266,3 +266,15 @@ def test_integer_tensor_to_a_negative_python_int_raises_as_torch() -> None:
         torch.tensor([2, 3]) ** -1
     with pytest.raises(tg.errors.DTypeError, match="negative integer powers"):
         tg.tensor([2, 3]) ** -1
+
+
+@pytest.mark.parametrize("dtype, ulp_at_32", [("float16", 2.0**-5), ("bfloat16", 2.0**-2)])
+def test_half_precision_scans_accumulate_in_float32_as_torch(dtype: str, ulp_at_32: float) -> None:
+    """Rounding every partial sum to the half type drifts by several ulp over 300 elements."""
+    x = np.random.default_rng(8).normal(size=(5, 300)).astype(np.float32)
+    want = torch.tensor(x).to(getattr(torch, dtype)).cumsum(1).float().numpy()
+    assert 32 <= np.abs(want).max() < 64
+    for device in ("numpy", "cpu"):
+        with tg.device(device):
+            got = tg.tensor(x).to(getattr(tg, dtype)).cumsum(1).float().numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=ulp_at_32, err_msg=device)
