@@ -17,6 +17,7 @@ materialize them instead.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -129,6 +130,7 @@ class Lowering:
     _loads: list[Load] = field(default_factory=list)
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
+    _computed_at: Counter[Node] = field(default_factory=Counter)  # at how many indices each value is computed
     _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
     _store_index: Expr | None = None
     _shape: tuple[int, ...] = ()
@@ -406,9 +408,13 @@ class Lowering:
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
         reduction's body (a matrix product's operand, evaluated once per output column) an expensive value, or
-        a cheap one more than CHEAP_RECOMPUTE_LIMIT times."""
+        a cheap one more than CHEAP_RECOMPUTE_LIMIT times; and any value this kernel already computes at
+        CHEAP_RECOMPUTE_LIMIT other indices (chained shifts, x + roll(x), would double the work per link)."""
         if node.op in NOT_COMPUTED:
             return False
+        if self._computed_at[node] >= CHEAP_RECOMPUTE_LIMIT:
+            return True
+        self._computed_at[node] += 1
         symbols = _index_symbols(index)
         if node.op not in REDUCE and not any(v.name in symbols for v in self._reduce_vars):
             return False
