@@ -220,13 +220,43 @@ def reciprocal(x: Tensor) -> Tensor:
 
 
 def pow(base: Any, exponent: Any) -> Tensor:
-    """torch.pow: exact repeated multiplication for small integer exponents, exp2/log2 otherwise."""
+    """torch.pow: exact repeated multiplication for small integer exponents, exp2/log2 otherwise; integers
+    exactly, wrapping as torch."""
     if isinstance(base, Tensor) and is_scalar(exponent):
         return _pow_scalar_exponent(base, exponent)
     (x, y), dtype = operands("pow", base, exponent)
-    if not dtype.is_floating_point:
-        return cast(_pow_float(to_float(x), to_float(y)), dtype)
+    if dtype.is_bool:
+        x, y, dtype = cast(x, dtypes.int64), cast(y, dtypes.int64), dtypes.int64
+    if dtype.is_integer:
+        return _pow_integer(x, y)
     return in_float32_for_halves(_pow_float, x, y)
+
+
+def _pow_integer(x: Tensor, y: Tensor) -> Tensor:
+    """x ** y by squaring over every bit an exponent of this dtype can have (products wrap, as torch's). A
+    negative exponent gives 1 / x truncated, as torch: 1 for x == 1, -1 or 1 for x == -1, else 0."""
+    result, square, bits = full_like_node(1, x), x, where(lt(y, 0), 0, y)
+    for _ in range(x.dtype.bits - (x.dtype.kind == "i")):
+        result = where(eq(remainder(bits, 2), 1), mul(result, square), result)
+        square, bits = mul(square, square), div(bits, 2, rounding_mode="floor")
+    if x.dtype.kind == "u":
+        return result
+    one = full_like_node(1, x)
+    reciprocal_ = where(eq(x, -1), where(eq(remainder(y, 2), 1), neg(one), one), mul(one, 0))
+    negative = where(eq(x, 1), one, reciprocal_)
+    return where(lt(y, 0), negative, result)
+
+
+def _pow_by_squaring(x: Tensor, exponent: int) -> Tensor:
+    """x ** exponent (>= 0, a Python int) by squaring: exact for integer dtypes, products wrapping."""
+    result, square = full_like_node(1, x), x
+    while exponent:
+        if exponent & 1:
+            result = mul(result, square)
+        exponent >>= 1
+        if exponent:
+            square = mul(square, square)
+    return result
 
 
 def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
@@ -245,6 +275,8 @@ def _pow_scalar_exponent(x: Tensor, exponent: Scalar) -> Tensor:
         return reciprocal(_pow_scalar_exponent(x, -exponent))
     if dtype.is_integer and exponent < 0:
         fail("pow", "integers to negative integer powers are not allowed", kind=DTypeError)
+    if dtype.is_integer:
+        return _pow_by_squaring(x, int(exponent))
     x = to_float(x)
     return in_float32_for_halves(_pow_float, x, full_like_node(float(exponent), x))
 
@@ -395,12 +427,19 @@ def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
         fail("clamp", "at least one of 'min' or 'max' must not be None")
     result = x
     if min is not None:  # where, not maximum: the gradient is 1 at the bound itself, as in PyTorch
-        (result, low), _ = operands("clamp", result, min)
-        result = where(lt(result, low), low, result)
+        result = _clamp_at(result, min, lt)
     if max is not None:
-        (result, high), _ = operands("clamp", result, max)
-        result = where(gt(result, high), high, result)
+        result = _clamp_at(result, max, gt)
     return result
+
+
+def _clamp_at(x: Tensor, bound: Any, beyond: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """x replaced by `bound` where `beyond(x, bound)` holds, or where the bound is NaN (as torch)."""
+    (x, limit), _ = operands("clamp", x, bound)
+    replaced = beyond(x, limit)
+    if limit.dtype.is_floating_point and not (is_scalar(bound) and not math.isnan(bound)):
+        replaced = logical_or(replaced, isnan(limit))
+    return where(replaced, limit, x)
 
 
 # ---------------------------------------------------------------------------
@@ -661,16 +700,16 @@ def round(x: Tensor, decimals: int = 0) -> Tensor:
     magic = float(2 ** _MANTISSA_BITS[x.dtype.name])
     a = abs(x)
     rounded = sub(add(a, magic), magic)
-    signed = where(lt(x, 0), neg(rounded), rounded)
-    return where(_is_exact_integer_range(x), signed, x)
+    return where(_is_exact_integer_range(x), copysign_of(rounded, x), x)
 
 
 @piecewise_constant
 def trunc(x: Tensor) -> Tensor:
+    """With the sign of x (-0.5 and -0.0 give -0.0); floor and ceil inherit it."""
     if not x.dtype.is_floating_point:
         return x
-    truncated = cast(cast(x, dtypes.int64), x.dtype)
-    return where(_is_exact_integer_range(x), truncated, x)
+    truncated = cast(cast(abs(x), dtypes.int64), x.dtype)
+    return where(_is_exact_integer_range(x), copysign_of(truncated, x), x)
 
 
 @piecewise_constant

@@ -10,8 +10,18 @@ from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import DTypeError, ShapeError, fail
 from tensorgraphs.frontend import elementwise as ew
-from tensorgraphs.frontend.tensor import Tensor, apply, cast, expand_to, full_like_node, normalize_dim, normalize_dims
+from tensorgraphs.frontend.tensor import (
+    Tensor,
+    apply,
+    apply_composite,
+    cast,
+    expand_to,
+    full_like_node,
+    normalize_dim,
+    normalize_dims,
+)
 from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.ops import Op
 
 Dims = int | Sequence[int] | None
@@ -220,27 +230,64 @@ def norm(x: Tensor, p: Any = "fro", dim: Dims = None, keepdim: bool = False) -> 
     return ew.pow(sum(ew.pow(ew.abs(x), p), dim, keepdim), 1.0 / p)
 
 
-def _scan(op: str, x: Tensor, dim: int, combine: Any, identity: float) -> Tensor:
+def _scan_decomposition(x: Tensor, axis: int, combine: str) -> Tensor:
     """Inclusive scan in log2(n) steps (Hillis-Steele): x op= x shifted by 1, 2, 4, ..."""
-    d = normalize_dim(op, dim, x.ndim)
-    if x.ndim == 0:
-        return x
-    n = x.shape[d]
+    op, identity = (ew.add, 0) if combine == "add" else (ew.mul, 1)
+    n = x.shape[axis]
     step = 1
     while step < n:
         head = [slice(None)] * x.ndim
-        head[d] = slice(0, n - step)
-        shifted = x[tuple(head)].pad_dim(d, step, 0, identity)
-        x = combine(x, shifted)
+        head[axis] = slice(0, n - step)
+        x = op(x, x[tuple(head)].pad_dim(axis, step, 0, identity))
         step *= 2
     return x
 
 
+def _reverse_cumsum(t: Tensor, axis: int) -> Tensor:
+    return apply_composite(CUMSUM, t.flip(axis), axis=axis, combine="add").flip(axis)
+
+
+def _cumsum_grad(out: Tensor, grad: Tensor, x: Tensor, axis: int, combine: str) -> tuple[Tensor]:
+    """The gradient of a running sum is the running sum of the gradient from the end."""
+    return (_reverse_cumsum(grad, axis),)
+
+
+def _cumprod_grad(out: Tensor, grad: Tensor, x: Tensor, axis: int, combine: str) -> tuple[Tensor]:
+    """d out_j / d x_k = prod_{i <= j, i != k} x_i, as torch computes it: before the first zero of a row that
+    is out_j / x_k; at the first zero, the products with that zero replaced by 1; after it, 0."""
+    zero = ew.eq(x, 0)
+    zeros_so_far = apply_composite(CUMSUM, cast(zero, dtypes.int64), axis=axis, combine="add")
+    first_zero = ew.logical_and(zero, ew.eq(zeros_so_far, 1))
+    skipping_it = apply_composite(CUMPROD, ew.where(first_zero, full_like_node(1, x), x), axis=axis, combine="mul")
+    at_zero = _reverse_cumsum(ew.mul(grad, skipping_it), axis)
+    before = ew.div(_reverse_cumsum(ew.mul(grad, out), axis), ew.where(zero, full_like_node(1, x), x))
+    after = full_like_node(0, x)
+    return (ew.where(first_zero, at_zero, ew.where(ew.eq(zeros_so_far, 0), before, after)),)
+
+
+_scan_infer = lambda x, axis, combine: (x.dtype, x.shape)  # noqa: E731
+CUMSUM = register(Composite("cumsum", infer=_scan_infer, decompose=_scan_decomposition, grad=_cumsum_grad))
+CUMPROD = register(Composite("cumprod", infer=_scan_infer, decompose=_scan_decomposition, grad=_cumprod_grad))
+"""Inclusive scans along one axis: composites, so a backend can run them as one loop along the axis (the
+`cpu` device does) instead of the log2(n) shifted copies of the decomposition."""
+
+
+def _scan(op: str, composite: Composite, x: Tensor, dim: int) -> Tensor:
+    """float16/bfloat16 accumulate in float32, each output rounded once, as torch on CPU."""
+    d = normalize_dim(op, dim, x.ndim)
+    if x.ndim == 0 or x.shape[d] <= 1:
+        return x
+    combine = "add" if composite is CUMSUM else "mul"
+    return ew.in_float32_for_halves(lambda t: apply_composite(composite, t, axis=d, combine=combine), x)
+
+
 def cumsum(x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
     x = cast(x, _accumulation_dtype(x, dtype))
-    return _scan("cumsum", x, dim, ew.add, 0)
+    return _scan("cumsum", CUMSUM, x, dim)
 
 
 def cumprod(x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
     x = cast(x, _accumulation_dtype(x, dtype))
-    return _scan("cumprod", x, dim, ew.mul, 1)
+    return _scan("cumprod", CUMPROD, x, dim)
+
+

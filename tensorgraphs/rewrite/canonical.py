@@ -150,8 +150,12 @@ def swapped(node: Node) -> Node:
 
 
 
-def chain_leaves(node: Node) -> list[Node]:
-    """Operands of a chain of one associative op (same dtype), left to right."""
+MAX_CHAIN_LEAVES = 256
+"""Longest chain `flattened_chain` orders: a chain reusing its own links (x = x * x, repeated) has 2**n operands."""
+
+
+def chain_leaves(node: Node) -> list[Node] | None:
+    """Operands of a chain of one associative op (same dtype), left to right; None past MAX_CHAIN_LEAVES."""
     leaves: list[Node] = []
     pending = [node]
     while pending:
@@ -160,12 +164,16 @@ def chain_leaves(node: Node) -> list[Node]:
             pending.extend(reversed(n.src))
         else:
             leaves.append(n)
+        if len(leaves) + len(pending) > MAX_CHAIN_LEAVES:
+            return None
     return leaves
 
 
 def flattened_chain(node: Node) -> Node:
     """An exact (integer/bool) associative chain as a left-deep chain of sorted operands, constants folded last."""
     leaves = chain_leaves(node)
+    if leaves is None:
+        return node
     constants = [n for n in leaves if n.op is Op.CONST]
     operands = sorted((n for n in leaves if n.op is not Op.CONST), key=functools.cmp_to_key(_compare))
     if constants:

@@ -4,9 +4,11 @@ Steps, each a plain function:
 
 1. `to_primitive`: every composite is replaced by its reference decomposition
    (recursively), except float32 matrix products the GEMM library runs (`schedule.extern`:
-   kept whole, their operands and result materialized); large full reductions are split in two so both halves run in
-   parallel (`split_full_reduction`). A product's elementwise consumers that the GEMM applies itself (bias,
-   activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
+   kept whole, their operands and result materialized) and scans (cumsum, cumprod: kept whole
+   and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
+   reductions are split in two so both halves run in parallel (`split_full_reduction`). A
+   product's elementwise consumers that the GEMM applies itself (bias, activation, residual,
+   scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
 2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
    inputs, roots and scatter-adds always; everything else is computed inside
    the kernels that consume it (`schedule.lower`). Fusion therefore follows from
@@ -62,7 +64,7 @@ from tensorgraphs.schedule.extern import (
     runs_as_gemm,
     transposed_product,
 )
-from tensorgraphs.schedule.lower import Lowering, lower_node
+from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
 
 IsInput = Callable[[Node], bool]
 
@@ -109,6 +111,9 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
                 forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
+            elif runs_as_scan(node):
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
+                forced.add(memo[node])
             elif is_composite(node):
                 from tensorgraphs.frontend.composites import decompose
                 from tensorgraphs.rewrite import optimize
@@ -160,7 +165,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
         for n in computed:  # a lowering changes only when a node it visited got a buffer
             previous = lowered.get(n)
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
-                lower = GemmLowering if is_composite(n) else lower_node
+                lower = GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
         recomputed = set().union(*(low.recomputed for low in lowerings))

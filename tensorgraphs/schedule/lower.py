@@ -17,6 +17,7 @@ materialize them instead.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -42,6 +43,7 @@ from tensorgraphs.codegen.loop_ir import (
     Store,
     TransposeLocal,
 )
+from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
@@ -128,6 +130,7 @@ class Lowering:
     _loads: list[Load] = field(default_factory=list)
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
+    _computed_at: Counter[Node] = field(default_factory=Counter)  # at how many indices each value is computed
     _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
     _store_index: Expr | None = None
     _shape: tuple[int, ...] = ()
@@ -157,6 +160,23 @@ class Lowering:
         emit = scope.stmts.append if dims else scope.then
         emit(Store(out, self._store_index, value, accumulate))
         self._store_riders(emit, shape)
+
+    def scan_nest(self, node: Node, out: str, axis: int, combine: Op) -> None:
+        """An inclusive scan along `axis`: out[.., 0, ..] = x[.., 0, ..], then out[.., k, ..] = combine(out[.., k-1,
+        ..], x[.., k, ..]) in a loop over k, the other axes around it (inner ones contiguous and vectorized).
+        The loop over k carries the running value, so a kernel whose outermost loop is k runs on one thread."""
+        (source,) = node.src
+        first, rest = list(node.shape), list(node.shape)
+        first[axis], rest[axis] = 1, node.shape[axis] - 1
+        self.store_nest(node, out, tuple(first), lambda index: (index, self.value(source, index)))
+
+        def step(index: Index) -> tuple[Index, Operand]:
+            at = index[:axis] + (index[axis] + 1,) + index[axis + 1:]
+            previous = self._load_at(out, node.dtype, ix.flatten(index, node.shape))
+            return at, self._let(node.dtype, combine, (previous, self.value(source, at)))
+
+        self.store_nest(node, out, tuple(rest), step)
+        self.serial = all(size == 1 for size in node.shape[:axis])
 
     def _store_riders(self, emit: Callable[[Stmt], None], shape: tuple[int, ...]) -> None:
         """A store of each rider computed at the nest's own index, after every load of the body (so an output
@@ -388,9 +408,13 @@ class Lowering:
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
         reduction's body (a matrix product's operand, evaluated once per output column) an expensive value, or
-        a cheap one more than CHEAP_RECOMPUTE_LIMIT times."""
+        a cheap one more than CHEAP_RECOMPUTE_LIMIT times; and any value this kernel already computes at
+        CHEAP_RECOMPUTE_LIMIT other indices (chained shifts, x + roll(x), would double the work per link)."""
         if node.op in NOT_COMPUTED:
             return False
+        if self._computed_at[node] >= CHEAP_RECOMPUTE_LIMIT:
+            return True
+        self._computed_at[node] += 1
         symbols = _index_symbols(index)
         if node.op not in REDUCE and not any(v.name in symbols for v in self._reduce_vars):
             return False
@@ -595,11 +619,23 @@ def _row_block(reduction: Node) -> int | None:
     return next((b for b in ROW_BLOCKS for size in columns if size % b == 0), None)
 
 
+SCANS = {"cumsum": Op.ADD, "cumprod": Op.MUL}
+"""Composites lowered as one loop along their axis (`Lowering.scan_nest`), by name: their combining op."""
+
+
+def runs_as_scan(node: Node) -> bool:
+    return is_composite(node) and node.op.name in SCANS
+
+
 def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[Node, ...] = ()) -> Lowering:
     """The kernel computing materialized `node` into its buffer, every other materialized node loaded, except
     `riders`: computed and stored too where read at the output's own index (`Lowering.stored_riders` says which;
     only a plain store nest stores them)."""
     out = buffers[node]
+    if runs_as_scan(node):
+        low = Lowering(name, buffers)
+        low.scan_nest(node, out, params_of(node)["axis"], SCANS[node.op.name])
+        return low
     if node.op is Op.SCATTER_ADD:
         low = Lowering(name, buffers)
         base, positions, values = node.src

@@ -14,7 +14,7 @@ from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize, rewrite
-from tensorgraphs.rewrite.canonical import CANONICAL, FAST_MATH
+from tensorgraphs.rewrite.canonical import CANONICAL, FAST_MATH, MAX_CHAIN_LEAVES
 
 rng = np.random.default_rng(0)
 
@@ -100,6 +100,16 @@ def test_repeated_subexpression_is_one_node() -> None:
     b = tg.tensor(rng.standard_normal(3, dtype=np.float32))
     left, right = canonical((a * b).node, (b * a).node)
     assert left is right
+
+
+def test_a_chain_reusing_its_own_links_is_not_flattened_into_exponentially_many_operands() -> None:
+    x = tg.tensor(np.array([3, 5], dtype=np.int32))
+    squared = x
+    for _ in range(40):  # x ** 2**40: a product of 2**40 copies of x if flattened
+        squared = squared * squared
+    (out,) = canonical(squared.node)
+    assert len(toposort([out])) <= MAX_CHAIN_LEAVES + 40 + 2
+    np.testing.assert_array_equal(REFERENCE.evaluate([out])[0], REFERENCE.evaluate([squared.node])[0])
 
 
 def test_integer_fold_wraps_like_the_dtype() -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
+from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Store, TransposeLocal, walk
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.graph.ops import Op
@@ -132,3 +134,25 @@ def test_several_softmaxes_in_one_kernel_keep_their_own_values() -> None:
             expected = softmaxes(a, b, c).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
         assert compiled.stats.kernels == 1
+
+
+def test_a_value_computed_at_many_indices_gets_a_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """x + roll(x) chained n times reads the first link at 2**n indices: inlined whole, the C grew
+    exponentially (1.3 MB for 10 links). Work per element stays bounded; the values match the reference."""
+    data = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
+
+    def chain(links: int) -> tg.Tensor:
+        t = tg.tensor(data)
+        for _ in range(links):
+            t = t + t.roll(1, 0) * 0.5
+        return t
+
+    for links in (8, 10):
+        schedule = schedule_kernels([chain(links).node])
+        computed = sum(isinstance(s, Let) for kernel in schedule.kernels for s in walk(kernel.body))
+        assert computed <= 4 * 16 * links
+    with tg.device("numpy"):
+        expected = chain(10).numpy()
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    with tg.device("cpu"):
+        np.testing.assert_allclose(chain(10).numpy(), expected, rtol=1e-5, atol=1e-5)
