@@ -77,6 +77,8 @@ from tensorgraphs.frontend.reduce import (
     var,
     var_mean,
 )
+from tensorgraphs.frontend.sampling import multinomial
+from tensorgraphs.frontend.sorting import argsort, msort, sort, topk
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.runtime.realize import default_device, device, set_default_device
 from tensorgraphs import rewrite  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorgraphs import dtypes
-from tensorgraphs.frontend import creation, linalg
+from tensorgraphs.frontend import creation, linalg, sampling, sorting
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
@@ -25,6 +25,8 @@ _METHODS = {
            narrow split chunk unbind repeat tile repeat_interleave roll tril triu gather scatter_add index_select
            take_along_dim pad_dim""",
     linalg: "matmul mm bmm dot outer",
+    sorting: "sort argsort msort topk",
+    sampling: "multinomial",
 }
 
 for module, names in _METHODS.items():

@@ -6,6 +6,7 @@ cross_entropy (class-index targets). Everything else is a composition of
 Tensor ops.
 """
 
+from tensorgraphs.frontend.movement import one_hot
 from tensorgraphs.nn.functional.activations import (
     elu,
     gelu,
@@ -46,7 +47,7 @@ __all__ = [
     "adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
     "conv1d", "conv2d", "conv_transpose2d", "cross_entropy", "dropout", "elu", "embedding", "gelu", "group_norm",
     "hardsigmoid", "hardswish", "hardtanh", "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax",
-    "logsigmoid", "max_pool2d", "mish", "mse_loss", "nll_loss", "relu", "relu6", "rms_norm",
+    "logsigmoid", "max_pool2d", "mish", "mse_loss", "nll_loss", "one_hot", "relu", "relu6", "rms_norm",
     "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax", "softplus", "softsign",
     "tanh",
 ]
