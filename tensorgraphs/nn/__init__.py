@@ -45,6 +45,7 @@ from tensorgraphs.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from tensorgraphs.nn.sparse import Embedding
 from tensorgraphs.nn.transformer import (
     MultiheadAttention,
+    Transformer,
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
@@ -58,6 +59,6 @@ __all__ = [
     "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MSELoss",
     "MaxPool2d", "Mish", "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "NLLLoss", "Parameter",
     "RMSNorm", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss",
-    "Softmax", "Softplus", "Softsign", "Tanh", "TransformerDecoder", "TransformerDecoderLayer",
+    "Softmax", "Softplus", "Softsign", "Tanh", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
     "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "utils",
 ]
