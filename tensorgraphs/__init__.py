@@ -6,6 +6,7 @@
 """
 
 from tensorgraphs import dtypes
+from tensorgraphs import missing as _missing
 from tensorgraphs.autograd.backward import grad
 from tensorgraphs.dtypes import (
     bfloat16,
@@ -98,3 +99,5 @@ from tensorgraphs.profiler import install_from_environment as _install_profiler,
 
 _install_profiler()
 from tensorgraphs.runtime.compiled import CompiledFunction, compile  # noqa: E402  (trace once, replay compiled)
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

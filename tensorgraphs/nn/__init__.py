@@ -1,5 +1,6 @@
 """Neural-network building blocks with PyTorch's names: `tg.nn.Linear`, `tg.nn.functional`, `tg.nn.init`, ..."""
 
+from tensorgraphs import missing as _missing
 from tensorgraphs.nn import functional, init, utils
 from tensorgraphs.nn.activation import (
     ELU,
@@ -62,3 +63,5 @@ __all__ = [
     "Softmax", "Softplus", "Softsign", "Tanh", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
     "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "utils",
 ]
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

@@ -6,6 +6,7 @@ cross_entropy (class-index targets). Everything else is a composition of
 Tensor ops.
 """
 
+from tensorgraphs import missing as _missing
 from tensorgraphs.frontend.movement import one_hot
 from tensorgraphs.nn.functional.activations import (
     elu,
@@ -51,3 +52,5 @@ __all__ = [
     "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax", "softplus", "softsign",
     "tanh",
 ]
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"
