@@ -17,6 +17,7 @@ materialize them instead.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -53,6 +54,10 @@ EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN})
 CHEAP_RECOMPUTE_LIMIT = 16
 """A cheap value inside a reduction is recomputed up to this many times per element (a matrix product's scaled
 operand) before it gets a buffer (a backward pass's long chains feeding a weight gradient would run N times)."""
+
+INDEX_FANOUT_LIMIT = 8
+"""A value one kernel reads at more distinct indices than this gets a buffer: chains whose every step reads the
+one before at two places (a scan's shifted adds) would otherwise double the inlined work with each step."""
 
 NOT_COMPUTED = MOVEMENT | frozenset({Op.CONST, Op.IOTA, Op.ASSIGN, Op.COPY})
 """Ops that only rewrite an index or pass a value on: never worth a buffer of their own."""
@@ -119,6 +124,7 @@ class Lowering:
     _root: Scope = field(default_factory=lambda: Scope(0, 1))
     _scope_of: dict[str, Scope] = field(default_factory=dict)
     _memo: dict[tuple[Node, Index], Operand] = field(default_factory=dict)
+    _indices_read: Counter[Node] = field(default_factory=Counter)  # distinct indices each computed node is read at
     _same: dict[tuple, Ref] = field(default_factory=dict)  # value numbering: one let per (op, args)
     _params: dict[str, Buffer] = field(default_factory=dict)
     _counter: int = 0
@@ -344,7 +350,7 @@ class Lowering:
         if found is None:
             if node in self.buffers and not self._rides_here(node, index):
                 found = self._load(node, index)
-            elif self._recomputes(node, index):
+            elif self._recomputes(node, index) or self._fans_out(node):
                 # The scheduler will give it a buffer and lower this kernel again, so its subgraph is not
                 # walked now (nested reductions would multiply the work): a placeholder value.
                 self.recomputed.add(node)
@@ -356,6 +362,13 @@ class Lowering:
                     self.recomputed.add(node)
             self._memo[key] = found
         return found
+
+    def _fans_out(self, node: Node) -> bool:
+        """Whether computed `node` is now read at more than INDEX_FANOUT_LIMIT distinct indices in this kernel."""
+        if node.op in NOT_COMPUTED:
+            return False
+        self._indices_read[node] += 1
+        return self._indices_read[node] > INDEX_FANOUT_LIMIT
 
     def _rides_here(self, node: Node, index: Index) -> bool:
         """Whether `node` is a rider this kernel computes (and stores): read at the store's own index. Read at

@@ -15,12 +15,13 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU, Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import PREAMBLE, render_program
-from tensorgraphs.codegen.loop_ir import Kernel, Reduce, Store, walk
+from tensorgraphs.codegen.loop_ir import Kernel, Load, Reduce, Store, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import fuzz, optimize
 from tensorgraphs.schedule import Schedule, count_kernels, schedule_kernels
 from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, SPLIT_MIN_SIZE, to_primitive
+from tensorgraphs.schedule.lower import INDEX_FANOUT_LIMIT
 
 
 def tensor(*shape: int, seed: int = 0) -> tg.Tensor:
@@ -150,6 +151,17 @@ def test_a_hundred_chained_softmaxes_compile_into_kernels_of_bounded_depth() -> 
     got = tg.compile(chain)(x).numpy()
     with tg.device("numpy"):
         np.testing.assert_allclose(got, chain(x).numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_long_scan_reads_each_value_at_boundedly_many_places_per_kernel() -> None:
+    """cumsum's shifted adds read the step before at two indices: inlined whole, a row of 1024 read its input at
+    1024 indices per element (a 16 s compile). A value read at more than INDEX_FANOUT_LIMIT indices gets a buffer."""
+    data = np.random.default_rng(0).standard_normal((2, 4096)).astype(np.float32)
+    schedule = schedule_kernels([tg.tensor(data).cumsum(1).node])
+    loads = [sum(isinstance(s, Load) for s in walk(k.body)) for k in schedule.kernels]
+    assert max(loads) <= 2 * INDEX_FANOUT_LIMIT, loads
+    np.testing.assert_allclose(tg.compile(lambda x: x.cumsum(1))(tg.tensor(data)).numpy(), np.cumsum(data, 1),
+                               rtol=1e-4, atol=1e-4)
 
 
 def stores_per_buffer(kernel: Kernel) -> dict[str, int]:
