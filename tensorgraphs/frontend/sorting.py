@@ -11,7 +11,10 @@ came from.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
+
+import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, fail
@@ -88,5 +91,30 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
              kind=ArgumentError)
     if x.ndim == 0:
         return TopKResult(x, Tensor(g.const(0, dtypes.int64)))
-    indices = mv.narrow(argsort(x, d, largest), d, 0, k)
+    last = mv.movedim(x.detach(), d, -1)
+    chunked = size > 2 * TOPK_CHUNK and k <= TOPK_CHUNK // 4 and not x.dtype.is_bool
+    indices = _chunked_top(last, k, largest) if chunked else mv.narrow(argsort(last, -1, largest), -1, 0, k)
+    indices = mv.movedim(indices, -1, d)
     return TopKResult(mv.gather(x, d, indices), indices)
+
+
+TOPK_CHUNK = 1024
+"""Long rows are cut into chunks of this many: the top k of each chunk, then the top k of those candidates
+(n * TOPK_CHUNK + (n / TOPK_CHUNK * k) ** 2 comparisons instead of n * n)."""
+
+
+def _chunked_top(x: Tensor, k: int, largest: bool) -> Tensor:
+    """Indices of the top k along the last dim. Candidates stay in chunk order and, within a chunk, in
+    sorted order, so equal values among them are in input order and the stable final sort keeps it."""
+    n = x.shape[-1]
+    chunks = -(-n // TOPK_CHUNK)
+    # padding loses every comparison it could win: -inf (or the dtype's least) for largest, NaN (or the
+    # greatest) for smallest, and ties go to the real, earlier lanes
+    filler = (-math.inf if largest else math.nan) if x.dtype.is_floating_point else \
+        int(np.iinfo(x.dtype.storage).min if largest else np.iinfo(x.dtype.storage).max)
+    blocks = mv.reshape(mv.pad_dim(x, -1, 0, chunks * TOPK_CHUNK - n, filler), x.shape[:-1] + (chunks, TOPK_CHUNK))
+    local = mv.narrow(argsort(blocks, -1, largest), -1, 0, k)
+    offsets = mv.reshape(ew.mul(Tensor(g.iota(chunks, dtypes.int64)), TOPK_CHUNK), (chunks, 1))
+    candidates = mv.flatten(ew.add(local, offsets), -2)
+    values = mv.gather(mv.flatten(blocks, -2), -1, candidates)
+    return mv.gather(candidates, -1, mv.narrow(argsort(values, -1, largest), -1, 0, k))

@@ -21,8 +21,8 @@ from tensorgraphs.missing import TG_SPELLING
 DIFFERENCES = {
     "torch.sort": "always stable (ties keep their input order)",
     "torch.argsort": "always stable (ties keep their input order)",
-    "torch.topk": "equal values: the first in the input wins (torch leaves the order unspecified); "
-                  "n * n comparisons per row (slow for rows of tens of thousands)",
+    "torch.topk": "equal values: the first in the input wins (torch leaves the order unspecified)",
+    "torch.Tensor.topk": "equal values: the first in the input wins (torch leaves the order unspecified)",
     "torch.multinomial": "invalid distributions (negative, all-zero, NaN) are not detected: values are lazy",
     "torch.manual_seed": "a counter-based stream (Threefry): the same seed gives other numbers than torch",
     "torch.device": "only cpu (and tg's numpy, planned, ... backends); cuda and mps raise",

@@ -9,6 +9,7 @@ import torch
 
 import tensorgraphs as tg
 from tensorgraphs.errors import ArgumentError
+from tensorgraphs.frontend import sorting
 
 TIES_AND_NANS = np.array([1.0, 3, 3, np.nan, 2, 3, np.nan, 1, -0.0, 0.0, np.inf, -np.inf], np.float32)
 
@@ -31,6 +32,20 @@ def test_topk_on_long_rows_runs_compiled_and_matches_torch() -> None:
     want = torch.tensor(logits).topk(50)
     np.testing.assert_array_equal(got_values, want.values.numpy())
     np.testing.assert_array_equal(got_indices, want.indices.numpy())
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_topk_of_long_rows_with_ties_and_nans_is_chunked_and_keeps_torchs_order(largest: bool, dtype: str) -> None:
+    """Rows longer than 2 * TOPK_CHUNK take the top k per chunk, then of the candidates: ties and NaN
+    (and the padding of the last chunk) must come out as a stable sort of the whole row orders them."""
+    rng = np.random.default_rng(2)
+    pool = TIES_AND_NANS if dtype == "float32" else np.arange(-2, 3)
+    data = rng.choice(pool, (2, 2 * sorting.TOPK_CHUNK + 37)).astype(dtype)
+    values, indices = tg.topk(tg.tensor(data), 40, largest=largest)
+    want = torch.sort(torch.tensor(data), descending=largest, stable=True)
+    np.testing.assert_array_equal(indices.numpy(), want.indices[:, :40].numpy())
+    np.testing.assert_array_equal(values.numpy(), want.values[:, :40].numpy())
 
 
 def top_k_filter(lib, logits: object, k: int) -> object:
