@@ -6,6 +6,7 @@
 """
 
 from tensorgraphs import dtypes
+from tensorgraphs import missing as _missing
 from tensorgraphs.autograd.backward import grad
 from tensorgraphs.dtypes import (
     bfloat16,
@@ -77,6 +78,8 @@ from tensorgraphs.frontend.reduce import (
     var,
     var_mean,
 )
+from tensorgraphs.frontend.sampling import multinomial
+from tensorgraphs.frontend.sorting import argsort, msort, sort, topk
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.runtime.realize import default_device, device, set_default_device
 from tensorgraphs import rewrite  # noqa: E402
@@ -97,3 +100,5 @@ from tensorgraphs.profiler import install_from_environment as _install_profiler,
 _install_profiler()
 from tensorgraphs.runtime.compiled import CompiledFunction  # noqa: E402  (trace once, replay compiled)
 from tensorgraphs.nn.compiled_module import CompiledModule, compile  # noqa: E402
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

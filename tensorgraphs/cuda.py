@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tensorgraphs import missing as _missing
+
 
 def is_available() -> bool:
     """False: tensorgraphs computes on the cpu (`.to("cuda")` raises, naming the devices there are)."""
@@ -17,3 +19,5 @@ def manual_seed(seed: int) -> None:
 
 
 manual_seed_all = manual_seed
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

@@ -1,5 +1,6 @@
 """Datasets and data loading with torch.utils.data's names."""
 
+from tensorgraphs import missing as _missing
 from tensorgraphs.data.dataloader import DataLoader, default_collate
 from tensorgraphs.data.dataset import Dataset, Subset, TensorDataset, random_split
 from tensorgraphs.data.grouping import grouped
@@ -7,3 +8,5 @@ from tensorgraphs.data.sampling import BatchSampler, RandomSampler, SequentialSa
 
 __all__ = ["BatchSampler", "DataLoader", "Dataset", "RandomSampler", "SequentialSampler", "Subset", "TensorDataset",
            "default_collate", "grouped", "random_split"]
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

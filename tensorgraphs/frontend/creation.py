@@ -182,7 +182,8 @@ def randint_like(x: Tensor, low: int, high: Any = None, *, dtype: Any = None) ->
 
 
 def randperm(n: int, *, dtype: Any = None, generator: rng.Generator | None = None) -> Tensor:
-    """Argsort of random keys, computed on the host (a data-dependent permutation)."""
+    """Argsort of random keys, computed on the host: datasets of 10**5 rows are shuffled with it, and the
+    graph's argsort compares every pair of keys."""
     keys = rand(n, dtype=dtypes.float64, generator=generator)
     return Tensor.from_numpy(np.argsort(keys.numpy(), kind="stable"), _dtype(dtype, dtypes.int64))
 

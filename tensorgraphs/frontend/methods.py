@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from tensorgraphs import dtypes
-from tensorgraphs.frontend import creation, linalg
+from tensorgraphs.frontend import creation, linalg, sampling, sorting
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.placement import to_arguments
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.graph.show import graph_text
+from tensorgraphs.missing import tensor_getattr
 
 _METHODS = {
     ew: """add sub mul div floor_divide remainder fmod reciprocal pow neg abs sign exp exp2 log log2 log10 log1p
@@ -25,6 +26,8 @@ _METHODS = {
            narrow split chunk unbind repeat tile repeat_interleave roll tril triu gather scatter_add index_select
            take_along_dim pad_dim""",
     linalg: "matmul mm bmm dot outer",
+    sorting: "sort argsort msort topk",
+    sampling: "multinomial",
 }
 
 for module, names in _METHODS.items():
@@ -78,6 +81,7 @@ def _format(self: Tensor, spec: str) -> str:
 
 
 Tensor.__format__ = _format
+Tensor.__getattr__ = tensor_getattr  # a missing torch name says so
 for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half": dtypes.float16,
                       "bfloat16": dtypes.bfloat16, "int": dtypes.int32, "long": dtypes.int64, "bool": dtypes.bool_,
                       "byte": dtypes.uint8, "short": dtypes.int16, "char": dtypes.int8}.items():

@@ -1,5 +1,6 @@
 """Neural-network building blocks with PyTorch's names: `tg.nn.Linear`, `tg.nn.functional`, `tg.nn.init`, ..."""
 
+from tensorgraphs import missing as _missing
 from tensorgraphs.nn import functional, init, utils
 from tensorgraphs.nn.activation import (
     ELU,
@@ -45,6 +46,7 @@ from tensorgraphs.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from tensorgraphs.nn.sparse import Embedding
 from tensorgraphs.nn.transformer import (
     MultiheadAttention,
+    Transformer,
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
@@ -58,6 +60,8 @@ __all__ = [
     "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MSELoss",
     "MaxPool2d", "Mish", "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "NLLLoss", "Parameter",
     "RMSNorm", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss",
-    "Softmax", "Softplus", "Softsign", "Tanh", "TransformerDecoder", "TransformerDecoderLayer",
+    "Softmax", "Softplus", "Softsign", "Tanh", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
     "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "utils",
 ]
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

@@ -1,4 +1,5 @@
-"""MultiheadAttention and the Transformer encoder/decoder layers, with torch's parameters and arguments."""
+"""MultiheadAttention, the Transformer encoder/decoder layers and stacks, and nn.Transformer, with torch's
+parameters and arguments."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import math
 from typing import Any, Callable
 
 from tensorgraphs import dtypes
+from tensorgraphs.errors import ShapeError, fail
+from tensorgraphs.frontend import creation, linalg
 from tensorgraphs.frontend import elementwise as ew
-from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.tensor import Tensor, cast
@@ -265,3 +267,51 @@ class TransformerDecoder(Module):
             output = layer(output, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
                            bool(tgt_is_causal), memory_is_causal)
         return output if self.norm is None else self.norm(output)
+
+
+class Transformer(Module):
+    """torch.nn.Transformer: an encoder stack and a decoder stack, each ending in a LayerNorm; every matrix
+    parameter starts xavier_uniform (torch's `_reset_parameters`)."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, activation: Activation = F.relu,
+                 custom_encoder: Module | None = None, custom_decoder: Module | None = None,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False,
+                 bias: bool = True, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        layer = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                     layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias,
+                     dtype=dtype)
+        norm = lambda: LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)  # noqa: E731
+        self.encoder = custom_encoder or TransformerEncoder(TransformerEncoderLayer(d_model, nhead, **layer),
+                                                            num_encoder_layers, norm())
+        self.decoder = custom_decoder or TransformerDecoder(TransformerDecoderLayer(d_model, nhead, **layer),
+                                                            num_decoder_layers, norm())
+        for parameter in self.parameters():
+            if parameter.ndim > 1:
+                init.xavier_uniform_(parameter)
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                src_is_causal: bool | None = None, tgt_is_causal: bool | None = None,
+                memory_is_causal: bool = False) -> Tensor:
+        batch_dim = 0 if self.batch_first else 1
+        if src.ndim == 3 and src.shape[batch_dim] != tgt.shape[batch_dim]:
+            fail("Transformer", f"the batch number of src ({src.shape[batch_dim]}) and tgt "
+                 f"({tgt.shape[batch_dim]}) must be equal", kind=ShapeError)
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            fail("Transformer", f"the feature number of src and tgt must be equal to d_model ({self.d_model}), got "
+                 f"{src.shape[-1]} and {tgt.shape[-1]}", kind=ShapeError)
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                            memory_is_causal=memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device: Any = None, dtype: Any = None) -> Tensor:
+        """The causal mask: -inf above the diagonal (a position may not attend to later ones), 0 elsewhere."""
+        return mv.triu(creation.full((sz, sz), -math.inf, dtype=dtype, device=device), 1)

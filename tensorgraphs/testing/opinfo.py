@@ -30,6 +30,7 @@ from tensorgraphs.testing.samples import (
     random_shape,
     random_view,
     shapes_for,
+    tied_tensor,
     wide_floats,
 )
 
@@ -753,6 +754,59 @@ def _movement_infos() -> list[OpInfo]:
     ]
 
 
+# -- sorting and sampling --------------------------------------------------
+
+
+def _sort_samples(k: bool = False) -> Callable[[str, Rng, bool], Iterator[Sample]]:
+    """Rows along every dim under every view, with NaN/Inf/±0 and many ties unless for gradients; `k` adds
+    topk's count (every count for short rows) and its `largest` flag."""
+
+    def samples(dtype: str, rng: Rng, for_grad: bool) -> Iterator[Sample]:
+        def x(*shape: int) -> TensorArg:
+            return make_tensor(rng, shape, dtype, view=random_view(rng), special=not for_grad)
+
+        tensors = [(x(3, 7), -1), (x(4, 3, 5), 1), (x(6, 2), 0), (x(1), 0), (x(9), 0), (x(), 0)]
+        if not for_grad:
+            tensors += [(tied_tensor(rng, (3, 17), dtype, random_view(rng)), -1),
+                        (tied_tensor(rng, (12, 3), dtype), 0), (x(0, 3), 0), (x(2, 0), 1)]
+        for tensor, dim in tensors:
+            size = tensor.shape[dim] if tensor.shape else 1
+            for flag in (False, True):
+                if not k:
+                    yield S(tensor, dim=dim, descending=flag)
+                    continue
+                for count in sorted({0, 1, size // 2, size}) if size < 10 else (1, size // 3, size):
+                    yield S(tensor, count, dim, flag)
+
+    return samples
+
+
+def _torch_topk(x: Any, k: int, dim: int = -1, largest: bool = True) -> tuple[Any, Any]:
+    """torch.topk's values; indices of ties as its stable sort orders them (torch.topk leaves that unspecified)."""
+    values = torch.topk(x, k, dim, largest).values
+    return values, torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim if x.ndim else 0, 0, k)
+
+
+def _multinomial_cases(dtype: str, rng: Rng, for_grad: bool) -> list[Sample]:
+    def probs(*shape: int) -> TensorArg:
+        return make_tensor(rng, shape, dtype, low=0.1, high=1.0)
+
+    return [S(probs(5), 3), S(probs(2, 4), 4), S(probs(3, 6), 10, True), S(probs(1), 1), S(probs(4), 5),
+            S(probs(2, 3, 4), 1), S(probs(4), 0)]
+
+
+def _sorting_infos() -> list[OpInfo]:
+    return [
+        OpInfo("sort", tg.sort, lambda x, **k: torch.sort(x, stable=True, **k), _sort_samples()),
+        OpInfo("argsort", tg.argsort, lambda x, **k: torch.argsort(x, stable=True, **k), _sort_samples(),
+               differentiable=False),
+        OpInfo("msort", tg.msort, torch_attr("msort"), case_samples(lambda x, idx, d: [S(x(4, 3)), S(x(5))], True)),
+        OpInfo("topk", tg.topk, _torch_topk, _sort_samples(k=True), dtypes=NO_BOOL),
+        OpInfo("multinomial", tg.multinomial, torch_attr("multinomial"), _multinomial_cases, dtypes=FLOAT_DTYPES,
+               compare_values=False, differentiable=False),
+    ]
+
+
 # -- matmul and einsum ------------------------------------------------------
 
 
@@ -958,6 +1012,7 @@ OP_INFOS: list[OpInfo] = (
     + _ternary_infos()
     + _reduction_infos()
     + _movement_infos()
+    + _sorting_infos()
     + _linalg_infos()
 )
 _BY_NAME = {info.name: info for info in OP_INFOS}

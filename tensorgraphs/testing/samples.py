@@ -163,6 +163,16 @@ def make_tensor(
     return TensorArg(np.ascontiguousarray(data.astype(_STORAGE[dtype])), dtype, tuple(shape), view)
 
 
+def tied_tensor(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, view: str = "contiguous") -> TensorArg:
+    """Values from a pool of a few (NaN, infinities and both zeros among the floats): many ties, for sorting."""
+    base_shape = VIEWS[view][0](tuple(shape))
+    if dtype in FLOAT_DTYPES:
+        data = rng.choice(np.array(SPECIAL_FLOATS + (1.5, -2.0)), base_shape)
+    else:
+        data = rng.integers(0, 2 if dtype == "bool" else 3, base_shape)
+    return TensorArg(np.ascontiguousarray(np.asarray(data).astype(_STORAGE[dtype])), dtype, tuple(shape), view)
+
+
 def wide_floats(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> TensorArg:
     """Floats of either sign with magnitudes from 1e-20 to 1e20 (overflow, underflow, huge arguments)."""
     data = rng.choice([-1.0, 1.0], shape) * 10.0 ** rng.uniform(-20, 20, shape)

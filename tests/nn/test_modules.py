@@ -117,6 +117,21 @@ CASES = [
         enable_nested_tensor=False), inputs(normal(2, 3, 8))),
     Case("TransformerDecoderLayer", lambda nn: nn.TransformerDecoderLayer(8, 2, 12, dropout=0.0, norm_first=True),
          inputs(normal(3, 2, 8), normal(4, 2, 8)), kwargs={"tgt_mask": causal(3), "tgt_is_causal": True}),
+    Case("TransformerDecoder_norm_padding", lambda nn: nn.TransformerDecoder(
+        nn.TransformerDecoderLayer(8, 2, 12, dropout=0.0), 2, norm=nn.LayerNorm(8)),
+         inputs(normal(3, 2, 8), normal(4, 2, 8)),
+         kwargs={"tgt_mask": causal(3), "memory_key_padding_mask": np.array([[0, 0, 0, 1], [0, 1, 0, 0]], bool),
+                 "tgt_key_padding_mask": np.array([[0, 0, 1], [0, 0, 0]], bool)}),
+    Case("Transformer_masks", lambda nn: nn.Transformer(8, 2, 2, 2, 16, dropout=0.0),
+         inputs(normal(4, 2, 8), normal(3, 2, 8)),
+         kwargs={"tgt_mask": np.triu(np.full((3, 3), -np.inf, np.float32), 1),
+                 "src_key_padding_mask": np.array([[0, 0, 0, 1], [0, 0, 0, 0]], bool),
+                 "memory_key_padding_mask": np.array([[0, 0, 0, 1], [0, 0, 0, 0]], bool),
+                 "memory_mask": np.array([[0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], bool)}),
+    Case("Transformer_batch_first_prenorm_gelu",
+         lambda nn: nn.Transformer(8, 2, 1, 2, 12, dropout=0.0, activation="gelu", batch_first=True,
+                                   norm_first=True),
+         inputs(normal(2, 5, 8), normal(2, 3, 8)), kwargs={"tgt_mask": causal(3), "tgt_is_causal": True}),
     Case("RNN", lambda nn: nn.RNN(3, 4, num_layers=2), inputs(normal(5, 2, 3))),
     Case("RNN_relu_bidirectional", lambda nn: nn.RNN(3, 4, nonlinearity="relu", bidirectional=True,
                                                      batch_first=True), inputs(normal(2, 4, 3), normal(2, 2, 4))),
@@ -180,6 +195,7 @@ def _copy_torch_weights(torch_module: torch.nn.Module, tg_module: tg.nn.Module) 
 
 
 @pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_module_matches_torch(case: Case) -> None:
     rng = np.random.default_rng(0)
@@ -256,6 +272,23 @@ def test_setattr_rejects_a_plain_tensor_for_a_parameter() -> None:
         model.weight = tg.zeros(3, 2)
     model.bias = None
     assert [n for n, _ in model.named_parameters()] == ["weight"]
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_generate_square_subsequent_mask_matches_torch(size: int) -> None:
+    mask = tg.nn.Transformer.generate_square_subsequent_mask(size)
+    want = torch.nn.Transformer.generate_square_subsequent_mask(size)
+    assert mask.dtype is tg.float32
+    np.testing.assert_array_equal(mask.numpy(), want.numpy())
+    assert tg.nn.Transformer.generate_square_subsequent_mask(2, dtype=tg.float64).dtype is tg.float64
+
+
+def test_transformer_rejects_mismatched_inputs_at_the_call() -> None:
+    model = tg.nn.Transformer(8, 2, 1, 1, 16)
+    with pytest.raises(tg.ShapeError, match="batch number of src \\(2\\) and tgt \\(3\\).*test_modules.py"):
+        model(tg.ones(4, 2, 8), tg.ones(5, 3, 8))
+    with pytest.raises(tg.ShapeError, match="equal to d_model \\(8\\)"):
+        model(tg.ones(4, 2, 6), tg.ones(5, 2, 6))
 
 
 def test_repr_matches_torch() -> None:

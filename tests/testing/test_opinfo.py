@@ -51,7 +51,8 @@ def test_table_covers_the_issue_ops():
         sum mean prod amax amin max min argmax argmin var std logsumexp softmax log_softmax cumsum cumprod all any
         norm reshape view permute transpose T mT expand broadcast_to squeeze unsqueeze flatten unflatten flip roll
         contiguous getitem pad(constant) pad(reflect) pad(replicate) cat stack split chunk unbind tile repeat
-        repeat_interleave tril triu gather scatter_add index_select take_along_dim one_hot matmul einsum""".split()
+        repeat_interleave tril triu gather scatter_add index_select take_along_dim one_hot matmul einsum
+        sort argsort msort topk multinomial""".split()
     assert sorted(set(required) - names) == []
 
 

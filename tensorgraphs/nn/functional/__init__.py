@@ -6,7 +6,8 @@ cross_entropy (class-index targets). Everything else is a composition of
 Tensor ops.
 """
 
-from tensorgraphs.frontend.movement import pad
+from tensorgraphs import missing as _missing
+from tensorgraphs.frontend.movement import one_hot, pad
 from tensorgraphs.nn.functional.activations import (
     elu,
     gelu,
@@ -47,7 +48,9 @@ __all__ = [
     "adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
     "conv1d", "conv2d", "conv_transpose2d", "cross_entropy", "dropout", "elu", "embedding", "gelu", "group_norm",
     "hardsigmoid", "hardswish", "hardtanh", "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax",
-    "logsigmoid", "max_pool2d", "mish", "mse_loss", "nll_loss", "pad", "relu", "relu6", "rms_norm",
+    "logsigmoid", "max_pool2d", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "relu", "relu6", "rms_norm",
     "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax", "softplus", "softsign",
     "tanh",
 ]
+
+__getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

@@ -1,0 +1,151 @@
+"""docs/torch-coverage.md: which of torch's public names tensorgraphs has, which differ, which are missing.
+
+    python -m tensorgraphs.testing.coverage docs/torch-coverage.md
+
+Walks `torch`, `torch.Tensor`, `torch.nn`, `torch.nn.functional`, `torch.optim` and `torch.utils.data`
+against their tensorgraphs namespaces. A name *differs* where a known difference is recorded in
+`DIFFERENCES`, or where both sides have Python signatures and tensorgraphs lacks some of torch's
+parameters; it is *missing* where tensorgraphs has no such name (the tg spelling is given where
+`tensorgraphs.missing.TG_SPELLING` records one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from tensorgraphs.missing import TG_SPELLING
+
+DIFFERENCES = {
+    "torch.sort": "always stable (ties keep their input order)",
+    "torch.argsort": "always stable (ties keep their input order)",
+    "torch.topk": "equal values: the first in the input wins (torch leaves the order unspecified)",
+    "torch.Tensor.topk": "equal values: the first in the input wins (torch leaves the order unspecified)",
+    "torch.multinomial": "invalid distributions (negative, all-zero, NaN) are not detected: values are lazy",
+    "torch.manual_seed": "a counter-based stream (Threefry): the same seed gives other numbers than torch",
+    "torch.device": "only cpu (and tg's numpy, planned, ... backends); cuda and mps raise",
+    "torch.compile": "tg.compile traces a function or wraps a module; no backend or mode options",
+    "torch.Tensor.to": "devices are checked (cuda raises); no non_blocking or memory_format",
+    "torch.Tensor.contiguous": "a no-op: tensors are lazy values, layouts are chosen by the compiler",
+}
+"""Known behaviour differences, by torch name."""
+
+NAMESPACES = (
+    ("torch", "tensorgraphs"),
+    ("torch.Tensor", "tensorgraphs.Tensor"),
+    ("torch.nn", "tensorgraphs.nn"),
+    ("torch.nn.functional", "tensorgraphs.nn.functional"),
+    ("torch.optim", "tensorgraphs.optim"),
+    ("torch.utils.data", "tensorgraphs.utils.data"),
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # the torch name, e.g. "torch.nn.Linear"
+    status: str  # "exists", "differs" or "missing"
+    note: str = ""
+
+
+def _resolve(path: str) -> Any:
+    import importlib
+
+    module_path, _, attribute = path.rpartition(".")
+    try:
+        return importlib.import_module(path)
+    except ImportError:
+        return getattr(importlib.import_module(module_path), attribute)
+
+
+def _public_names(namespace: Any) -> list[str]:
+    names = getattr(namespace, "__all__", None) if inspect.ismodule(namespace) else None
+    names = set(names or ()) | {n for n in dir(namespace) if not n.startswith("_")}
+    return sorted(n for n in names if hasattr(namespace, n))
+
+
+def _parameters(value: Any) -> list[str] | None:
+    """Parameter names of a Python function or class (its __init__), None where there is no signature."""
+    target = value.__init__ if inspect.isclass(value) else value
+    if not (inspect.isfunction(target) or inspect.ismethod(target)):
+        return None
+    try:
+        return [p.name for p in inspect.signature(target).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return None
+
+
+def _signature_gap(theirs: Any, ours: Any) -> str:
+    wanted, have = _parameters(theirs), _parameters(ours)
+    if wanted is None or have is None:
+        return ""
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(
+        ours.__init__ if inspect.isclass(ours) else ours).parameters.values())
+    lacking = [p for p in wanted if p not in have and p not in ("self", "out", "device") and not accepts_any]
+    return f"no parameter {', '.join(lacking)}" if lacking else ""
+
+
+def _has(namespace: Any, name: str) -> Any:
+    """tensorgraphs' attribute `name` or None; the missing-name __getattr__ raises AttributeError, as it should."""
+    try:
+        return inspect.getattr_static(namespace, name) if inspect.isclass(namespace) else getattr(namespace, name)
+    except AttributeError:
+        return None
+
+
+def compare(torch_path: str, tg_path: str) -> list[Entry]:
+    theirs, ours = _resolve(torch_path), _resolve(tg_path)
+    entries = []
+    for name in _public_names(theirs):
+        full = f"{torch_path}.{name}"
+        mine = _has(ours, name)
+        if mine is None:
+            entries.append(Entry(full, "missing", f"write {TG_SPELLING[full]}" if full in TG_SPELLING else ""))
+            continue
+        note = DIFFERENCES.get(full) or _signature_gap(getattr(theirs, name), getattr(ours, name))
+        entries.append(Entry(full, "differs" if note else "exists", note))
+    return entries
+
+
+def markdown() -> str:
+    import torch
+
+    lines = [
+        "# torch coverage",
+        "",
+        f"Generated by `python -m tensorgraphs.testing.coverage` against torch {torch.__version__}; do not edit.",
+        "*exists*: tensorgraphs has the name with torch's parameters; *differs*: it has the name, with the",
+        "difference noted; *missing*: not implemented yet (accessing it raises an AttributeError saying so).",
+        "",
+    ]
+    for torch_path, tg_path in NAMESPACES:
+        entries = compare(torch_path, tg_path)
+        by_status = {s: [e for e in entries if e.status == s] for s in ("exists", "differs", "missing")}
+        counts = ", ".join(f"{len(v)} {k}" for k, v in by_status.items())
+        lines += [f"## {torch_path}", "", f"{counts}.", ""]
+        if by_status["differs"]:
+            lines += ["**Differs**", "", "| name | difference |", "| --- | --- |"]
+            lines += [f"| `{e.name}` | {e.note} |" for e in by_status["differs"]] + [""]
+        short = lambda e: e.name.removeprefix(torch_path + ".")  # noqa: E731
+        lines += ["**Exists**", "", ", ".join(f"`{short(e)}`" for e in by_status["exists"]), ""]
+        spelled = [e for e in by_status["missing"] if e.note]
+        if spelled:
+            lines += ["**Missing, with a tensorgraphs spelling**", "", "| name | instead |", "| --- | --- |"]
+            lines += [f"| `{e.name}` | {e.note.removeprefix('write ')} |" for e in spelled]
+            lines += [""]
+        lines += ["**Missing**", "", ", ".join(f"`{short(e)}`" for e in by_status["missing"] if not e.note), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output", nargs="?", default="docs/torch-coverage.md")
+    args = parser.parse_args(argv)
+    with open(args.output, "w") as file:
+        file.write(markdown())
+
+
+if __name__ == "__main__":
+    main()
