@@ -33,6 +33,14 @@ class UnsupportedError(TGError, NotImplementedError):
     """Something tensorgraphs does not do; the message says what to use instead."""
 
 
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of a type the op does not take (a float where an int must be), a TypeError as in PyTorch."""
+
+
+class IndexingError(TGError, IndexError):
+    """An index out of range or not an int, an IndexError as in PyTorch."""
+
+
 def _is_user_frame(frame: FrameType) -> bool:
     """Not tensorgraphs (by file, or by module for generated code such as dataclass methods), not the stdlib.
 
@@ -66,3 +74,4 @@ def fail(op: str, message: str, kind: type[TGError] = ShapeError) -> NoReturn:
 def check(condition: bool, op: str, message: str, kind: type[TGError] = ShapeError) -> None:
     if not condition:
         fail(op, message, kind)
+

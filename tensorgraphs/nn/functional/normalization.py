@@ -11,6 +11,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.checks import ints_arg
 from tensorgraphs.frontend.tensor import Tensor, apply_composite
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
@@ -33,7 +34,7 @@ LAYER_NORM = register(Composite("layer_norm", lambda x, w, b, **_: (x.dtype, x.s
 
 
 def _normalized_shape(op: str, x: Tensor, normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    shape = ints_arg(op, "normalized_shape", normalized_shape)
     if not shape or x.shape[x.ndim - len(shape):] != shape or len(shape) > x.ndim:
         fail(op, f"given normalized_shape={list(shape)}, expected input with shape [*, "
              f"{', '.join(map(str, shape))}], but got input of size {list(x.shape)}")
