@@ -6,6 +6,7 @@ turns them into index expressions.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -335,10 +336,14 @@ def expand_dim(x: Tensor, dim: int, size: int) -> Tensor:
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Each input padded to the full length and summed (padding is zero, so the sum is exact)."""
+    """Each input padded to the full length and summed (padding is zero, so the sum is exact).
+
+    As in torch, 1-d empty inputs are left out of the shape checks but not of the dtype promotion.
+    """
     tensors = list(tensors)
     if not tensors:
         fail("cat", "expected a non-empty list of tensors", kind=ArgumentError)
+    dtype = functools.reduce(dtypes.promote_types, (t.dtype for t in tensors))
     tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
     ref = tensors[0]
     d = normalize_dim("cat", dim, ref.ndim)
@@ -346,11 +351,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
             listed = ", ".join(str(u.shape) for u in tensors)
             fail("cat", f"tensors must have the same shape except in dim {d}; got {listed}")
-    promoted, dtype = _promote_all("cat", tensors)
-    total = sum(t.shape[d] for t in promoted)
+    total = sum(t.shape[d] for t in tensors)
     result, offset = None, 0
-    for t in promoted:
-        part = pad_dim(t, d, offset, total - offset - t.shape[d])
+    for t in tensors:
+        part = pad_dim(cast(t, dtype), d, offset, total - offset - t.shape[d])
         offset += t.shape[d]
         if result is None:
             result = part
@@ -359,13 +363,6 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         else:
             result = ew.add(result, part)
     return result
-
-
-def _promote_all(op: str, tensors: Sequence[Tensor]) -> tuple[list[Tensor], Any]:
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = dtypes.promote_types(dtype, t.dtype)
-    return [cast(t, dtype) for t in tensors], dtype
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
