@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import warnings
 from types import FrameType
 from typing import NoReturn
 
@@ -75,3 +76,11 @@ def check(condition: bool, op: str, message: str, kind: type[TGError] = ShapeErr
     if not condition:
         fail(op, message, kind)
 
+
+
+def warn(op: str, message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn "op: message", attributed to the user's line (as torch's `stacklevel=2` does for its own callers)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and not _is_user_frame(frame):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{op}: {message}", category, stacklevel=level if frame is not None else 2)

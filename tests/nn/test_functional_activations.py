@@ -76,8 +76,9 @@ def test_softmax_dtype_argument_and_implicit_dim() -> None:
     x = np.arange(6).reshape(2, 3)
     check(lambda t: F.softmax(t, 1, dtype=tg.float32), lambda t: TF.softmax(t, 1, dtype=torch.float32), [x])
     y = normal(3, 2, 3)
-    with pytest.warns(UserWarning, match="Implicit dimension"):
+    with pytest.warns(UserWarning, match="Implicit dimension") as record:
         ours = F.softmax(tg.tensor(y))
+    assert record[0].filename == __file__, "the warning points at the user's line"
     np.testing.assert_allclose(ours.numpy(), torch.softmax(torch.tensor(y), 1).numpy(), rtol=1e-6)
     with pytest.raises(tg.DTypeError, match="softmax"):
         F.softmax(tg.tensor(x), 1)

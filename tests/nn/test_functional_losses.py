@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -32,6 +33,24 @@ def test_regression_losses_match_torch(name: str, kwargs: dict, reduction: str, 
     with pytest.warns(UserWarning) if shapes[0] != shapes[1] else _no_warning():
         check(lambda a, b: getattr(F, name)(a, b, reduction=reduction, **kwargs),
               lambda a, b: getattr(TF, name)(a, b, reduction=reduction, **kwargs), inputs, grad=[0, 1], name=name)
+
+
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss"])
+@pytest.mark.parametrize("shapes", [((4, 1), (4,)), ((3,), (2, 3)), ((2, 3), (2, 3)), ((), ())])
+def test_regression_losses_warn_of_broadcast_shapes_as_torch_at_the_users_line(name: str, shapes: tuple) -> None:
+    """A (4, 1) prediction against a (4,) target compares every pair: torch warns, and so must we."""
+    a, b = normal(1, *shapes[0]), normal(2, *shapes[1])
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        getattr(TF, name)(torch.tensor(a), torch.tensor(b))
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        getattr(F, name)(tg.tensor(a), tg.tensor(b))
+    assert [w.category for w in ours] == [w.category for w in theirs]
+    for warning in ours:
+        message = str(warning.message)
+        assert f"Using a target size ({shapes[1]}) that is different to the input size ({shapes[0]})" in message
+        assert warning.filename == __file__, "the warning points at the user's line"
 
 
 class _no_warning:

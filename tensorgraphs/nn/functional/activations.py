@@ -8,11 +8,10 @@ softmax instead of the derivative of its decomposition.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, DTypeError, fail
+from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, normalize_dim
@@ -61,8 +60,8 @@ LOG_SOFTMAX = register(Composite("log_softmax", _same_as_input, _log_softmax_dec
 
 
 def _implicit_softmax_dim(op: str, ndim: int) -> int:
-    warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X "
-                  "as an argument.", stacklevel=4)
+    warn(op, f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an "
+         "argument.")
     return 0 if ndim in (0, 1, 3) else 1
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensorgraphs.errors import ArgumentError, DTypeError, fail
+from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
@@ -23,6 +23,14 @@ from tensorgraphs.nn.functional.arguments import (
 # ---------------------------------------------------------------------------
 
 
+def _warn_if_broadcast(op: str, input: Tensor, target: Tensor) -> None:
+    """torch computes a regression loss of differently shaped input and target by broadcasting, with a warning:
+    a (4, 1) prediction against a (4,) target silently compares every pair."""
+    if target.shape != input.shape:
+        warn(op, f"Using a target size ({target.shape}) that is different to the input size ({input.shape}). This "
+             "will likely lead to incorrect results due to broadcasting. Please ensure they have the same size.")
+
+
 def _pointwise_loss(op: str, loss: Tensor, input: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
     """Optionally weighted (weight of the input's shape; mean divides by the weights' sum, as torch)."""
     if weight is None:
@@ -37,6 +45,7 @@ def _pointwise_loss(op: str, loss: Tensor, input: Tensor, weight: Tensor | None,
 
 def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
              reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+    _warn_if_broadcast("mse_loss", input, target)
     difference = ew.sub(input, target)
     loss = ew.mul(difference, difference)
     return _pointwise_loss("mse_loss", loss, input, weight, legacy_reduction(size_average, reduce, reduction))
@@ -44,6 +53,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
 
 def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
             reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+    _warn_if_broadcast("l1_loss", input, target)
     loss = ew.abs(ew.sub(input, target))
     return _pointwise_loss("l1_loss", loss, input, weight, legacy_reduction(size_average, reduce, reduction))
 
@@ -54,6 +64,7 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = No
     if beta < 0:
         fail("smooth_l1_loss", f"smooth_l1_loss does not support negative values for beta, got {beta}",
              kind=ArgumentError)
+    _warn_if_broadcast("smooth_l1_loss", input, target)
     distance = ew.abs(ew.sub(input, target))
     if beta == 0:
         loss = distance
