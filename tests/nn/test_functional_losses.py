@@ -26,7 +26,8 @@ def _targets(seed: int, shape: tuple, classes: int, ignore: int | None = None) -
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("name,kwargs", [("mse_loss", {}), ("l1_loss", {}), ("smooth_l1_loss", {"beta": 0.5}),
-                                         ("smooth_l1_loss", {"beta": 0.0})])
+                                         ("smooth_l1_loss", {"beta": 0.0}), ("huber_loss", {}),
+                                         ("huber_loss", {"delta": 0.3})])
 @pytest.mark.parametrize("shapes", [((3, 7), (3, 7)), ((1,), (1,)), ((2, 3, 1), (2, 3, 7))])
 def test_regression_losses_match_torch(name: str, kwargs: dict, reduction: str, shapes: tuple) -> None:
     inputs = [normal(1, *shapes[0]), normal(2, *shapes[1])]
@@ -35,7 +36,7 @@ def test_regression_losses_match_torch(name: str, kwargs: dict, reduction: str, 
               lambda a, b: getattr(TF, name)(a, b, reduction=reduction, **kwargs), inputs, grad=[0, 1], name=name)
 
 
-@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss"])
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"])
 @pytest.mark.parametrize("shapes", [((4, 1), (4,)), ((3,), (2, 3)), ((2, 3), (2, 3)), ((), ())])
 def test_regression_losses_warn_of_broadcast_shapes_as_torch_at_the_users_line(name: str, shapes: tuple) -> None:
     """A (4, 1) prediction against a (4,) target compares every pair: torch warns, and so must we."""
@@ -61,7 +62,7 @@ class _no_warning:
         return None
 
 
-@pytest.mark.parametrize("name", ["mse_loss", "l1_loss"])
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "huber_loss"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_weighted_regression_losses_match_torch(name: str, reduction: str) -> None:
     inputs = [normal(3, 3, 7), normal(4, 3, 7), uniform(5, 3, 7)]
@@ -190,3 +191,37 @@ def test_kl_div_zero_and_nan_targets() -> None:
     target = np.array([0.0, 0.5, math.nan, 0.5], np.float32)
     check(lambda a, t: F.kl_div(a, t, reduction="none"), lambda a, t: TF.kl_div(a, t, reduction="none"),
           [normal(26, 4), target])
+
+
+def _signs(seed: int, shape: tuple) -> np.ndarray:
+    return np.where(np.random.default_rng(seed).random(shape) < 0.5, -1.0, 1.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(3, 7), (1,), (2, 1, 4)])
+def test_margin_losses_match_torch(reduction: str, shape: tuple) -> None:
+    x, y, signs = normal(20, *shape), normal(21, *shape), _signs(22, shape)
+    check(lambda a, t: F.soft_margin_loss(a, t, reduction=reduction),
+          lambda a, t: TF.soft_margin_loss(a, t, reduction=reduction), [x, signs], grad=[0], name="soft_margin_loss")
+    check(lambda a, b, t: F.margin_ranking_loss(a, b, t, margin=0.3, reduction=reduction),
+          lambda a, b, t: TF.margin_ranking_loss(a, b, t, margin=0.3, reduction=reduction), [x, y, signs],
+          grad=[0, 1], name="margin_ranking_loss")
+    check(lambda a, t: F.hinge_embedding_loss(a, t, margin=0.5, reduction=reduction),
+          lambda a, t: TF.hinge_embedding_loss(a, t, margin=0.5, reduction=reduction), [x, signs], grad=[0],
+          name="hinge_embedding_loss")
+
+
+def test_hinge_embedding_loss_of_targets_other_than_plus_minus_one_matches_torch() -> None:
+    check(F.hinge_embedding_loss, TF.hinge_embedding_loss,
+          [normal(23, 6), np.array([1, -1, 0, 2, 1, -1], np.float32)], grad=[0], name="hinge_embedding_loss")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("log_input,full", [(True, False), (False, False), (True, True), (False, True)])
+def test_poisson_nll_loss_matches_torch(reduction: str, log_input: bool, full: bool) -> None:
+    rates = uniform(24, 3, 5, low=0.1, high=3.0)
+    counts = np.random.default_rng(25).poisson(1.5, (3, 5)).astype(np.float32)
+    x = np.log(rates) if log_input else rates
+    check(lambda a, t: F.poisson_nll_loss(a, t, log_input=log_input, full=full, reduction=reduction),
+          lambda a, t: TF.poisson_nll_loss(a, t, log_input=log_input, full=full, reduction=reduction), [x, counts],
+          grad=[0], rtol=1e-5, atol=1e-6, name="poisson_nll_loss")

@@ -1,4 +1,5 @@
-"""torch.nn.functional's names: activations, normalization, convolution and pooling, attention, losses.
+"""torch.nn.functional's names: activations, normalization, convolution and pooling, attention, losses,
+distances, padding and channel shuffles.
 
 Composites (kept whole in the graph until a later stage decomposes them):
 softmax, log_softmax, gelu, layer_norm, conv2d, scaled_dot_product_attention,
@@ -6,47 +7,73 @@ cross_entropy (class-index targets). Everything else is a composition of
 Tensor ops.
 """
 
+from tensorgraphs.frontend.movement import one_hot, pad
 from tensorgraphs.nn.functional.activations import (
+    celu,
+    celu_,
     elu,
+    elu_,
     gelu,
+    glu,
+    hardshrink,
     hardsigmoid,
     hardswish,
     hardtanh,
+    hardtanh_,
     leaky_relu,
+    leaky_relu_,
     log_softmax,
     logsigmoid,
     mish,
+    prelu,
     relu,
     relu6,
+    relu_,
     selu,
+    selu_,
     sigmoid,
     silu,
     softmax,
+    softmin,
     softplus,
+    softshrink,
     softsign,
     tanh,
+    tanhshrink,
+    threshold,
+    threshold_,
 )
 from tensorgraphs.nn.functional.attention import scaled_dot_product_attention
 from tensorgraphs.nn.functional.conv import conv1d, conv2d, conv_transpose2d
+from tensorgraphs.nn.functional.distance import cosine_similarity, normalize, pairwise_distance
 from tensorgraphs.nn.functional.linear import dropout, embedding, linear
 from tensorgraphs.nn.functional.losses import (
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
     cross_entropy,
+    hinge_embedding_loss,
+    huber_loss,
     kl_div,
     l1_loss,
+    margin_ranking_loss,
     mse_loss,
     nll_loss,
+    poisson_nll_loss,
     smooth_l1_loss,
+    soft_margin_loss,
 )
 from tensorgraphs.nn.functional.normalization import batch_norm, group_norm, layer_norm, rms_norm
 from tensorgraphs.nn.functional.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from tensorgraphs.nn.functional.shuffle import channel_shuffle, pixel_shuffle, pixel_unshuffle
 
 __all__ = [
     "adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-    "conv1d", "conv2d", "conv_transpose2d", "cross_entropy", "dropout", "elu", "embedding", "gelu", "group_norm",
-    "hardsigmoid", "hardswish", "hardtanh", "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax",
-    "logsigmoid", "max_pool2d", "mish", "mse_loss", "nll_loss", "relu", "relu6", "rms_norm",
-    "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax", "softplus", "softsign",
-    "tanh",
+    "celu", "celu_", "channel_shuffle", "conv1d", "conv2d", "conv_transpose2d", "cosine_similarity",
+    "cross_entropy", "dropout", "elu", "elu_", "embedding", "gelu", "glu", "group_norm", "hardshrink",
+    "hardsigmoid", "hardswish", "hardtanh", "hardtanh_", "hinge_embedding_loss", "huber_loss", "kl_div", "l1_loss",
+    "layer_norm", "leaky_relu", "leaky_relu_", "linear", "log_softmax", "logsigmoid", "margin_ranking_loss",
+    "max_pool2d", "mish", "mse_loss", "nll_loss", "normalize", "one_hot", "pad", "pairwise_distance",
+    "pixel_shuffle", "pixel_unshuffle", "poisson_nll_loss", "prelu", "relu", "relu6", "relu_", "rms_norm",
+    "scaled_dot_product_attention", "selu", "selu_", "sigmoid", "silu", "smooth_l1_loss", "soft_margin_loss",
+    "softmax", "softmin", "softplus", "softshrink", "softsign", "tanh", "tanhshrink", "threshold", "threshold_",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
@@ -31,13 +33,17 @@ def _warn_if_broadcast(op: str, input: Tensor, target: Tensor) -> None:
              "will likely lead to incorrect results due to broadcasting. Please ensure they have the same size.")
 
 
+def _check_weight_shape(op: str, input: Tensor, weight: Tensor) -> None:
+    if weight.shape != input.shape:
+        fail(op, f"weights and input must have the same size, got {weight.shape} and {input.shape}",
+             kind=ArgumentError)
+
+
 def _pointwise_loss(op: str, loss: Tensor, input: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
     """Optionally weighted (weight of the input's shape; mean divides by the weights' sum, as torch)."""
     if weight is None:
         return reduce_loss(op, loss, reduction)
-    if weight.shape != input.shape:
-        fail(op, f"weights and input must have the same size, got {weight.shape} and {input.shape}",
-             kind=ArgumentError)
+    _check_weight_shape(op, input, weight)
     check_reduction(op, reduction)
     weighted = ew.mul(loss, weight)
     return ew.div(rd.sum(weighted), rd.sum(weight)) if reduction == "mean" else reduce_loss(op, weighted, reduction)
@@ -72,6 +78,68 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = No
         loss = ew.where(ew.lt(distance, beta), ew.div(ew.mul(ew.mul(distance, distance), 0.5), beta),
                         ew.sub(distance, 0.5 * beta))
     return reduce_loss("smooth_l1_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
+               weight: Tensor | None = None) -> Tensor:
+    """0.5 * d^2 where |d| < delta, delta * (|d| - 0.5 * delta) elsewhere: smooth_l1_loss scaled by delta."""
+    if delta <= 0:
+        fail("huber_loss", f"huber_loss does not support non-positive values for delta, got {delta}",
+             kind=ArgumentError)
+    _warn_if_broadcast("huber_loss", input, target)
+    distance = ew.abs(ew.sub(input, target))
+    loss = ew.where(ew.lt(distance, delta), ew.mul(ew.mul(distance, distance), 0.5),
+                    ew.mul(ew.sub(distance, 0.5 * delta), delta))
+    if weight is not None:  # unlike mse_loss and l1_loss, torch's mean here divides by the count, not the weights
+        _check_weight_shape("huber_loss", input, weight)
+        loss = ew.mul(loss, weight)
+    return reduce_loss("huber_loss", loss, reduction)
+
+
+def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,
+                     size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None,
+                     reduction: str = "mean") -> Tensor:
+    """exp(x) - t * x for a log-rate x (else x - t * log(x + eps)); `full` adds Stirling's term where t > 1."""
+    if log_input:
+        loss = ew.sub(ew.exp(input), ew.mul(target, input))
+    else:
+        loss = ew.sub(input, ew.mul(target, ew.log(ew.add(input, eps))))
+    if full:
+        stirling = ew.add(ew.sub(ew.mul(target, ew.log(target)), target),
+                          ew.mul(ew.log(ew.mul(target, 2 * math.pi)), 0.5))
+        loss = ew.add(loss, ew.where(ew.le(target, 1), 0.0, stirling))
+    return reduce_loss("poisson_nll_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+# ---------------------------------------------------------------------------
+# margin losses (targets of 1 and -1)
+# ---------------------------------------------------------------------------
+
+
+def soft_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+                     reduction: str = "mean") -> Tensor:
+    """log(1 + exp(-t * x)), as torch computes it."""
+    loss = ew.log1p(ew.exp(ew.neg(ew.mul(target, input))))
+    return reduce_loss("soft_margin_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
+                        size_average: bool | None = None, reduce: bool | None = None,
+                        reduction: str = "mean") -> Tensor:
+    """max(0, -t * (x1 - x2) + margin): x1 should rank above x2 where t = 1, below where t = -1."""
+    if not input1.ndim == input2.ndim == target.ndim:
+        fail("margin_ranking_loss", f"all inputs must have the same number of dims, got {input1.shape}, "
+             f"{input2.shape} and {target.shape}")
+    loss = ew.clamp(ew.add(ew.mul(ew.neg(target), ew.sub(input1, input2)), margin), min=0)
+    return reduce_loss("margin_ranking_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, size_average: bool | None = None,
+                         reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    """x where t = 1, max(0, margin - x) where t = -1 (both where t is neither, as torch)."""
+    margin_term = ew.where(ew.ne(target, 1), ew.clamp(ew.sub(margin, input), min=0), 0.0)
+    loss = ew.add(margin_term, ew.where(ew.ne(target, -1), input, 0.0))
+    return reduce_loss("hinge_embedding_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
 # ---------------------------------------------------------------------------
