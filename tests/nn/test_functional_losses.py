@@ -225,3 +225,57 @@ def test_poisson_nll_loss_matches_torch(reduction: str, log_input: bool, full: b
     check(lambda a, t: F.poisson_nll_loss(a, t, log_input=log_input, full=full, reduction=reduction),
           lambda a, t: TF.poisson_nll_loss(a, t, log_input=log_input, full=full, reduction=reduction), [x, counts],
           grad=[0], rtol=1e-5, atol=1e-6, name="poisson_nll_loss")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("var_shape", [(3, 5), (3,), (3, 1)])
+@pytest.mark.parametrize("full", [False, True])
+def test_gaussian_nll_loss_matches_torch(reduction: str, var_shape: tuple, full: bool) -> None:
+    var = uniform(30, *var_shape, low=0.2, high=2.0)
+    var.flat[0] = 1e-9  # below eps: clamped, with the gradient still reaching var as in torch
+    check(lambda a, t, v: F.gaussian_nll_loss(a, t, v, full=full, reduction=reduction),
+          lambda a, t, v: TF.gaussian_nll_loss(a, t, v, full=full, reduction=reduction),
+          [normal(31, 3, 5), normal(32, 3, 5), var], grad=[0, 1, 2], rtol=1e-5, atol=1e-6, name="gaussian_nll_loss")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p,weighted", [(1, False), (2, False), (1, True)])
+@pytest.mark.parametrize("batch", [(4,), ()])
+def test_multi_margin_loss_matches_torch(reduction: str, p: int, weighted: bool, batch: tuple) -> None:
+    target = np.random.default_rng(33).integers(0, 5, batch)
+    inputs = [normal(34, *batch, 5), target] + ([uniform(35, 5)] if weighted else [])
+    check(lambda a, t, *w: F.multi_margin_loss(a, t, p=p, margin=0.7, weight=w[0] if w else None,
+                                               reduction=reduction),
+          lambda a, t, *w: TF.multi_margin_loss(a, t, p=p, margin=0.7, weight=w[0] if w else None,
+                                                reduction=reduction),
+          inputs, grad=[0], name="multi_margin_loss")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_multilabel_soft_margin_loss_matches_torch(reduction: str, weighted: bool) -> None:
+    labels = (np.random.default_rng(36).random((3, 5)) < 0.5).astype(np.float32)
+    inputs = [normal(37, 3, 5, scale=3.0), labels] + ([uniform(38, 5)] if weighted else [])
+    check(lambda a, t, *w: F.multilabel_soft_margin_loss(a, t, w[0] if w else None, reduction=reduction),
+          lambda a, t, *w: TF.multilabel_soft_margin_loss(a, t, w[0] if w else None, reduction=reduction),
+          inputs, grad=[0], name="multilabel_soft_margin_loss")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(4, 6), (6,)])
+def test_cosine_embedding_loss_matches_torch(reduction: str, shape: tuple) -> None:
+    target = np.array([1.0, -1.0, -1.0, 1.0], np.float32)[: shape[0] if len(shape) == 2 else 1]
+    target = target if len(shape) == 2 else np.float32(-1.0) * np.ones((), np.float32)
+    check(lambda a, b, t: F.cosine_embedding_loss(a, b, t, margin=-0.2, reduction=reduction),
+          lambda a, b, t: TF.cosine_embedding_loss(a, b, t, margin=-0.2, reduction=reduction),
+          [normal(39, *shape), normal(40, *shape), np.asarray(target)], grad=[0, 1], rtol=1e-5, atol=1e-6,
+          name="cosine_embedding_loss")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p,swap", [(2, False), (1, True), (3, False)])
+def test_triplet_margin_loss_matches_torch(reduction: str, p: float, swap: bool) -> None:
+    inputs = [normal(41, 4, 6), normal(42, 4, 6), normal(43, 4, 6)]
+    check(lambda a, b, c: F.triplet_margin_loss(a, b, c, margin=2.0, p=p, swap=swap, reduction=reduction),
+          lambda a, b, c: TF.triplet_margin_loss(a, b, c, margin=2.0, p=p, swap=swap, reduction=reduction),
+          inputs, grad=[0, 1, 2], rtol=1e-5, atol=1e-5, name="triplet_margin_loss")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
@@ -19,6 +20,7 @@ from tensorgraphs.nn.functional.arguments import (
     require_float,
     require_same_dtype,
 )
+from tensorgraphs.nn.functional.distance import pairwise_distance
 
 # ---------------------------------------------------------------------------
 # regression losses
@@ -142,6 +144,28 @@ def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, siz
     return reduce_loss("hinge_embedding_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+def gaussian_nll_loss(input: Tensor, target: Tensor, var: Tensor | float, full: bool = False, eps: float = 1e-6,
+                      reduction: str = "mean") -> Tensor:
+    """0.5 * (log(var) + (x - t)^2 / var), var clamped at eps without blocking its gradient (as torch's
+    no-grad clamp); var of the input's shape, or without its last dim, or with a last dim of 1.
+
+    torch also raises if a var entry is negative; that check reads the data, so here such an entry gives NaN."""
+    var = var if isinstance(var, Tensor) else Tensor(g.const(float(var), input.dtype, ()))
+    if var.shape != input.shape and var.ndim:
+        if var.shape == input.shape[:-1]:
+            var = mv.unsqueeze(var, -1)
+        elif not (var.shape[:-1] == input.shape[:-1] and var.shape[-1] == 1):
+            fail("gaussian_nll_loss", f"var of shape {var.shape} does not fit input of shape {input.shape}",
+                 kind=ArgumentError)
+    check_reduction("gaussian_nll_loss", reduction)
+    clamped = ew.add(var, ew.sub(ew.clamp(var, min=eps), var).detach())
+    difference = ew.sub(input, target)
+    loss = ew.mul(ew.add(ew.log(clamped), ew.div(ew.mul(difference, difference), clamped)), 0.5)
+    if full:
+        loss = ew.add(loss, 0.5 * math.log(2 * math.pi))
+    return reduce_loss("gaussian_nll_loss", loss, reduction)
+
+
 # ---------------------------------------------------------------------------
 # negative log likelihood and cross entropy
 # ---------------------------------------------------------------------------
@@ -261,6 +285,67 @@ def _cross_entropy_probabilities(input: Tensor, target: Tensor, weight: Tensor |
     if reduction == "mean":
         return ew.div(rd.sum(loss), input.numel() // classes if input.numel() else float("nan"))
     return reduce_loss("cross_entropy", loss, reduction)
+
+
+def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
+                      size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    """Per sample: the mean over classes j != y of max(0, margin - x[y] + x[j])^p, times weight[y]."""
+    if p not in (1, 2):
+        fail("multi_margin_loss", f"only p == 1 and p == 2 supported, got {p}", kind=ArgumentError)
+    if input.ndim > 2 or target.shape != (input.shape[:1] if input.ndim == 2 else ()):
+        fail("multi_margin_loss", f"expected input of 1 or 2 dims and target of its batch size, got {input.shape} "
+             f"and {target.shape}")
+    if not target.dtype.is_integer:
+        fail("multi_margin_loss", f"expected integer class targets, got {target.dtype.name}", kind=DTypeError)
+    x = input if input.ndim == 2 else mv.unsqueeze(input, 0)
+    y = mv.reshape(target, (x.shape[0], 1))
+    terms = ew.clamp(ew.add(ew.sub(margin, mv.gather(x, 1, y)), x), min=0)
+    terms = ew.mul(terms, terms) if p == 2 else terms
+    if weight is not None:
+        terms = ew.mul(terms, mv.reshape(mv.index_select(weight, 0, mv.reshape(y, -1)), (x.shape[0], 1)))
+    is_target = ew.eq(mv.reshape(Tensor(g.iota(x.shape[1], dtypes.int64)), (1, -1)), y)
+    loss = ew.div(rd.sum(ew.where(is_target, 0.0, terms), 1), x.shape[1])
+    loss = loss if input.ndim == 2 else mv.reshape(loss, ())
+    return reduce_loss("multi_margin_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                size_average: bool | None = None, reduce: bool | None = None,
+                                reduction: str = "mean") -> Tensor:
+    """Binary cross entropy of each class's logit, averaged over the classes (the last dim)."""
+    loss = ew.neg(ew.add(ew.mul(target, logsigmoid(input)), ew.mul(ew.sub(1.0, target), logsigmoid(ew.neg(input)))))
+    if weight is not None:
+        loss = ew.mul(loss, weight)
+    loss = ew.div(rd.sum(loss, -1), input.shape[-1])
+    return reduce_loss("multilabel_soft_margin_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
+                          size_average: bool | None = None, reduce: bool | None = None,
+                          reduction: str = "mean") -> Tensor:
+    """1 - cos(x1, x2) where t = 1, max(0, cos(x1, x2) - margin) where t = -1 (cos along the last dim)."""
+    dim = input1.ndim - 1
+    squared_norms = [ew.add(rd.sum(ew.mul(x, x), dim), 1e-12) for x in (input1, input2)]
+    cos = ew.div(rd.sum(ew.mul(input1, input2), dim), ew.sqrt(ew.mul(*squared_norms)))
+    loss = ew.add(ew.where(ew.eq(target, 1), ew.sub(1.0, cos), 0.0),
+                  ew.where(ew.eq(target, -1), ew.clamp(ew.sub(cos, margin), min=0), 0.0))
+    return reduce_loss("cosine_embedding_loss", loss, legacy_reduction(size_average, reduce, reduction))
+
+
+def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
+                        eps: float = 1e-6, swap: bool = False, size_average: bool | None = None,
+                        reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    """max(0, margin + d(a, p) - d(a, n)), d the pairwise p-norm distance; `swap` takes the nearer of d(a, n)
+    and d(p, n)."""
+    if not anchor.ndim == positive.ndim == negative.ndim:
+        fail("triplet_margin_loss", f"anchor, positive and negative must have the same number of dims, got "
+             f"{anchor.shape}, {positive.shape} and {negative.shape}")
+    to_positive = pairwise_distance(anchor, positive, p, eps)
+    to_negative = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        to_negative = ew.minimum(to_negative, pairwise_distance(positive, negative, p, eps))
+    loss = ew.clamp(ew.sub(ew.add(to_positive, margin), to_negative), min=0)
+    return reduce_loss("triplet_margin_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
 # ---------------------------------------------------------------------------
