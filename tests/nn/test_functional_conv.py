@@ -146,6 +146,37 @@ def test_adaptive_avg_pool2d_matches_torch(x_shape: tuple, output_size: object) 
           grad=[0], name="adaptive_avg_pool2d")
 
 
+POOL_1D_CASES = [  # input shape, keyword arguments
+    ((2, 3, 9), {"kernel_size": 3}),
+    ((3, 8), {"kernel_size": 2, "stride": 1}),
+    ((1, 2, 7), {"kernel_size": (3,), "stride": (2,), "padding": (1,)}),
+    ((2, 2, 8), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+]
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_1D_CASES)
+def test_1d_pooling_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    x = normal(13, *x_shape)
+    x.reshape(-1)[2] = math.nan
+    for name, options in [("max_pool1d", {}), ("max_pool1d", {"dilation": 2, "return_indices": True}),
+                          ("avg_pool1d", {}), ("avg_pool1d", {"count_include_pad": False})]:
+        args = dict(kwargs, **options)
+        check(lambda t: getattr(F, name)(t, **args), lambda t: getattr(TF, name)(t, **args), [x], grad=[0], name=name)
+
+
+@pytest.mark.parametrize("x_shape,output_size", [((2, 3, 7), 1), ((3, 5), 3), ((1, 2, 3), 5), ((2, 2, 8), (4,))])
+def test_adaptive_avg_pool1d_matches_torch(x_shape: tuple, output_size: object) -> None:
+    check(lambda t: F.adaptive_avg_pool1d(t, output_size), lambda t: TF.adaptive_avg_pool1d(t, output_size),
+          [normal(14, *x_shape)], grad=[0], name="adaptive_avg_pool1d")
+
+
+def test_1d_pooling_errors_name_the_op() -> None:
+    with pytest.raises(tg.ShapeError, match="max_pool1d.*2D or 3D"):
+        F.max_pool1d(tg.randn(1, 1, 4, 4), 2)
+    with pytest.raises(tg.ArgumentError, match="avg_pool1d.*one int"):
+        F.avg_pool1d(tg.randn(1, 1, 4), (2, 2))
+
+
 def test_float64_conv2d_and_pooling_are_exact() -> None:
     x, w = normal(11, 2, 3, 6, 5).astype(np.float64), normal(12, 4, 3, 3, 2).astype(np.float64)
     check(lambda a, b: F.conv2d(a, b, stride=2, padding=1), lambda a, b: TF.conv2d(a, b, stride=2, padding=1), [x, w],

@@ -30,7 +30,6 @@ _RESAMPLE = "resampling (interpolation, grids) is not implemented"
 _RANDOM = "needs a random op not implemented yet"
 _LOW_PRECISION = "scaled/grouped low-precision GEMM kernels are not implemented"
 NOT_YET = {
-    "adaptive_avg_pool1d": "1-d pooling is not implemented",
     "adaptive_avg_pool3d": _THREE_D,
     "adaptive_max_pool1d": "1-d pooling is not implemented",
     "adaptive_max_pool1d_with_indices": _INDICES,
@@ -40,7 +39,6 @@ NOT_YET = {
     "adaptive_max_pool3d_with_indices": _INDICES,
     "affine_grid": _RESAMPLE,
     "alpha_dropout": _RANDOM,
-    "avg_pool1d": "1-d pooling is not implemented",
     "avg_pool3d": _THREE_D,
     "bilinear": "the bilinear form (an einsum with a 3-d weight) is not implemented",
     "conv3d": _THREE_D,
@@ -68,7 +66,6 @@ NOT_YET = {
     "lp_pool1d": "1-d pooling is not implemented",
     "lp_pool2d": "power-average pooling is not implemented",
     "lp_pool3d": _THREE_D,
-    "max_pool1d": "1-d pooling is not implemented",
     "max_pool1d_with_indices": _INDICES,
     "max_pool2d_with_indices": _INDICES,
     "max_pool3d": _THREE_D,

@@ -12,6 +12,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.checks import ints_arg
 from tensorgraphs.frontend.tensor import Tensor, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.nn.functional.arguments import require_float, tuple_of
@@ -72,10 +73,15 @@ def _positions(x: Tensor) -> Tensor:
 
 def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple:
+    return _max_pool("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+              dilation: IntPair, ceil_mode: bool, return_indices: bool) -> Tensor | tuple:
     """Window maxima (padding is -inf, NaN propagates), picked by argmax so that, as in torch, the gradient goes
     to the first maximum of a window rather than being shared among ties; return_indices also gives each
     maximum's flat position h * W + w in the input."""
-    geometry = PoolGeometry("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode)
+    geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
     windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
     best = mv.unsqueeze(rd.argmax(windows, -3), -3)
     values = mv.squeeze(mv.gather(windows, -3, best), -3)
@@ -87,17 +93,65 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    return _avg_pool("avg_pool2d", input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def _avg_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+              ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Tensor:
     """Window sums over the zero-padded input divided by the window size: the whole window within the padded
     input (count_include_pad) or only its input elements, or divisor_override."""
-    geometry = PoolGeometry("avg_pool2d", input, kernel_size, stride, padding, 1, ceil_mode)
+    geometry = PoolGeometry(op, input, kernel_size, stride, padding, 1, ceil_mode)
     sums = rd.sum(geometry.windows(geometry.pad(input, 0.0), 0.0), -3)
     if divisor_override is not None:
         if divisor_override == 0:
-            fail("avg_pool2d", "divisor must be not zero", kind=ArgumentError)
+            fail(op, "divisor must be not zero", kind=ArgumentError)
         return ew.div(sums, divisor_override)
     ones = Tensor(g.const(1.0, input.dtype, input.shape[-2:]))
     counted = geometry.pad(ones, 1.0 if count_include_pad else 0.0)
     return ew.div(sums, rd.sum(geometry.windows(counted, 0.0), -3))
+
+
+def _as_rows(op: str, input: Tensor, **sizes: IntPair | None) -> tuple[Tensor, dict[str, tuple[int, int] | None]]:
+    """A 1-d pooling as a 2-d one over rows of height 1: (N, C, L) -> (N, C, 1, L) and each size k -> (1, k)
+    (padding p -> (0, p)); None stays None."""
+    if input.ndim not in (2, 3):
+        fail(op, f"expected 2D or 3D (batch mode) input, got input of size {input.shape}")
+    rows: dict[str, tuple[int, int] | None] = {}
+    for name, value in sizes.items():
+        values = None if value is None else ints_arg(op, name, value)
+        if values is not None and len(values) != 1:
+            fail(op, f"{name} must be an int or a tuple of one int, got {value!r}", kind=ArgumentError)
+        rows[name] = None if values is None else (0 if name == "padding" else 1, values[0])
+    return mv.unsqueeze(input, -2), rows
+
+
+def max_pool1d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple:
+    """max_pool2d over rows of height 1; the indices are positions along L."""
+    stride = None if stride == [] else stride
+    x, a = _as_rows("max_pool1d", input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation)
+    out = _max_pool("max_pool1d", x, a["kernel_size"], a["stride"], a["padding"], a["dilation"], ceil_mode,
+                    return_indices)
+    return tuple(mv.squeeze(t, -2) for t in out) if return_indices else mv.squeeze(out, -2)
+
+
+def avg_pool1d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    stride = None if stride == [] else stride
+    x, a = _as_rows("avg_pool1d", input, kernel_size=kernel_size, stride=stride, padding=padding)
+    out = _avg_pool("avg_pool1d", x, a["kernel_size"], a["stride"], a["padding"], ceil_mode, count_include_pad, None)
+    return mv.squeeze(out, -2)
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: IntPair) -> Tensor:
+    if input.ndim not in (2, 3) or 0 in input.shape[-2:]:
+        fail("adaptive_avg_pool1d", f"expected 2D or 3D input with non-zero non-batch dims, got {input.shape}")
+    require_float("adaptive_avg_pool1d", input=input)
+    sizes = ints_arg("adaptive_avg_pool1d", "output_size", output_size)
+    if len(sizes) != 1:
+        fail("adaptive_avg_pool1d", f"output_size must be an int or 1 size, got {output_size!r}", kind=ArgumentError)
+    return _adaptive_mean(input, input.ndim - 1, sizes[0])
 
 
 def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
