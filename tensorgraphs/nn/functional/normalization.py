@@ -135,3 +135,26 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 def _update_running(running: Tensor | None, batch_stat: Tensor, momentum: float) -> None:
     if running is not None:
         running.assign(ew.add(ew.mul(running, 1.0 - momentum), ew.mul(batch_stat.detach(), momentum)))
+
+
+def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None,
+                  weight: Tensor | None = None, bias: Tensor | None = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalize each channel of each sample over its spatial positions, then a per-channel affine. Running
+    statistics, when given, move towards the batch mean of the per-sample statistics (unbiased variance), as
+    torch; use_input_stats=False normalizes by them instead."""
+    op = "instance_norm"
+    if not use_input_stats:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    _check_channels(op, input, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var)
+    spatial = tuple(range(2, input.ndim))
+    count = math.prod(input.shape[d] for d in spatial)
+    if input.ndim < 3 or count <= 1:
+        fail(op, f"expected more than 1 spatial element when training, got input size {input.shape}",
+             kind=ArgumentError)
+    mean = rd.mean(input, spatial, keepdim=True)
+    variance = rd.var(input, spatial, keepdim=True, correction=0)
+    per_sample = input.shape[:2]
+    _update_running(running_mean, rd.mean(mv.reshape(mean, per_sample), 0), momentum)
+    _update_running(running_var, rd.mean(mv.reshape(ew.mul(variance, count / (count - 1)), per_sample), 0), momentum)
+    return _affine(ew.mul(ew.sub(input, mean), ew.rsqrt(ew.add(variance, eps))), weight, bias)
