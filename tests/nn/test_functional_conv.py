@@ -177,6 +177,40 @@ def test_1d_pooling_errors_name_the_op() -> None:
         F.avg_pool1d(tg.randn(1, 1, 4), (2, 2))
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.5, math.inf, -math.inf])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_lp_pool_matches_torch(norm_type: float, ceil_mode: bool) -> None:
+    x = np.abs(normal(15, 2, 3, 7, 6)) + 0.1  # positive: a fractional power of a negative mean is NaN in both
+    check(lambda t: F.lp_pool2d(t, norm_type, (3, 2), 2, ceil_mode),
+          lambda t: TF.lp_pool2d(t, norm_type, (3, 2), 2, ceil_mode), [x], grad=[0], rtol=1e-5, atol=1e-5,
+          name="lp_pool2d")
+    check(lambda t: F.lp_pool1d(t, norm_type, 3, None, ceil_mode),
+          lambda t: TF.lp_pool1d(t, norm_type, 3, None, ceil_mode), [x[:, :, 0]], grad=[0], rtol=1e-5, atol=1e-5,
+          name="lp_pool1d")
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 4, 5), (4, 3, 3), {}),
+    ((1, 4, 6), (4, 2, 2), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}),
+    ((4, 5), (4, 3, 3), {"dilation": 2, "padding": 2}),
+])
+def test_conv_transpose1d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: dict) -> None:
+    check(lambda x, w, b: F.conv_transpose1d(x, w, b, **kwargs),
+          lambda x, w, b: TF.conv_transpose1d(x, w, b, **kwargs),
+          [normal(16, *x_shape), normal(17, *w_shape), normal(18, w_shape[1] * kwargs.get("groups", 1))],
+          grad=[0, 1, 2], rtol=1e-4, atol=1e-5, name="conv_transpose1d")
+
+
+@pytest.mark.parametrize("x_shape,kwargs", [
+    ((2, 3, 5, 4), {"kernel_size": 2}),
+    ((1, 2, 6, 7), {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1, "dilation": (1, 2)}),
+    ((3, 4, 4), {"kernel_size": 3, "padding": (1, 0)}),
+])
+def test_unfold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    check(lambda x: F.unfold(x, **kwargs), lambda x: TF.unfold(x, **kwargs), [normal(19, *x_shape)], grad=[0],
+          rtol=0, atol=0, grad_rtol=1e-6, grad_atol=1e-6, name="unfold")
+
+
 def test_float64_conv2d_and_pooling_are_exact() -> None:
     x, w = normal(11, 2, 3, 6, 5).astype(np.float64), normal(12, 4, 3, 3, 2).astype(np.float64)
     check(lambda a, b: F.conv2d(a, b, stride=2, padding=1), lambda a, b: TF.conv2d(a, b, stride=2, padding=1), [x, w],

@@ -109,3 +109,10 @@ def test_channel_dropout_off_cases_match_torch_and_checks_the_rank() -> None:
         check(lambda t: F.dropout1d(t, p, training), lambda t: TF.dropout1d(t, p, training), [x], grad=[0])
     with pytest.raises(tg.ShapeError, match="dropout3d"):
         F.dropout3d(tg.ones(2, 3))
+
+
+@pytest.mark.parametrize("shape1,shape2,bias", [((4, 3), (4, 5), True), ((2, 3, 3), (2, 3, 5), False),
+                                                ((3,), (5,), True)])
+def test_bilinear_matches_torch(shape1: tuple, shape2: tuple, bias: bool) -> None:
+    inputs = [normal(20, *shape1), normal(21, *shape2), normal(22, 6, 3, 5)] + ([normal(23, 6)] if bias else [])
+    check(F.bilinear, TF.bilinear, inputs, grad=list(range(len(inputs))), rtol=1e-5, atol=1e-5, name="bilinear")

@@ -95,6 +95,13 @@ def test_instance_norm_matches_torch_and_updates_running_stats(shape: tuple, run
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,size", [((2, 5, 4), 3), ((1, 6, 3, 3), 2), ((2, 3, 2, 2, 2), 5), ((2, 4, 3), 1)])
+def test_local_response_norm_matches_torch(shape: tuple, size: int) -> None:
+    check(lambda t: F.local_response_norm(t, size, alpha=0.1, beta=0.6, k=1.5),
+          lambda t: TF.local_response_norm(t, size, alpha=0.1, beta=0.6, k=1.5), [normal(21, *shape, scale=2.0)],
+          grad=[0], rtol=1e-5, atol=1e-6, name="local_response_norm")
+
+
 def test_normalization_propagates_nan() -> None:
     x = normal(15, 2, 4, 3)
     x[0, 1, 2] = math.nan

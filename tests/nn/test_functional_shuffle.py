@@ -26,6 +26,8 @@ def test_pixel_unshuffle_matches_torch(shape: tuple, factor: int) -> None:
 def test_channel_shuffle_matches_torch(shape: tuple, groups: int) -> None:
     check(lambda t: F.channel_shuffle(t, groups), lambda t: TF.channel_shuffle(t, groups), [normal(3, *shape)],
           grad=[0], rtol=0, atol=0, name="channel_shuffle")
+    check(lambda t: F.native_channel_shuffle(t, groups), lambda t: TF.native_channel_shuffle(t, groups),
+          [normal(3, *shape)], rtol=0, atol=0, name="native_channel_shuffle")
 
 
 @pytest.mark.parametrize("call", [lambda: F.pixel_shuffle(tg.ones(1, 3, 2, 2), 2),

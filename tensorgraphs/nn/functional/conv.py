@@ -8,6 +8,7 @@ weights by the `matmul` composite, so the gradients are matmuls too.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from tensorgraphs.errors import ArgumentError, fail
@@ -205,3 +206,32 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     out = conv2d_composite(op, x, flipped, (1, 1), ((0, 0), (0, 0)), dilation, groups)
     out = _add_bias(op, out, bias)
     return out if input.ndim == 4 else mv.squeeze(out, 0)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> Tensor:
+    """conv_transpose2d over rows of height 1: (N, C, L) -> (N, C, 1, L), each size k -> (1, k)."""
+    op = "conv_transpose1d"
+    if input.ndim not in (2, 3) or weight.ndim != 3:
+        fail(op, f"expected a 2D or 3D input and a 3D weight, got {input.shape} and {weight.shape}")
+    (s,), (p,), (o,), (d,) = (tuple_of(op, name, v, 1, minimum) for name, v, minimum in
+                              (("stride", stride, 1), ("padding", padding, 0), ("output_padding", output_padding, 0),
+                               ("dilation", dilation, 1)))
+    out = conv_transpose2d(mv.unsqueeze(input, -2), mv.unsqueeze(weight, -2), bias, (1, s), (0, p), (0, o), groups,
+                           (1, d))
+    return mv.squeeze(out, -2)
+
+
+def unfold(input: Tensor, kernel_size: int | Sequence[int], dilation: int | Sequence[int] = 1,
+           padding: int | Sequence[int] = 0, stride: int | Sequence[int] = 1) -> Tensor:
+    """im2col: (N, C, H, W) -> (N, C * kh * kw, L), one column per window, as torch."""
+    op = "unfold"
+    if input.ndim not in (3, 4):
+        fail(op, f"expected a 3D or 4D input, got {input.shape}")
+    kernel, dilation_ = tuple_of(op, "kernel_size", kernel_size, 2), tuple_of(op, "dilation", dilation, 2)
+    pads, stride_ = tuple_of(op, "padding", padding, 2, minimum=0), tuple_of(op, "stride", stride, 2)
+    windows = sliding_windows(pad_spatial(input, tuple((p, p) for p in pads)), kernel, stride_, dilation_)
+    if 0 in windows.shape[-2:]:
+        fail(op, f"the {kernel} windows do not fit the padded input of shape {input.shape}")
+    return mv.reshape(windows, input.shape[:-3] + (input.shape[-3] * math.prod(kernel), -1))

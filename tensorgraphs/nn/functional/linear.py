@@ -6,6 +6,7 @@ from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, Unsupport
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg, random
 from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.nn.functional.arguments import finish_inplace, require_float, require_same_dtype
 
@@ -19,6 +20,20 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
              f"in_features = {weight.shape[-1]}")
     require_same_dtype("linear", input=input, weight=weight, bias=bias)
     out = linalg.matmul(input, mv.mT(weight) if weight.ndim == 2 else weight)
+    return out if bias is None else ew.add(out, bias)
+
+
+def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y[..., o] = x1 . weight[o] . x2 + bias[o], weight of shape (out, in1, in2): one matmul, then a product with
+    x2 summed over in2."""
+    if weight.ndim != 3 or input1.shape[-1:] != weight.shape[1:2] or input2.shape[-1:] != weight.shape[2:]:
+        fail("bilinear", f"inputs {input1.shape} and {input2.shape} do not fit weight {weight.shape} of shape "
+             "(out_features, in1_features, in2_features)")
+    require_same_dtype("bilinear", input1=input1, input2=input2, weight=weight, bias=bias)
+    out_features, in1, in2 = weight.shape
+    flat = mv.reshape(mv.permute(weight, (1, 0, 2)), (in1, out_features * in2))
+    projected = mv.reshape(linalg.matmul(input1, flat), input1.shape[:-1] + (out_features, in2))
+    out = rd.sum(ew.mul(projected, mv.unsqueeze(input2, -2)), -1)
     return out if bias is None else ew.add(out, bias)
 
 

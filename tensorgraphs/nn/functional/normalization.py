@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -158,3 +159,17 @@ def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var
     _update_running(running_mean, rd.mean(mv.reshape(mean, per_sample), 0), momentum)
     _update_running(running_var, rd.mean(mv.reshape(ew.mul(variance, count / (count - 1)), per_sample), 0), momentum)
     return _affine(ew.mul(ew.sub(input, mean), ew.rsqrt(ew.add(variance, eps))), weight, bias)
+
+
+def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
+    """x / (k + alpha * mean of x^2 over the `size` neighbouring channels)^beta, the window zero-padded at the
+    channel ends and always divided by `size`, as torch."""
+    size = ints_arg("local_response_norm", "size", size)[0]
+    if input.ndim < 3:
+        fail("local_response_norm", f"expected 3D or higher dimensionality input, got {input.shape}")
+    if input.numel() == 0:
+        return input
+    channels = input.shape[1]
+    padded = mv.pad_dim(ew.mul(input, input), 1, size // 2, (size - 1) // 2)
+    window_sum = functools.reduce(ew.add, (mv.narrow(padded, 1, i, channels) for i in range(size)))
+    return ew.div(input, ew.pow(ew.add(ew.mul(ew.div(window_sum, size), alpha), k), beta))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -152,6 +152,30 @@ def adaptive_avg_pool1d(input: Tensor, output_size: IntPair) -> Tensor:
     if len(sizes) != 1:
         fail("adaptive_avg_pool1d", f"output_size must be an int or 1 size, got {output_size!r}", kind=ArgumentError)
     return _adaptive_mean(input, input.ndim - 1, sizes[0])
+
+
+def _lp_pool(input: Tensor, norm_type: float, window: int, average: Callable[[Tensor], Tensor],
+             maximum: Callable[[Tensor], Tensor]) -> Tensor:
+    """The p-norm of each window, (window * mean of x^p)^(1/p), as torch; p = +-inf is the max/min of |x|."""
+    if norm_type == math.inf:
+        return maximum(ew.abs(input))
+    if norm_type == -math.inf:
+        return ew.neg(maximum(ew.neg(ew.abs(input))))
+    return ew.pow(ew.mul(average(ew.pow(input, norm_type)), window), 1.0 / norm_type)
+
+
+def lp_pool1d(input: Tensor, norm_type: float, kernel_size: IntPair, stride: IntPair | None = None,
+              ceil_mode: bool = False) -> Tensor:
+    (window,) = ints_arg("lp_pool1d", "kernel_size", kernel_size)
+    return _lp_pool(input, norm_type, window, lambda x: avg_pool1d(x, kernel_size, stride, 0, ceil_mode),
+                    lambda x: max_pool1d(x, kernel_size, stride, 0, 1, ceil_mode))
+
+
+def lp_pool2d(input: Tensor, norm_type: float, kernel_size: IntPair, stride: IntPair | None = None,
+              ceil_mode: bool = False) -> Tensor:
+    window = math.prod(tuple_of("lp_pool2d", "kernel_size", kernel_size, 2))
+    return _lp_pool(input, norm_type, window, lambda x: avg_pool2d(x, kernel_size, stride, 0, ceil_mode),
+                    lambda x: max_pool2d(x, kernel_size, stride, 0, 1, ceil_mode))
 
 
 def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:

@@ -50,3 +50,6 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:
         fail("channel_shuffle", f"the number of channels ({channels}) must be divisible by groups ({g})")
     x = mv.reshape(input, (batch, g, channels // g, *spatial))
     return mv.reshape(mv.transpose(x, 1, 2), input.shape)
+
+
+native_channel_shuffle = channel_shuffle  # torch's name for the same op without the autograd-friendly wrapper
