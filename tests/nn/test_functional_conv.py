@@ -211,6 +211,23 @@ def test_unfold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
           rtol=0, atol=0, grad_rtol=1e-6, grad_atol=1e-6, name="unfold")
 
 
+@pytest.mark.parametrize("x_shape,kwargs", [
+    ((2, 3 * 4, 12), {"output_size": (4, 5), "kernel_size": 2}),
+    ((1, 2 * 6, 21), {"output_size": (6, 7), "kernel_size": (3, 2), "stride": (2, 1), "padding": 1,
+                     "dilation": (1, 2)}),
+    ((3 * 9, 4), {"output_size": 4, "kernel_size": 3, "padding": (1, 0), "stride": (1, 2)}),
+])
+def test_fold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    """fold sums the windows unfold took apart: both against torch."""
+    check(lambda x: F.fold(x, **kwargs), lambda x: TF.fold(x, **kwargs), [normal(20, *x_shape)], grad=[0],
+          rtol=1e-6, atol=1e-6, name="fold")
+
+
+def test_fold_rejects_a_column_count_that_does_not_fit() -> None:
+    with pytest.raises(tg.ShapeError, match="fold"):
+        F.fold(tg.ones(1, 4, 11), (4, 5), 2)
+
+
 def test_float64_conv2d_and_pooling_are_exact() -> None:
     x, w = normal(11, 2, 3, 6, 5).astype(np.float64), normal(12, 4, 3, 3, 2).astype(np.float64)
     check(lambda a, b: F.conv2d(a, b, stride=2, padding=1), lambda a, b: TF.conv2d(a, b, stride=2, padding=1), [x, w],

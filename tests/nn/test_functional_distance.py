@@ -38,3 +38,10 @@ def test_pairwise_distance_matches_torch(shapes: tuple, p: float, keepdim: bool)
     check(lambda a, b: F.pairwise_distance(a, b, p, keepdim=keepdim),
           lambda a, b: TF.pairwise_distance(a, b, p, keepdim=keepdim), inputs, grad=[0, 1], rtol=1e-5, atol=1e-5,
           name="pairwise_distance")
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 4), (1, 3)])
+@pytest.mark.parametrize("p", [2.0, 1.0, math.inf])
+def test_pdist_matches_torch(shape: tuple, p: float) -> None:
+    check(lambda t: F.pdist(t, p), lambda t: TF.pdist(t, p), [normal(6, *shape)], grad=[0], rtol=1e-5, atol=1e-6,
+          name="pdist")

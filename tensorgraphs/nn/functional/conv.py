@@ -235,3 +235,31 @@ def unfold(input: Tensor, kernel_size: int | Sequence[int], dilation: int | Sequ
     if 0 in windows.shape[-2:]:
         fail(op, f"the {kernel} windows do not fit the padded input of shape {input.shape}")
     return mv.reshape(windows, input.shape[:-3] + (input.shape[-3] * math.prod(kernel), -1))
+
+
+def fold(input: Tensor, output_size: int | Sequence[int], kernel_size: int | Sequence[int],
+         dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+         stride: int | Sequence[int] = 1) -> Tensor:
+    """col2im, the adjoint of unfold: (N, C * kh * kw, L) -> (N, C, H, W), overlapping windows summed. Each
+    kernel offset's block is spread to its stride (zeros between), shifted into place and added."""
+    op = "fold"
+    size, kernel = tuple_of(op, "output_size", output_size, 2), tuple_of(op, "kernel_size", kernel_size, 2)
+    dilation_, stride_ = tuple_of(op, "dilation", dilation, 2), tuple_of(op, "stride", stride, 2)
+    pads = tuple_of(op, "padding", padding, 2, minimum=0)
+    padded = tuple(n + 2 * p for n, p in zip(size, pads))
+    counts = tuple(window_count(n, k, s, d) for n, k, s, d in zip(padded, kernel, stride_, dilation_))
+    windows = math.prod(kernel)
+    if input.ndim not in (2, 3) or input.shape[-2] % windows or input.shape[-1] != math.prod(counts) or 0 in counts:
+        fail(op, f"expected input of shape (N, C * {windows}, {math.prod(counts)}) for output_size {size}, "
+             f"kernel_size {kernel}, dilation {dilation_}, padding {pads} and stride {stride_}, got {input.shape}")
+    blocks = mv.reshape(input, input.shape[:-2] + (input.shape[-2] // windows,) + kernel + counts)
+    out = None
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            block = blocks[..., i, j, :, :]
+            for axis in range(2):
+                block = _zero_dilate(block, block.ndim - 2 + axis, stride_[axis])
+            start = (i * dilation_[0], j * dilation_[1])
+            placed = pad_spatial(block, tuple((b, n - b - e) for b, n, e in zip(start, padded, block.shape[-2:])))
+            out = placed if out is None else ew.add(out, placed)
+    return pad_spatial(out, tuple((-p, -p) for p in pads))

@@ -1,8 +1,12 @@
-"""Vector norms and similarities along a dim: normalize, cosine_similarity, pairwise_distance."""
+"""Vector norms and similarities along a dim: normalize, cosine_similarity, pairwise_distance, pdist."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from tensorgraphs.errors import fail
 from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.tensor import Tensor, broadcast_shapes, expand_to
 from tensorgraphs.nn.functional.arguments import require_float
@@ -27,3 +31,13 @@ def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6,
     require_float("pairwise_distance", x1=x1, x2=x2)
     difference = ew.add(ew.sub(x1, x2), eps)
     return rd.norm(difference, p, -1 if difference.ndim else None, keepdim)
+
+
+def pdist(input: Tensor, p: float = 2) -> Tensor:
+    """The p-norm distance of every pair of rows i < j of an (N, M) input, in row-major order of the pairs."""
+    if input.ndim != 2:
+        fail("pdist", f"expected a 2D input, got {input.shape}")
+    require_float("pdist", input=input)
+    first, second = np.triu_indices(input.shape[0], k=1)
+    rows = [mv.index_select(input, 0, Tensor.from_numpy(i.astype(np.int64))) for i in (first, second)]
+    return rd.norm(ew.sub(*rows), p, 1)
