@@ -228,6 +228,20 @@ def test_fold_rejects_a_column_count_that_does_not_fit() -> None:
         F.fold(tg.ones(1, 4, 11), (4, 5), 2)
 
 
+@pytest.mark.parametrize("x_shape,output_size", [((2, 3, 7, 7), 1), ((1, 2, 7, 5), (3, 2)), ((3, 6, 6), (4, None)),
+                                                  ((1, 1, 3, 3), (5, 7))])
+def test_adaptive_max_pool_matches_torch(x_shape: tuple, output_size: object) -> None:
+    x = normal(22, *x_shape)
+    x.reshape(-1)[1] = math.nan
+    check(lambda t: F.adaptive_max_pool2d(t, output_size), lambda t: TF.adaptive_max_pool2d(t, output_size), [x],
+          grad=[0], name="adaptive_max_pool2d")
+    size_1d = output_size if isinstance(output_size, int) else output_size[0]
+    check(lambda t: F.adaptive_max_pool1d(t, size_1d), lambda t: TF.adaptive_max_pool1d(t, size_1d), [x[..., 0]],
+          grad=[0], name="adaptive_max_pool1d")
+    with pytest.raises(tg.UnsupportedError, match="return_indices"):
+        F.adaptive_max_pool2d(tg.tensor(x), output_size, return_indices=True)
+
+
 def test_float64_conv2d_and_pooling_are_exact() -> None:
     x, w = normal(11, 2, 3, 6, 5).astype(np.float64), normal(12, 4, 3, 3, 2).astype(np.float64)
     check(lambda a, b: F.conv2d(a, b, stride=2, padding=1), lambda a, b: TF.conv2d(a, b, stride=2, padding=1), [x, w],

@@ -31,9 +31,7 @@ _RANDOM = "needs a random op not implemented yet"
 _LOW_PRECISION = "scaled/grouped low-precision GEMM kernels are not implemented"
 NOT_YET = {
     "adaptive_avg_pool3d": _THREE_D,
-    "adaptive_max_pool1d": "1-d pooling is not implemented",
     "adaptive_max_pool1d_with_indices": _INDICES,
-    "adaptive_max_pool2d": "adaptive max pooling (windows of uneven size) is not implemented",
     "adaptive_max_pool2d_with_indices": _INDICES,
     "adaptive_max_pool3d": _THREE_D,
     "adaptive_max_pool3d_with_indices": _INDICES,

@@ -1,5 +1,5 @@
-"""Convolutions: the conv2d composite (conv1d and conv_transpose2d are built on it) and the window views
-that conv and pooling share.
+"""Convolutions: the conv2d composite (conv1d and conv_transpose1d/2d are built on it), the window views
+that conv and pooling share, and unfold/fold (im2col and its adjoint).
 
 conv2d decomposes into one strided slice of the padded input per kernel offset
 (SHRINK/PAD/RESHAPE views), stacked into patches and contracted with the

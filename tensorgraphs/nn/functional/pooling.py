@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
-from tensorgraphs.frontend.checks import ints_arg
+from tensorgraphs.frontend.checks import int_arg, ints_arg
 from tensorgraphs.frontend.tensor import Tensor, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.nn.functional.arguments import require_float, tuple_of
@@ -144,16 +144,6 @@ def avg_pool1d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
     return mv.squeeze(out, -2)
 
 
-def adaptive_avg_pool1d(input: Tensor, output_size: IntPair) -> Tensor:
-    if input.ndim not in (2, 3) or 0 in input.shape[-2:]:
-        fail("adaptive_avg_pool1d", f"expected 2D or 3D input with non-zero non-batch dims, got {input.shape}")
-    require_float("adaptive_avg_pool1d", input=input)
-    sizes = ints_arg("adaptive_avg_pool1d", "output_size", output_size)
-    if len(sizes) != 1:
-        fail("adaptive_avg_pool1d", f"output_size must be an int or 1 size, got {output_size!r}", kind=ArgumentError)
-    return _adaptive_mean(input, input.ndim - 1, sizes[0])
-
-
 def _lp_pool(input: Tensor, norm_type: float, window: int, average: Callable[[Tensor], Tensor],
              maximum: Callable[[Tensor], Tensor]) -> Tensor:
     """The p-norm of each window, (window * mean of x^p)^(1/p), as torch; p = +-inf is the max/min of |x|."""
@@ -178,9 +168,10 @@ def lp_pool2d(input: Tensor, norm_type: float, kernel_size: IntPair, stride: Int
                     lambda x: max_pool2d(x, kernel_size, stride, 0, 1, ceil_mode))
 
 
-def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
-    """Mean over torch's adaptive windows [floor(i * n / out), ceil((i + 1) * n / out)) along `dim`, gathered
-    as (out_size, longest window) with the short windows' surplus masked out (so NaN stays in its window)."""
+def _adaptive_windows(x: Tensor, dim: int, out_size: int) -> tuple[Tensor, Tensor, np.ndarray]:
+    """torch's adaptive windows [floor(i * n / out), ceil((i + 1) * n / out)) along `dim`, gathered as
+    (out_size, longest window); with the mask of the elements that belong (the short windows' surplus repeats
+    their first element) and each window's length."""
     n = x.shape[dim]
     starts = np.array([i * n // out_size for i in range(out_size)])
     ends = np.array([-(-(i + 1) * n // out_size) for i in range(out_size)])
@@ -191,20 +182,62 @@ def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
     gathered = mv.index_select(x, dim, index)
     gathered = mv.reshape(gathered, x.shape[:dim] + (out_size, longest) + x.shape[dim + 1 :])
     trailing = (1,) * (x.ndim - dim - 1)
-    mask = Tensor.from_numpy(valid.reshape((out_size, longest) + trailing))
-    counts = Tensor.from_numpy((ends - starts).reshape((out_size,) + trailing).astype(x.dtype.storage), x.dtype)
+    return gathered, Tensor.from_numpy(valid.reshape((out_size, longest) + trailing)), ends - starts
+
+
+def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
+    """Mean over each adaptive window, the surplus masked out (so NaN stays in its window)."""
+    gathered, mask, lengths = _adaptive_windows(x, dim, out_size)
+    trailing = (1,) * (x.ndim - dim - 1)
+    counts = Tensor.from_numpy(lengths.reshape((out_size,) + trailing).astype(x.dtype.storage), x.dtype)
     return ew.div(rd.sum(ew.where(mask, gathered, 0.0), dim + 1), counts)
 
 
-def adaptive_avg_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None]) -> Tensor:
-    if input.ndim not in (3, 4) or 0 in input.shape[-3:]:
-        fail("adaptive_avg_pool2d", f"expected 3D or 4D input with non-zero non-batch dims, got {input.shape}")
-    require_float("adaptive_avg_pool2d", input=input)
-    sizes = (output_size, output_size) if output_size is None or isinstance(output_size, int) else tuple(output_size)
-    if len(sizes) != 2:
-        fail("adaptive_avg_pool2d", f"output_size must be an int or 2 sizes, got {output_size!r}", kind=ArgumentError)
+def _adaptive_max(x: Tensor, dim: int, out_size: int) -> Tensor:
+    """Maximum of each adaptive window, picked by argmax (NaN propagates, the gradient goes to the first
+    maximum) as max_pool2d does."""
+    gathered, mask, _ = _adaptive_windows(x, dim, out_size)
+    masked = ew.where(mask, gathered, -math.inf)
+    best = mv.unsqueeze(rd.argmax(masked, dim + 1), dim + 1)
+    return mv.squeeze(mv.gather(masked, dim + 1, best), dim + 1)
+
+
+def _adaptive_pool(op: str, input: Tensor, output_size: Any, spatial: int,
+                   along: Callable[[Tensor, int, int], Tensor]) -> Tensor:
+    """Separable windows: reducing each spatial dim in turn (`along(x, dim, size)`) reduces the whole window."""
+    if input.ndim not in (spatial + 1, spatial + 2) or 0 in input.shape[-spatial - 1 :]:
+        fail(op, f"expected {spatial + 1}D or {spatial + 2}D input with non-zero non-batch dims, got {input.shape}")
+    require_float(op, input=input)
+    given = (output_size,) * spatial if output_size is None or isinstance(output_size, int) else tuple(output_size)
+    if len(given) != spatial:
+        fail(op, f"output_size must be an int or {spatial} sizes, got {output_size!r}", kind=ArgumentError)
     out = input
-    for i, size in enumerate(sizes):
-        dim = input.ndim - 2 + i
-        out = _adaptive_mean(out, dim, input.shape[dim] if size is None else int(size))
+    for i, size in enumerate(given):
+        dim = input.ndim - spatial + i
+        out = along(out, dim, input.shape[dim] if size is None else int_arg(op, "output_size", size))
     return out
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: IntPair) -> Tensor:
+    return _adaptive_pool("adaptive_avg_pool1d", input, output_size, 1, _adaptive_mean)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None]) -> Tensor:
+    return _adaptive_pool("adaptive_avg_pool2d", input, output_size, 2, _adaptive_mean)
+
+
+def _no_indices(op: str, return_indices: bool) -> None:
+    if return_indices:
+        fail(op, "return_indices is not supported for adaptive max pooling; use max_pool with return_indices",
+             kind=UnsupportedError)
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: IntPair, return_indices: bool = False) -> Tensor:
+    _no_indices("adaptive_max_pool1d", return_indices)
+    return _adaptive_pool("adaptive_max_pool1d", input, output_size, 1, _adaptive_max)
+
+
+def adaptive_max_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None],
+                        return_indices: bool = False) -> Tensor:
+    _no_indices("adaptive_max_pool2d", return_indices)
+    return _adaptive_pool("adaptive_max_pool2d", input, output_size, 2, _adaptive_max)
