@@ -161,6 +161,7 @@ BAD_ARGUMENTS = {
     "a float split size": lambda m: m.ones(3, 4).split(2.0),
     "a float narrow start": lambda m: m.ones(3, 4).narrow(0, 1.0, 1),
     "a float repeat": lambda m: m.ones(3, 4).repeat(2.0, 1),
+    "a float pad width": lambda m: m.nn.functional.pad(m.ones(3, 4), (1.0, 1)),
     "a float conv stride": lambda m: m.nn.functional.conv2d(m.ones(1, 1, 4, 4), m.ones(1, 1, 2, 2), stride=1.5),
     "a float layer_norm shape": lambda m: m.nn.functional.layer_norm(m.ones(3, 4), (4.0,)),
 }

@@ -52,4 +52,4 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:
     return mv.reshape(mv.transpose(x, 1, 2), input.shape)
 
 
-native_channel_shuffle = channel_shuffle  # torch's name for the same op without the autograd-friendly wrapper
+native_channel_shuffle = channel_shuffle  # torch's name for the kernel behind channel_shuffle: the same result
