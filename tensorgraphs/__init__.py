@@ -21,7 +21,15 @@ from tensorgraphs.dtypes import (
     promote_types,
     uint8,
 )
-from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, TGError, UnsupportedError
+from tensorgraphs.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    DTypeError,
+    IndexingError,
+    ShapeError,
+    TGError,
+    UnsupportedError,
+)
 from tensorgraphs.frontend import methods as _methods  # noqa: F401  (attaches Tensor methods)
 from tensorgraphs.frontend.creation import *  # noqa: F401,F403
 from tensorgraphs.frontend.elementwise import *  # noqa: F401,F403

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensorgraphs.errors import ArgumentError, ArgumentTypeError, DTypeError, UnsupportedError, fail
+
 
 @dataclass(frozen=True, eq=False)
 class DType:
@@ -80,11 +82,35 @@ def to_dtype(value: object) -> DType:
         np_name = name
     if np_name in _BY_NAME:
         return _BY_NAME[np_name]
-    raise TypeError(f"unknown dtype {value!r}; expected one of {', '.join(d.name for d in ALL_DTYPES)}")
+    fail("dtype", f"unknown dtype {value!r}; expected one of {', '.join(d.name for d in ALL_DTYPES)}", kind=DTypeError)
 
 
 def from_numpy_dtype(dt: np.dtype) -> DType:
     return to_dtype(np.dtype(dt).name)
+
+
+_PYTHON_DATA_DTYPES = {"f": default_float, "i": default_int, "u": default_int, "b": bool_}
+
+
+def host_array(op: str, data: object) -> np.ndarray:
+    """Numbers, nested lists of them or a numpy array as an array of bools, ints or floats (a clear error for
+    strings, complex numbers, ragged lists and other objects)."""
+    try:
+        array = np.asarray(data)
+    except ValueError as error:  # ragged nested lists
+        fail(op, f"could not convert {type(data).__name__} to a tensor: {error}", kind=ArgumentError)
+    if array.dtype.kind == "c":
+        fail(op, "complex numbers are not supported", kind=UnsupportedError)
+    if array.dtype.kind not in _PYTHON_DATA_DTYPES:
+        held = {"U": "strings", "S": "bytes"}.get(array.dtype.kind, "objects")
+        fail(op, f"could not convert {type(data).__name__} to a tensor: expected bool, int or float values, got {held}",
+             kind=ArgumentTypeError)
+    return array
+
+
+def python_data_dtype(dt: np.dtype) -> DType:
+    """The dtype PyTorch gives nested Python lists that numpy read as `dt` (ints are int64, floats the default)."""
+    return _PYTHON_DATA_DTYPES[dt.kind]
 
 
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}

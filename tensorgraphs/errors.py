@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import warnings
 from types import FrameType
 from typing import NoReturn
 
@@ -31,6 +32,14 @@ class ArgumentError(TGError, ValueError):
 
 class UnsupportedError(TGError, NotImplementedError):
     """Something tensorgraphs does not do; the message says what to use instead."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of a type the op does not take (a float where an int must be), a TypeError as in PyTorch."""
+
+
+class IndexingError(TGError, IndexError):
+    """An index out of range or not an int, an IndexError as in PyTorch."""
 
 
 def _is_user_frame(frame: FrameType) -> bool:
@@ -66,3 +75,12 @@ def fail(op: str, message: str, kind: type[TGError] = ShapeError) -> NoReturn:
 def check(condition: bool, op: str, message: str, kind: type[TGError] = ShapeError) -> None:
     if not condition:
         fail(op, message, kind)
+
+
+
+def warn(op: str, message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn "op: message", attributed to the user's line (as torch's `stacklevel=2` does for its own callers)."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and not _is_user_frame(frame):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{op}: {message}", category, stacklevel=level if frame is not None else 2)

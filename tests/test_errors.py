@@ -8,6 +8,7 @@ import sysconfig
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import pytest
 
 import tensorgraphs as tg
@@ -137,9 +138,102 @@ def test_backward_errors_point_here() -> None:
         (x * 2).backward()
 
 
+# Calls torch refuses with a TypeError (or IndexError), written once for both libraries (`m` is tg or torch).
+BAD_ARGUMENTS = {
+    "a string in tensor data": lambda m: m.tensor([1, "a"]),
+    "a float size": lambda m: m.zeros(2.5),
+    "a string size": lambda m: m.zeros("3"),
+    "a bool size": lambda m: m.ones(True),
+    "a float size in a tuple": lambda m: m.full((2, 2.0), 1.0),
+    "a string fill value": lambda m: m.full((2,), "a"),
+    "a string arange end": lambda m: m.arange("3"),
+    "a float eye size": lambda m: m.eye(2.0),
+    "a float dim of sum": lambda m: m.ones(3, 4).sum(dim=1.0),
+    "a float dim of softmax": lambda m: m.ones(3, 4).softmax(1.0),
+    "a float dim of unsqueeze": lambda m: m.ones(3, 4).unsqueeze(1.0),
+    "a float dim of flip": lambda m: m.ones(3, 4).flip(0.0),
+    "a float index": lambda m: m.ones(3, 4)[1.5],
+    "a float slice bound": lambda m: m.ones(3, 4)[1:2.5],
+    "a float reshape size": lambda m: m.ones(3, 4).reshape(2.0, 6),
+    "a float view size": lambda m: m.ones(3, 4).view(2.0, 6),
+    "a float expand size": lambda m: m.ones(3, 1).expand(3, 2.0),
+    "a float chunk count": lambda m: m.ones(3, 4).chunk(2.0),
+    "a float split size": lambda m: m.ones(3, 4).split(2.0),
+    "a float narrow start": lambda m: m.ones(3, 4).narrow(0, 1.0, 1),
+    "a float repeat": lambda m: m.ones(3, 4).repeat(2.0, 1),
+    "a float pad width": lambda m: m.nn.functional.pad(m.ones(3, 4), (1.0, 1)),
+    "a float conv stride": lambda m: m.nn.functional.conv2d(m.ones(1, 1, 4, 4), m.ones(1, 1, 2, 2), stride=1.5),
+    "a float layer_norm shape": lambda m: m.nn.functional.layer_norm(m.ones(3, 4), (4.0,)),
+}
+
+
+@pytest.mark.parametrize("name", BAD_ARGUMENTS)
+def test_an_argument_of_the_wrong_type_raises_torchs_error_at_the_users_line(name: str) -> None:
+    """The same exception class as torch (TypeError, IndexError for an index), with the op and this file:line."""
+    import torch
+
+    call = BAD_ARGUMENTS[name]
+    with pytest.raises(Exception) as torch_error:
+        call(torch)
+    with pytest.raises(tg.TGError) as error:
+        call(tg)
+    expected = type(torch_error.value)
+    assert expected in (TypeError, IndexError), f"torch raised {expected.__name__}: {torch_error.value}"
+    assert isinstance(error.value, expected), f"{type(error.value).__name__}, not {expected.__name__}: {error.value}"
+    assert f"{THIS_FILE}:{call.__code__.co_firstlineno})" in str(error.value), str(error.value)
+
+
+# Where torch takes an int (or a Number), anything with `__index__` (or a one-element tensor) stands.
+INT_LIKE_ARGUMENTS = {
+    "a numpy int size": lambda m: m.zeros(np.int64(2)),
+    "a tensor size": lambda m: m.zeros(m.tensor(2)),
+    "a numpy int index": lambda m: m.arange(12).reshape(3, 4)[np.int64(1)],
+    "a tensor index": lambda m: m.arange(12).reshape(3, 4)[m.tensor(1)],
+    "a numpy int slice bound": lambda m: m.arange(12).reshape(3, 4)[:, np.int32(1):],
+    "a True index": lambda m: m.arange(12).reshape(3, 4)[True],
+    "a False index": lambda m: m.arange(12).reshape(3, 4)[False, 1],
+    "a numpy int reshape size": lambda m: m.arange(12).reshape(np.int32(2), 6),
+    "a tensor arange end": lambda m: m.arange(m.tensor(3)),
+    "a tensor fill value": lambda m: m.full((2,), m.tensor(2.5)),
+    "a numpy int dim": lambda m: m.arange(12).reshape(3, 4).sum(np.int64(1)),
+}
+
+
+@pytest.mark.parametrize("name", INT_LIKE_ARGUMENTS)
+def test_int_like_arguments_are_accepted_as_torch_does(name: str) -> None:
+    import torch
+
+    call = INT_LIKE_ARGUMENTS[name]
+    expected, got = call(torch), call(tg)
+    assert got.shape == tuple(expected.shape) and got.dtype.name == str(expected.dtype).removeprefix("torch.")
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+@pytest.mark.parametrize("data", [[1 + 2j], np.ones(2, np.complex64)])
+def test_complex_data_is_unsupported_at_the_users_line(data: Any) -> None:
+    with raises_on_next_line(tg.UnsupportedError, "tensor", "complex"):
+        tg.tensor(data)
+
+
+@pytest.mark.parametrize("data", [[[1], [1, 2]], None, object()])
+def test_data_that_is_no_array_of_numbers_raises_at_the_users_line(data: Any) -> None:
+    with raises_on_next_line(tg.ArgumentError, "tensor", "could not convert"):
+        tg.tensor(data)
+
+
+def test_view_as_another_dtype_is_unsupported_rather_than_a_silent_conversion() -> None:
+    """torch's view(dtype) reinterprets the bits; converting the values instead would be silently wrong."""
+    x = tg.ones(3, 4)
+    assert x.view(tg.float32) is x
+    with raises_on_next_line(tg.UnsupportedError, "view", "int32", ".to(dtype)"):
+        x.view(tg.int32)
+
+
 def test_every_error_class_is_a_tg_error() -> None:
-    for kind in (tg.ShapeError, tg.DTypeError, tg.ArgumentError, tg.UnsupportedError):
+    for kind in (tg.ShapeError, tg.DTypeError, tg.ArgumentError, tg.ArgumentTypeError, tg.IndexingError,
+                 tg.UnsupportedError):
         assert issubclass(kind, tg.TGError)
+    assert issubclass(tg.ArgumentTypeError, TypeError) and issubclass(tg.IndexingError, IndexError)
     assert issubclass(tg.DTypeError, TypeError) and issubclass(tg.ArgumentError, ValueError)
     assert issubclass(tg.UnsupportedError, NotImplementedError)
 

@@ -8,21 +8,13 @@ from typing import Any
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, ArgumentTypeError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import random as rng
+from tensorgraphs.frontend.checks import int_arg, nonnegative_size
 from tensorgraphs.frontend.placement import accepts_device as _accepts_device
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, cast, fresh_buffer, is_scalar
 from tensorgraphs.graph import node as g
-
-
-def _size(args: tuple[Any, ...], op: str) -> tuple[int, ...]:
-    if len(args) == 1 and isinstance(args[0], (tuple, list)):
-        args = tuple(args[0])
-    shape = tuple(int(a) for a in args)
-    if any(s < 0 for s in shape):
-        fail(op, f"negative dimension in size {shape}", kind=ArgumentError)
-    return shape
 
 
 def _dtype(dtype: Any, default: dtypes.DType = dtypes.default_float) -> dtypes.DType:
@@ -50,21 +42,32 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return Tensor.from_numpy(array)
 
 
+def _number(op: str, name: str, value: Any) -> Any:
+    """A Python or numpy number, or the value of a one-element tensor (torch takes both where a Number stands)."""
+    if isinstance(value, Tensor):
+        value = value.item()
+    if not is_scalar(value):
+        fail(op, f"{name} must be a number, got {type(value).__name__} {value!r}", kind=ArgumentTypeError)
+    return value
+
+
 @_accepts_device
 def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    fill_value = _number("full", "fill_value", fill_value)
     if dtype is None:
         dtype = dtypes.scalar_dtype(fill_value)
-    return _leaf(Tensor(g.const(fill_value, dtypes.to_dtype(dtype), _size((size,), "full"))), requires_grad)
+    shape = nonnegative_size("full", (size,))
+    return _leaf(Tensor(g.const(fill_value, dtypes.to_dtype(dtype), shape)), requires_grad)
 
 
 @_accepts_device
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    return full(_size(size, "zeros"), 0, dtype=_dtype(dtype), requires_grad=requires_grad)
+    return full(nonnegative_size("zeros", size), 0, dtype=_dtype(dtype), requires_grad=requires_grad)
 
 
 @_accepts_device
 def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    return full(_size(size, "ones"), 1, dtype=_dtype(dtype), requires_grad=requires_grad)
+    return full(nonnegative_size("ones", size), 1, dtype=_dtype(dtype), requires_grad=requires_grad)
 
 
 @_accepts_device
@@ -105,6 +108,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
            requires_grad: bool = False) -> Tensor:
     if end is None:
         start, end = 0, start
+    start, end, step = (_number("arange", name, v) for name, v in (("start", start), ("end", end), ("step", step)))
     if step == 0:
         fail("arange", "step must be nonzero", kind=ArgumentError)
     length = max(0, math.ceil((end - start) / step))
@@ -119,6 +123,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
 def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
              requires_grad: bool = False) -> Tensor:
     """PyTorch's symmetric formula: the first half counts up from start, the second down from end."""
+    steps = int_arg("linspace", "steps", steps)
     if steps < 0:
         fail("linspace", f"number of steps must be non-negative, got {steps}", kind=ArgumentError)
     out_dtype = _dtype(dtype)
@@ -134,7 +139,10 @@ def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device:
 
 @_accepts_device
 def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    m = n if m is None else m
+    n = int_arg("eye", "n", n)
+    m = n if m is None else int_arg("eye", "m", m)
+    if n < 0 or m < 0:
+        fail("eye", f"n and m must be non-negative, got {n} and {m}", kind=ArgumentError)
     rows = Tensor(g.iota(n, dtypes.int64)).reshape(n, 1)
     cols = Tensor(g.iota(m, dtypes.int64)).reshape(1, m)
     return _leaf(cast(ew.eq(rows, cols), _dtype(dtype)), requires_grad)
@@ -148,13 +156,13 @@ def manual_seed(seed: int) -> rng.Generator:
 @_accepts_device
 def rand(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
          generator: Any = None) -> Tensor:
-    return _leaf(rng.rand(_size(size, "rand"), _dtype(dtype), generator), requires_grad)
+    return _leaf(rng.rand(nonnegative_size("rand", size), _dtype(dtype), generator), requires_grad)
 
 
 @_accepts_device
 def randn(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False,
           generator: Any = None) -> Tensor:
-    return _leaf(rng.randn(_size(size, "randn"), _dtype(dtype), generator), requires_grad)
+    return _leaf(rng.randn(nonnegative_size("randn", size), _dtype(dtype), generator), requires_grad)
 
 
 @_accepts_device
@@ -164,7 +172,8 @@ def randint(low: int, high: Any = None, size: Any = None, *, dtype: Any = None, 
         low, high, size = 0, low, high
     if size is None:
         fail("randint", "size is required", kind=ArgumentError)
-    return rng.randint(int(low), int(high), _size((size,), "randint"), _dtype(dtype, dtypes.int64), generator)
+    low, high = int_arg("randint", "low", low), int_arg("randint", "high", high)
+    return rng.randint(low, high, nonnegative_size("randint", (size,)), _dtype(dtype, dtypes.int64), generator)
 
 
 def rand_like(x: Tensor, *, dtype: Any = None) -> Tensor:
@@ -184,7 +193,7 @@ def randint_like(x: Tensor, low: int, high: Any = None, *, dtype: Any = None) ->
 def randperm(n: int, *, dtype: Any = None, generator: rng.Generator | None = None) -> Tensor:
     """Argsort of random keys, computed on the host: datasets of 10**5 rows are shuffled with it, and the
     graph's argsort compares every pair of keys."""
-    keys = rand(n, dtype=dtypes.float64, generator=generator)
+    keys = rand(int_arg("randperm", "n", n), dtype=dtypes.float64, generator=generator)
     return Tensor.from_numpy(np.argsort(keys.numpy(), kind="stable"), _dtype(dtype, dtypes.int64))
 
 

@@ -6,12 +6,14 @@ turns them into index expressions.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, UnsupportedError, fail
+from tensorgraphs.errors import ArgumentError, DTypeError, IndexingError, ShapeError, UnsupportedError, fail
 from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend.checks import dims_arg, int_arg, ints_arg, size_arg
 from tensorgraphs.frontend.tensor import (
     Tensor,
     apply,
@@ -28,14 +30,8 @@ from tensorgraphs.graph.ops import Op
 ShapeArg = Any  # ints as varargs, or one sequence
 
 
-def _shape_arg(args: tuple[Any, ...]) -> tuple[int, ...]:
-    if len(args) == 1 and isinstance(args[0], (tuple, list)):
-        args = tuple(args[0])
-    return tuple(int(a) for a in args)
-
-
 def reshape(x: Tensor, *shape: ShapeArg) -> Tensor:
-    new = list(_shape_arg(shape))
+    new = list(size_arg("reshape", shape, "shape"))
     if new.count(-1) > 1:
         fail("reshape", f"only one dimension can be inferred (-1), got shape {tuple(new)}")
     known = math.prod(s for s in new if s != -1)
@@ -49,9 +45,10 @@ def reshape(x: Tensor, *shape: ShapeArg) -> Tensor:
 
 
 def permute(x: Tensor, *dims: ShapeArg) -> Tensor:
-    order = tuple(normalize_dim("permute", d, x.ndim) for d in _shape_arg(dims))
+    given = size_arg("permute", dims, "dims")
+    order = tuple(normalize_dim("permute", d, x.ndim) for d in given)
     if sorted(order) != list(range(x.ndim)):
-        fail("permute", f"dims {_shape_arg(dims)} are not a permutation of the {x.ndim} dims of shape {x.shape}")
+        fail("permute", f"dims {given} are not a permutation of the {x.ndim} dims of shape {x.shape}")
     return apply(Op.PERMUTE, x, arg=order) if x.ndim else x
 
 
@@ -82,7 +79,7 @@ def mT(x: Tensor) -> Tensor:
 
 
 def expand(x: Tensor, *sizes: ShapeArg) -> Tensor:
-    target = _shape_arg(sizes)
+    target = size_arg("expand", sizes)
     if len(target) < x.ndim:
         fail("expand", f"the number of sizes {len(target)} must be >= the number of dims {x.ndim} (shape {x.shape})")
     lead = len(target) - x.ndim
@@ -106,7 +103,7 @@ def squeeze(x: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
     if dim is None:
         dims = {i for i, s in enumerate(x.shape) if s == 1}
     else:
-        dims = {normalize_dim("squeeze", d, x.ndim) for d in ((dim,) if isinstance(dim, int) else dim)}
+        dims = {normalize_dim("squeeze", d, x.ndim) for d in dims_arg("squeeze", dim)}
         dims = {d for d in dims if d < x.ndim and x.shape[d] == 1}
     return apply(Op.RESHAPE, x, arg=tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
@@ -127,12 +124,12 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def unflatten(x: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
     d = normalize_dim("unflatten", dim, x.ndim)
-    inner = reshape(Tensor(g.const(0, dtypes.bool_, (x.shape[d],))), tuple(sizes)).shape
+    inner = reshape(Tensor(g.const(0, dtypes.bool_, (x.shape[d],))), size_arg("unflatten", (sizes,), "sizes")).shape
     return reshape(x, x.shape[:d] + inner + x.shape[d + 1 :])
 
 
 def flip(x: Tensor, dims: int | Sequence[int]) -> Tensor:
-    axes = tuple(normalize_dim("flip", d, x.ndim) for d in ((dims,) if isinstance(dims, int) else dims))
+    axes = tuple(normalize_dim("flip", d, x.ndim) for d in dims_arg("flip", dims))
     return apply(Op.FLIP, x, arg=axes) if x.ndim else x
 
 
@@ -141,8 +138,13 @@ def contiguous(x: Tensor) -> Tensor:
 
 
 def view(x: Tensor, *shape: Any) -> Tensor:
-    if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)):
-        return cast(x, dtypes.to_dtype(shape[0]))
+    """view(shape) reshapes; view(dtype) reinterprets the bits in torch, which only the same dtype can do here."""
+    if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)) and not hasattr(shape[0], "__index__"):
+        dtype = dtypes.to_dtype(shape[0])
+        if dtype is not x.dtype:
+            fail("view", f"view({dtype!r}) reinterprets the bits of {x.dtype!r} values, which tensorgraphs does not "
+                 "do; use .to(dtype) to convert the values", kind=UnsupportedError)
+        return x
     return reshape(x, *shape)
 
 
@@ -176,6 +178,7 @@ def slice_dim(x: Tensor, dim: int, start: int, stop: int, step: int) -> Tensor:
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     d = normalize_dim("narrow", dim, x.ndim)
+    start, length = int_arg("narrow", "start", start), int_arg("narrow", "length", length)
     start = start + x.shape[d] if start < 0 else start
     if not 0 <= start <= start + length <= x.shape[d]:
         fail("narrow", f"start ({start}) + length ({length}) exceeds dimension size ({x.shape[d]})")
@@ -183,7 +186,8 @@ def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    """Python indexing: ints, slices (any step), None, Ellipsis, integer tensors/lists."""
+    """Python indexing: ints, slices (any step), None, Ellipsis, integer tensors/lists; a Python bool adds a dim
+    of size 1 (True) or 0 (False), as torch does."""
     items = list(index) if isinstance(index, tuple) else [index]
     items = [as_tensor(i) if isinstance(i, list) else i for i in items]
     for item in items:
@@ -192,7 +196,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
                  "where(mask, x, 0) or masked_fill instead", kind=UnsupportedError)
         if isinstance(item, Tensor) and item.dtype.is_floating_point:
             fail("index", f"tensors used as indices must be integer tensors, got {item.dtype.name}", kind=DTypeError)
-    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis and not isinstance(i, bool))
     if sum(1 for i in items if i is Ellipsis) > 1:
         fail("index", "an index can only have a single ellipsis ('...')", kind=ArgumentError)
     if consumed > x.ndim:
@@ -202,25 +206,35 @@ def getitem(x: Tensor, index: Any) -> Tensor:
 
     result, dim, advanced = x, 0, []
     for item in items:
-        if item is None:
+        if item is None or isinstance(item, bool):
             result = unsqueeze(result, dim)
+            result = result if item is not False else shrink_dim(result, dim, 0, 0)
             dim += 1
         elif isinstance(item, slice):
-            start, stop, step = item.indices(result.shape[dim])
-            if step == 0:
-                fail("index", "slice step cannot be zero", kind=ArgumentError)
+            start, stop, step = _slice_bounds(item, result.shape[dim])
             result = slice_dim(result, dim, start, stop, step)
             dim += 1
         elif isinstance(item, Tensor):
             advanced.append((dim, item))
             dim += 1
         else:
-            i = int(item)
+            i = int_arg("index", "a single index", item, kind=IndexingError)
             size = result.shape[dim]
             if not -size <= i < size:
-                fail("index", f"index {i} is out of bounds for dimension {dim} with size {size}", kind=IndexError)
+                fail("index", f"index {i} is out of bounds for dimension {dim} with size {size}", kind=IndexingError)
             result = squeeze(shrink_dim(result, dim, i % size, i % size + 1), dim)
     return _advanced_index(result, advanced) if advanced else result
+
+
+def _slice_bounds(item: slice, size: int) -> tuple[int, int, int]:
+    """start, stop, step of `item` on a dim of `size`; each given bound must be an int."""
+    for name in ("start", "stop", "step"):
+        if getattr(item, name) is not None:
+            int_arg("index", f"slice {name}", getattr(item, name))
+    start, stop, step = item.indices(size)
+    if step == 0:
+        fail("index", "slice step cannot be zero", kind=ArgumentError)
+    return start, stop, step
 
 
 def _advanced_index(x: Tensor, advanced: list[tuple[int, Tensor]]) -> Tensor:
@@ -274,6 +288,7 @@ def pad_dim(x: Tensor, dim: int, before: int, after: int, value: Any = 0) -> Ten
 
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
     """torch.nn.functional.pad: `pad` lists (left, right) pairs starting from the last dim."""
+    pad = ints_arg("pad", "pad", pad)
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         fail("pad", f"padding length {len(pad)} must be even and at most 2 * ndim ({2 * x.ndim})", kind=ArgumentError)
     pairs = [(pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
@@ -321,10 +336,14 @@ def expand_dim(x: Tensor, dim: int, size: int) -> Tensor:
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Each input padded to the full length and summed (padding is zero, so the sum is exact)."""
+    """Each input padded to the full length and summed (padding is zero, so the sum is exact).
+
+    As in torch, 1-d empty inputs are left out of the shape checks but not of the dtype promotion.
+    """
     tensors = list(tensors)
     if not tensors:
         fail("cat", "expected a non-empty list of tensors", kind=ArgumentError)
+    dtype = functools.reduce(dtypes.promote_types, (t.dtype for t in tensors))
     tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
     ref = tensors[0]
     d = normalize_dim("cat", dim, ref.ndim)
@@ -332,11 +351,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
             listed = ", ".join(str(u.shape) for u in tensors)
             fail("cat", f"tensors must have the same shape except in dim {d}; got {listed}")
-    promoted, dtype = _promote_all("cat", tensors)
-    total = sum(t.shape[d] for t in promoted)
+    total = sum(t.shape[d] for t in tensors)
     result, offset = None, 0
-    for t in promoted:
-        part = pad_dim(t, d, offset, total - offset - t.shape[d])
+    for t in tensors:
+        part = pad_dim(cast(t, dtype), d, offset, total - offset - t.shape[d])
         offset += t.shape[d]
         if result is None:
             result = part
@@ -345,13 +363,6 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         else:
             result = ew.add(result, part)
     return result
-
-
-def _promote_all(op: str, tensors: Sequence[Tensor]) -> tuple[list[Tensor], Any]:
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = dtypes.promote_types(dtype, t.dtype)
-    return [cast(t, dtype) for t in tensors], dtype
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -368,13 +379,13 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
     d = normalize_dim("split", dim, x.ndim)
     n = x.shape[d]
-    if isinstance(split_size_or_sections, int):
-        size = split_size_or_sections
+    if not isinstance(split_size_or_sections, (tuple, list)):
+        size = int_arg("split", "split_size", split_size_or_sections)
         if size <= 0 and n:
             fail("split", f"split_size must be positive, got {size}", kind=ArgumentError)
         sizes = [min(size, n - s) for s in range(0, n, size)] if n else [0]
     else:
-        sizes = list(split_size_or_sections)
+        sizes = list(ints_arg("split", "split_sizes", split_size_or_sections))
         if sum(sizes) != n:
             fail("split", f"split sizes {sizes} do not sum to the dim size {n}")
     out, start = [], 0
@@ -385,6 +396,7 @@ def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) 
 
 
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    chunks = int_arg("chunk", "chunks", chunks)
     if chunks <= 0:
         fail("chunk", f"chunks must be positive, got {chunks}", kind=ArgumentError)
     n = x.shape[normalize_dim("chunk", dim, x.ndim)]
@@ -397,7 +409,7 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 def repeat(x: Tensor, *sizes: ShapeArg) -> Tensor:
-    reps = _shape_arg(sizes)
+    reps = size_arg("repeat", sizes, "repeats")
     if len(reps) < x.ndim:
         fail("repeat", f"number of repeat dims {len(reps)} can not be smaller than the tensor's ndim {x.ndim}")
     x = reshape(x, (1,) * (len(reps) - x.ndim) + x.shape)
@@ -408,7 +420,7 @@ def repeat(x: Tensor, *sizes: ShapeArg) -> Tensor:
 
 
 def tile(x: Tensor, *dims: ShapeArg) -> Tensor:
-    reps = _shape_arg(dims)
+    reps = size_arg("tile", dims, "dims")
     return repeat(x, (1,) * (x.ndim - len(reps)) + reps)
 
 
@@ -417,7 +429,8 @@ def repeat_interleave(x: Tensor, repeats: int, dim: int | None = None) -> Tensor
         if repeats.numel() != 1:
             fail("repeat_interleave", "per-element repeats give a data-dependent shape; pass an int",
                  kind=UnsupportedError)
-        repeats = int(repeats.item())
+        repeats = repeats.item()
+    repeats = int_arg("repeat_interleave", "repeats", repeats)
     if dim is None:
         x, dim = reshape(x, -1), 0
     d = normalize_dim("repeat_interleave", dim, x.ndim)
@@ -429,8 +442,7 @@ def repeat_interleave(x: Tensor, repeats: int, dim: int | None = None) -> Tensor
 def roll(x: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
     if dims is None:
         return reshape(roll(reshape(x, -1), shifts, 0), x.shape)
-    shift_list = (shifts,) if isinstance(shifts, int) else tuple(shifts)
-    dim_list = (dims,) if isinstance(dims, int) else tuple(dims)
+    shift_list, dim_list = ints_arg("roll", "shifts", shifts), dims_arg("roll", dims)
     if len(shift_list) != len(dim_list):
         fail("roll", f"shifts {shift_list} and dims {dim_list} must have the same length", kind=ArgumentError)
     for shift, dim in zip(shift_list, dim_list):
@@ -445,8 +457,10 @@ def roll(x: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | Non
 
 
 def _triangle_mask(x: Tensor, diagonal: int, lower: bool) -> Tensor:
+    op = "tril" if lower else "triu"
+    diagonal = int_arg(op, "diagonal", diagonal)
     if x.ndim < 2:
-        fail("tril" if lower else "triu", f"input must have at least 2 dims, got shape {x.shape}")
+        fail(op, f"input must have at least 2 dims, got shape {x.shape}")
     rows, cols = x.shape[-2], x.shape[-1]
     r = reshape(Tensor(g.iota(rows, dtypes.int64)), (rows, 1))
     c = reshape(Tensor(g.iota(cols, dtypes.int64)), (1, cols))
@@ -533,6 +547,7 @@ def take_along_dim(x: Tensor, indices: Tensor, dim: int | None = None) -> Tensor
 def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
     if not x.dtype.is_integer:
         fail("one_hot", f"one_hot is only applicable to index tensors, got {x.dtype.name}", kind=DTypeError)
+    num_classes = int_arg("one_hot", "num_classes", num_classes)
     if num_classes < 0:
         num_classes = int(x.max().item()) + 1 if x.numel() else 0
     classes = reshape(Tensor(g.iota(num_classes, dtypes.int64)), (1,) * x.ndim + (num_classes,))

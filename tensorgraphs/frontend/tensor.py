@@ -16,6 +16,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, fail
+from tensorgraphs.frontend.checks import dims_arg, int_arg
 from tensorgraphs.frontend.composites import detach_node
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.graph import node as g
@@ -318,20 +319,16 @@ def as_tensor(value: Any, dtype: DType | None = None) -> Tensor:
     if is_scalar(value):
         dtype = dtypes.scalar_dtype(value) if dtype is None else dtype
         return Tensor(g.const(value, dtype))
-    array = np.asarray(value)
-    if array.dtype == object:
-        fail("tensor", f"could not convert {type(value).__name__} to a tensor", kind=ArgumentError)
-    if dtype is None:
-        if isinstance(value, (np.ndarray, np.generic)):
-            dtype = dtypes.from_numpy_dtype(array.dtype)
-        else:  # nested Python lists take PyTorch's defaults
-            defaults = {"f": dtypes.default_float, "i": dtypes.int64, "u": dtypes.int64, "b": dtypes.bool_}
-            dtype = defaults[array.dtype.kind]
+    array = dtypes.host_array("tensor", value)
+    if dtype is None:  # numpy data keeps its type, nested Python lists take PyTorch's defaults
+        numpy_data = isinstance(value, (np.ndarray, np.generic))
+        dtype = dtypes.from_numpy_dtype(array.dtype) if numpy_data else dtypes.python_data_dtype(array.dtype)
     return Tensor.from_numpy(array, dtype)
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:
     """A possibly negative dim as an index in [0, ndim); a 0-d tensor accepts 0 and -1."""
+    dim = int_arg(op, "dim", dim)
     bound = max(ndim, 1)
     if not -bound <= dim < bound:
         fail(op, f"dim {dim} is out of range for a tensor with {ndim} dimensions (expected [{-bound}, {bound - 1}])",
@@ -343,7 +340,7 @@ def normalize_dims(op: str, dim: int | Sequence[int] | None, ndim: int) -> tuple
     """`None` means every dim; duplicates are an error, as in PyTorch."""
     if dim is None:
         return tuple(range(ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    dims = dims_arg(op, dim)
     normalized = tuple(normalize_dim(op, d, ndim) for d in dims)
     if len(set(normalized)) != len(normalized):
         fail(op, f"dim {tuple(dims)} appears multiple times in the list of dims", kind=ShapeError)

@@ -31,6 +31,11 @@ ACTIVATIONS = {
     "softsign": [{}],
     "hardsigmoid": [{}],
     "hardswish": [{}],
+    "celu": [{}, {"alpha": 0.5}],
+    "threshold": [{"threshold": 0.5, "value": -2.0}],
+    "hardshrink": [{}, {"lambd": 1.0}],
+    "softshrink": [{}, {"lambd": 1.0}],
+    "tanhshrink": [{}],
 }
 CASES = [(name, kwargs) for name, options in ACTIVATIONS.items() for kwargs in options]
 
@@ -47,25 +52,56 @@ def test_activation_matches_torch(name: str, kwargs: dict, shape: tuple) -> None
 def test_activation_propagates_nan_and_handles_extremes(name: str) -> None:
     values = [math.nan, -math.inf, -50.0, 0.0, 50.0] + ([] if name == "gelu" else [math.inf])  # torch: gelu(inf) = nan
     x = np.array(values, np.float32)
-    ours = getattr(F, name)(tg.tensor(x)).numpy()
-    theirs = getattr(TF, name)(torch.tensor(x)).numpy()
+    kwargs = ACTIVATIONS[name][0]
+    ours = getattr(F, name)(tg.tensor(x), **kwargs).numpy()
+    theirs = getattr(TF, name)(torch.tensor(x), **kwargs).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=name)
 
 
-@pytest.mark.parametrize("name", ["relu", "relu6", "hardtanh", "leaky_relu", "elu", "hardswish", "hardsigmoid"])
+@pytest.mark.parametrize("name", ["relu", "relu6", "hardtanh", "leaky_relu", "elu", "hardswish", "hardsigmoid", "celu",
+                                  "threshold", "hardshrink", "softshrink"])
 def test_gradient_at_the_joints_matches_torch(name: str) -> None:
-    x = np.array([-3.0, -1.0, 0.0, 1.0, 3.0, 6.0], np.float32)
-    check(getattr(F, name), getattr(TF, name), [x], grad=[0], name=name)
+    x = np.array([-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 6.0], np.float32)
+    kwargs = ACTIVATIONS[name][0]
+    check(lambda t: getattr(F, name)(t, **kwargs), lambda t: getattr(TF, name)(t, **kwargs), [x], grad=[0], name=name)
 
 
-@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dim", [((4,), 0), ((2, 6, 3), 1), ((3, 2), -1)])
+def test_glu_matches_torch(shape: tuple, dim: int) -> None:
+    check(lambda t: F.glu(t, dim), lambda t: TF.glu(t, dim), [normal(8, *shape)], grad=[0], name="glu")
+
+
+def test_glu_of_an_odd_dim_is_an_error_as_in_torch() -> None:
+    with pytest.raises(RuntimeError):
+        TF.glu(torch.ones(2, 3))
+    with pytest.raises(tg.ArgumentError, match="glu.*even"):
+        F.glu(tg.ones(2, 3))
+
+
+@pytest.mark.parametrize("shape,weight_shape", [((5,), (1,)), ((2, 3), (3,)), ((2, 3, 4, 4), (3,)), ((2, 3, 4), (1,))])
+def test_prelu_matches_torch(shape: tuple, weight_shape: tuple) -> None:
+    check(F.prelu, TF.prelu, [normal(9, *shape), normal(10, *weight_shape)], grad=[0, 1], name="prelu")
+
+
+@pytest.mark.parametrize("name,args", [("relu_", ()), ("elu_", (0.5,)), ("celu_", (0.5,)), ("selu_", ()),
+                                       ("leaky_relu_", (0.2,)), ("hardtanh_", (-0.5, 0.5)), ("threshold_", (0.1, 3.0))])
+def test_in_place_spellings_rebind_the_input_as_torch(name: str, args: tuple) -> None:
+    x = normal(11, 3, 4)
+    ours, theirs = tg.tensor(x), torch.tensor(x)
+    returned = getattr(F, name)(ours, *args)
+    getattr(TF, name)(theirs, *args)
+    assert returned is ours
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax", "softmin"])
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((1, 3), -1), ((2, 3, 7), 1), ((3, 1, 7), 0)])
 def test_softmax_matches_torch(fn: str, shape: tuple, dim: int) -> None:
     x = normal(7, *shape, scale=3.0)
     check(lambda t: getattr(F, fn)(t, dim), lambda t: getattr(TF, fn)(t, dim), [x], grad=[0], name=fn)
 
 
-@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax", "softmin"])
 def test_softmax_inf_and_nan_rows(fn: str) -> None:
     x = np.array([[math.nan, 1.0, 2.0], [-math.inf, -math.inf, -math.inf], [-math.inf, 0.0, 1.0],
                   [1000.0, 0.0, -1000.0]], np.float32)
@@ -76,8 +112,9 @@ def test_softmax_dtype_argument_and_implicit_dim() -> None:
     x = np.arange(6).reshape(2, 3)
     check(lambda t: F.softmax(t, 1, dtype=tg.float32), lambda t: TF.softmax(t, 1, dtype=torch.float32), [x])
     y = normal(3, 2, 3)
-    with pytest.warns(UserWarning, match="Implicit dimension"):
+    with pytest.warns(UserWarning, match="Implicit dimension") as record:
         ours = F.softmax(tg.tensor(y))
+    assert record[0].filename == __file__, "the warning points at the user's line"
     np.testing.assert_allclose(ours.numpy(), torch.softmax(torch.tensor(y), 1).numpy(), rtol=1e-6)
     with pytest.raises(tg.DTypeError, match="softmax"):
         F.softmax(tg.tensor(x), 1)

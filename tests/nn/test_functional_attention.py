@@ -27,6 +27,16 @@ def test_attention_matches_torch(batch: tuple, length: int, source: int, dim: in
           _qkv(batch, length, source, dim, value_dim), grad=[0, 1, 2], rtol=1e-4, atol=1e-5, name="sdpa")
 
 
+@pytest.mark.parametrize("length,source,dim,value_dim", [(3, 4, 0, 5), (3, 0, 4, 5), (3, 4, 4, 0), (0, 4, 4, 5)])
+@pytest.mark.parametrize("scale", [None, 0.5])
+def test_attention_with_an_empty_dim_matches_torch(length: int, source: int, dim: int, value_dim: int,
+                                                   scale: float | None) -> None:
+    """A head of size 0 scores 0 (uniform weights), no keys give zeros: as torch, not a ZeroDivisionError."""
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale),
+          lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, scale=scale),
+          _qkv((2,), length, source, dim, value_dim), grad=[0, 1, 2], name="sdpa empty")
+
+
 @pytest.mark.parametrize("mask_shape", [(7, 5), (2, 1, 7, 5), (3, 1, 5)])
 def test_attention_bool_mask_matches_torch(mask_shape: tuple) -> None:
     mask = np.random.default_rng(5).random(mask_shape) > 0.4

@@ -146,6 +146,102 @@ def test_adaptive_avg_pool2d_matches_torch(x_shape: tuple, output_size: object) 
           grad=[0], name="adaptive_avg_pool2d")
 
 
+POOL_1D_CASES = [  # input shape, keyword arguments
+    ((2, 3, 9), {"kernel_size": 3}),
+    ((3, 8), {"kernel_size": 2, "stride": 1}),
+    ((1, 2, 7), {"kernel_size": (3,), "stride": (2,), "padding": (1,)}),
+    ((2, 2, 8), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+]
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_1D_CASES)
+def test_1d_pooling_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    x = normal(13, *x_shape)
+    x.reshape(-1)[2] = math.nan
+    for name, options in [("max_pool1d", {}), ("max_pool1d", {"dilation": 2, "return_indices": True}),
+                          ("avg_pool1d", {}), ("avg_pool1d", {"count_include_pad": False})]:
+        args = dict(kwargs, **options)
+        check(lambda t: getattr(F, name)(t, **args), lambda t: getattr(TF, name)(t, **args), [x], grad=[0], name=name)
+
+
+@pytest.mark.parametrize("x_shape,output_size", [((2, 3, 7), 1), ((3, 5), 3), ((1, 2, 3), 5), ((2, 2, 8), (4,))])
+def test_adaptive_avg_pool1d_matches_torch(x_shape: tuple, output_size: object) -> None:
+    check(lambda t: F.adaptive_avg_pool1d(t, output_size), lambda t: TF.adaptive_avg_pool1d(t, output_size),
+          [normal(14, *x_shape)], grad=[0], name="adaptive_avg_pool1d")
+
+
+def test_1d_pooling_errors_name_the_op() -> None:
+    with pytest.raises(tg.ShapeError, match="max_pool1d.*2D or 3D"):
+        F.max_pool1d(tg.randn(1, 1, 4, 4), 2)
+    with pytest.raises(tg.ArgumentError, match="avg_pool1d.*one int"):
+        F.avg_pool1d(tg.randn(1, 1, 4), (2, 2))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.5, math.inf, -math.inf])
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_lp_pool_matches_torch(norm_type: float, ceil_mode: bool) -> None:
+    x = np.abs(normal(15, 2, 3, 7, 6)) + 0.1  # positive: a fractional power of a negative mean is NaN in both
+    check(lambda t: F.lp_pool2d(t, norm_type, (3, 2), 2, ceil_mode),
+          lambda t: TF.lp_pool2d(t, norm_type, (3, 2), 2, ceil_mode), [x], grad=[0], rtol=1e-5, atol=1e-5,
+          name="lp_pool2d")
+    check(lambda t: F.lp_pool1d(t, norm_type, 3, None, ceil_mode),
+          lambda t: TF.lp_pool1d(t, norm_type, 3, None, ceil_mode), [x[:, :, 0]], grad=[0], rtol=1e-5, atol=1e-5,
+          name="lp_pool1d")
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 4, 5), (4, 3, 3), {}),
+    ((1, 4, 6), (4, 2, 2), {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2}),
+    ((4, 5), (4, 3, 3), {"dilation": 2, "padding": 2}),
+])
+def test_conv_transpose1d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: dict) -> None:
+    check(lambda x, w, b: F.conv_transpose1d(x, w, b, **kwargs),
+          lambda x, w, b: TF.conv_transpose1d(x, w, b, **kwargs),
+          [normal(16, *x_shape), normal(17, *w_shape), normal(18, w_shape[1] * kwargs.get("groups", 1))],
+          grad=[0, 1, 2], rtol=1e-4, atol=1e-5, name="conv_transpose1d")
+
+
+@pytest.mark.parametrize("x_shape,kwargs", [
+    ((2, 3, 5, 4), {"kernel_size": 2}),
+    ((1, 2, 6, 7), {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1, "dilation": (1, 2)}),
+    ((3, 4, 4), {"kernel_size": 3, "padding": (1, 0)}),
+])
+def test_unfold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    check(lambda x: F.unfold(x, **kwargs), lambda x: TF.unfold(x, **kwargs), [normal(19, *x_shape)], grad=[0],
+          rtol=0, atol=0, grad_rtol=1e-6, grad_atol=1e-6, name="unfold")
+
+
+@pytest.mark.parametrize("x_shape,kwargs", [
+    ((2, 3 * 4, 12), {"output_size": (4, 5), "kernel_size": 2}),
+    ((1, 2 * 6, 21), {"output_size": (6, 7), "kernel_size": (3, 2), "stride": (2, 1), "padding": 1,
+                     "dilation": (1, 2)}),
+    ((3 * 9, 4), {"output_size": 4, "kernel_size": 3, "padding": (1, 0), "stride": (1, 2)}),
+])
+def test_fold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
+    """fold sums the windows unfold took apart: both against torch."""
+    check(lambda x: F.fold(x, **kwargs), lambda x: TF.fold(x, **kwargs), [normal(20, *x_shape)], grad=[0],
+          rtol=1e-6, atol=1e-6, name="fold")
+
+
+def test_fold_rejects_a_column_count_that_does_not_fit() -> None:
+    with pytest.raises(tg.ShapeError, match="fold"):
+        F.fold(tg.ones(1, 4, 11), (4, 5), 2)
+
+
+@pytest.mark.parametrize("x_shape,output_size", [((2, 3, 7, 7), 1), ((1, 2, 7, 5), (3, 2)), ((3, 6, 6), (4, None)),
+                                                  ((1, 1, 3, 3), (5, 7))])
+def test_adaptive_max_pool_matches_torch(x_shape: tuple, output_size: object) -> None:
+    x = normal(22, *x_shape)
+    x.reshape(-1)[1] = math.nan
+    check(lambda t: F.adaptive_max_pool2d(t, output_size), lambda t: TF.adaptive_max_pool2d(t, output_size), [x],
+          grad=[0], name="adaptive_max_pool2d")
+    size_1d = output_size if isinstance(output_size, int) else output_size[0]
+    check(lambda t: F.adaptive_max_pool1d(t, size_1d), lambda t: TF.adaptive_max_pool1d(t, size_1d), [x[..., 0]],
+          grad=[0], name="adaptive_max_pool1d")
+    with pytest.raises(tg.UnsupportedError, match="return_indices"):
+        F.adaptive_max_pool2d(tg.tensor(x), output_size, return_indices=True)
+
+
 def test_float64_conv2d_and_pooling_are_exact() -> None:
     x, w = normal(11, 2, 3, 6, 5).astype(np.float64), normal(12, 4, 3, 3, 2).astype(np.float64)
     check(lambda a, b: F.conv2d(a, b, stride=2, padding=1), lambda a, b: TF.conv2d(a, b, stride=2, padding=1), [x, w],

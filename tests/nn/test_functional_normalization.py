@@ -76,6 +76,32 @@ def test_batch_norm_without_running_stats_and_errors() -> None:
         F.batch_norm(tg.randn(2, 3), tg.zeros(4), tg.ones(3))
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5), (3, 2, 3, 3), (1, 3, 7)])
+@pytest.mark.parametrize("running,affine,use_input_stats", [(False, False, True), (True, True, True),
+                                                            (True, True, False)])
+def test_instance_norm_matches_torch_and_updates_running_stats(shape: tuple, running: bool, affine: bool,
+                                                               use_input_stats: bool) -> None:
+    channels = shape[1]
+    mean0, var0 = normal(16, channels), uniform(17, channels, low=0.5, high=2.0)
+    ours_stats = [tg.tensor(mean0), tg.tensor(var0)] if running else [None, None]
+    theirs_stats = [torch.tensor(mean0), torch.tensor(var0)] if running else [None, None]
+    params = [normal(18, channels), normal(19, channels)] if affine else []
+    check(lambda x, *wb: F.instance_norm(x, *ours_stats, *wb, use_input_stats=use_input_stats, momentum=0.3),
+          lambda x, *wb: TF.instance_norm(x, *theirs_stats, *wb, use_input_stats=use_input_stats, momentum=0.3),
+          [normal(20, *shape, scale=2.0)] + params, grad=list(range(1 + len(params))), rtol=1e-4, atol=1e-5,
+          name="instance_norm")
+    for ours, theirs in zip(ours_stats, theirs_stats):
+        if ours is not None:
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,size", [((2, 5, 4), 3), ((1, 6, 3, 3), 2), ((2, 3, 2, 2, 2), 5), ((2, 4, 3), 1)])
+def test_local_response_norm_matches_torch(shape: tuple, size: int) -> None:
+    check(lambda t: F.local_response_norm(t, size, alpha=0.1, beta=0.6, k=1.5),
+          lambda t: TF.local_response_norm(t, size, alpha=0.1, beta=0.6, k=1.5), [normal(21, *shape, scale=2.0)],
+          grad=[0], rtol=1e-5, atol=1e-6, name="local_response_norm")
+
+
 def test_normalization_propagates_nan() -> None:
     x = normal(15, 2, 4, 3)
     x[0, 1, 2] = math.nan

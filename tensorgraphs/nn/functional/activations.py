@@ -8,12 +8,12 @@ softmax instead of the derivative of its decomposition.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, DTypeError, fail
+from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, normalize_dim
 from tensorgraphs.graph.composite import Composite, register
@@ -61,8 +61,8 @@ LOG_SOFTMAX = register(Composite("log_softmax", _same_as_input, _log_softmax_dec
 
 
 def _implicit_softmax_dim(op: str, ndim: int) -> int:
-    warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X "
-                  "as an argument.", stacklevel=4)
+    warn(op, f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an "
+         "argument.")
     return 0 if ndim in (0, 1, 3) else 1
 
 
@@ -196,3 +196,93 @@ def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
     """x * relu6(x + 3) / 6 (so -inf gives NaN and the joints' gradients are torch's)."""
     require_float("hardswish", input=input)
     return finish_inplace("hardswish", input, ew.div(ew.mul(input, relu6(ew.add(input, 3.0))), 6.0), inplace)
+
+
+def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
+    """softmax(-x): the weights favour the smallest entries."""
+    x = input if dtype is None else cast(input, dtypes.to_dtype(dtype))
+    require_float("softmin", input=x)
+    return _softmax_like("softmin", SOFTMAX, ew.neg(x), dim, None)
+
+
+def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """x where x > 0, alpha * (exp(x / alpha) - 1) elsewhere."""
+    require_float("celu", input=input)
+    if alpha == 0:
+        fail("celu", "ZeroDivisionError: alpha cannot be 0 for CELU", kind=ArgumentError)
+    out = ew.where(ew.gt(input, 0), input, ew.mul(ew.expm1(ew.div(input, alpha)), alpha))
+    return finish_inplace("celu", input, out, inplace)
+
+
+def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
+    """x where x > threshold, value elsewhere (NaN passes through)."""
+    out = cast(ew.where(ew.le(input, threshold), value, input), input.dtype)
+    return finish_inplace("threshold", input, out, inplace)
+
+
+def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
+    """0 on [-lambd, lambd], x elsewhere (NaN passes through)."""
+    return ew.where(ew.logical_and(ew.ge(input, -lambd), ew.le(input, lambd)), 0, input)
+
+
+def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
+    """x moved lambd towards 0, and 0 on [-lambd, lambd]."""
+    require_float("softshrink", input=input)
+    if lambd < 0:
+        fail("softshrink", f"lambda must be greater or equal to 0, but found to be {lambd}", kind=ArgumentError)
+    shrunk = ew.sub(input, ew.mul(ew.sign(input), lambd))
+    return ew.where(ew.logical_and(ew.ge(input, -lambd), ew.le(input, lambd)), 0, shrunk)
+
+
+def tanhshrink(input: Tensor) -> Tensor:
+    return ew.sub(input, ew.tanh(input))
+
+
+def glu(input: Tensor, dim: int = -1) -> Tensor:
+    """First half of `dim` gated by the sigmoid of the second half."""
+    d = normalize_dim("glu", dim, input.ndim)
+    if input.ndim == 0 or input.shape[d] % 2:
+        size = input.shape[d] if input.ndim else 1
+        fail("glu", f"halving dimension must be even, but dimension {d} is size {size}", kind=ArgumentError)
+    a, b = mv.chunk(input, 2, d)
+    return ew.mul(a, ew.sigmoid(b))
+
+
+def prelu(input: Tensor, weight: Tensor) -> Tensor:
+    """leaky_relu with a learned slope: one for all channels, or one per channel (dim 1)."""
+    if weight.numel() != 1 and (input.ndim < 2 or weight.shape != (input.shape[1],)):
+        fail("prelu", f"weight of shape {weight.shape} must have 1 element or one per channel of input {input.shape}")
+    if weight.numel() != 1:
+        weight = weight.reshape((weight.numel(),) + (1,) * (input.ndim - 2))
+    else:
+        weight = weight.reshape(())
+    return ew.where(ew.gt(input, 0), input, ew.mul(weight, input))
+
+
+# torch's in-place spellings: the same op rebinding `input`
+def relu_(input: Tensor) -> Tensor:
+    return relu(input, inplace=True)
+
+
+def elu_(input: Tensor, alpha: float = 1.0) -> Tensor:
+    return elu(input, alpha, inplace=True)
+
+
+def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:
+    return celu(input, alpha, inplace=True)
+
+
+def selu_(input: Tensor) -> Tensor:
+    return selu(input, inplace=True)
+
+
+def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return leaky_relu(input, negative_slope, inplace=True)
+
+
+def hardtanh_(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    return hardtanh(input, min_val, max_val, inplace=True)
+
+
+def threshold_(input: Tensor, threshold_value: float, value: float) -> Tensor:
+    return threshold(input, threshold_value, value, inplace=True)

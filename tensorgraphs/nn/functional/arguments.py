@@ -6,6 +6,7 @@ from typing import Sequence
 
 from tensorgraphs.errors import ArgumentError, DTypeError, UnsupportedError, fail
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.checks import ints_arg
 from tensorgraphs.frontend.tensor import Tensor
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -13,7 +14,7 @@ REDUCTIONS = ("none", "mean", "sum")
 
 def tuple_of(op: str, name: str, value: int | Sequence[int], n: int, minimum: int = 1) -> tuple[int, ...]:
     """torch's `_pair`: an int means the same size in every one of the n spatial dims; each at least `minimum`."""
-    values = (int(value),) * n if isinstance(value, int) else tuple(int(v) for v in value)
+    values = ints_arg(op, name, value)
     if len(values) == 1:
         values *= n
     if len(values) != n:

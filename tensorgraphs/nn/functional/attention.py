@@ -71,7 +71,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     batch = broadcast_shapes(op, query.shape[:-2], key.shape[:-2], value.shape[:-2])
     q, k, v = (expand_to(t, batch + t.shape[-2:]) for t in (query, key, value))
     masks = () if attn_mask is None else (_checked_mask(op, attn_mask, q, k, is_causal),)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    # an empty head scores 0 whatever the scale (torch gives uniform weights, not a division by zero)
+    scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if scale is None else float(scale)
     if dropout_p:
         return _attention_decomposition(q, k, v, *masks, is_causal=is_causal, scale=scale, dropout_p=dropout_p)
     return apply_composite(SCALED_DOT_PRODUCT_ATTENTION, q, k, v, *masks, is_causal=is_causal, scale=scale)

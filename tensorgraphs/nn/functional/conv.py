@@ -1,5 +1,5 @@
-"""Convolutions: the conv2d composite (conv1d and conv_transpose2d are built on it) and the window views
-that conv and pooling share.
+"""Convolutions: the conv2d composite (conv1d and conv_transpose1d/2d are built on it), the window views
+that conv and pooling share, and unfold/fold (im2col and its adjoint).
 
 conv2d decomposes into one strided slice of the padded input per kernel offset
 (SHRINK/PAD/RESHAPE views), stacked into patches and contracted with the
@@ -8,6 +8,7 @@ weights by the `matmul` composite, so the gradients are matmuls too.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from tensorgraphs.errors import ArgumentError, fail
@@ -205,3 +206,60 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     out = conv2d_composite(op, x, flipped, (1, 1), ((0, 0), (0, 0)), dilation, groups)
     out = _add_bias(op, out, bias)
     return out if input.ndim == 4 else mv.squeeze(out, 0)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> Tensor:
+    """conv_transpose2d over rows of height 1: (N, C, L) -> (N, C, 1, L), each size k -> (1, k)."""
+    op = "conv_transpose1d"
+    if input.ndim not in (2, 3) or weight.ndim != 3:
+        fail(op, f"expected a 2D or 3D input and a 3D weight, got {input.shape} and {weight.shape}")
+    (s,), (p,), (o,), (d,) = (tuple_of(op, name, v, 1, minimum) for name, v, minimum in
+                              (("stride", stride, 1), ("padding", padding, 0), ("output_padding", output_padding, 0),
+                               ("dilation", dilation, 1)))
+    out = conv_transpose2d(mv.unsqueeze(input, -2), mv.unsqueeze(weight, -2), bias, (1, s), (0, p), (0, o), groups,
+                           (1, d))
+    return mv.squeeze(out, -2)
+
+
+def unfold(input: Tensor, kernel_size: int | Sequence[int], dilation: int | Sequence[int] = 1,
+           padding: int | Sequence[int] = 0, stride: int | Sequence[int] = 1) -> Tensor:
+    """im2col: (N, C, H, W) -> (N, C * kh * kw, L), one column per window, as torch."""
+    op = "unfold"
+    if input.ndim not in (3, 4):
+        fail(op, f"expected a 3D or 4D input, got {input.shape}")
+    kernel, dilation_ = tuple_of(op, "kernel_size", kernel_size, 2), tuple_of(op, "dilation", dilation, 2)
+    pads, stride_ = tuple_of(op, "padding", padding, 2, minimum=0), tuple_of(op, "stride", stride, 2)
+    windows = sliding_windows(pad_spatial(input, tuple((p, p) for p in pads)), kernel, stride_, dilation_)
+    if 0 in windows.shape[-2:]:
+        fail(op, f"the {kernel} windows do not fit the padded input of shape {input.shape}")
+    return mv.reshape(windows, input.shape[:-3] + (input.shape[-3] * math.prod(kernel), -1))
+
+
+def fold(input: Tensor, output_size: int | Sequence[int], kernel_size: int | Sequence[int],
+         dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+         stride: int | Sequence[int] = 1) -> Tensor:
+    """col2im, the adjoint of unfold: (N, C * kh * kw, L) -> (N, C, H, W), overlapping windows summed. Each
+    kernel offset's block is spread to its stride (zeros between), shifted into place and added."""
+    op = "fold"
+    size, kernel = tuple_of(op, "output_size", output_size, 2), tuple_of(op, "kernel_size", kernel_size, 2)
+    dilation_, stride_ = tuple_of(op, "dilation", dilation, 2), tuple_of(op, "stride", stride, 2)
+    pads = tuple_of(op, "padding", padding, 2, minimum=0)
+    padded = tuple(n + 2 * p for n, p in zip(size, pads))
+    counts = tuple(window_count(n, k, s, d) for n, k, s, d in zip(padded, kernel, stride_, dilation_))
+    windows = math.prod(kernel)
+    if input.ndim not in (2, 3) or input.shape[-2] % windows or input.shape[-1] != math.prod(counts) or 0 in counts:
+        fail(op, f"expected input of shape (N, C * {windows}, {math.prod(counts)}) for output_size {size}, "
+             f"kernel_size {kernel}, dilation {dilation_}, padding {pads} and stride {stride_}, got {input.shape}")
+    blocks = mv.reshape(input, input.shape[:-2] + (input.shape[-2] // windows,) + kernel + counts)
+    out = None
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            block = blocks[..., i, j, :, :]
+            for axis in range(2):
+                block = _zero_dilate(block, block.ndim - 2 + axis, stride_[axis])
+            start = (i * dilation_[0], j * dilation_[1])
+            placed = pad_spatial(block, tuple((b, n - b - e) for b, n, e in zip(start, padded, block.shape[-2:])))
+            out = placed if out is None else ew.add(out, placed)
+    return pad_spatial(out, tuple((-p, -p) for p in pads))

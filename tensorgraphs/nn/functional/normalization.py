@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -11,6 +12,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.checks import ints_arg
 from tensorgraphs.frontend.tensor import Tensor, apply_composite
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
@@ -33,7 +35,7 @@ LAYER_NORM = register(Composite("layer_norm", lambda x, w, b, **_: (x.dtype, x.s
 
 
 def _normalized_shape(op: str, x: Tensor, normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    shape = ints_arg(op, "normalized_shape", normalized_shape)
     if not shape or x.shape[x.ndim - len(shape):] != shape or len(shape) > x.ndim:
         fail(op, f"given normalized_shape={list(shape)}, expected input with shape [*, "
              f"{', '.join(map(str, shape))}], but got input of size {list(x.shape)}")
@@ -134,3 +136,40 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 def _update_running(running: Tensor | None, batch_stat: Tensor, momentum: float) -> None:
     if running is not None:
         running.assign(ew.add(ew.mul(running, 1.0 - momentum), ew.mul(batch_stat.detach(), momentum)))
+
+
+def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None,
+                  weight: Tensor | None = None, bias: Tensor | None = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalize each channel of each sample over its spatial positions, then a per-channel affine. Running
+    statistics, when given, move towards the batch mean of the per-sample statistics (unbiased variance), as
+    torch; use_input_stats=False normalizes by them instead."""
+    op = "instance_norm"
+    if not use_input_stats:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    _check_channels(op, input, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var)
+    spatial = tuple(range(2, input.ndim))
+    count = math.prod(input.shape[d] for d in spatial)
+    if input.ndim < 3 or count <= 1:
+        fail(op, f"expected more than 1 spatial element when training, got input size {input.shape}",
+             kind=ArgumentError)
+    mean = rd.mean(input, spatial, keepdim=True)
+    variance = rd.var(input, spatial, keepdim=True, correction=0)
+    per_sample = input.shape[:2]
+    _update_running(running_mean, rd.mean(mv.reshape(mean, per_sample), 0), momentum)
+    _update_running(running_var, rd.mean(mv.reshape(ew.mul(variance, count / (count - 1)), per_sample), 0), momentum)
+    return _affine(ew.mul(ew.sub(input, mean), ew.rsqrt(ew.add(variance, eps))), weight, bias)
+
+
+def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
+    """x / (k + alpha * mean of x^2 over the `size` neighbouring channels)^beta, the window zero-padded at the
+    channel ends and always divided by `size`, as torch."""
+    size = ints_arg("local_response_norm", "size", size)[0]
+    if input.ndim < 3:
+        fail("local_response_norm", f"expected 3D or higher dimensionality input, got {input.shape}")
+    if input.numel() == 0:
+        return input
+    channels = input.shape[1]
+    padded = mv.pad_dim(ew.mul(input, input), 1, size // 2, (size - 1) // 2)
+    window_sum = functools.reduce(ew.add, (mv.narrow(padded, 1, i, channels) for i in range(size)))
+    return ew.div(input, ew.pow(ew.add(ew.mul(ew.div(window_sum, size), alpha), k), beta))

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.checks import int_arg, ints_arg
 from tensorgraphs.frontend.tensor import Tensor, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.nn.functional.arguments import require_float, tuple_of
@@ -72,10 +73,15 @@ def _positions(x: Tensor) -> Tensor:
 
 def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple:
+    return _max_pool("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+              dilation: IntPair, ceil_mode: bool, return_indices: bool) -> Tensor | tuple:
     """Window maxima (padding is -inf, NaN propagates), picked by argmax so that, as in torch, the gradient goes
     to the first maximum of a window rather than being shared among ties; return_indices also gives each
     maximum's flat position h * W + w in the input."""
-    geometry = PoolGeometry("max_pool2d", input, kernel_size, stride, padding, dilation, ceil_mode)
+    geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
     windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
     best = mv.unsqueeze(rd.argmax(windows, -3), -3)
     values = mv.squeeze(mv.gather(windows, -3, best), -3)
@@ -87,22 +93,85 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    return _avg_pool("avg_pool2d", input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def _avg_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+              ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Tensor:
     """Window sums over the zero-padded input divided by the window size: the whole window within the padded
     input (count_include_pad) or only its input elements, or divisor_override."""
-    geometry = PoolGeometry("avg_pool2d", input, kernel_size, stride, padding, 1, ceil_mode)
+    geometry = PoolGeometry(op, input, kernel_size, stride, padding, 1, ceil_mode)
     sums = rd.sum(geometry.windows(geometry.pad(input, 0.0), 0.0), -3)
     if divisor_override is not None:
         if divisor_override == 0:
-            fail("avg_pool2d", "divisor must be not zero", kind=ArgumentError)
+            fail(op, "divisor must be not zero", kind=ArgumentError)
         return ew.div(sums, divisor_override)
     ones = Tensor(g.const(1.0, input.dtype, input.shape[-2:]))
     counted = geometry.pad(ones, 1.0 if count_include_pad else 0.0)
     return ew.div(sums, rd.sum(geometry.windows(counted, 0.0), -3))
 
 
-def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
-    """Mean over torch's adaptive windows [floor(i * n / out), ceil((i + 1) * n / out)) along `dim`, gathered
-    as (out_size, longest window) with the short windows' surplus masked out (so NaN stays in its window)."""
+def _as_rows(op: str, input: Tensor, **sizes: IntPair | None) -> tuple[Tensor, dict[str, tuple[int, int] | None]]:
+    """A 1-d pooling as a 2-d one over rows of height 1: (N, C, L) -> (N, C, 1, L) and each size k -> (1, k)
+    (padding p -> (0, p)); None stays None."""
+    if input.ndim not in (2, 3):
+        fail(op, f"expected 2D or 3D (batch mode) input, got input of size {input.shape}")
+    rows: dict[str, tuple[int, int] | None] = {}
+    for name, value in sizes.items():
+        values = None if value is None else ints_arg(op, name, value)
+        if values is not None and len(values) != 1:
+            fail(op, f"{name} must be an int or a tuple of one int, got {value!r}", kind=ArgumentError)
+        rows[name] = None if values is None else (0 if name == "padding" else 1, values[0])
+    return mv.unsqueeze(input, -2), rows
+
+
+def max_pool1d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple:
+    """max_pool2d over rows of height 1; the indices are positions along L."""
+    stride = None if stride == [] else stride
+    x, a = _as_rows("max_pool1d", input, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation)
+    out = _max_pool("max_pool1d", x, a["kernel_size"], a["stride"], a["padding"], a["dilation"], ceil_mode,
+                    return_indices)
+    return tuple(mv.squeeze(t, -2) for t in out) if return_indices else mv.squeeze(out, -2)
+
+
+def avg_pool1d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    stride = None if stride == [] else stride
+    x, a = _as_rows("avg_pool1d", input, kernel_size=kernel_size, stride=stride, padding=padding)
+    out = _avg_pool("avg_pool1d", x, a["kernel_size"], a["stride"], a["padding"], ceil_mode, count_include_pad, None)
+    return mv.squeeze(out, -2)
+
+
+def _lp_pool(input: Tensor, norm_type: float, window: int, average: Callable[[Tensor], Tensor],
+             maximum: Callable[[Tensor], Tensor]) -> Tensor:
+    """The p-norm of each window, (window * mean of x^p)^(1/p), as torch; p = +-inf is the max/min of |x|."""
+    if norm_type == math.inf:
+        return maximum(ew.abs(input))
+    if norm_type == -math.inf:
+        return ew.neg(maximum(ew.neg(ew.abs(input))))
+    return ew.pow(ew.mul(average(ew.pow(input, norm_type)), window), 1.0 / norm_type)
+
+
+def lp_pool1d(input: Tensor, norm_type: float, kernel_size: IntPair, stride: IntPair | None = None,
+              ceil_mode: bool = False) -> Tensor:
+    (window,) = ints_arg("lp_pool1d", "kernel_size", kernel_size)
+    return _lp_pool(input, norm_type, window, lambda x: avg_pool1d(x, kernel_size, stride, 0, ceil_mode),
+                    lambda x: max_pool1d(x, kernel_size, stride, 0, 1, ceil_mode))
+
+
+def lp_pool2d(input: Tensor, norm_type: float, kernel_size: IntPair, stride: IntPair | None = None,
+              ceil_mode: bool = False) -> Tensor:
+    window = math.prod(tuple_of("lp_pool2d", "kernel_size", kernel_size, 2))
+    return _lp_pool(input, norm_type, window, lambda x: avg_pool2d(x, kernel_size, stride, 0, ceil_mode),
+                    lambda x: max_pool2d(x, kernel_size, stride, 0, 1, ceil_mode))
+
+
+def _adaptive_windows(x: Tensor, dim: int, out_size: int) -> tuple[Tensor, Tensor, np.ndarray]:
+    """torch's adaptive windows [floor(i * n / out), ceil((i + 1) * n / out)) along `dim`, gathered as
+    (out_size, longest window); with the mask of the elements that belong (the short windows' surplus repeats
+    their first element) and each window's length."""
     n = x.shape[dim]
     starts = np.array([i * n // out_size for i in range(out_size)])
     ends = np.array([-(-(i + 1) * n // out_size) for i in range(out_size)])
@@ -113,20 +182,62 @@ def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
     gathered = mv.index_select(x, dim, index)
     gathered = mv.reshape(gathered, x.shape[:dim] + (out_size, longest) + x.shape[dim + 1 :])
     trailing = (1,) * (x.ndim - dim - 1)
-    mask = Tensor.from_numpy(valid.reshape((out_size, longest) + trailing))
-    counts = Tensor.from_numpy((ends - starts).reshape((out_size,) + trailing).astype(x.dtype.storage), x.dtype)
+    return gathered, Tensor.from_numpy(valid.reshape((out_size, longest) + trailing)), ends - starts
+
+
+def _adaptive_mean(x: Tensor, dim: int, out_size: int) -> Tensor:
+    """Mean over each adaptive window, the surplus masked out (so NaN stays in its window)."""
+    gathered, mask, lengths = _adaptive_windows(x, dim, out_size)
+    trailing = (1,) * (x.ndim - dim - 1)
+    counts = Tensor.from_numpy(lengths.reshape((out_size,) + trailing).astype(x.dtype.storage), x.dtype)
     return ew.div(rd.sum(ew.where(mask, gathered, 0.0), dim + 1), counts)
 
 
-def adaptive_avg_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None]) -> Tensor:
-    if input.ndim not in (3, 4) or 0 in input.shape[-3:]:
-        fail("adaptive_avg_pool2d", f"expected 3D or 4D input with non-zero non-batch dims, got {input.shape}")
-    require_float("adaptive_avg_pool2d", input=input)
-    sizes = (output_size, output_size) if output_size is None or isinstance(output_size, int) else tuple(output_size)
-    if len(sizes) != 2:
-        fail("adaptive_avg_pool2d", f"output_size must be an int or 2 sizes, got {output_size!r}", kind=ArgumentError)
+def _adaptive_max(x: Tensor, dim: int, out_size: int) -> Tensor:
+    """Maximum of each adaptive window, picked by argmax (NaN propagates, the gradient goes to the first
+    maximum) as max_pool2d does."""
+    gathered, mask, _ = _adaptive_windows(x, dim, out_size)
+    masked = ew.where(mask, gathered, -math.inf)
+    best = mv.unsqueeze(rd.argmax(masked, dim + 1), dim + 1)
+    return mv.squeeze(mv.gather(masked, dim + 1, best), dim + 1)
+
+
+def _adaptive_pool(op: str, input: Tensor, output_size: Any, spatial: int,
+                   along: Callable[[Tensor, int, int], Tensor]) -> Tensor:
+    """Separable windows: reducing each spatial dim in turn (`along(x, dim, size)`) reduces the whole window."""
+    if input.ndim not in (spatial + 1, spatial + 2) or 0 in input.shape[-spatial - 1 :]:
+        fail(op, f"expected {spatial + 1}D or {spatial + 2}D input with non-zero non-batch dims, got {input.shape}")
+    require_float(op, input=input)
+    given = (output_size,) * spatial if output_size is None or isinstance(output_size, int) else tuple(output_size)
+    if len(given) != spatial:
+        fail(op, f"output_size must be an int or {spatial} sizes, got {output_size!r}", kind=ArgumentError)
     out = input
-    for i, size in enumerate(sizes):
-        dim = input.ndim - 2 + i
-        out = _adaptive_mean(out, dim, input.shape[dim] if size is None else int(size))
+    for i, size in enumerate(given):
+        dim = input.ndim - spatial + i
+        out = along(out, dim, input.shape[dim] if size is None else int_arg(op, "output_size", size))
     return out
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: IntPair) -> Tensor:
+    return _adaptive_pool("adaptive_avg_pool1d", input, output_size, 1, _adaptive_mean)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None]) -> Tensor:
+    return _adaptive_pool("adaptive_avg_pool2d", input, output_size, 2, _adaptive_mean)
+
+
+def _no_indices(op: str, return_indices: bool) -> None:
+    if return_indices:
+        fail(op, "return_indices is not supported for adaptive max pooling; use max_pool with return_indices",
+             kind=UnsupportedError)
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: IntPair, return_indices: bool = False) -> Tensor:
+    _no_indices("adaptive_max_pool1d", return_indices)
+    return _adaptive_pool("adaptive_max_pool1d", input, output_size, 1, _adaptive_max)
+
+
+def adaptive_max_pool2d(input: Tensor, output_size: IntPair | Sequence[int | None],
+                        return_indices: bool = False) -> Tensor:
+    _no_indices("adaptive_max_pool2d", return_indices)
+    return _adaptive_pool("adaptive_max_pool2d", input, output_size, 2, _adaptive_max)
