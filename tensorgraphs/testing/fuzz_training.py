@@ -137,8 +137,6 @@ def random_case(seed: int) -> TrainingCase:
                     Input(f"b{i}", dtype, (0.1 * rng.standard_normal(m)).astype(storage))]
     case = TrainingCase(widths, str(rng.choice(ACTIVATIONS)), loss, optimizer, steps, batch, dtype,
                         (x, y, *weights), seed)
-    if fuzz_known_bugs.skipped_training(case, "cpu"):  # the known bug needs a batch of one
-        case = _batch(case, 2, rng)
     return case
 
 
