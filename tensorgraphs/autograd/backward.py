@@ -7,7 +7,7 @@ from typing import Sequence
 from tensorgraphs.autograd.rules import GRAD_RULES
 from tensorgraphs.errors import ArgumentError, ShapeError, fail
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
-from tensorgraphs.graph.composite import is_composite, params_of
+from tensorgraphs.graph.composite import decompose, is_composite, params_of
 from tensorgraphs.graph.node import Node, const, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
@@ -52,7 +52,6 @@ def _input_grads(node: Node, grad: Tensor) -> tuple[Tensor | None, ...]:
     if is_composite(node):
         if node.op.grad is not None:
             return node.op.grad(Tensor(node), grad, *inputs, **params_of(node))
-        from tensorgraphs.frontend.composites import decompose
 
         grads = vjp([decompose(node)], [grad.node], list(node.src))
         return tuple(None if gr is None else Tensor(gr) for gr in grads)

@@ -14,7 +14,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import user_location
-from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 
@@ -133,7 +133,6 @@ class NumpyBackend:
 
     def _run(self, node: Node, values: dict[Node, np.ndarray]) -> np.ndarray:
         if is_composite(node):
-            from tensorgraphs.frontend.composites import decompose
 
             return self.evaluate([decompose(node)], values)[0]
         out = np.asarray(KERNELS[node.op](node, *(values[s] for s in node.src)), dtype=self.storage_type(node.dtype))

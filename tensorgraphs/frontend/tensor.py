@@ -17,10 +17,10 @@ from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, fail
 from tensorgraphs.frontend.checks import dims_arg, int_arg
-from tensorgraphs.frontend.composites import detach_node
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
+from tensorgraphs.graph import composite as composites
 from tensorgraphs.graph import node as g
-from tensorgraphs.graph.composite import Composite, make_node
+from tensorgraphs.graph.composite import Composite, detach_node, make_node
 from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
@@ -240,6 +240,9 @@ class Tensor:
             self.node.arg.grad_leaf = weakref.ref(self)
 
     # Operators and methods are attached by tensorgraphs.frontend.methods.
+
+
+composites.use_values(Tensor, lambda tensor: tensor.node)  # decomposition bodies are written with Tensors
 
 
 def host_buffer(data: np.ndarray, dtype: DType) -> Node:

@@ -3,7 +3,9 @@
 The graph keeps a composite node (op = the `Composite`) until planning, so a
 dedicated kernel can replace it whole; its decomposition is the oracle every
 such kernel is tested against. Decompositions and gradient rules are written
-with the Tensor API, which builds nodes without tracking gradients.
+with the front end's values (Tensors, which build nodes without tracking
+gradients); the front end says once how a node becomes such a value
+(`use_values`), so every layer below it decomposes nodes without importing it.
 """
 
 from __future__ import annotations
@@ -61,3 +63,34 @@ def _freeze(value: Any) -> Any:
 
 def is_composite(node: Node) -> bool:
     return isinstance(node.op, Composite)
+
+
+_wrap: Callable[[Node], Any] = lambda node: node  # noqa: E731 - until a front end registers its values
+_unwrap: Callable[[Any], Node] = lambda value: value  # noqa: E731
+
+
+def use_values(wrap: Callable[[Node], Any], unwrap: Callable[[Any], Node]) -> None:
+    """Decomposition bodies take and return the values `wrap` makes of nodes (`unwrap` gives the node back)."""
+    global _wrap, _unwrap
+    _wrap, _unwrap = wrap, unwrap
+
+
+def decompose(node: Node) -> Node:
+    """The reference decomposition of one composite node, one level deep."""
+    assert is_composite(node), node
+    out = _unwrap(node.op.decompose(*map(_wrap, node.src), **params_of(node)))
+    assert out.shape == node.shape and out.dtype is node.dtype, (
+        f"decomposition of {node.op.name} gives {out.dtype.name}{out.shape}, expected {node.dtype.name}{node.shape}"
+    )
+    return out
+
+
+DETACH = register(Composite("detach", infer=lambda x: (x.dtype, x.shape), decompose=lambda x: x,
+                            grad=lambda out, grad, x: (None,)))
+
+
+def detach_node(node: Node) -> Node:
+    """`node` with gradients stopped (identity in value)."""
+    if node.op is DETACH:
+        return node
+    return make_node(DETACH, (node,), {}, node.dtype, node.shape)

@@ -18,8 +18,7 @@ from typing import Mapping, Protocol
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.frontend.composites import decompose
-from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.plan.kernels import KERNELS, call_kernel
 from tensorgraphs.plan.planner import DECOMPOSE, Planner, default_planner

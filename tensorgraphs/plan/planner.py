@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from tensorgraphs.errors import TGError
-from tensorgraphs.frontend.composites import decompose
-from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.kerneldb import KernelDB, default_db
 from tensorgraphs.plan.cost import CostModel, Estimate, reference_impl_hash

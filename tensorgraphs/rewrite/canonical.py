@@ -30,9 +30,8 @@ from typing import Any
 from tensorgraphs import dtypes
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.dtypes import DType
-from tensorgraphs.frontend.composites import decompose
 from tensorgraphs.graph import node as g
-from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import COMMUTATIVE, ELEMENTWISE, MOVEMENT, Op
 from tensorgraphs.rewrite.engine import RuleSet

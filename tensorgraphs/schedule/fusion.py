@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, Local, Reduce, Store, TransposeLocal, walk
-from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.schedule.extern import (
@@ -115,7 +115,6 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
             elif is_composite(node):
-                from tensorgraphs.frontend.composites import decompose
                 from tensorgraphs.rewrite import optimize
 
                 # canonical, as the rewritten gradient built from the same decomposition: common parts (an

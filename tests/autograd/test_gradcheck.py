@@ -16,8 +16,8 @@ import torch
 
 import tensorgraphs as tg
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.frontend.composites import decompose
 from tensorgraphs.frontend.tensor import Tensor, apply, cast
+from tensorgraphs.graph.composite import decompose
 from tensorgraphs.graph.ops import Op
 
 F64 = tg.float64

@@ -252,7 +252,7 @@ def test_conformance_on_cpu(name: str) -> None:
 
 def test_realized_nodes_that_only_a_decomposition_builds_are_not_inputs() -> None:
     """A constant inside erf's decomposition that was realized earlier must not change the program's inputs."""
-    from tensorgraphs.frontend.composites import decompose
+    from tensorgraphs.graph.composite import decompose
     from tensorgraphs.graph.node import toposort
 
     x = tg.tensor(floats((4,), 20, False))
