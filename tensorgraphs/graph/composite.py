@@ -70,15 +70,25 @@ _unwrap: Callable[[Any], Node] = lambda value: value  # noqa: E731
 
 
 def use_values(wrap: Callable[[Node], Any], unwrap: Callable[[Any], Node]) -> None:
-    """Decomposition bodies take and return the values `wrap` makes of nodes (`unwrap` gives the node back)."""
+    """Decomposition bodies (and user rules) take and return the values `wrap` makes of nodes (`unwrap` gives the
+    node back)."""
     global _wrap, _unwrap
     _wrap, _unwrap = wrap, unwrap
+
+
+def as_value(node: Node) -> Any:
+    """`node` as the front end's value (a Tensor), for bodies written with its API."""
+    return _wrap(node)
+
+
+def as_node(value: Any) -> Node:
+    return _unwrap(value)
 
 
 def decompose(node: Node) -> Node:
     """The reference decomposition of one composite node, one level deep."""
     assert is_composite(node), node
-    out = _unwrap(node.op.decompose(*map(_wrap, node.src), **params_of(node)))
+    out = as_node(node.op.decompose(*map(as_value, node.src), **params_of(node)))
     assert out.shape == node.shape and out.dtype is node.dtype, (
         f"decomposition of {node.op.name} gives {out.dtype.name}{out.shape}, expected {node.dtype.name}{node.shape}"
     )

@@ -16,6 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tensorgraphs import dtypes
+from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import as_node, as_value
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite.canonical import CANONICAL, DECOMPOSE, FAST_MATH
@@ -32,6 +35,7 @@ from tensorgraphs.rewrite.engine import (
 )
 from tensorgraphs.rewrite.pattern import Pattern, Rule, const, keep, op, var
 from tensorgraphs.rewrite.structural_hash import node_digest, structural_hash
+from tensorgraphs.runtime.buffer import HOST, Buffer
 
 RULESETS.update(canonical=CANONICAL, fast_math=FAST_MATH, decompose=DECOMPOSE, user=RuleSet("user"))
 
@@ -47,12 +51,11 @@ def pattern_of(fn: Callable[..., Any]) -> Pattern:
     so `pattern_of(lambda x: x * tg.sigmoid(x))` matches x*sigmoid(x) for every float tensor x. Meant
     for elementwise expressions: views traced on 0-d placeholders would match 0-d shapes only.
     """
-    from tensorgraphs.frontend.tensor import Tensor
-
     names = list(inspect.signature(fn).parameters)
-    placeholders = {name: Tensor.from_numpy(np.float32(0.0)) for name in names}
-    traced = optimize([fn(**placeholders).node], ["canonical"])[0]
-    variables = {placeholders[name].node: var(name) for name in names}
+    placeholders = {name: g.buffer(Buffer(HOST, dtypes.float32, (), np.zeros((), np.float32)), dtypes.float32, ())
+                    for name in names}
+    traced = optimize([as_node(fn(**{name: as_value(p) for name, p in placeholders.items()}))], ["canonical"])[0]
+    variables = {placeholders[name]: var(name) for name in names}
     return graph_pattern(traced, variables, lambda node: const(node.arg) if node.op is Op.CONST else None)
 
 
@@ -77,14 +80,12 @@ def rule(name: str, pattern: Pattern | Callable[..., Any], replace: Callable[...
 
     `pattern` is a `Pattern` (built with `var`, `op`, `const`) or a Tensor function traced by `pattern_of`.
     """
-    from tensorgraphs.frontend.tensor import Tensor
-
     if not isinstance(pattern, Pattern):
         pattern = pattern_of(pattern)
     wanted = set(inspect.signature(replace).parameters)
 
     def replace_nodes(**bindings: Node) -> Node:
-        return replace(**{k: Tensor(v) for k, v in bindings.items() if k in wanted}).node
+        return as_node(replace(**{k: as_value(v) for k, v in bindings.items() if k in wanted}))
 
     return Rule(name, pattern, replace_nodes)
 
