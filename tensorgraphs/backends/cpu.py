@@ -42,7 +42,8 @@ from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
 PROGRAM_CACHE_SIZE = 512
 POOLED_BYTES = 1 << 20
-"""Outputs at least this large are recycled once the caller drops them (fresh pages cost ~0.4 ms per MiB)."""
+"""Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
+(bench/NOTES.md)."""
 
 
 def _debug(stage: str) -> bool:
@@ -241,9 +242,8 @@ class Program:
 
 
 class BlockPool:
-    """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: a
-    fresh 64 MiB array costs 20-30 ms of page faults, a reused one nothing. At most `per_size` blocks of each
-    size are kept."""
+    """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: fresh
+    memory costs page faults, reused memory nothing. At most `per_size` blocks of each size are kept."""
 
     def __init__(self, per_size: int = 2) -> None:
         self.per_size = per_size

@@ -24,8 +24,8 @@ from tensorgraphs.data import DataLoader, TensorDataset
 from tensorgraphs.examples.gpt import Progress
 
 TEST_FRACTION = 0.2
-# Measured on this 2-core machine (batch 64): the MLP takes about 25 ms a step on "planned" and "numpy" alike; the C
-# "cpu" device is faster per step but spends seconds compiling, more than these few hundred steps win back.
+# The C "cpu" device is faster per step but spends seconds compiling, more than these few hundred small steps win
+# back (bench/NOTES.md).
 DEFAULT_DEVICE = "planned"
 
 

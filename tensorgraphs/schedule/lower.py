@@ -65,8 +65,7 @@ TILE = 32
 TRANSPOSE_TILE = 16
 """Block size of transposing loop nests: a 16 x 16 float32 tile is 16 vector registers (transposed in registers,
 `TransposeLocal`) and each of its rows one cache line. Tiles walk the source's rows, so reads are 16 sequential
-streams the hardware prefetcher follows (4096^2 float32: 3.9 ms against 7.0 ms for 32 x 32 tiles walking the
-output's rows and transposed by strided scalar stores)."""
+streams the hardware prefetcher follows (faster than larger tiles transposed by strided stores: bench/NOTES.md)."""
 
 FORWARDED = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
 """Values worth a store and a load to avoid computing them twice (see `forward_through_output`)."""
