@@ -17,7 +17,7 @@ from tensorgraphs.frontend.tensor import Tensor, apply, cast, expand_to, full_li
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.ops import Op
 
-Rule = Callable[..., tuple[Any, ...]]
+GradientRule = Callable[..., tuple[Any, ...]]
 
 
 def _unbroadcast_sum(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -73,7 +73,7 @@ def _where_grad(out: Tensor, grad: Tensor, cond: Tensor, a: Tensor, b: Tensor) -
     return None, ew.where(cond, grad, zero), ew.where(cond, zero, grad)
 
 
-GRAD_RULES: dict[Op, Rule] = {
+GRAD_RULES: dict[Op, GradientRule] = {
     Op.EXP2: lambda out, grad, x: (ew.mul(grad, ew.mul(out, math.log(2.0))),),
     Op.LOG2: lambda out, grad, x: (ew.div(grad, ew.mul(x, math.log(2.0))),),
     Op.SIN: lambda out, grad, x: (ew.mul(grad, ew.cos(x)),),

@@ -70,9 +70,9 @@ def _gather(x: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
     return np.take_along_axis(x, index.astype(np.int64), axis)
 
 
-_Kernel = Callable[..., np.ndarray]
+_Evaluator = Callable[..., np.ndarray]
 
-KERNELS: dict[Op, _Kernel] = {
+PRIMITIVE_EVALUATORS: dict[Op, _Evaluator] = {
     Op.BUFFER: lambda node: node.arg.data,
     Op.CONST: lambda node: np.full(node.shape, node.arg),
     Op.IOTA: lambda node: np.arange(node.shape[0]),
@@ -135,7 +135,8 @@ class NumpyBackend:
         if is_composite(node):
 
             return self.evaluate([decompose(node)], values)[0]
-        out = np.asarray(KERNELS[node.op](node, *(values[s] for s in node.src)), dtype=self.storage_type(node.dtype))
+        evaluate = PRIMITIVE_EVALUATORS[node.op]
+        out = np.asarray(evaluate(node, *(values[s] for s in node.src)), dtype=self.storage_type(node.dtype))
         return out if self.float64 else dtypes.round_to_storage(out, node.dtype)
 
 
