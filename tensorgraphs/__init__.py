@@ -30,6 +30,7 @@ from tensorgraphs.errors import (
     TGError,
     UnsupportedError,
 )
+from tensorgraphs.frontend import copying as _copying  # noqa: F401  (deepcopy and pickle of tensors)
 from tensorgraphs.frontend import methods as _methods  # noqa: F401  (attaches Tensor methods)
 from tensorgraphs.frontend.creation import *  # noqa: F401,F403
 from tensorgraphs.frontend.elementwise import *  # noqa: F401,F403
