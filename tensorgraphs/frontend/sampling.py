@@ -5,11 +5,17 @@ Both ways are one exponential race: category j arrives at time Exp(1) / w_j, and
 sampling without replacement draws them (what torch computes too); with replacement every draw runs its own
 race, whose winner is category j with probability w_j / sum(w). Zero weights never win while a positive
 weight is left. The arrivals come from the random stream, so `tg.manual_seed` reproduces the draws.
+
+Like torch, eager calls read the weights to refuse NaN, infinite or negative ones and rows that sum to zero
+(one evaluation, which the draws then reuse); inside `tg.compile` the weights are not known when tracing, and
+such rows draw arbitrary categories.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, fail
@@ -18,7 +24,8 @@ from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import random as rng
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.sorting import topk
-from tensorgraphs.frontend.tensor import Tensor, cast
+from tensorgraphs.frontend.tensor import Tensor, cast, held
+from tensorgraphs.runtime import tracing
 
 
 def _check(probs: Tensor, num_samples: int, replacement: bool) -> None:
@@ -35,8 +42,21 @@ def _check(probs: Tensor, num_samples: int, replacement: bool) -> None:
              "categories", kind=ArgumentError)
 
 
+def _checked_values(probs: Tensor) -> Tensor:
+    """`probs` evaluated, after torch's checks of its values (module docstring)."""
+    values = probs.detach().numpy()
+    with np.errstate(invalid="ignore"):
+        if not np.isfinite(values).all() or (values < 0).any():
+            fail("multinomial", "probability tensor contains either inf, nan or element < 0", kind=ArgumentError)
+        if (values.sum(-1) <= 0).any():
+            fail("multinomial", "invalid multinomial distribution (sum of probabilities <= 0)", kind=ArgumentError)
+    return held(values, probs.dtype)
+
+
 def multinomial(probs: Tensor, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
     _check(probs, num_samples, replacement)
+    if tracing.active() is None:
+        probs = _checked_values(probs)
     weights = cast(mv.reshape(probs.detach(), (-1, 1, probs.shape[-1])), dtypes.float64)
     races = num_samples if replacement else 1
     shape = (weights.shape[0], races, weights.shape[-1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import tensorgraphs as tg
 from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError
@@ -62,3 +63,19 @@ def test_manual_seed_and_generators_reproduce_draws_eager_and_compiled() -> None
 def test_bad_arguments_raise_at_the_call(call: object, error: type, message: str) -> None:
     with pytest.raises(error, match=f"multinomial.*{message}.*test_sampling.py"):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("bad", [[0.5, float("nan")], [0.5, float("inf")], [0.5, -0.1], [0.0, 0.0]])
+def test_invalid_probabilities_are_refused_at_the_call_as_torch_refuses_them(bad: list[float]) -> None:
+    with pytest.raises(RuntimeError):
+        torch.multinomial(torch.tensor([[0.2, 0.8], bad]), 1)
+    with pytest.raises(tg.ArgumentError, match="multinomial.*test_sampling.py"):
+        tg.multinomial(tg.tensor([[0.2, 0.8], bad]), 1)
+
+
+def test_a_compiled_sampler_draws_from_the_probabilities_given_at_each_call() -> None:
+    sample = tg.compile(lambda p: tg.multinomial(p, 1))
+    for hot in (0, 2):
+        probs = np.zeros((3, 4), np.float32)
+        probs[:, hot] = 1.0
+        np.testing.assert_array_equal(sample(tg.tensor(probs)).numpy(), np.full((3, 1), hot))
