@@ -45,14 +45,20 @@ class Node:
     arg: Any
 
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
+        if op is Op.BUFFER:  # each holds its own buffer object: nothing to share, so not interned
+            return cls._made(op, dtype, shape, src, arg)
         key = (op, dtype, shape, tuple(map(id, src)), _arg_key(arg))
         found = cls._interned.get(key)
         if found is not None:
             return found
+        node = cls._interned[key] = cls._made(op, dtype, shape, src, arg)
+        return node
+
+    @classmethod
+    def _made(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any) -> Node:
         node = object.__new__(cls)
         for name, value in (("op", op), ("dtype", dtype), ("shape", shape), ("src", src), ("arg", arg)):
             object.__setattr__(node, name, value)
-        cls._interned[key] = node
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -81,12 +81,14 @@ def test_composite_params_with_negative_zero_and_nan_are_keyed_exactly() -> None
     assert make(flag=True) is not make(flag=1)
 
 
-def test_buffers_are_keyed_by_identity() -> None:
+def test_buffer_nodes_are_never_shared_but_what_reads_one_is() -> None:
     data = np.zeros((2, 3), np.float32)
     first = Buffer("numpy", F32, (2, 3), data)
     second = Buffer("numpy", F32, (2, 3), data)  # same contents, a different buffer
-    assert g.buffer(first, F32, (2, 3)) is g.buffer(first, F32, (2, 3))
     assert g.buffer(first, F32, (2, 3)) is not g.buffer(second, F32, (2, 3))
+    node = g.buffer(first, F32, (2, 3))
+    assert g.unary(Op.SQRT, node) is g.unary(Op.SQRT, node)
+    assert node not in Node._interned.values()  # every buffer node is made once, for a buffer of its own
 
 
 def test_interned_nodes_are_released_when_unused() -> None:
