@@ -31,7 +31,7 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, render_program, uses_gemm
+from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, render_program, uses_gemm
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
@@ -269,9 +269,12 @@ OUTPUT_BLOCKS = BlockPool()
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array starting on a cache line, so that the program's streaming stores write whole
-    lines (a large numpy allocation starts 16 bytes past one); `.base` is its memory block, from the pool."""
+    """An uninitialized array; a pooled one starts on a cache line, so that the program's streaming stores write
+    whole lines (a large numpy allocation starts 16 bytes past one), and its `.base` is its memory block. Small
+    outputs (below both sizes: never streamed) are plain allocations, as a program can return hundreds of them."""
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes + CACHE_LINE < min(POOLED_BYTES, STREAM_MIN_BYTES):
+        return np.empty(shape, dtype)
     block = OUTPUT_BLOCKS.take(nbytes + CACHE_LINE)
     start = -block.ctypes.data % CACHE_LINE
     return block[start:start + nbytes].view(dtype).reshape(shape)
