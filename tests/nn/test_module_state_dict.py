@@ -1,0 +1,73 @@
+"""state_dict() aliases the module's parameters and buffers, as in torch: writing into it changes the model."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+import tensorgraphs as tg
+
+
+def _pair(seed: int = 0) -> tuple[tg.nn.Module, torch.nn.Module]:
+    torch.manual_seed(seed)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    model = tg.nn.Sequential(tg.nn.Linear(4, 3), tg.nn.BatchNorm1d(3), tg.nn.Linear(3, 2))
+    return model, reference
+
+
+def test_copy_into_state_dict_loads_pretrained_weights() -> None:
+    model, reference = _pair()
+    reference.train()
+    reference(torch.randn(5, 4))  # running statistics that differ from the fresh model's
+    reference.eval()
+    model.eval()
+    sd = model.state_dict()
+    with tg.no_grad():
+        for key, value in reference.state_dict().items():
+            sd[key].copy_(tg.tensor(value.numpy()))
+    x = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    expected = reference(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(model(tg.tensor(x)).detach().numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert model[0].weight.requires_grad and model[0].weight.is_leaf
+
+
+def test_state_dict_sees_later_changes_and_gradients_still_reach_parameters() -> None:
+    model, _ = _pair()
+    sd = model.state_dict()
+    optimizer = tg.optim.SGD(model.parameters(), lr=0.5)
+    model.train()
+    model(tg.randn(5, 4)).sum().backward()
+    expected = model[0].weight.detach().numpy() - 0.5 * model[0].weight.grad.numpy()
+    optimizer.step()
+    np.testing.assert_allclose(sd["0.weight"].numpy(), expected, rtol=1e-6)
+    assert not sd["0.weight"].requires_grad
+
+
+def test_in_place_write_into_state_dict_without_no_grad_is_allowed() -> None:
+    model, _ = _pair()
+    sd = model.state_dict()
+    sd["0.bias"].zero_()  # a detached alias: torch allows it outside no_grad too
+    np.testing.assert_array_equal(model[0].bias.detach().numpy(), np.zeros(3, np.float32))
+
+
+def test_load_state_dict_and_save_still_work(tmp_path) -> None:
+    model, _ = _pair()
+    other, _ = _pair(1)
+    other.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(other[2].weight.detach().numpy(), model[2].weight.detach().numpy())
+    path = tmp_path / "model.safetensors"
+    tg.save(model.state_dict(), path)
+    loaded = tg.load(path)
+    np.testing.assert_array_equal(loaded["0.weight"].numpy(), model[0].weight.detach().numpy())
+
+
+def test_deepcopy_of_state_dict_is_a_snapshot() -> None:
+    model, _ = _pair()
+    snapshot = copy.deepcopy(model.state_dict())
+    before = model[0].weight.detach().numpy()
+    with tg.no_grad():
+        model[0].weight.add_(1.0)
+    np.testing.assert_array_equal(snapshot["0.weight"].numpy(), before)
+    np.testing.assert_array_equal(model.state_dict()["0.weight"].numpy(), before + 1.0)
