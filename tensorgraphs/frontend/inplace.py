@@ -66,13 +66,13 @@ def write(target: Tensor, value: Tensor) -> Tensor:
     node = value.node_for_op()
     if target._base is not None:
         node = _unview(target._steps, base.node, node)
-    _commit(base, node, value.requires_grad and is_grad_enabled())
+    _commit(base, node, value.requires_grad and is_grad_enabled(), all(op != DATA for op, _ in target._steps))
     if target is not base and base.requires_grad and is_grad_enabled():
         target.requires_grad = True
     return target
 
 
-def _commit(base: Tensor, node: Node, grad: bool) -> None:
+def _commit(base: Tensor, node: Node, grad: bool, tracked: bool = True) -> None:
     trace = tracing.active()
     if trace is not None:
         trace.note_assign(base)
@@ -85,7 +85,7 @@ def _commit(base: Tensor, node: Node, grad: bool) -> None:
     else:
         base.node = node
         base.requires_grad = base.requires_grad or (grad and node.dtype.is_floating_point)
-    if base.requires_grad:
+    if base.requires_grad and tracked:
         overwritten[before] = base.node
 
 
@@ -101,7 +101,7 @@ def _unview(steps: tuple, base: Node, value: Node) -> Node:
 
 def _unstep(op: Any, arg: Any, source: Node, value: Node) -> Node:
     """`source` after its view by one step (`op`, `arg`) is written with `value`."""
-    if op is DETACH:
+    if op is DETACH or op == DATA:
         return detach_node(value)
     if op is Op.RESHAPE:
         return g.movement(Op.RESHAPE, value, source.shape)
@@ -192,9 +192,17 @@ def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = N
     return write(self, ew.add(ew.mul(noise, b - a), a))
 
 
+DATA = "data"
+"""The step of a `.data` view: a detach whose writes autograd does not see (no `overwritten` mark), as torch's."""
+
+
 def detached(self: Tensor) -> Tensor:
     """`.data`: the same storage, outside autograd."""
-    return self.detach()
+    out = Tensor(detach_node(self.node))
+    base = self if self._base is None else self._base
+    seen = self._node if self._base is None else self._seen
+    out._base, out._steps, out._seen = base, self._steps + ((DATA, None),), seen
+    return out
 
 
 def set_data(self: Tensor, value: Tensor) -> None:
@@ -262,7 +270,11 @@ def _put(x: Tensor, positions: Tensor, value: Any, accumulate: bool, op: str) ->
     """Write `value` (broadcast to `positions`' shape) at the flat `positions` of `x`; added if `accumulate`.
     Positions written twice take the mean of their values (torch leaves which one wins undefined)."""
     check_writable(x, op)
-    value = _fitted(positions, value, op, any_dtype=True) if positions.shape else as_tensor(value).reshape(())
+    value = as_tensor(value, x.dtype if not isinstance(value, Tensor) else None)
+    if broadcast_shapes(op, value.shape, positions.shape) != positions.shape:
+        fail(op, f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to indexing result "
+             f"of shape {list(positions.shape)}", kind=ShapeError)
+    value = expand_to(value, positions.shape)
     work = x.dtype if x.dtype.is_floating_point else dtypes.int64
     flat = positions.reshape(-1)
     sums = mv.scatter_add(creation.zeros(x.numel(), dtype=work), 0, flat, cast(value, work).reshape(-1))

@@ -9,6 +9,7 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import inplace, linalg, sampling, sorting
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.composites import clone_node
 from tensorgraphs.frontend.placement import to_arguments
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.graph.show import graph_text
@@ -51,6 +52,7 @@ Tensor.expand_as = lambda self, other: mv.expand(self, other.shape)
 Tensor.view_as = lambda self, other: mv.reshape(self, other.shape)
 Tensor.reshape_as = lambda self, other: mv.reshape(self, other.shape)
 Tensor.T = property(mv.T)
+Tensor.t = lambda self: mv.transpose(self, 0, 1) if self.ndim == 2 else mv.reshape(self, self.shape)
 Tensor.mT = property(mv.mT)
 Tensor.softmax = lambda self, dim, dtype=None: _functional().softmax(self, dim, dtype=dtype)
 Tensor.log_softmax = lambda self, dim, dtype=None: _functional().log_softmax(self, dim, dtype=dtype)
@@ -104,7 +106,7 @@ for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half":
     setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
 Tensor.cpu = lambda self: self
 Tensor.graph = lambda self: graph_text(self)  # the graph as indented text (tg.show prints it)
-Tensor.clone = lambda self: Tensor.result(self.node, self)
+Tensor.clone = lambda self, memory_format=None: Tensor.result(clone_node(self.node_for_op()), self)
 Tensor.__getitem__ = mv.getitem
 
 _OPERATORS = {

@@ -224,10 +224,11 @@ class Tensor:
         link_view(self, out)
         return out
 
-    def backward(self, gradient: Tensor | None = None) -> None:
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
+                 create_graph: bool = False) -> None:
         from tensorgraphs.autograd.backward import backward
 
-        backward(self, gradient)
+        backward(self, gradient, retain_graph, create_graph)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         """A tensor of its own holding this one's present value (a snapshot; no longer a view of anything)."""
@@ -284,7 +285,7 @@ def viewing(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def replay(steps: tuple, node: Node) -> Node:
-    """`node` after a view's steps: movement ops `(op, arg)` and `(DETACH, None)`."""
+    """`node` after a view's steps: movement ops `(op, arg)`, and detaches (`(DETACH, None)`, `.data`'s)."""
     for op, arg in steps:
         node = g.movement(op, node, arg) if isinstance(op, Op) else detach_node(node)
     return node
