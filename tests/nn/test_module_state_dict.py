@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,3 +75,48 @@ def test_deepcopy_of_state_dict_is_a_snapshot() -> None:
         model[0].weight.add_(1.0)
     np.testing.assert_array_equal(snapshot["0.weight"].numpy(), before)
     np.testing.assert_array_equal(model.state_dict()["0.weight"].numpy(), before + 1.0)
+
+
+def _torch_style_gpt(names: Any) -> Any:
+    """tests/nn/torch_style_gpt.py run with `torch`, `torch.nn` and `torch.nn.functional` being `names`'s."""
+    path = Path(__file__).with_name("torch_style_gpt.py")
+    spec = importlib.util.spec_from_file_location(f"torch_style_gpt_{names.__name__}", path)
+    module = importlib.util.module_from_spec(spec)
+    modules = {"torch": names, "torch.nn": names.nn, "torch.nn.functional": names.nn.functional,
+               spec.name: module}
+    saved = {name: sys.modules.get(name) for name in modules}
+    sys.modules.update(modules)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for name, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(name)
+            else:
+                sys.modules[name] = previous
+    return module
+
+
+def test_torch_model_file_loads_pretrained_weights_and_matches_torch() -> None:
+    reference_module, tg_module = _torch_style_gpt(torch), _torch_style_gpt(tg)
+    torch.manual_seed(0)
+    source = reference_module.GPT(reference_module.GPTConfig())
+    transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    pretrained = {k: v.t().contiguous() if k.endswith(transposed) else v.clone()  # a checkpoint in HF's layout
+                  for k, v in source.state_dict().items()}
+    reference = reference_module.GPT(reference_module.GPTConfig()).load_pretrained(pretrained)
+    model = tg_module.GPT(tg_module.GPTConfig()).load_pretrained({k: tg.tensor(v.numpy())
+                                                                  for k, v in pretrained.items()})
+    rng = np.random.default_rng(0)
+    idx, targets = rng.integers(0, 50, (3, 12)), rng.integers(0, 50, (3, 12))
+    expected_logits, expected_loss = reference(torch.tensor(idx), torch.tensor(targets))
+    logits, loss = model(tg.tensor(idx), tg.tensor(targets))
+    np.testing.assert_allclose(logits.detach().numpy(), expected_logits.detach().numpy(), rtol=1e-5, atol=1e-6)
+    expected_loss.backward()
+    loss.backward()
+    expected_grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        np.testing.assert_allclose(param.grad.numpy(), expected_grads[name].grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+    np.testing.assert_allclose(model.last_logits_topk(tg.tensor(idx), 5).numpy(),
+                               reference.last_logits_topk(torch.tensor(idx), 5).numpy(), rtol=1e-5, atol=1e-7)
