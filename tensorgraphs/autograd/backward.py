@@ -157,10 +157,12 @@ def check_versions(output: Node) -> None:
     changed = [n for n in forward if n in overwritten]
     if not changed:
         return
-    inside, relevant = set(forward), set()
+    inside, relevant, changed_set = set(forward), set(), set(changed)
     for node in forward:
         if node.dtype.is_floating_point and any(s in relevant for s in node.src):
             relevant.add(node)
+            if node not in changed_set and not changed_set.intersection(node.src):
+                continue  # a gradient rule reads its node and its inputs only
             for value in _values_read(node, inside, relevant).intersection(changed):
                 if node not in _written_from(value):
                     fail("backward", "one of the variables needed for gradient computation has been modified by an "

@@ -374,3 +374,17 @@ def test_in_place_write_to_an_argument_of_a_compiled_function_reaches_the_caller
         total = normalize(x)
         np.testing.assert_allclose(x.numpy(), np.array(values) / sum(values), rtol=1e-6)
         assert total.item() == sum(values)
+
+
+def test_functional_inplace_flag_writes_into_the_input_and_its_views() -> None:
+    def run(lib: Any) -> tuple:
+        x = _grid(lib, 2, 3) - 2.5
+        row = x[1]
+        out = lib.nn.functional.relu(x, inplace=True)
+        lib.nn.functional.hardtanh(row, -0.5, 0.5, inplace=True)
+        assert out is x
+        return x, row
+
+    _values(run)
+    with pytest.raises(tg.AutogradError, match="leaf Variable"):
+        tg.nn.functional.relu(tg.ones(2, requires_grad=True), inplace=True)
