@@ -77,6 +77,7 @@ def _commit(base: Tensor, node: Node, grad: bool, tracked: bool = True) -> None:
     if trace is not None:
         trace.note_assign(base)
     before = base.node
+    tracked = tracked and base.requires_grad and before.op is not Op.CONST  # constants are shared by equal ones
     if base.requires_grad and before.op is Op.BUFFER:  # a leaf stays a leaf, with a buffer of its own
         while node.op is DETACH:
             node = node.src[0]
@@ -85,7 +86,7 @@ def _commit(base: Tensor, node: Node, grad: bool, tracked: bool = True) -> None:
     else:
         base.node = node
         base.requires_grad = base.requires_grad or (grad and node.dtype.is_floating_point)
-    if base.requires_grad and tracked:
+    if tracked:
         overwritten[before] = base.node
 
 

@@ -215,6 +215,19 @@ def test_gradients_flow_through_in_place_writes_like_torch() -> None:
     _values(run)
 
 
+def test_a_buffer_filled_from_values_that_require_grad_passes_gradients_on() -> None:
+    def run(lib: Any) -> Any:
+        w = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        buffer = lib.zeros(3)
+        buffer[0] = (w * w).sum()
+        buffer[1:] = w[:2]
+        assert buffer.requires_grad
+        (buffer * lib.tensor([1.0, 2.0, 3.0])).sum().backward()
+        return w.grad
+
+    _values(run)
+
+
 def test_leaf_updates_under_no_grad_keep_it_a_leaf_and_its_gradient() -> None:
     def run(lib: Any) -> tuple:
         w = lib.tensor([1.0, 2.0, 3.0], requires_grad=True)
