@@ -193,8 +193,9 @@ def _values_read(node: Node, forward: set[Node], relevant: set[Node]) -> set[Nod
 
 def _written_from(value: Node) -> set[Node]:
     """The nodes of the in-place op that overwrote `value`: between it and the node that replaced it."""
+    written = overwritten[value]()
     reached = {value}
-    for n in toposort([overwritten[value]]):
+    for n in toposort([] if written is None else [written]):
         if any(s in reached for s in n.src):
             reached.add(n)
     return reached - {value}

@@ -39,8 +39,9 @@ from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
 
-overwritten: weakref.WeakKeyDictionary[Node, Node] = weakref.WeakKeyDictionary()
-"""A node replaced by an in-place write of a tensor that requires grad -> the node that replaced it."""
+overwritten: weakref.WeakKeyDictionary[Node, weakref.ref[Node]] = weakref.WeakKeyDictionary()
+"""A node replaced by an in-place write of a tensor that requires grad -> the node that replaced it (held weakly:
+it reads the old node, which would otherwise never be freed)."""
 
 
 # ---------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def _commit(base: Tensor, node: Node, grad: bool, tracked: bool = True) -> None:
         base.node = node
         base.requires_grad = base.requires_grad or (grad and node.dtype.is_floating_point)
     if tracked:
-        overwritten[before] = base.node
+        overwritten[before] = weakref.ref(base.node)
 
 
 def _unview(steps: tuple, base: Node, value: Node) -> Node:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable
 
 import numpy as np
@@ -401,3 +402,17 @@ def test_functional_inplace_flag_writes_into_the_input_and_its_views() -> None:
     _values(run)
     with pytest.raises(tg.AutogradError, match="leaf Variable"):
         tg.nn.functional.relu(tg.ones(2, requires_grad=True), inplace=True)
+
+
+def test_graphs_written_in_place_are_freed() -> None:
+    from tensorgraphs.frontend.inplace import overwritten
+
+    w = tg.ones(8, requires_grad=True)
+    for _ in range(5):
+        y = w * 2
+        y.add_(1)
+        y[2:4] = 0.0
+        y.sum().backward()
+    del y
+    gc.collect()
+    assert len(overwritten) == 0
