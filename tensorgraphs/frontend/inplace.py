@@ -207,6 +207,19 @@ def detached(self: Tensor) -> Tensor:
     return out
 
 
+def detach_(self: Tensor) -> Tensor:
+    """Stop recording gradients through this tensor, in place (torch refuses it on a view that requires grad)."""
+    if not self.requires_grad:
+        return self
+    if self._base is not None:
+        fail("detach_", "Can't detach views in-place. Use detach() instead.", kind=AutogradError)
+    if self.is_leaf:
+        return self.requires_grad_(False)
+    self.node = detach_node(self.node)
+    self.requires_grad = False
+    return self
+
+
 def set_data(self: Tensor, value: Tensor) -> None:
     """`x.data = y`: x takes y's value (any shape), keeping its identity and requires_grad."""
     if not isinstance(value, Tensor):

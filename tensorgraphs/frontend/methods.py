@@ -57,8 +57,8 @@ Tensor.mT = property(mv.mT)
 Tensor.softmax = lambda self, dim, dtype=None: _functional().softmax(self, dim, dtype=dtype)
 Tensor.log_softmax = lambda self, dim, dtype=None: _functional().log_softmax(self, dim, dtype=dtype)
 Tensor.relu = lambda self: _functional().relu(self)
-for _name in """assign copy_ fill_ zero_ normal_ uniform_ index_put_ scatter_ index_add_ new_tensor new_zeros new_ones
-                new_empty new_full""".split():
+for _name in """assign copy_ fill_ zero_ normal_ uniform_ index_put_ scatter_ index_add_ detach_ new_tensor new_zeros
+                new_ones new_empty new_full""".split():
     setattr(Tensor, _name, getattr(inplace, _name))
 Tensor.data = property(inplace.detached, inplace.set_data)
 Tensor.__setitem__ = inplace.setitem
@@ -67,7 +67,7 @@ _INPLACE = """add sub mul div floor_divide remainder fmod reciprocal pow neg abs
               floor ceil round trunc frac maximum minimum clamp clip lerp masked_fill nan_to_num lt gt le ge eq ne
               logical_not logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not
               bitwise_left_shift bitwise_right_shift relu scatter_add subtract multiply divide true_divide negative
-              absolute tril triu"""
+              absolute tril triu cumsum cumprod greater less"""
 for _name in _INPLACE.split():
     setattr(Tensor, _name + "_", inplace.inplace(getattr(Tensor, _name), _name + "_"))
 _AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",

@@ -74,6 +74,7 @@ def test_writing_an_expanded_view_is_refused_like_torch() -> None:
     ("clamp_", (None, 3.0)), ("neg_", ()), ("abs_", ()), ("exp_", ()), ("sqrt_", ()), ("sigmoid_", ()),
     ("tanh_", ()), ("relu_", ()), ("floor_", ()), ("fill_", (7.0,)), ("zero_", ()), ("clip_", (1.0, 2.0)),
     ("lerp_", ("end", 0.25)), ("remainder_", (3.0,)), ("reciprocal_", ()), ("log_", ()), ("round_", ()),
+    ("cumsum_", (1,)), ("tril_", ()),
 ], ids=str)
 def test_in_place_method_matches_torch_and_returns_self(name: str, args: tuple) -> None:
     def run(lib: Any) -> tuple:
@@ -341,6 +342,20 @@ def test_new_tensor_methods_take_self_dtype() -> None:
     _values(run)
     x = tg.arange(6)
     assert x.new_zeros(2).dtype is tg.int64 and x.new_ones(2, dtype=tg.float32).dtype is tg.float32
+
+
+def test_detach_in_place_like_torch() -> None:
+    def run(lib: Any) -> Any:
+        w = lib.tensor([1.0, 2.0], requires_grad=True)
+        h = w * 3
+        h.detach_()
+        assert not h.requires_grad and h.is_leaf
+        with pytest.raises(RuntimeError, match="Can't detach views in-place"):
+            (w * 2)[0].detach_()
+        (w * h).sum().backward()
+        return w.grad
+
+    _values(run)
 
 
 def test_setting_data_replaces_the_value_and_keeps_the_parameter() -> None:
