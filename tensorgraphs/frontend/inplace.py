@@ -43,6 +43,9 @@ overwritten: weakref.WeakKeyDictionary[Node, weakref.ref[Node]] = weakref.WeakKe
 """A node replaced by an in-place write of a tensor that requires grad -> the node that replaced it (held weakly:
 it reads the old node, which would otherwise never be freed)."""
 
+DATA = "data"
+"""The step of a `.data` view: a detach whose writes autograd does not see (no `overwritten` mark), as torch's."""
+
 
 # ---------------------------------------------------------------------------
 # the write itself
@@ -74,6 +77,7 @@ def write(target: Tensor, value: Tensor) -> Tensor:
 
 
 def _commit(base: Tensor, node: Node, grad: bool, tracked: bool = True) -> None:
+    """Point the non-view `base` at `node` (a tensor that requires `grad` wrote it); `tracked`: autograd sees it."""
     trace = tracing.active()
     if trace is not None:
         trace.note_assign(base)
@@ -192,10 +196,6 @@ def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = N
     check_writable(self, "uniform_")
     noise = creation.rand(self.shape, dtype=self.dtype, generator=generator)
     return write(self, ew.add(ew.mul(noise, b - a), a))
-
-
-DATA = "data"
-"""The step of a `.data` view: a detach whose writes autograd does not see (no `overwritten` mark), as torch's."""
 
 
 def detached(self: Tensor) -> Tensor:
