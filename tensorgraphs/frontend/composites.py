@@ -1,8 +1,6 @@
-"""Decomposing composite nodes; the `detach` composite that stops gradients and the `clone` one that copies."""
+"""Decomposing composite nodes, and the `detach` composite that stops gradients."""
 
 from __future__ import annotations
-
-from typing import Any, Callable
 
 from tensorgraphs.graph.composite import Composite, is_composite, make_node, params_of, register
 from tensorgraphs.graph.node import Node
@@ -21,12 +19,14 @@ def decompose(node: Node) -> Node:
     return out
 
 
-def _identity(name: str, grad: Callable[..., tuple[Any, ...]]) -> Composite:
-    """A composite whose value is its input's, with its own gradient rule."""
-    return register(Composite(name, infer=lambda x: (x.dtype, x.shape), decompose=lambda x: x, grad=grad))
-
-
-DETACH = _identity("detach", lambda out, grad, x: (None,))
+DETACH = register(
+    Composite(
+        "detach",
+        infer=lambda x: (x.dtype, x.shape),
+        decompose=lambda x: x,
+        grad=lambda out, grad, x: (None,),
+    )
+)
 
 
 def detach_node(node: Node) -> Node:
@@ -34,12 +34,3 @@ def detach_node(node: Node) -> Node:
     if node.op is DETACH:
         return node
     return make_node(DETACH, (node,), {}, node.dtype, node.shape)
-
-
-CLONE = _identity("clone", lambda out, grad, x: (grad,))
-
-
-def clone_node(node: Node) -> Node:
-    """A node of its own with `node`'s value (identity in value and gradient), so an in-place write into a clone
-    does not count as a write into the original (`inplace.overwritten`)."""
-    return make_node(CLONE, (node,), {}, node.dtype, node.shape)

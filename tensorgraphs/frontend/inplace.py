@@ -22,19 +22,21 @@ from tensorgraphs.errors import AutogradError, DTypeError, IndexingError, ShapeE
 from tensorgraphs.frontend import creation
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
-from tensorgraphs.frontend.composites import DETACH, detach_node
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.frontend.tensor import (
+    DETACH,
     Tensor,
     as_tensor,
     broadcast_shapes,
     cast,
+    detach_node,
     expand_to,
     fresh_buffer,
     link_view,
     replay,
 )
 from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import Composite, make_node, register
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
@@ -42,6 +44,11 @@ from tensorgraphs.runtime import tracing
 overwritten: weakref.WeakKeyDictionary[Node, weakref.ref[Node]] = weakref.WeakKeyDictionary()
 """A node replaced by an in-place write of a tensor that requires grad -> the node that replaced it (held weakly:
 it reads the old node, which would otherwise never be freed)."""
+
+CLONE = register(Composite("clone", infer=lambda x: (x.dtype, x.shape), decompose=lambda x: x,
+                           grad=lambda out, grad, x: (grad,)))
+"""`clone()`: a node of its own with its input's value and gradient, so a write into a clone is not one into the
+original (`overwritten` is by node)."""
 
 DATA = "data"
 """The step of a `.data` view: a detach whose writes autograd does not see (no `overwritten` mark), as torch's."""
@@ -196,6 +203,10 @@ def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = N
     check_writable(self, "uniform_")
     noise = creation.rand(self.shape, dtype=self.dtype, generator=generator)
     return write(self, ew.add(ew.mul(noise, b - a), a))
+
+
+def clone(self: Tensor, memory_format: Any = None) -> Tensor:
+    return Tensor.result(make_node(CLONE, (self.node_for_op(),), {}, self.dtype, self.shape), self)
 
 
 def detached(self: Tensor) -> Tensor:

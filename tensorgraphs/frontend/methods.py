@@ -9,7 +9,6 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import inplace, linalg, sampling, sorting
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
-from tensorgraphs.frontend.composites import clone_node
 from tensorgraphs.frontend.placement import to_arguments
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.graph.show import graph_text
@@ -57,8 +56,8 @@ Tensor.mT = property(mv.mT)
 Tensor.softmax = lambda self, dim, dtype=None: _functional().softmax(self, dim, dtype=dtype)
 Tensor.log_softmax = lambda self, dim, dtype=None: _functional().log_softmax(self, dim, dtype=dtype)
 Tensor.relu = lambda self: _functional().relu(self)
-for _name in """assign copy_ fill_ zero_ normal_ uniform_ index_put_ scatter_ index_add_ detach_ new_tensor new_zeros
-                new_ones new_empty new_full""".split():
+for _name in """clone assign copy_ fill_ zero_ normal_ uniform_ index_put_ scatter_ index_add_ detach_ new_tensor
+                new_zeros new_ones new_empty new_full""".split():
     setattr(Tensor, _name, getattr(inplace, _name))
 Tensor.data = property(inplace.detached, inplace.set_data)
 Tensor.__setitem__ = inplace.setitem
@@ -106,7 +105,6 @@ for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half":
     setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
 Tensor.cpu = lambda self: self
 Tensor.graph = lambda self: graph_text(self)  # the graph as indented text (tg.show prints it)
-Tensor.clone = lambda self, memory_format=None: Tensor.result(clone_node(self.node_for_op()), self)
 Tensor.__getitem__ = mv.getitem
 
 _OPERATORS = {

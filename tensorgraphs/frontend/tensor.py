@@ -230,15 +230,6 @@ class Tensor:
 
         backward(self, gradient, retain_graph, create_graph)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
-        """A tensor of its own holding this one's present value (a snapshot; no longer a view of anything)."""
-        node = self.node
-        while node.op is DETACH:
-            node = node.src[0]
-        clone = Tensor(_materialize(node)).requires_grad_(self.requires_grad)
-        memo[id(self)] = clone
-        return clone
-
     def _hold(self, array: np.ndarray) -> None:
         """`assign` of an array nothing else holds (see `realize.owned`), kept as it is: no copy, no fresh pages."""
         self.node = _held(array, self.dtype)
