@@ -86,8 +86,8 @@ def write(target: Tensor, value: Tensor) -> Tensor:
 def _commit(base: Tensor, node: Node, grad: bool, tracked: bool = True) -> None:
     """Point the non-view `base` at `node` (a tensor that requires `grad` wrote it); `tracked`: autograd sees it."""
     trace = tracing.active()
-    if trace is not None:
-        trace.note_assign(base)
+    if trace is not None and not any(leaf._grad is base for leaf, _ in trace.grads.values()):
+        trace.note_assign(base)  # a gradient the traced backward set is written back as that leaf's gradient
     before = base.node
     tracked = tracked and base.requires_grad and before.op is not Op.CONST  # constants are shared by equal ones
     if base.requires_grad and before.op is Op.BUFFER:  # a leaf stays a leaf, with a buffer of its own

@@ -431,3 +431,38 @@ def test_graphs_written_in_place_are_freed() -> None:
     del y
     gc.collect()
     assert len(overwritten) == 0
+
+
+def _train_editing_in_place(system: str) -> tuple[list[float], np.ndarray]:
+    """Gradients scaled and partly zeroed in place, a state_dict alias written, in `system`'s training step."""
+    lib = torch if system == "torch" else tg
+    model = lib.nn.Linear(3, 2)
+    with lib.no_grad():
+        model.weight.copy_(lib.tensor(np.arange(6.0).reshape(2, 3) / 10, dtype=lib.float32))
+        model.bias.zero_()
+    optimizer = lib.optim.SGD(model.parameters(), lr=0.1)
+    state = model.state_dict()
+
+    def step(x: Any) -> Any:
+        optimizer.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        for param in model.parameters():
+            param.grad.mul_(0.5)
+            param.grad[0] = 0.0
+        optimizer.step()
+        with lib.no_grad():
+            state["bias"].add_(1.0)
+        return loss.detach()
+
+    step = tg.compile(step) if system == "tg.compile" else step
+    losses = [step(lib.ones(4, 3)).item() for _ in range(3)]
+    return losses, model.bias.detach().numpy()
+
+
+@pytest.mark.parametrize("system", ["tg", "tg.compile"])
+def test_training_step_editing_gradients_and_state_dict_in_place(system: str) -> None:
+    losses, bias = _train_editing_in_place(system)
+    expected_losses, expected_bias = _train_editing_in_place("torch")
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    np.testing.assert_allclose(bias, expected_bias, rtol=1e-5)
