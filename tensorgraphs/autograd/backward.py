@@ -7,7 +7,7 @@ from typing import Sequence
 
 from tensorgraphs.autograd.rules import GRAD_RULES
 from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
-from tensorgraphs.frontend.inplace import overwritten
+from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
 from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node, const, structure, toposort
@@ -150,7 +150,7 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
 
 def check_versions(output: Node) -> None:
     """torch's saved-tensor check: raise when the gradient of `output` needs a value that an in-place op has
-    overwritten since it was used (`inplace.overwritten`); the op that overwrote it may read it."""
+    overwritten since it was used (`inplace_ops.overwritten`); the op that overwrote it may read it."""
     if not overwritten:
         return
     forward = toposort([output])

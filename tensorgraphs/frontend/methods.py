@@ -6,7 +6,7 @@ from typing import Any
 
 from tensorgraphs import dtypes
 from tensorgraphs.frontend import elementwise as ew
-from tensorgraphs.frontend import inplace, linalg, sampling, sorting
+from tensorgraphs.frontend import inplace_ops, linalg, sampling, sorting
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.placement import to_arguments
@@ -58,9 +58,9 @@ Tensor.log_softmax = lambda self, dim, dtype=None: _functional().log_softmax(sel
 Tensor.relu = lambda self: _functional().relu(self)
 for _name in """clone assign copy_ fill_ zero_ normal_ uniform_ index_put_ scatter_ index_add_ detach_ new_tensor
                 new_zeros new_ones new_empty new_full""".split():
-    setattr(Tensor, _name, getattr(inplace, _name))
-Tensor.data = property(inplace.detached, inplace.set_data)
-Tensor.__setitem__ = inplace.setitem
+    setattr(Tensor, _name, getattr(inplace_ops, _name))
+Tensor.data = property(inplace_ops.detached, inplace_ops.set_data)
+Tensor.__setitem__ = inplace_ops.setitem
 _INPLACE = """add sub mul div floor_divide remainder fmod reciprocal pow neg abs sign exp exp2 log log2 log10 log1p
               expm1 sqrt rsqrt sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh erf erfc sigmoid
               floor ceil round trunc frac maximum minimum clamp clip lerp masked_fill nan_to_num lt gt le ge eq ne
@@ -68,7 +68,7 @@ _INPLACE = """add sub mul div floor_divide remainder fmod reciprocal pow neg abs
               bitwise_left_shift bitwise_right_shift relu scatter_add subtract multiply divide true_divide negative
               absolute tril triu cumsum cumprod greater less"""
 for _name in _INPLACE.split():
-    setattr(Tensor, _name + "_", inplace.inplace(getattr(Tensor, _name), _name + "_"))
+    setattr(Tensor, _name + "_", inplace_ops.inplace(getattr(Tensor, _name), _name + "_"))
 _AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
               "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
               "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_",

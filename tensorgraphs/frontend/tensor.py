@@ -40,7 +40,7 @@ class Tensor:
     def __init__(self, node: Node, requires_grad: bool = False) -> None:
         self._node = node
         self._grad: Tensor | None = None
-        self._base: Tensor | None = None  # a view's base, whose value it reads (frontend.inplace)
+        self._base: Tensor | None = None  # a view's base, whose value it reads (frontend.inplace_ops)
         self._steps: tuple = ()  # a view's movement steps from its base's node
         self._seen: Node | None = None  # the base node a view's `_node` was computed from
         self.requires_grad = False
@@ -53,7 +53,7 @@ class Tensor:
     def node(self) -> Node:
         """The graph node holding this tensor's value. A function traced by tg.compile that reads a tensor made
         before the trace reads it from this tensor at every call (`tracing.note_read`). A view reads its base's
-        present value (`frontend.inplace`)."""
+        present value (`frontend.inplace_ops`)."""
         base = self._base
         if base is not None:
             base_node = base.node
@@ -67,7 +67,7 @@ class Tensor:
 
     @node.setter
     def node(self, node: Node) -> None:
-        """Replace the value wholesale: a view stops being one (writes into a view go through `inplace.write`)."""
+        """Replace the value wholesale: a view stops being one (writes into a view go through `inplace_ops.write`)."""
         self._node = node
         self._base = None
 

@@ -7,7 +7,7 @@ from typing import Sequence
 from tensorgraphs.errors import ArgumentError, DTypeError, fail
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.checks import ints_arg
-from tensorgraphs.frontend.inplace import check_writable, write
+from tensorgraphs.frontend.inplace_ops import check_writable, write
 from tensorgraphs.frontend.tensor import Tensor
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -63,7 +63,7 @@ def require_same_dtype(op: str, **tensors: Tensor | None) -> None:
 
 
 def finish_inplace(op: str, x: Tensor, out: Tensor, inplace: bool) -> Tensor:
-    """`inplace=True` writes the result into `x`, with torch's rules (`frontend.inplace`)."""
+    """`inplace=True` writes the result into `x`, with torch's rules (`frontend.inplace_ops`)."""
     if not inplace:
         return out
     check_writable(x, op)

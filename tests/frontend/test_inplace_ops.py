@@ -420,7 +420,7 @@ def test_functional_inplace_flag_writes_into_the_input_and_its_views() -> None:
 
 
 def test_graphs_written_in_place_are_freed() -> None:
-    from tensorgraphs.frontend.inplace import overwritten
+    from tensorgraphs.frontend.inplace_ops import overwritten
 
     w = tg.ones(8, requires_grad=True)
     for _ in range(5):
