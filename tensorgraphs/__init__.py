@@ -24,6 +24,7 @@ from tensorgraphs.dtypes import (
 from tensorgraphs.errors import (
     ArgumentError,
     ArgumentTypeError,
+    AutogradError,
     DTypeError,
     IndexingError,
     ShapeError,

@@ -30,6 +30,11 @@ class ArgumentError(TGError, ValueError):
     """An argument value the op does not accept."""
 
 
+class AutogradError(TGError, RuntimeError):
+    """A use autograd forbids (an in-place write into a leaf that requires grad, a value needed for backward
+    modified since, a second backward through a graph): a RuntimeError as in PyTorch."""
+
+
 class UnsupportedError(TGError, NotImplementedError):
     """Something tensorgraphs does not do; the message says what to use instead."""
 

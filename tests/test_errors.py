@@ -126,9 +126,9 @@ def test_bool_mask_indexing_is_unsupported_and_names_an_alternative() -> None:
         x[x > 0]
 
 
-def test_item_assignment_is_unsupported_and_names_an_alternative() -> None:
-    x = tg.ones(3)
-    with raises_on_next_line(tg.UnsupportedError, "assign"):
+def test_item_assignment_into_a_leaf_that_requires_grad_points_here() -> None:
+    x = tg.ones(3, requires_grad=True)
+    with raises_on_next_line(tg.AutogradError, "leaf Variable that requires grad", "in-place"):
         x[0] = 2.0
 
 

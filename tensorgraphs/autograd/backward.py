@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 from tensorgraphs.autograd.rules import GRAD_RULES
-from tensorgraphs.errors import ArgumentError, ShapeError, fail
+from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
+from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
 from tensorgraphs.graph.composite import decompose, is_composite, params_of
 from tensorgraphs.graph.node import Node, const, structure, toposort
@@ -99,15 +101,31 @@ def _gradient_totals(output: Node, seed: Node, leaves: list[tuple[Node, Tensor]]
     return {leaf: total if leaf.grad is None else leaf.grad + total for leaf, total in per_leaf.items()}
 
 
-def backward(output: Tensor, gradient: Tensor | None = None) -> None:
+_freed: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+"""Outputs a backward went through without retain_graph (by id: a Tensor's == compares values)."""
+
+
+def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool | None = None,
+             create_graph: bool = False) -> None:
     """Accumulate d(output)/d(leaf) into `.grad` of every leaf that requires grad; computed now.
 
     Eager: the gradient graph is built once per structure of the differentiated graph (which buffers belong to
-    which leaves, which leaves have a `.grad` already) and later only run on the current arrays."""
+    which leaves, which leaves have a `.grad` already) and later only run on the current arrays. As in torch, a
+    second backward from the same output needs `retain_graph=True` on the first."""
     if not output.requires_grad:
         fail("backward", "element 0 of tensors does not require grad and does not have a grad_fn",
              kind=ArgumentError)
+    if create_graph:
+        fail("backward", "create_graph=True is not supported; use tg.autograd.grad(..., create_graph=True)",
+             kind=UnsupportedError)
+    if _freed.get(id(output)) is output:
+        fail("backward", "Trying to backward through the graph a second time (or directly access saved tensors "
+             "after they have already been freed). Specify retain_graph=True if you need to backward through the "
+             "graph a second time", kind=AutogradError)
     seed = _seed_gradient(output, gradient, "backward")
+    check_versions(output.node)
+    if not retain_graph:
+        _freed[id(output)] = output
     trace = tracing.active()
     if trace is not None:  # compiled: the gradients stay graphs the program computes
         for leaf, total in _gradient_totals(output.node, seed, _grad_leaves(output.node)).items():
@@ -127,6 +145,59 @@ def backward(output: Tensor, gradient: Tensor | None = None) -> None:
     realized_values(default_device())[output.node] = values[0]  # a later `loss.item()` reuses it
     for index, value in zip(updated, values[1:]):
         leaves[index].grad = held(value, leaves[index].dtype)
+
+
+def check_versions(output: Node) -> None:
+    """torch's saved-tensor check: raise when the gradient of `output` needs a value that an in-place op has
+    overwritten since it was used (`inplace_ops.overwritten`); the op that overwrote it may read it."""
+    if not overwritten:
+        return
+    forward = toposort([output])
+    changed = [n for n in forward if n in overwritten]
+    if not changed:
+        return
+    inside, relevant, changed_set = set(forward), set(), set(changed)
+    for node in forward:
+        if node.dtype.is_floating_point and any(s in relevant for s in node.src):
+            relevant.add(node)
+            if node not in changed_set and not changed_set.intersection(node.src):
+                continue  # a gradient rule reads its node and its inputs only
+            for value in _values_read(node, inside, relevant).intersection(changed):
+                if node not in _written_from(value):
+                    fail("backward", "one of the variables needed for gradient computation has been modified by an "
+                         f"inplace operation: [{value.dtype.name} {list(value.shape)}] was written in place after "
+                         "it was used; clone() it before the in-place op", kind=AutogradError)
+        elif node.op is Op.BUFFER and _leaf_of(node) is not None:
+            relevant.add(node)
+
+
+def _values_read(node: Node, forward: set[Node], relevant: set[Node]) -> set[Node]:
+    """The values of the forward graph that `node`'s gradient rule reads for its `relevant` inputs."""
+    seed = placeholder(node.dtype, node.shape)
+    grads = _input_grads(node, Tensor(seed))
+    stack = [gr.node for gr, src in zip(grads, node.src) if gr is not None and src in relevant]
+    seen: set[Node] = set()
+    found: set[Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n is seed:
+            continue
+        seen.add(n)
+        if n in forward:
+            found.add(n)
+        else:
+            stack.extend(n.src)
+    return found
+
+
+def _written_from(value: Node) -> set[Node]:
+    """The nodes of the in-place op that overwrote `value`: between it and the node that replaced it."""
+    written = overwritten[value]()
+    reached = {value}
+    for n in toposort([] if written is None else [written]):
+        if any(s in reached for s in n.src):
+            reached.add(n)
+    return reached - {value}
 
 
 def _backward_graph(output: Tensor, seed: Node, inputs: list[Node],
@@ -164,6 +235,8 @@ def grad(outputs: Tensor | Sequence[Tensor], inputs: Tensor | Sequence[Tensor],
     if not all(t.requires_grad for t in (*outputs, *inputs)):
         fail("grad", "every output and every differentiated tensor must require grad", kind=ArgumentError)
     seeds = [_seed_gradient(o, go, "grad") for o, go in zip(outputs, grad_outputs)]
+    for output in outputs:
+        check_versions(output.node)
     grads = vjp([o.node for o in outputs], seeds, [t.node for t in inputs])
     if None in grads and not allow_unused:
         fail("grad", "one of the differentiated tensors appears to not have been used in the graph; "

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tensorgraphs import dtypes
-from tensorgraphs.frontend import creation, linalg, sampling, sorting
 from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import inplace_ops, linalg, sampling, sorting
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.placement import to_arguments
@@ -51,13 +51,30 @@ Tensor.expand_as = lambda self, other: mv.expand(self, other.shape)
 Tensor.view_as = lambda self, other: mv.reshape(self, other.shape)
 Tensor.reshape_as = lambda self, other: mv.reshape(self, other.shape)
 Tensor.T = property(mv.T)
+Tensor.t = lambda self: mv.transpose(self, 0, 1) if self.ndim == 2 else mv.reshape(self, self.shape)
 Tensor.mT = property(mv.mT)
 Tensor.softmax = lambda self, dim, dtype=None: _functional().softmax(self, dim, dtype=dtype)
 Tensor.log_softmax = lambda self, dim, dtype=None: _functional().log_softmax(self, dim, dtype=dtype)
 Tensor.relu = lambda self: _functional().relu(self)
-Tensor.zero_ = lambda self: self.assign(creation.zeros_like(self))
-Tensor.fill_ = lambda self, value: self.assign(creation.full_like(self, value))
-Tensor.copy_ = lambda self, src: self.assign(src)
+for _name in """clone assign copy_ fill_ zero_ normal_ uniform_ index_put_ scatter_ index_add_ detach_ new_tensor
+                new_zeros new_ones new_empty new_full""".split():
+    setattr(Tensor, _name, getattr(inplace_ops, _name))
+Tensor.data = property(inplace_ops.detached, inplace_ops.set_data)
+Tensor.__setitem__ = inplace_ops.setitem
+_INPLACE = """add sub mul div floor_divide remainder fmod reciprocal pow neg abs sign exp exp2 log log2 log10 log1p
+              expm1 sqrt rsqrt sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh erf erfc sigmoid
+              floor ceil round trunc frac maximum minimum clamp clip lerp masked_fill nan_to_num lt gt le ge eq ne
+              logical_not logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not
+              bitwise_left_shift bitwise_right_shift relu scatter_add subtract multiply divide true_divide negative
+              absolute tril triu cumsum cumprod greater less"""
+for _name in _INPLACE.split():
+    setattr(Tensor, _name + "_", inplace_ops.inplace(getattr(Tensor, _name), _name + "_"))
+_AUGMENTED = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
+              "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
+              "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_",
+              "__ilshift__": "bitwise_left_shift_", "__irshift__": "bitwise_right_shift_"}
+for _name, _method in _AUGMENTED.items():
+    setattr(Tensor, _name, getattr(Tensor, _method))
 
 
 def _functional() -> Any:
@@ -88,9 +105,7 @@ for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half":
     setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
 Tensor.cpu = lambda self: self
 Tensor.graph = lambda self: graph_text(self)  # the graph as indented text (tg.show prints it)
-Tensor.clone = lambda self: Tensor.result(self.node, self)
 Tensor.__getitem__ = mv.getitem
-Tensor.__setitem__ = mv.setitem_unsupported
 
 _OPERATORS = {
     "__add__": ew.add, "__radd__": lambda a, b: ew.add(b, a),

@@ -23,6 +23,7 @@ from tensorgraphs.frontend.tensor import (
     expand_to,
     normalize_dim,
     operands,
+    viewing,
 )
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.ops import Op
@@ -30,6 +31,7 @@ from tensorgraphs.graph.ops import Op
 ShapeArg = Any  # ints as varargs, or one sequence
 
 
+@viewing
 def reshape(x: Tensor, *shape: ShapeArg) -> Tensor:
     new = list(size_arg("reshape", shape, "shape"))
     if new.count(-1) > 1:
@@ -44,6 +46,7 @@ def reshape(x: Tensor, *shape: ShapeArg) -> Tensor:
     return apply(Op.RESHAPE, x, arg=tuple(new))
 
 
+@viewing
 def permute(x: Tensor, *dims: ShapeArg) -> Tensor:
     given = size_arg("permute", dims, "dims")
     order = tuple(normalize_dim("permute", d, x.ndim) for d in given)
@@ -52,6 +55,7 @@ def permute(x: Tensor, *dims: ShapeArg) -> Tensor:
     return apply(Op.PERMUTE, x, arg=order) if x.ndim else x
 
 
+@viewing
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
     if x.ndim == 0:
         return x
@@ -61,6 +65,7 @@ def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
     return apply(Op.PERMUTE, x, arg=tuple(order))
 
 
+@viewing
 def movedim(x: Tensor, source: int, destination: int) -> Tensor:
     s, d = normalize_dim("movedim", source, x.ndim), normalize_dim("movedim", destination, x.ndim)
     order = [i for i in range(x.ndim) if i != s]
@@ -68,16 +73,19 @@ def movedim(x: Tensor, source: int, destination: int) -> Tensor:
     return permute(x, order)
 
 
+@viewing
 def T(x: Tensor) -> Tensor:
     return permute(x, tuple(reversed(range(x.ndim))))
 
 
+@viewing
 def mT(x: Tensor) -> Tensor:
     if x.ndim < 2:
         fail("mT", f"expected a tensor with 2 or more dimensions, got shape {x.shape}")
     return transpose(x, -2, -1)
 
 
+@viewing
 def expand(x: Tensor, *sizes: ShapeArg) -> Tensor:
     target = size_arg("expand", sizes)
     if len(target) < x.ndim:
@@ -90,6 +98,7 @@ def expand(x: Tensor, *sizes: ShapeArg) -> Tensor:
     return expand_to(x, shape)
 
 
+@viewing
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
     return expand(x, tuple(shape))
 
@@ -99,6 +108,7 @@ def broadcast_tensors(*tensors: Tensor) -> list[Tensor]:
     return [expand_to(t, shape) for t in tensors]
 
 
+@viewing
 def squeeze(x: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
     if dim is None:
         dims = {i for i, s in enumerate(x.shape) if s == 1}
@@ -108,11 +118,13 @@ def squeeze(x: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
     return apply(Op.RESHAPE, x, arg=tuple(s for i, s in enumerate(x.shape) if i not in dims))
 
 
+@viewing
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
     d = normalize_dim("unsqueeze", dim, x.ndim + 1)
     return apply(Op.RESHAPE, x, arg=x.shape[:d] + (1,) + x.shape[d:])
 
 
+@viewing
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if x.ndim == 0:
         return reshape(x, 1)
@@ -122,6 +134,7 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s : e + 1]),) + x.shape[e + 1 :])
 
 
+@viewing
 def unflatten(x: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
     d = normalize_dim("unflatten", dim, x.ndim)
     inner = reshape(Tensor(g.const(0, dtypes.bool_, (x.shape[d],))), size_arg("unflatten", (sizes,), "sizes")).shape
@@ -137,6 +150,7 @@ def contiguous(x: Tensor) -> Tensor:
     return x
 
 
+@viewing
 def view(x: Tensor, *shape: Any) -> Tensor:
     """view(shape) reshapes; view(dtype) reinterprets the bits in torch, which only the same dtype can do here."""
     if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)) and not hasattr(shape[0], "__index__"):
@@ -176,6 +190,7 @@ def slice_dim(x: Tensor, dim: int, start: int, stop: int, step: int) -> Tensor:
     return reshape(x, x.shape[:dim] + (length,) + x.shape[dim + 2 :])
 
 
+@viewing
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     d = normalize_dim("narrow", dim, x.ndim)
     start, length = int_arg("narrow", "start", start), int_arg("narrow", "length", length)
@@ -185,6 +200,7 @@ def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     return shrink_dim(x, d, start, start + length)
 
 
+@viewing
 def getitem(x: Tensor, index: Any) -> Tensor:
     """Python indexing: ints, slices (any step), None, Ellipsis, integer tensors/lists; a Python bool adds a dim
     of size 1 (True) or 0 (False), as torch does."""
@@ -258,11 +274,6 @@ def _advanced_index(x: Tensor, advanced: list[tuple[int, Tensor]]) -> Tensor:
         order = list(range(k, k + dims[0])) + list(range(k)) + list(range(k + dims[0], out.ndim))
         out = permute(out, order)
     return out
-
-
-def setitem_unsupported(x: Tensor, index: Any, value: Any) -> None:
-    fail("setitem", "in-place item assignment is not supported on lazy tensors; build the result with "
-         "where(), masked_fill() or scatter_add(), or use tensor.assign(new_value)", kind=UnsupportedError)
 
 
 # ---------------------------------------------------------------------------
@@ -376,6 +387,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return cat([unsqueeze(t, d) for t in tensors], d)
 
 
+@viewing
 def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
     d = normalize_dim("split", dim, x.ndim)
     n = x.shape[d]
@@ -395,6 +407,7 @@ def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) 
     return tuple(out)
 
 
+@viewing
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     chunks = int_arg("chunk", "chunks", chunks)
     if chunks <= 0:
@@ -403,6 +416,7 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     return split(x, max(1, -(-n // chunks)), dim)
 
 
+@viewing
 def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     d = normalize_dim("unbind", dim, x.ndim)
     return tuple(squeeze(shrink_dim(x, d, i, i + 1), d) for i in range(x.shape[d]))

@@ -7,6 +7,7 @@ is needed (`numpy()`, `item()`, `realize()`, printing).
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from typing import Any, Callable, Sequence
@@ -20,9 +21,9 @@ from tensorgraphs.frontend.checks import dims_arg, int_arg
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.graph import composite as composites
 from tensorgraphs.graph import node as g
-from tensorgraphs.graph.composite import Composite, detach_node, make_node
+from tensorgraphs.graph.composite import DETACH, Composite, detach_node, make_node
 from tensorgraphs.graph.node import Node, Shape
-from tensorgraphs.graph.ops import Op
+from tensorgraphs.graph.ops import MOVEMENT, Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import HOST, Buffer
 from tensorgraphs.runtime.realize import default_device, device, realize
@@ -33,12 +34,15 @@ Scalar = bool | int | float
 class Tensor:
     """A lazily evaluated n-dimensional array with PyTorch's names and semantics."""
 
-    __slots__ = ("_node", "requires_grad", "_grad", "__weakref__")
+    __slots__ = ("_node", "requires_grad", "_grad", "_base", "_steps", "_seen", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, node: Node, requires_grad: bool = False) -> None:
         self._node = node
         self._grad: Tensor | None = None
+        self._base: Tensor | None = None  # a view's base, whose value it reads (frontend.inplace_ops)
+        self._steps: tuple = ()  # a view's movement steps from its base's node
+        self._seen: Node | None = None  # the base node a view's `_node` was computed from
         self.requires_grad = False
         if tracing.traces_recording:
             tracing.note_created(self)
@@ -48,7 +52,14 @@ class Tensor:
     @property
     def node(self) -> Node:
         """The graph node holding this tensor's value. A function traced by tg.compile that reads a tensor made
-        before the trace reads it from this tensor at every call (`tracing.note_read`)."""
+        before the trace reads it from this tensor at every call (`tracing.note_read`). A view reads its base's
+        present value (`frontend.inplace_ops`)."""
+        base = self._base
+        if base is not None:
+            base_node = base.node
+            if self._seen is not base_node:
+                self._node, self._seen = replay(self._steps, base_node), base_node
+            return self._node
         node = self._node
         if tracing.traces_recording:
             tracing.note_read(self, node)
@@ -56,7 +67,9 @@ class Tensor:
 
     @node.setter
     def node(self, node: Node) -> None:
+        """Replace the value wholesale: a view stops being one (writes into a view go through `inplace_ops.write`)."""
         self._node = node
+        self._base = None
 
     @property
     def grad(self) -> Tensor | None:
@@ -206,32 +219,16 @@ class Tensor:
         return self
 
     def detach(self) -> Tensor:
-        return Tensor(detach_node(self.node) if self.requires_grad else self.node)
+        """A tensor of the same storage (a view: writes into either show in both) that does not require grad."""
+        out = Tensor(detach_node(self.node) if self.requires_grad else self.node)
+        link_view(self, out)
+        return out
 
-    def backward(self, gradient: Tensor | None = None) -> None:
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
+                 create_graph: bool = False) -> None:
         from tensorgraphs.autograd.backward import backward
 
-        backward(self, gradient)
-
-    def assign(self, value: Tensor | np.ndarray | Scalar) -> Tensor:
-        """Replace this tensor's contents (shape and dtype kept), like an in-place `copy_`.
-
-        Graphs built before keep reading the old values (nodes are immutable); a leaf that requires grad
-        gets a fresh buffer holding the new values and stays a leaf.
-        """
-        value = as_tensor(value, dtype=self.dtype)
-        if value.shape != self.shape:
-            value = value.expand(self.shape)
-        value = cast(value, self.dtype)
-        trace = tracing.active()
-        if trace is not None:
-            trace.note_assign(self)
-        if not self.requires_grad:
-            self.node = value.node
-            return self
-        self.node = fresh_buffer(value.node)
-        self.node.arg.grad_leaf = weakref.ref(self)
-        return self
+        backward(self, gradient, retain_graph, create_graph)
 
     def _hold(self, array: np.ndarray) -> None:
         """`assign` of an array nothing else holds (see `realize.owned`), kept as it is: no copy, no fresh pages."""
@@ -243,6 +240,49 @@ class Tensor:
 
 
 composites.use_values(Tensor, lambda tensor: tensor.node)  # decomposition bodies are written with Tensors
+
+
+def link_view(x: Tensor, out: Tensor) -> None:
+    """Make `out` a view of `x` (torch's view ops) when its node is `x`'s under movement ops and detaches only."""
+    if out is x:
+        return
+    source, node, steps = x._node, out._node, []
+    while node is not source:
+        if node.op in MOVEMENT and not (node.op is Op.PAD and any(w < 0 for pair in node.arg for w in pair)):
+            steps.append((node.op, node.arg))
+        elif node.op is DETACH:
+            steps.append((DETACH, None))
+        else:
+            return
+        node = node.src[0]
+    steps.reverse()
+    if x._base is None:
+        out._base, out._steps, out._seen = x, tuple(steps), source
+    else:
+        out._base, out._steps, out._seen = x._base, x._steps + tuple(steps), x._seen
+
+
+def viewing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (an op that returns a tensor or a sequence of them) made a view op: each result is a view of the first
+    argument where it is one (see `link_view`)."""
+
+    @functools.wraps(fn)
+    def view_op(x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = fn(x, *args, **kwargs)
+        if isinstance(x, Tensor):
+            for result in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(result, Tensor):
+                    link_view(x, result)
+        return out
+
+    return view_op
+
+
+def replay(steps: tuple, node: Node) -> Node:
+    """`node` after a view's steps: movement ops `(op, arg)`, and detaches (`(DETACH, None)`, `.data`'s)."""
+    for op, arg in steps:
+        node = g.movement(op, node, arg) if isinstance(op, Op) else detach_node(node)
+    return node
 
 
 def host_buffer(data: np.ndarray, dtype: DType) -> Node:

@@ -269,7 +269,8 @@ class Module:
     # -- state_dict ----------------------------------------------------------
     def state_dict(self, destination: dict[str, Tensor] | None = None, prefix: str = "",
                    keep_vars: bool = False) -> dict[str, Tensor]:
-        """Parameters and persistent buffers by dotted name, detached unless keep_vars."""
+        """Parameters and persistent buffers by dotted name. As in torch the values alias them (parameters as
+        detached views unless keep_vars): `state_dict()[k].copy_(w)` under no_grad() loads a weight."""
         destination = OrderedDict() if destination is None else destination
         for name, param in self._parameters.items():
             if param is not None:

@@ -66,6 +66,7 @@ class _State:
     output_index: int | None  # None: the gradient ends up cleared
     input_index: int | None = None
     written: Node | None = None  # the node the last call gave the tensor, when its array is updated in place
+    argument: int | None = None  # kind "argument": the position of the argument written in place
 
 
 @dataclass
@@ -149,7 +150,8 @@ class CompiledFunction:
         graphs = None
         if trace.results_graph is not None and is_grad_enabled():
             graphs = trace.results_graph.bind((*args, *kwargs.values()), inputs)
-        return self._finish(trace, run_explained(trace.program, trace.roots, trace.inputs, inputs), graphs)
+        outputs = run_explained(trace.program, trace.roots, trace.inputs, inputs)
+        return self._finish(trace, outputs, graphs, (*args, *kwargs.values()))
 
     def kernel_times(self, *args: Any, repeat: int = 5, **kwargs: Any) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
@@ -186,6 +188,9 @@ class CompiledFunction:
         drawn = [[trace.readers[i](stacked) for i in trace.live_order] for _ in range(count)]  # step by step
         for j, i in enumerate(trace.live_order):
             inputs[i] = np.stack([step[j] for step in drawn])
+        if any(s.kind == "argument" for s in trace.states):
+            fail("compile.steps", "the function writes into its arguments in place, which steps() cannot feed back; "
+                 "call it once per step", kind=UnsupportedError)
         carried = {s.output_index: s.input_index for s in trace.states
                    if s.output_index is not None and s.input_index is not None}
         outputs = trace.program.run_steps(inputs, count, fed, carried)
@@ -214,12 +219,16 @@ class CompiledFunction:
         self._latest = trace
         return trace
 
-    def _finish(self, trace: _Trace, outputs: list[np.ndarray], graphs: list[Node | None] | None = None) -> Any:
-        """Rebind the state the call changed and wrap its results (as differentiable ones where `graphs` has a
-        graph, see `ResultGraph.bind`)."""
+    def _finish(self, trace: _Trace, outputs: list[np.ndarray], graphs: list[Node | None] | None = None,
+                args: tuple[Any, ...] = ()) -> Any:
+        """Rebind the state the call changed (arguments written in place among `args`) and wrap its results (as
+        differentiable ones where `graphs` has a graph, see `ResultGraph.bind`)."""
         for state in trace.states:
             array = None if state.output_index is None else outputs[state.output_index]
-            _rebind(state, array)
+            if state.kind == "argument":
+                _write_argument(args[state.argument], array, state.tensor.dtype)
+            else:
+                _rebind(state, array)
         graphs = graphs or [None] * len(trace.result_dtypes)
         results = [_wrap(array, dtype) if graph is None else differentiable.differentiable_result(graph, array)
                    for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
@@ -257,7 +266,7 @@ class CompiledFunction:
                 effects.restore()
         results = roots[:len(outputs)]
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
-                        if s.kind == "value" or s.tensor.grad is not None}
+                        if s.kind == "value" or (s.kind == "grad" and s.tensor.grad is not None)}
         captured = {n: c for n, c in effects.captured.items() if n not in state_inputs}
         known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs, *captured})
         boundary = lambda n: n in known or n in state_inputs or n in captured  # noqa: E731
@@ -326,10 +335,10 @@ def _effects(effects: tracing.Trace, results: list[Node], placeholders: dict[Nod
     for tensor, before in effects.assigned.values():
         if tensor.node is before:
             continue
-        if before in placeholders:
-            fail("compile", "a function compiled with tg.compile cannot assign to its own arguments; return the "
-                 "new value instead", kind=UnsupportedError)
-        states.append(_State(tensor, "value", len(results) + len(finals)))
+        if before in placeholders:  # written back into the caller's argument after each call
+            states.append(_State(tensor, "argument", len(results) + len(finals), argument=placeholders[before]))
+        else:
+            states.append(_State(tensor, "value", len(results) + len(finals)))
         finals.append(tensor.node)
     for leaf, _ in effects.grads.values():
         if id(leaf) in arguments:
@@ -446,6 +455,15 @@ class _Live:
 
 def _fixed(array: np.ndarray) -> Reader:
     return lambda arrays: array
+
+
+def _write_argument(argument: Any, array: np.ndarray, dtype: dtypes.DType) -> None:
+    """What the call wrote into an argument, written into the caller's tensor (through its base if a view) or
+    numpy array, as an in-place op would in eager code."""
+    if isinstance(argument, Tensor):
+        argument.assign(_wrap(array, dtype))
+    else:
+        np.copyto(argument, array, casting="unsafe")
 
 
 def _rebind(state: _State, array: np.ndarray | None) -> None:

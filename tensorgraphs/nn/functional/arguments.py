@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tensorgraphs.errors import ArgumentError, DTypeError, UnsupportedError, fail
+from tensorgraphs.errors import ArgumentError, DTypeError, fail
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.checks import ints_arg
+from tensorgraphs.frontend.inplace_ops import check_writable, write
 from tensorgraphs.frontend.tensor import Tensor
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -62,11 +63,8 @@ def require_same_dtype(op: str, **tensors: Tensor | None) -> None:
 
 
 def finish_inplace(op: str, x: Tensor, out: Tensor, inplace: bool) -> Tensor:
-    """`inplace=True` rebinds `x` to the result, as an in-place op does to a lazy tensor."""
+    """`inplace=True` writes the result into `x`, with torch's rules (`frontend.inplace_ops`)."""
     if not inplace:
         return out
-    if x.requires_grad and x.is_leaf:
-        fail(op, "a leaf tensor that requires grad cannot be modified in place; use inplace=False",
-             kind=UnsupportedError)
-    x.node, x.requires_grad = out.node, out.requires_grad
-    return x
+    check_writable(x, op)
+    return write(x, out)
