@@ -76,11 +76,11 @@ def _mask(mask: np.ndarray | None, shape: tuple[int, ...]) -> tuple[Mask, np.nda
 def _problem(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None) -> tuple[list, list, tuple]:
     """The sizes, the operand arguments and what must stay alive during the call."""
     (q, qs), (k, ks), (v, vs) = (_heads("attention", x) for x in (q, k, v))
-    b, h, l, e = q.shape
+    b, h, queries, e = q.shape
     s, ev = k.shape[2], v.shape[3]
-    mask_struct, mask_view = _mask(mask, (b, h, l, s))
+    mask_struct, mask_view = _mask(mask, (b, h, queries, s))
     operands = [q.ctypes.data, *qs, k.ctypes.data, *ks, v.ctypes.data, *vs, mask_struct]
-    return [b, h, l, s, e, ev], operands, (q, k, v, mask_view)
+    return [b, h, queries, s, e, ev], operands, (q, k, v, mask_view)
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, causal: bool = False,
@@ -88,9 +88,9 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None
     """(out, logsumexp) of softmax(scale * q k^T + mask) v for (B, H, L, E) arrays; mask bool (True = attend)
     or float, broadcast to (B, H, L, S)."""
     sizes, operands, alive = _problem(q, k, v, mask)
-    b, h, l, _, e, ev = sizes
+    b, h, queries, _, e, ev = sizes
     scale = 1.0 / np.sqrt(max(e, 1)) if scale is None else scale
-    out, lse = np.empty((b, h, l, ev), np.float32), np.empty((b, h, l), np.float32)
+    out, lse = np.empty((b, h, queries, ev), np.float32), np.empty((b, h, queries), np.float32)
     status = _functions()["forward"](*sizes, *operands, int(causal), scale, out.ctypes.data, lse.ctypes.data)
     del alive
     if status:
@@ -103,11 +103,11 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, lse: 
              scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) of `forward` given its (out, lse) and the gradient `dout` of out."""
     sizes, operands, alive = _problem(q, k, v, mask)
-    b, h, l, s, e, ev = sizes
+    b, h, queries, s, e, ev = sizes
     scale = 1.0 / np.sqrt(max(e, 1)) if scale is None else scale
     out, lse = np.ascontiguousarray(out, np.float32), np.ascontiguousarray(lse, np.float32)
     dout, dout_strides = _heads("attention", dout)
-    grads = np.empty((b, h, l, e), np.float32), np.empty((b, h, s, e), np.float32), np.empty((b, h, s, ev), np.float32)
+    grads = tuple(np.empty(shape, np.float32) for shape in ((b, h, queries, e), (b, h, s, e), (b, h, s, ev)))
     status = _functions()["backward"](*sizes, *operands, int(causal), scale, out.ctypes.data, lse.ctypes.data,
                                       dout.ctypes.data, *dout_strides, *(g.ctypes.data for g in grads))
     del alive

@@ -246,11 +246,13 @@ int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s,
     packed_keys keys = {NULL, NULL, (s + BK - 1) / BK};
     keys.kt = scratch(batch * heads * keys.tiles * p.dp * BK);
     keys.v = scratch(batch * heads * keys.tiles * BK * p.dv);
-    int failed = !keys.kt || !keys.v;
+    float *own = out ? NULL : scratch(batch * heads * l * ev); /* out not wanted: lse only */
+    out = out ? out : own;
+    int failed = !keys.kt || !keys.v || !out;
 #pragma omp parallel reduction(| : failed)
     {
         forward_scratch w = {scratch(BQ * p.dp), scratch(BQ * BK), scratch(BQ * p.dv), scratch(BQ), scratch(BQ)};
-        int ok = keys.kt && keys.v && w.qi && w.sc && w.o && w.m && w.sum;
+        int ok = keys.kt && keys.v && out && w.qi && w.sc && w.o && w.m && w.sum;
         failed |= !ok;
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < batch * heads * keys.tiles; item++)
@@ -260,7 +262,7 @@ int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s,
             if (ok) forward_tile(&p, &keys, item / tiles, item % tiles * BQ, &w, out, lse);
         free(w.qi), free(w.sc), free(w.o), free(w.m), free(w.sum);
     }
-    free(keys.kt), free(keys.v);
+    free(keys.kt), free(keys.v), free(own);
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
 

@@ -13,7 +13,7 @@
  * gives zeros, with logsumexp -inf and zero gradients (torch's safe softmax).
  *
  * Outputs are contiguous: out (B, H, L, Ev), lse (B, H, L), dq (B, H, L, E), dk (B, H, S, E), dv (B, H, S, Ev).
- * lse, dq, dk and dv may be NULL (not computed). Every function returns 0, or TG_ATTENTION_NO_MEMORY. */
+ * out (forward), lse, dq, dk and dv may be NULL (not wanted). Every function returns 0, or TG_ATTENTION_NO_MEMORY. */
 #ifndef TG_ATTENTION_H
 #define TG_ATTENTION_H
 #include <stdint.h>
