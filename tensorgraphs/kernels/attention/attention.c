@@ -144,14 +144,15 @@ static void tile_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int6
     }
 }
 
+/* The row's maximum; NaN if it holds a NaN (so the row's weights are NaN, as softmax's). */
 static float row_max(const float *row) {
     v16 m = splat(-INFINITY);
     for (int64_t c = 0; c < BK; c += LANES) {
         v16 x = load(row + c);
-        m = pick(x > m, x, m);
+        m = pick((x > m) | (x != x), x, m);
     }
     float best = -INFINITY;
-    for (int i = 0; i < LANES; i++) best = m[i] > best ? m[i] : best;
+    for (int i = 0; i < LANES; i++) best = m[i] > best || m[i] != m[i] ? m[i] : best;
     return best;
 }
 
@@ -204,7 +205,7 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
         tile_scores(p, b, h, i0, j0, w->qi, keys->kt + at * dp * BK, w->sc);
         for (int64_t r = 0; r < BQ; r++) {
             float *row = w->sc + r * BK, top = row_max(row), old = w->m[r];
-            float now = top > old ? top : old;
+            float now = top > old || top != top ? top : old;
             float kept = now == -INFINITY ? 1.0f : expf(old - now);
             w->sum[r] = w->sum[r] * kept + row_exp(row, now);
             w->m[r] = now;
