@@ -8,12 +8,12 @@
  * products always run on whole registers; padded keys score -inf, padded query rows are never stored, and
  * their zero dout rows add nothing to the gradients.
  *
- * The scale is applied to the packed query tile (so the scores and dK = dS^T (scale Q) need no pass of their own).
+ * The scale multiplies the product q k^T, not q: a product that overflows is infinite, as torch's.
  *
  * Forward: parallel over (batch*head, query tile); per key tile, S = scale * Q K^T (+ mask), the running row
  * max m and sum l of the online softmax, O = O * exp(m_old - m_new) + P V. lse = m + log(l).
  * Backward: parallel over batch*head; per key tile j (outer) and query tile i: P = exp(S - lse),
- * dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += dS^T (scale Q), and
+ * dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
  * dQ_i += scale dS K_j into a per-head accumulator, so no two threads write one output row. */
 #include "attention.h"
 
@@ -105,12 +105,11 @@ typedef struct {
     float scale;
 } problem;
 
-/* rows x cols of src (rows rs apart) times factor into dst (BQ or BK rows of ld floats), zero elsewhere. */
+/* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere. */
 static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *src, int64_t rs, int64_t rows,
-                      int64_t cols, float factor) {
+                      int64_t cols) {
     memset(dst, 0, sizeof(float) * tile_rows * ld);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[r * ld + c] = src[r * rs + c] * factor;
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
 }
 
 /* The transpose of rows x cols of src into dst (ld x BK, element (col, row)), zero elsewhere. */
@@ -120,7 +119,7 @@ static void pack_transposed(float *dst, int64_t ld, const float *src, int64_t rs
         for (int64_t c = 0; c < cols; c++) dst[c * BK + r] = src[r * rs + c];
 }
 
-/* sc (BQ x BK) = (scale Q_i) K_j^T + mask; -inf for keys beyond s, masked out or after the query (causal). */
+/* sc (BQ x BK) = scale * Q_i K_j^T + mask; -inf for keys beyond s, masked out or after the query (causal). */
 static void tile_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, const float *qi,
                         const float *kt, float *sc) {
     tile_gemm(BQ, BK, p->dp, qi, p->dp, 1, kt, BK, sc, BK, 1);
@@ -128,6 +127,7 @@ static void tile_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int6
     int diagonal = p->causal && j0 + BK - 1 > i0;
     for (int64_t r = 0; r < BQ; r++) {
         float *row = sc + r * BK;
+        for (int64_t c = 0; c < BK; c += LANES) store(row + c, load(row + c) * p->scale);
         for (int64_t c = cols; c < BK; c++) row[c] = -INFINITY;
         if (diagonal)
             for (int64_t c = 0; c < cols; c++)
@@ -162,9 +162,11 @@ static float row_exp(float *row, float shift) {
         memset(row, 0, sizeof(float) * BK);
         return 0.0f;
     }
-    v16 sum = splat(0.0f), bias = splat(shift * LOG2E);
+    v16 sum = splat(0.0f);
     for (int64_t c = 0; c < BK; c += LANES) {
-        v16 x = vexp2(load(row + c) * LOG2E - bias);
+        /* (x - shift) * log2(e), not x * log2(e) - shift * log2(e): contracted into an fma, the latter leaves
+         * shift's rounding error, which is huge for huge scores */
+        v16 x = vexp2((load(row + c) - shift) * LOG2E);
         store(row + c, x);
         sum += x;
     }
@@ -190,13 +192,13 @@ static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh,
     pack_transposed(keys->kt + at * p->dp * BK, p->dp, p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs, p->k_rs,
                     cols, p->e);
     pack_rows(keys->v + at * BK * p->dv, p->dv, BK, p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs, p->v_rs,
-              cols, p->ev, 1.0f);
+              cols, p->ev);
 }
 
 static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t i0,
                          const forward_scratch *w, float *out, float *lse) {
     int64_t b = bh / p->heads, h = bh % p->heads, rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
-    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e, p->scale);
+    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
     memset(w->o, 0, sizeof(float) * BQ * dv);
     for (int64_t r = 0; r < BQ; r++) w->m[r] = -INFINITY, w->sum[r] = 0.0f;
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
@@ -282,8 +284,8 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
                           const backward_scratch *w, const gradients *g) {
     int64_t rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
     const float *dout = g->dout + b * g->do_bs + h * g->do_hs;
-    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e, p->scale);
-    pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev, 1.0f);
+    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
+    pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
     tile_scores(p, b, h, i0, j0, w->qi, w->kt, w->sc);
     tile_gemm(BQ, BK, dv, w->doi, dv, 1, w->vt, BK, w->dp, BK, 1);
     for (int64_t r = 0; r < BQ; r++) {
@@ -315,14 +317,14 @@ static void backward_head(const problem *p, int64_t bh, const backward_scratch *
     if (g->dq) memset(w->dq, 0, sizeof(float) * round_up(p->l, BQ) * dp);
     for (int64_t j0 = 0; j0 < p->s; j0 += BK) {
         int64_t cols = min64(BK, p->s - j0);
-        pack_rows(w->kj, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e, 1.0f);
+        pack_rows(w->kj, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
         pack_transposed(w->kt, dp, k + j0 * p->k_rs, p->k_rs, cols, p->e);
         pack_transposed(w->vt, dv, v + j0 * p->v_rs, p->v_rs, cols, p->ev);
         memset(w->dk, 0, sizeof(float) * BK * dp);
         memset(w->dv, 0, sizeof(float) * BK * dv);
         for (int64_t i0 = p->causal ? j0 / BQ * BQ : 0; i0 < p->l; i0 += BQ)
             backward_step(p, b, h, i0, j0, g->lse + bh * p->l, w, g);
-        if (g->dk) store_rows(g->dk + (bh * p->s + j0) * p->e, w->dk, dp, cols, p->e, 1.0f);
+        if (g->dk) store_rows(g->dk + (bh * p->s + j0) * p->e, w->dk, dp, cols, p->e, p->scale);
         if (g->dv) store_rows(g->dv + (bh * p->s + j0) * p->ev, w->dv, dv, cols, p->ev, 1.0f);
     }
     if (g->dq) store_rows(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);

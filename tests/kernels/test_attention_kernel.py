@@ -69,3 +69,14 @@ def test_nan_inputs_give_nan_rows() -> None:
     q[0, 0, 5, 2] = np.nan
     out, _ = attention.forward(q, k, v)
     assert np.isnan(out[0, 0, 5]).all() and not np.isnan(np.delete(out[0, 0], 5, 0)).any()
+
+
+def test_huge_finite_scores_match_torch() -> None:
+    """Scores near 1e37 (finite): exp(x - max) must not pick up the rounding error of a huge max (which an fma
+    of x * log2(e) - max * log2(e) would)."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 33, 16), dtype=np.float32) for _ in range(3))
+    q, k = q * np.float32(3e18), k * np.float32(3e18)
+    out, _ = attention.forward(q, k, v)
+    expected = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v))).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
