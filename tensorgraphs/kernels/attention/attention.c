@@ -112,48 +112,38 @@ static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *sr
     for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
 }
 
-/* The transpose of rows x cols of src into dst (ld x BK, element (col, row)), zero elsewhere. */
-static void pack_transposed(float *dst, int64_t ld, const float *src, int64_t rs, int64_t rows, int64_t cols) {
-    memset(dst, 0, sizeof(float) * ld * BK);
+/* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
+static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
+                            int64_t cols) {
+    memset(dst, 0, sizeof(float) * ld * width);
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[c * BK + r] = src[r * rs + c];
+        for (int64_t c = 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
 }
 
-/* sc (BQ x BK) = scale * Q_i K_j^T + mask; -inf for keys beyond s, masked out or after the query (causal). */
-static void tile_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, const float *qi,
-                        const float *kt, float *sc) {
-    tile_gemm(BQ, BK, p->dp, qi, p->dp, 1, kt, BK, sc, BK, 1);
+/* The scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
+ * S = Q_i K_j^T, or its transpose), times scale plus the mask; -inf for keys beyond s, masked out or after the
+ * query (causal). */
+static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, float *sc, int64_t rs,
+                        int64_t cs) {
     int64_t cols = min64(BK, p->s - j0), rows = min64(BQ, p->l - i0);
-    int diagonal = p->causal && j0 + BK - 1 > i0;
-    for (int64_t r = 0; r < BQ; r++) {
-        float *row = sc + r * BK;
-        for (int64_t c = 0; c < BK; c += LANES) store(row + c, load(row + c) * p->scale);
-        for (int64_t c = cols; c < BK; c++) row[c] = -INFINITY;
-        if (diagonal)
-            for (int64_t c = 0; c < cols; c++)
-                if (j0 + c > i0 + r) row[c] = -INFINITY;
-        if (p->mask.kind == TG_MASK_NONE || r >= rows) continue;
-        int64_t at = b * p->mask.bs + h * p->mask.hs + (i0 + r) * p->mask.rs + j0 * p->mask.cs, cs = p->mask.cs;
+    for (int64_t x = 0; x < BQ * BK; x += LANES) store(sc + x, load(sc + x) * p->scale);
+    for (int64_t r = 0; r < BQ; r++)
+        for (int64_t c = cols; c < BK; c++) sc[r * rs + c * cs] = -INFINITY;
+    if (p->causal && j0 + BK - 1 > i0)
+        for (int64_t r = 0; r < BQ; r++)
+            for (int64_t c = i0 + r + 1 - j0 > 0 ? i0 + r + 1 - j0 : 0; c < cols; c++) sc[r * rs + c * cs] = -INFINITY;
+    if (p->mask.kind == TG_MASK_NONE) return;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t at = b * p->mask.bs + h * p->mask.hs + (i0 + r) * p->mask.rs + j0 * p->mask.cs, mc = p->mask.cs;
+        float *row = sc + r * rs;
         if (p->mask.kind == TG_MASK_BOOL) {
             const uint8_t *m = (const uint8_t *)p->mask.data + at;
-            for (int64_t c = 0; c < cols; c++) row[c] = m[c * cs] ? row[c] : -INFINITY;
+            for (int64_t c = 0; c < cols; c++) row[c * cs] = m[c * mc] ? row[c * cs] : -INFINITY;
         } else {
             const float *m = (const float *)p->mask.data + at;
-            for (int64_t c = 0; c < cols; c++) row[c] += m[c * cs];
+            for (int64_t c = 0; c < cols; c++) row[c * cs] += m[c * mc];
         }
     }
-}
-
-/* The row's maximum; NaN if it holds a NaN (so the row's weights are NaN, as softmax's). */
-static float row_max(const float *row) {
-    v16 m = splat(-INFINITY);
-    for (int64_t c = 0; c < BK; c += LANES) {
-        v16 x = load(row + c);
-        m = pick((x > m) | (x != x), x, m);
-    }
-    float best = -INFINITY;
-    for (int i = 0; i < LANES; i++) best = m[i] > best || m[i] != m[i] ? m[i] : best;
-    return best;
 }
 
 /* row = exp(row - shift) (zeros when shift is -inf: nothing attended); returns its sum. */
@@ -176,45 +166,76 @@ static float row_exp(float *row, float shift) {
 }
 
 typedef struct {
-    float *qi, *sc, *o, *m, *sum;
+    float *qt, *st, *o, *m, *sum, *kept;
 } forward_scratch;
 
-/* The keys of every head transposed and the values, per key tile (dp x BK and BK x dv blocks), packed once:
- * each is read by every query tile of its head. */
+/* The keys and values of every head, per key tile (BK x dp and BK x dv blocks), packed once: each is read by
+ * every query tile of its head. */
 typedef struct {
-    float *kt, *v;
+    float *k, *v;
     int64_t tiles;
 } packed_keys;
 
 static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t tile) {
     int64_t b = bh / p->heads, h = bh % p->heads, j0 = tile * BK, cols = min64(BK, p->s - j0);
     int64_t at = bh * keys->tiles + tile;
-    pack_transposed(keys->kt + at * p->dp * BK, p->dp, p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs, p->k_rs,
-                    cols, p->e);
+    pack_rows(keys->k + at * BK * p->dp, p->dp, BK, p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs, p->k_rs,
+              cols, p->e);
     pack_rows(keys->v + at * BK * p->dv, p->dv, BK, p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs, p->v_rs,
               cols, p->ev);
+}
+
+#define QV (BQ / LANES) /* vectors of queries */
+
+/* One step of the online softmax on the transposed scores st (key c, query r at st[c*BQ + r]), with the
+ * queries in vector lanes: the running max m and sum of each query, st = exp(st - m) in place, and kept, the
+ * factor exp(m_old - m_new) the query's output so far is scaled by. A query with no key attended so far keeps
+ * m = -inf and weights 0; a NaN score makes the query's max, and so its weights, NaN. */
+static void online_softmax(const forward_scratch *w) {
+    v16 top[QV], now[QV], sums[QV];
+    v16i dead[QV];
+    for (int v = 0; v < QV; v++) top[v] = splat(-INFINITY), sums[v] = splat(0.0f);
+    for (int64_t c = 0; c < BK; c++)
+        for (int v = 0; v < QV; v++) {
+            v16 x = load(w->st + c * BQ + LANES * v);
+            top[v] = pick((x > top[v]) | (x != x), x, top[v]);
+        }
+    for (int v = 0; v < QV; v++) {
+        v16 old = load(w->m + LANES * v);
+        now[v] = pick((top[v] > old) | (top[v] != top[v]), top[v], old);
+        dead[v] = now[v] == splat(-INFINITY);
+        store(w->kept + LANES * v, pick(dead[v], splat(1.0f), vexp2((old - now[v]) * LOG2E)));
+        store(w->m + LANES * v, now[v]);
+    }
+    for (int64_t c = 0; c < BK; c++)
+        for (int v = 0; v < QV; v++) {
+            /* (x - m) * log2(e), not x * log2(e) - m * log2(e): contracted into an fma, the latter keeps m's
+             * rounding error, which is huge for huge scores */
+            v16 x = vexp2((load(w->st + c * BQ + LANES * v) - now[v]) * LOG2E);
+            x = pick(dead[v], splat(0.0f), x);
+            store(w->st + c * BQ + LANES * v, x);
+            sums[v] += x;
+        }
+    for (int v = 0; v < QV; v++) store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
 }
 
 static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t i0,
                          const forward_scratch *w, float *out, float *lse) {
     int64_t b = bh / p->heads, h = bh % p->heads, rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
-    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
+    pack_transposed(w->qt, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
     memset(w->o, 0, sizeof(float) * BQ * dv);
     for (int64_t r = 0; r < BQ; r++) w->m[r] = -INFINITY, w->sum[r] = 0.0f;
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
         int64_t at = bh * keys->tiles + j0 / BK;
-        tile_scores(p, b, h, i0, j0, w->qi, keys->kt + at * dp * BK, w->sc);
-        for (int64_t r = 0; r < BQ; r++) {
-            float *row = w->sc + r * BK, top = row_max(row), old = w->m[r];
-            float now = top > old || top != top ? top : old;
-            float kept = now == -INFINITY ? 1.0f : expf(old - now);
-            w->sum[r] = w->sum[r] * kept + row_exp(row, now);
-            w->m[r] = now;
-            if (kept != 1.0f)
-                for (int64_t c = 0; c < dv; c += LANES) store(w->o + r * dv + c, load(w->o + r * dv + c) * kept);
-        }
-        tile_gemm(BQ, dv, BK, w->sc, BK, 1, keys->v + at * BK * dv, dv, w->o, dv, 0);
+        tile_gemm(BK, BQ, dp, keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1);
+        mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
+        online_softmax(w);
+        for (int64_t r = 0; r < BQ; r++)
+            if (w->kept[r] != 1.0f)
+                for (int64_t c = 0; c < dv; c += LANES)
+                    store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
+        tile_gemm(BQ, dv, BK, w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0);
     }
     float *o = out + (bh * p->l + i0) * p->ev;
     for (int64_t r = 0; r < rows; r++) {
@@ -247,15 +268,16 @@ int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s,
                              mask, causal, scale);
     int64_t tiles = (l + BQ - 1) / BQ, work = batch * heads * tiles;
     packed_keys keys = {NULL, NULL, (s + BK - 1) / BK};
-    keys.kt = scratch(batch * heads * keys.tiles * p.dp * BK);
+    keys.k = scratch(batch * heads * keys.tiles * BK * p.dp);
     keys.v = scratch(batch * heads * keys.tiles * BK * p.dv);
     float *own = out ? NULL : scratch(batch * heads * l * ev); /* out not wanted: lse only */
     out = out ? out : own;
-    int failed = !keys.kt || !keys.v || !out;
+    int failed = !keys.k || !keys.v || !out;
 #pragma omp parallel reduction(| : failed)
     {
-        forward_scratch w = {scratch(BQ * p.dp), scratch(BQ * BK), scratch(BQ * p.dv), scratch(BQ), scratch(BQ)};
-        int ok = keys.kt && keys.v && out && w.qi && w.sc && w.o && w.m && w.sum;
+        forward_scratch w = {scratch(p.dp * BQ), scratch(BK * BQ), scratch(BQ * p.dv), scratch(BQ), scratch(BQ),
+                             scratch(BQ)};
+        int ok = keys.k && keys.v && out && w.qt && w.st && w.o && w.m && w.sum && w.kept;
         failed |= !ok;
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < batch * heads * keys.tiles; item++)
@@ -263,9 +285,9 @@ int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s,
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < work; item++)
             if (ok) forward_tile(&p, &keys, item / tiles, item % tiles * BQ, &w, out, lse);
-        free(w.qi), free(w.sc), free(w.o), free(w.m), free(w.sum);
+        free(w.qt), free(w.st), free(w.o), free(w.m), free(w.sum), free(w.kept);
     }
-    free(keys.kt), free(keys.v), free(own);
+    free(keys.k), free(keys.v), free(own);
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
 
@@ -286,7 +308,8 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
     const float *dout = g->dout + b * g->do_bs + h * g->do_hs;
     pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
     pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
-    tile_scores(p, b, h, i0, j0, w->qi, w->kt, w->sc);
+    tile_gemm(BQ, BK, dp, w->qi, dp, 1, w->kt, BK, w->sc, BK, 1);
+    mask_scores(p, b, h, i0, j0, w->sc, BK, 1);
     tile_gemm(BQ, BK, dv, w->doi, dv, 1, w->vt, BK, w->dp, BK, 1);
     for (int64_t r = 0; r < BQ; r++) {
         float *prob = w->sc + r * BK, *grad = w->dp + r * BK;
@@ -318,8 +341,8 @@ static void backward_head(const problem *p, int64_t bh, const backward_scratch *
     for (int64_t j0 = 0; j0 < p->s; j0 += BK) {
         int64_t cols = min64(BK, p->s - j0);
         pack_rows(w->kj, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
-        pack_transposed(w->kt, dp, k + j0 * p->k_rs, p->k_rs, cols, p->e);
-        pack_transposed(w->vt, dv, v + j0 * p->v_rs, p->v_rs, cols, p->ev);
+        pack_transposed(w->kt, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
+        pack_transposed(w->vt, dv, BK, v + j0 * p->v_rs, p->v_rs, cols, p->ev);
         memset(w->dk, 0, sizeof(float) * BK * dp);
         memset(w->dv, 0, sizeof(float) * BK * dv);
         for (int64_t i0 = p->causal ? j0 / BQ * BQ : 0; i0 < p->l; i0 += BQ)
