@@ -3,11 +3,14 @@ scaled_dot_product_attention forward and backward."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
 
 from tensorgraphs.kernels import attention
+from tensorgraphs.kernels.gemm import build
 
 
 def _torch_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, mask: np.ndarray | None,
@@ -80,3 +83,15 @@ def test_huge_finite_scores_match_torch() -> None:
     out, _ = attention.forward(q, k, v)
     expected = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v))).numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_portable_build_matches_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same source built for a CPU without AVX-512 (gcc splits the 16-float vectors into what it has)."""
+    portable = tuple("-march=x86-64-v2" if flag == "-march=native" else flag for flag in build.FLAGS)
+    library = build.load_library(attention.LIBRARY, attention.SOURCES, portable, source_dir=attention.SOURCE_DIR)
+    functions = {}
+    for name, argtypes in (("forward", attention.FORWARD_ARGTYPES), ("backward", attention.BACKWARD_ARGTYPES)):
+        functions[name] = getattr(library, attention.C_FUNCTIONS[name])
+        functions[name].argtypes, functions[name].restype = argtypes, ctypes.c_int
+    monkeypatch.setattr(attention, "_functions", lambda: functions)
+    _check((2, 3, 70, 45, 24, 8), causal=True)
