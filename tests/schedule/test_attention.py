@@ -145,3 +145,20 @@ def test_reshaped_strides_are_numpys(shape: tuple[int, ...], strides: tuple[int,
     except AttributeError:
         expected = None
     assert attention._reshaped_strides(shape, strides, new_shape) == expected
+
+
+def test_logsumexp_alone_is_a_forward_call_without_output() -> None:
+    """A program needing the logsumexp but not the attention (its output computed by an earlier program) makes
+    the forward call with no output buffer."""
+    from tensorgraphs.frontend.tensor import apply_composite
+    from tensorgraphs.nn.functional.attention import ATTENTION_LOGSUMEXP
+
+    q, k, v = _qkv(np.random.default_rng(6), 1, 2, 70, 8)
+    with tg.device("cpu"):
+        lse = apply_composite(ATTENTION_LOGSUMEXP, *map(tg.tensor, (q, k, v)), is_causal=True, scale=0.5)
+        (call,) = _attention_calls([lse])
+        got = lse.numpy()
+    assert call.out is None and call.lse is not None
+    scores = torch.tensor(q) @ torch.tensor(k).transpose(-1, -2) * 0.5
+    expected = torch.logsumexp(scores.masked_fill(torch.ones(70, 70).triu(1).bool(), -torch.inf), -1)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
