@@ -162,3 +162,20 @@ def test_logsumexp_alone_is_a_forward_call_without_output() -> None:
     scores = torch.tensor(q) @ torch.tensor(k).transpose(-1, -2) * 0.5
     expected = torch.logsumexp(scores.masked_fill(torch.ones(70, 70).triu(1).bool(), -torch.inf), -1)
     np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("query_batch, key_batch", [((2, 3), (1, 3)), ((2, 3, 4), (2, 1, 4)), ((2, 3, 4), (1, 3, 1))])
+def test_broadcast_batch_dims_match_torch(query_batch: tuple[int, ...], key_batch: tuple[int, ...]) -> None:
+    """Keys and values broadcast over some batch dims: read with stride 0 where the dims fold into
+    (batch, heads), else materialized first."""
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in
+              ((*query_batch, 20, 8), (*key_batch, 30, 8), (*key_batch, 30, 8))]
+    _compare(arrays, F.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention, 3)
+    with tg.device("cpu"):
+        q, k, v = map(tg.tensor, arrays)
+        (call,) = _attention_calls([F.scaled_dot_product_attention(q, k, v)])
+    if len(query_batch) == 2:  # read in place, the batch broadcast
+        assert (call.batch, call.heads, call.k.strides[:2]) == (2, 3, (0, 30 * 8))
+    else:  # three dims do not fold into two: contiguous copies, one dim of 24 problems
+        assert (call.batch, call.heads, call.k.strides[1]) == (1, 24, 30 * 8)
