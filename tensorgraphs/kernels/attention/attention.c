@@ -10,16 +10,21 @@
  *
  * The scale multiplies the product q k^T, not q: a product that overflows is infinite, as torch's.
  *
- * Forward: parallel over (batch*head, query tile); per key tile, S = scale * Q K^T (+ mask), the running row
- * max m and sum l of the online softmax, O = O * exp(m_old - m_new) + P V. lse = m + log(l).
- * Backward: parallel over batch*head; per key tile j (outer) and query tile i: P = exp(S - lse),
- * dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
- * dQ_i += scale dS K_j into a per-head accumulator, so no two threads write one output row. */
+ * Forward: parallel over (batch*head, query tile); per key tile, S^T = scale * K Q^T (+ mask) with the queries
+ * in vector lanes, each query's running max m and sum l (online softmax), O = O * exp(m_old - m_new) + P V;
+ * lse = m + log(l).
+ * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread); per key
+ * tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
+ * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added atomically when a head is
+ * split into key chunks). */
 #include "attention.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define BQ 64 /* queries per tile */
 #define BK 64 /* keys per tile */
@@ -328,7 +333,20 @@ static void store_rows(float *dst, const float *src, int64_t ld, int64_t rows, i
         for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = src[r * ld + c] * factor;
 }
 
-static void backward_head(const problem *p, int64_t bh, const backward_scratch *w, const gradients *g) {
+/* dst (rows x cols, contiguous) += src (rows ld apart) times factor, atomically: several key chunks of one head
+ * add their parts of dq. */
+static void add_rows_atomically(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                                float factor) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+#pragma omp atomic
+            dst[r * cols + c] += src[r * ld + c] * factor;
+        }
+}
+
+/* The gradients from key tiles [first, end) of head bh; `shared` when other chunks of the head add to dq too. */
+static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t end, int shared,
+                           const backward_scratch *w, const gradients *g) {
     int64_t b = bh / p->heads, h = bh % p->heads, dp = p->dp, dv = p->dv;
     const float *k = p->k + b * p->k_bs + h * p->k_hs, *v = p->v + b * p->v_bs + h * p->v_hs;
     const float *out = g->out + bh * p->l * p->ev, *dout = g->dout + b * g->do_bs + h * g->do_hs;
@@ -338,7 +356,7 @@ static void backward_head(const problem *p, int64_t bh, const backward_scratch *
         w->d[i] = total;
     }
     if (g->dq) memset(w->dq, 0, sizeof(float) * round_up(p->l, BQ) * dp);
-    for (int64_t j0 = 0; j0 < p->s; j0 += BK) {
+    for (int64_t j0 = first * BK; j0 < min64(p->s, end * BK); j0 += BK) {
         int64_t cols = min64(BK, p->s - j0);
         pack_rows(w->kj, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
         pack_transposed(w->kt, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
@@ -350,7 +368,16 @@ static void backward_head(const problem *p, int64_t bh, const backward_scratch *
         if (g->dk) store_rows(g->dk + (bh * p->s + j0) * p->e, w->dk, dp, cols, p->e, p->scale);
         if (g->dv) store_rows(g->dv + (bh * p->s + j0) * p->ev, w->dv, dv, cols, p->ev, 1.0f);
     }
-    if (g->dq) store_rows(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+    if (g->dq && shared) add_rows_atomically(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+    else if (g->dq) store_rows(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+}
+
+static int64_t max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
@@ -364,6 +391,11 @@ int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s
     problem p = make_problem(heads, l, s, e, ev, q, q_bs, q_hs, q_rs, k, k_bs, k_hs, k_rs, v, v_bs, v_hs, v_rs,
                              mask, causal, scale);
     gradients g = {out, lse, dout, do_bs, do_hs, do_rs, dq, dk, dv};
+    /* Work items are heads; with fewer than two per thread, each head's key tiles are split into chunks too */
+    int64_t problems = batch * heads, key_tiles = (s + BK - 1) / BK, threads = max_threads();
+    int64_t chunks = problems >= 2 * threads ? 1 : min64(key_tiles, (2 * threads + problems - 1) / problems);
+    int64_t per_chunk = (key_tiles + chunks - 1) / chunks;
+    if (chunks > 1 && dq) memset(dq, 0, sizeof(float) * problems * l * e);
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -375,8 +407,11 @@ int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s
         for (size_t i = 0; i < sizeof w / sizeof(float *); i++) ok &= all[i] != NULL;
         failed |= !ok;
 #pragma omp for schedule(dynamic)
-        for (int64_t bh = 0; bh < batch * heads; bh++)
-            if (ok) backward_head(&p, bh, &w, &g);
+        for (int64_t item = 0; item < problems * chunks; item++)
+            if (ok) {
+                int64_t first = item % chunks * per_chunk;
+                backward_chunk(&p, item / chunks, first, first + per_chunk, chunks > 1, &w, &g);
+            }
         for (size_t i = 0; i < sizeof w / sizeof(float *); i++) free(all[i]);
     }
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
