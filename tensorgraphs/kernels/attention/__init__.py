@@ -59,7 +59,7 @@ def _heads(op: str, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
     if x.ndim != 4:
         fail(op, f"expected (batch, heads, rows, cols) arrays, got shape {x.shape}")
     x = np.asarray(x, np.float32)
-    if x.shape[-1] > 1 and x.strides[-1] != 4 or any(s % 4 for s in x.strides):
+    if (x.shape[-1] > 1 and x.strides[-1] != 4) or any(s % 4 for s in x.strides):
         x = np.ascontiguousarray(x)
     return x, [s // 4 for s in x.strides[:3]]
 
