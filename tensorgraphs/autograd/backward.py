@@ -55,8 +55,11 @@ def _input_grads(node: Node, grad: Tensor) -> tuple[Tensor | None, ...]:
         if node.op.grad is not None:
             return node.op.grad(Tensor(node), grad, *inputs, **params_of(node))
 
-        grads = vjp([decompose(node)], [grad.node], list(node.src))
-        return tuple(None if gr is None else Tensor(gr) for gr in grads)
+        # a node read at two positions (attention(x, x, x)) gets its whole gradient once, not once per position
+        distinct = list(dict.fromkeys(node.src))
+        total = dict(zip(distinct, vjp([decompose(node)], [grad.node], distinct)))
+        first = {src: position for position, src in reversed(list(enumerate(node.src)))}
+        return tuple(None if total[s] is None or first[s] != i else Tensor(total[s]) for i, s in enumerate(node.src))
     rule = GRAD_RULES.get(node.op)
     if rule is None:
         return (None,) * len(node.src)

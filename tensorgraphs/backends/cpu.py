@@ -31,12 +31,12 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, render_program, uses_gemm
+from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, render_program, uses_attention, uses_gemm
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import gemm
+from tensorgraphs.kernels import attention, gemm
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -85,7 +85,8 @@ class Program:
             print(source, file=sys.stderr)
         self.source = source
         self._buffer_names = [b.name for b in schedule.buffers]
-        self._link = link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()
+        self._link = (link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()) + (
+            link_library(attention.library_path()) if uses_attention(self.kernels) else ())
         library = load(source, self._link)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]

@@ -31,6 +31,7 @@ from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.compiler import UNIT_BREAK
 from tensorgraphs.codegen.loop_ir import (
     Accumulate,
+    AttentionCall,
     GemmCall,
     Kernel,
     Let,
@@ -43,12 +44,13 @@ from tensorgraphs.codegen.loop_ir import (
     Ref,
     Stmt,
     Store,
+    StridedOperand,
     TransposeLocal,
     walk,
 )
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import gemm
+from tensorgraphs.kernels import attention, gemm
 
 
 def _pi(digits: int = 120) -> Fraction:
@@ -339,6 +341,8 @@ class KernelRenderer:
             return self.reduce(stmt, depth)
         if isinstance(stmt, GemmCall):
             return [pad + gemm_call(stmt, self.array)]
+        if isinstance(stmt, AttentionCall):
+            return [pad + attention_call(stmt, self.array)]
         if isinstance(stmt, Local):
             self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
             return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}] __attribute__((aligned({CACHE_LINE})));"]
@@ -509,6 +513,32 @@ def uses_gemm(kernels: list[Kernel]) -> bool:
     return any(isinstance(stmt, GemmCall) for kernel in kernels for stmt in kernel.body)
 
 
+def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
+    """The fused attention library call (attention.h); its status is 0 unless scratch memory ran out."""
+
+    def operand(given: StridedOperand) -> list[object]:
+        return [f"{array[given.buffer]} + {given.offset}" if given.offset else array[given.buffer], *given.strides]
+
+    def output(name: str | None) -> str:
+        return array[name] if name else "NULL"
+
+    mask = operand(call.mask) if call.mask else ["NULL", 0, 0, 0, 0]
+    mask_struct = f"(tg_attention_mask){{{', '.join(map(str, mask))}, {attention.MASK_KINDS[call.mask_kind]}}}"
+    args = [call.batch, call.heads, call.queries, call.keys, call.dim, call.value_dim, *operand(call.q),
+            *operand(call.k), *operand(call.v), mask_struct, int(call.causal), literal(call.scale, dtypes.float32)]
+    if call.backward:
+        assert call.out and call.lse and call.dout
+        args += [array[call.out], array[call.lse], *operand(call.dout), *map(output, (call.dq, call.dk, call.dv))]
+        return f"(void)tg_attention_backward_f32({', '.join(map(str, args))});"
+    args += [output(call.out), output(call.lse)]
+    return f"(void)tg_attention_forward_f32({', '.join(map(str, args))});"
+
+
+def uses_attention(kernels: list[Kernel]) -> bool:
+    """Whether the program calls the attention library (it is then linked against it)."""
+    return any(isinstance(stmt, AttentionCall) for kernel in kernels for stmt in kernel.body)
+
+
 def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
     """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
     (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
@@ -521,6 +551,7 @@ def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = Fals
     `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
     """
     gemm_header = f'#include "{gemm.HEADER}"\n' if uses_gemm(kernels) else ""
+    gemm_header += f'#include "{attention.HEADER}"\n' if uses_attention(kernels) else ""
     parts = [PREAMBLE + gemm_header + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
     declarations = []
     calls = []

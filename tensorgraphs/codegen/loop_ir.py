@@ -216,7 +216,66 @@ class GemmCall:
         return f"{self.c}{list(self.c_strides)} = {product}{epilogue}"
 
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall
+@dataclass(frozen=True)
+class StridedOperand:
+    """An array read in place: element (b, h, i[, j]) at buffer[offset + b*strides[0] + h*strides[1] + ...], the
+    last axis not listed when its stride is 1."""
+
+    buffer: str
+    offset: int
+    strides: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"{_at_offset(self.buffer, self.offset)}{list(self.strides)}"
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """Fused scaled-dot-product attention by `tensorgraphs.kernels.attention` (attention.h), float32, over
+    `batch` x `heads` problems of `queries` queries and `keys` keys, head dims `dim` (q, k) and `value_dim` (v).
+
+    Forward: writes `out` and `lse` (each may be None: not wanted). Backward: reads `out`, `lse` and `dout`
+    and writes `dq`, `dk`, `dv` (those not None). Outputs are contiguous buffers. `mask_kind` is "none",
+    "bool" or "add" (attention.h)."""
+
+    batch: int
+    heads: int
+    queries: int
+    keys: int
+    dim: int
+    value_dim: int
+    q: StridedOperand
+    k: StridedOperand
+    v: StridedOperand
+    mask: StridedOperand | None
+    mask_kind: str
+    causal: bool
+    scale: float
+    backward: bool
+    out: str | None = None
+    lse: str | None = None
+    dout: StridedOperand | None = None
+    dq: str | None = None
+    dk: str | None = None
+    dv: str | None = None
+
+    def __repr__(self) -> str:
+        operands = [f"{name}={getattr(self, name)!r}" for name in ("q", "k", "v", "mask", "dout")
+                    if getattr(self, name) is not None]
+        flags = f"{self.mask_kind} mask{', causal' if self.causal else ''}, scale {self.scale!r}"
+        sizes = f"[{self.batch}x{self.heads}x{self.queries}x{self.keys}]"
+        if self.backward:
+            written = ", ".join(f"{name}={getattr(self, name)}" for name in ("dq", "dk", "dv") if getattr(self, name))
+            return (f"{written} = attention_backward{sizes}({', '.join(operands)}, out={self.out}, lse={self.lse}; "
+                    f"{flags})")
+        written = ", ".join(f"{name}={getattr(self, name)}" for name in ("out", "lse") if getattr(self, name))
+        return f"{written} = attention{sizes}({', '.join(operands)}; {flags})"
+
+
+LIBRARY_CALLS = (GemmCall, AttentionCall)
+"""Statements that call a hand-written kernel library: a whole kernel's work, never a cheap elementwise pass."""
+
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall
 
 
 @dataclass
@@ -269,6 +328,8 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     Store: ("buffer",),
     GemmCall: ("a", "b", "c"),
     GemmEpilogue: ("bias", "residual"),
+    StridedOperand: ("buffer",),
+    AttentionCall: ("out", "lse", "dq", "dk", "dv"),
 }
 """The fields of loop IR statements that name a buffer."""
 
@@ -280,4 +341,7 @@ def rename_buffer(stmt: Any, old: str, new: str) -> Any:
     changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}
     if isinstance(stmt, GemmCall):
         changes["epilogue"] = rename_buffer(stmt.epilogue, old, new)
+    if isinstance(stmt, AttentionCall):
+        changes.update({name: rename_buffer(operand, old, new) for name in ("q", "k", "v", "mask", "dout")
+                        if (operand := getattr(stmt, name)) is not None})
     return dataclasses.replace(stmt, **changes) if changes else stmt

@@ -1,1 +1,2 @@
-"""Hand-written native kernels (GEMM, convolution, BLAS) that generated programs call by their C names."""
+"""Hand-written native kernels (GEMM, convolution, BLAS, fused attention) that generated programs call by their C
+names."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, Reduce, rename_buffer, walk
+from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Reduce, rename_buffer, walk
 from tensorgraphs.memory.liveness import Lifetime, temporaries
 from tensorgraphs.memory.packing import live_profile
 from tensorgraphs.schedule.fusion import BufferSpec, Schedule
@@ -32,9 +32,9 @@ from tensorgraphs.schedule.fusion import BufferSpec, Schedule
 MAX_ROUNDS = 8
 
 def is_cheap(kernel: Kernel) -> bool:
-    """One pass over its elements (no GEMM call, no reduction): running it again costs about what streaming
+    """One pass over its elements (no library call, no reduction): running it again costs about what streaming
     its buffers costs."""
-    return not any(isinstance(stmt, (GemmCall, Reduce)) for stmt in walk(kernel.body))
+    return not any(isinstance(stmt, (*LIBRARY_CALLS, Reduce)) for stmt in walk(kernel.body))
 
 
 def renamed(kernel: Kernel, old: str, new: str, name: str | None = None) -> Kernel | None:

@@ -4,8 +4,9 @@ Steps, each a plain function:
 
 1. `to_primitive`: every composite is replaced by its reference decomposition
    (recursively), except float32 matrix products the GEMM library runs (`schedule.extern`:
-   kept whole, their operands and result materialized) and scans (cumsum, cumprod: kept whole
-   and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
+   kept whole, their operands and result materialized), attentions the fused attention kernel runs
+   (`schedule.attention`: likewise, its operands read in place through strided views) and scans
+   (cumsum, cumprod: kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
    product's elementwise consumers that the GEMM applies itself (bias, activation, residual,
    scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
@@ -53,10 +54,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, Local, Reduce, Store, TransposeLocal, walk
+from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Local, Reduce, Store, TransposeLocal, walk
 from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
+from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, runs_as_fused_attention
 from tensorgraphs.schedule.extern import (
     GemmLowering,
     fuse_epilogues,
@@ -111,6 +113,10 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
                 forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
+            elif runs_as_fused_attention(node):
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
+                forced.add(memo[node])
+                forced.update(b for b in operand_bases(memo[node], is_input) if not is_input(b))
             elif runs_as_scan(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
@@ -155,7 +161,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     materialized |= too_deep_to_inline(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
-    lowered: dict[Node, Lowering | GemmLowering] = {}
+    lowered: dict[Node, Lowering | GemmLowering | AttentionLowering] = {}
     added = set(materialized)
     while True:
         buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
@@ -164,7 +170,8 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
         for n in computed:  # a lowering changes only when a node it visited got a buffer
             previous = lowered.get(n)
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
-                lower = GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node
+                lower = (AttentionLowering if runs_as_fused_attention(n) else
+                         GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
         recomputed = set().union(*(low.recomputed for low in lowerings))
@@ -176,10 +183,12 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
         materialized |= added
     homes = store_in_consumers(computed, lowered, names, order, materialized, leaf, set(primitive_roots))
     kernels = [homes.get(n, lowered[n]).kernel() for n in computed if n not in homes or homes[n] is not None]
+    kernels = [kernel for kernel in kernels if kernel.body]  # a node another kernel's library call computes
     return Schedule(kernels, buffers, [names[r] for r in primitive_roots])
 
 
-def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | GemmLowering], names: dict[Node, str],
+def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | GemmLowering | AttentionLowering],
+                       names: dict[Node, str],
                        order: list[Node], materialized: set[Node], leaf: IsInput,
                        outputs: set[Node]) -> dict[Node, Lowering | None]:
     """Kernels that also compute and store buffers their own kernels would write: node -> its new lowering, or
@@ -251,7 +260,7 @@ def _plain(kernel: Kernel) -> bool:
     reading it at the same index can compute on the way."""
     stores = [s for s in walk(kernel.body) if isinstance(s, Store)]
     return (len(stores) == 1 and not stores[0].accumulate
-            and not any(isinstance(s, (Reduce, Local, TransposeLocal, GemmCall)) for s in walk(kernel.body)))
+            and not any(isinstance(s, (Reduce, Local, TransposeLocal, *LIBRARY_CALLS)) for s in walk(kernel.body)))
 
 
 def _final_home(rider: Node, home: dict[Node, Node]) -> Node:

@@ -348,3 +348,17 @@ def test_one_leaf_read_through_two_buffers_sums_both(gradient_graphs_built: list
         (before * w).sum().backward()
         np.testing.assert_array_equal(w.grad.numpy(), [3.0 * 5.0 + 3.0 * 1.0, 3.0 * 7.0 + 3.0 * 2.0])
     assert len(gradient_graphs_built) == 1
+
+
+def test_composite_reading_one_node_twice_gets_its_gradient_once() -> None:
+    """A composite without a gradient rule is differentiated through its decomposition; a node at two of its
+    positions must receive d/dx (x * x) = 2x, not twice that."""
+    from tensorgraphs.frontend.tensor import apply_composite
+    from tensorgraphs.graph.composite import Composite
+
+    square = Composite("test_product_of_two", lambda a, b: (a.dtype, a.shape), lambda a, b: a * b)
+    x = tg.tensor(np.array([1.0, -2.0, 3.0], np.float32), requires_grad=True)
+    apply_composite(square, x, x).sum().backward()
+    expected = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    (expected * expected).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected.grad.numpy())

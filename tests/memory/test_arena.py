@@ -59,9 +59,12 @@ def test_debug_memory_prints_the_plan(handoff_roots: list[Node], monkeypatch: py
     assert f"memory: arena {program.memory.arena_bytes} bytes" in printed and f"{output} overwrites {donor}" in printed
 
 
-def test_two_layer_training_step_arena_is_at_most_30_percent_of_naive(two_layer_training: TransformerStep) -> None:
+def test_two_layer_training_step_arena_is_at_most_30_percent_of_naive(two_layer_training: TransformerStep,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's target on the benchmark's step (bench/memory.py) at small sizes, where the share is about the
-    same (25% here, 27% at full size); the planned, recomputing, poisoned program still computes the step."""
+    same (25% here, 27% at full size); the planned, recomputing, poisoned program still computes the step. The
+    target was set with the attention decomposed (fused, the scores are not stored: less arena, and less naive)."""
+    monkeypatch.setenv("TG_ATTENTION", "0")
     step = tg.compile(two_layer_training)
     got = step(two_layer_training.x, two_layer_training.target)
     stats = step.stats

@@ -182,7 +182,9 @@ def test_training_step_fuses_bias_keeps_pre_activations_and_adds_no_kernel(monke
 def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/memory.py's pre-LN layer, small: out_proj and the second FFN linear take bias and residual, the first
     FFN linear its bias (relu's backward reads the pre-activation), the q and v projections theirs (blocks of
-    in_proj_bias; k's is added after the heads' transpose), the attention scores their scale."""
+    in_proj_bias; k's is added after the heads' transpose), the attention scores their scale (the attention
+    decomposed: fused, its scores are never a product of their own)."""
+    monkeypatch.setenv("TG_ATTENTION", "0")
     tg.manual_seed(0)
     layer = tg.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
     x, target = tg.tensor(_floats((2, 8, 16), 10)), tg.tensor(_floats((2, 8, 16), 11))

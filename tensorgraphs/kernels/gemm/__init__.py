@@ -81,7 +81,7 @@ def _element_strides(array: np.ndarray) -> tuple[int, ...]:
     return tuple(stride // 4 for stride in array.strides)
 
 
-def _merge_batch_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[tuple[int, list[int]]]:
+def merge_batch_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[tuple[int, list[int]]]:
     """Adjacent batch dims that every operand walks with one stride become one dim: [(size, strides)]."""
     merged: list[tuple[int, list[int]]] = []
     for dim, size in enumerate(shape):
@@ -174,7 +174,7 @@ def bind_gemm(
     _check_activations("matmul", activation=activation, a_prologue=a_prologue, b_prologue=b_prologue)
     operands, (m, n, k) = _gemm_operands(a, b, bias, residual, out)
     strides = [_element_strides(operand) for operand in operands]
-    dims = _merge_batch_dims(operands[2].shape[:-2], [s[:-2] for s in strides])
+    dims = merge_batch_dims(operands[2].shape[:-2], [s[:-2] for s in strides])
     inner_size, inner_strides = dims.pop() if dims else (1, [0] * len(operands))
     calls = []
     for outer in np.ndindex(*(size for size, _ in dims)):

@@ -39,28 +39,31 @@ def compiler_version(compiler: str = COMPILER) -> str:
     return result.stdout.splitlines()[0]
 
 
-def library_path(name: str, sources: tuple[str, ...], flags: tuple[str, ...], link: tuple[str, ...]) -> Path:
-    """Where the library built from `sources` with `flags` lives in the cache (whether built or not)."""
+def library_path(name: str, sources: tuple[str, ...], flags: tuple[str, ...], link: tuple[str, ...],
+                 source_dir: Path = SOURCE_DIR) -> Path:
+    """Where the library built from `sources` (in `source_dir`) with `flags` lives in the cache (whether built or
+    not)."""
     digest = hashlib.sha256(compiler_version().encode())
     for part in (*flags, *sources, *link):
         digest.update(part.encode() + b"\0")
-    for file in sorted(SOURCE_DIR.glob("*.[ch]")):
+    for file in sorted(source_dir.glob("*.[ch]")):
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return cache_dir() / "kernels" / f"{name}-{digest.hexdigest()[:20]}.so"
 
 
 def build_library(
-    name: str, sources: tuple[str, ...], flags: tuple[str, ...] = FLAGS, link: tuple[str, ...] = ()
+    name: str, sources: tuple[str, ...], flags: tuple[str, ...] = FLAGS, link: tuple[str, ...] = (),
+    source_dir: Path = SOURCE_DIR,
 ) -> Path:
-    """Compile `sources` (file names in this folder) unless the cache already holds the result; `link` comes
-    after the sources (libraries to link against)."""
-    target = library_path(name, sources, flags, link)
+    """Compile `sources` (file names in `source_dir`, this folder by default) unless the cache already holds the
+    result; `link` comes after the sources (libraries to link against)."""
+    target = library_path(name, sources, flags, link, source_dir)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(handle)
-    command = [COMPILER, *flags, *(str(SOURCE_DIR / source) for source in sources), *link, "-o", scratch]
+    command = [COMPILER, *flags, *(str(source_dir / source) for source in sources), *link, "-o", scratch]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         os.unlink(scratch)
@@ -71,7 +74,8 @@ def build_library(
 
 @functools.cache
 def load_library(
-    name: str, sources: tuple[str, ...], flags: tuple[str, ...] = FLAGS, link: tuple[str, ...] = ()
+    name: str, sources: tuple[str, ...], flags: tuple[str, ...] = FLAGS, link: tuple[str, ...] = (),
+    source_dir: Path = SOURCE_DIR,
 ) -> ctypes.CDLL:
     """Build (first use only) and load the library; one handle per process."""
-    return ctypes.CDLL(str(build_library(name, sources, flags, link)))
+    return ctypes.CDLL(str(build_library(name, sources, flags, link, source_dir)))

@@ -23,24 +23,80 @@ def _attention_infer(q: Tensor, k: Tensor, v: Tensor, *mask: Tensor, is_causal: 
     return q.dtype, q.shape[:-1] + v.shape[-1:]
 
 
-def _attention_decomposition(q: Tensor, k: Tensor, v: Tensor, *mask: Tensor, is_causal: bool, scale: float,
-                             dropout_p: float = 0.0) -> Tensor:
-    """Rows whose scores are all -inf (fully masked) give zeros, as torch's safe softmax (and no NaN gradient)."""
+def _masked_scores(q: Tensor, k: Tensor, *mask: Tensor, is_causal: bool, scale: float) -> Tensor:
     scores = ew.mul(linalg.matmul(q, mv.mT(k)), scale)
     if is_causal:
         allowed = mv.tril(Tensor(g.const(True, dtypes.bool_, scores.shape[-2:])))
         scores = ew.where(allowed, scores, -math.inf)
     for m in mask:
         scores = ew.where(m, scores, -math.inf) if m.dtype.is_bool else ew.add(scores, m)
+    return scores
+
+
+def _attention_weights(q: Tensor, k: Tensor, *mask: Tensor, is_causal: bool, scale: float) -> Tensor:
+    """Rows whose scores are all -inf (fully masked) weigh nothing, as torch's safe softmax (and no NaN gradient)."""
+    scores = _masked_scores(q, k, *mask, is_causal=is_causal, scale=scale)
     fully_masked = rd.all(ew.eq(scores, -math.inf), -1, keepdim=True)
-    weights = ew.where(fully_masked, 0.0, softmax(ew.where(fully_masked, 0.0, scores), -1))
+    return ew.where(fully_masked, 0.0, softmax(ew.where(fully_masked, 0.0, scores), -1))
+
+
+def _attention_decomposition(q: Tensor, k: Tensor, v: Tensor, *mask: Tensor, is_causal: bool, scale: float,
+                             dropout_p: float = 0.0) -> Tensor:
+    weights = _attention_weights(q, k, *mask, is_causal=is_causal, scale=scale)
     if dropout_p:
         weights = dropout(weights, dropout_p)
     return linalg.matmul(weights, v)
 
 
+def _logsumexp_decomposition(q: Tensor, k: Tensor, v: Tensor, *mask: Tensor, is_causal: bool, scale: float) -> Tensor:
+    """Per query, the logsumexp of its scores: -inf for a fully masked row."""
+    return rd.logsumexp(_masked_scores(q, k, *mask, is_causal=is_causal, scale=scale), -1)
+
+
+def _backward_infer(q: Tensor, k: Tensor, v: Tensor, *rest: Tensor, is_causal: bool, scale: float, wrt: int) -> tuple:
+    return q.dtype, (q, k, v, *rest[:-3])[wrt].shape
+
+
+def _backward_decomposition(q: Tensor, k: Tensor, v: Tensor, *rest: Tensor, is_causal: bool, scale: float,
+                            wrt: int) -> Tensor:
+    """The gradient of the attention with respect to its input number `wrt` (q, k, v, mask), given the gradient
+    of its output (the last source; the output and its logsumexp before it are what a fused kernel reads)."""
+    *mask, _, _, grad = rest
+    weights = _attention_weights(q, k, *mask, is_causal=is_causal, scale=scale)
+    if wrt == 2:
+        return linalg.matmul(mv.mT(weights), grad)
+    grad_weights = linalg.matmul(grad, mv.mT(v))
+    grad_scores = ew.mul(weights, ew.sub(grad_weights, rd.sum(ew.mul(weights, grad_weights), -1, keepdim=True)))
+    if wrt == 3:
+        return grad_scores
+    return ew.mul(linalg.matmul(grad_scores, k) if wrt == 0 else linalg.matmul(mv.mT(grad_scores), q), scale)
+
+
+ATTENTION_LOGSUMEXP = register(
+    Composite("scaled_dot_product_attention_logsumexp", lambda q, *_, **__: (q.dtype, q.shape[:-1]),
+              _logsumexp_decomposition)
+)
+"""What a fused attention's forward pass saves for its backward pass (the same sources as the attention)."""
+
+ATTENTION_BACKWARD = register(Composite("scaled_dot_product_attention_backward", _backward_infer,
+                                        _backward_decomposition))
+"""One input's gradient; sources (q, k, v, *mask, out, logsumexp, grad_out), so a fused kernel computes the
+gradients of q, k and v (the nodes sharing these sources) in one pass."""
+
+
+def _attention_grad(out: Tensor, grad: Tensor, q: Tensor, k: Tensor, v: Tensor, *mask: Tensor, is_causal: bool,
+                    scale: float) -> tuple[Tensor | None, ...]:
+    params = {"is_causal": is_causal, "scale": scale}
+    lse = apply_composite(ATTENTION_LOGSUMEXP, q, k, v, *mask, **params)
+    sources = (q, k, v, *mask, out, lse, grad)
+    grads = tuple(apply_composite(ATTENTION_BACKWARD, *sources, wrt=i, **params) for i in range(3))
+    mask_grads = tuple(None if m.dtype.is_bool else apply_composite(ATTENTION_BACKWARD, *sources, wrt=3, **params)
+                       for m in mask)
+    return grads + mask_grads
+
+
 SCALED_DOT_PRODUCT_ATTENTION = register(
-    Composite("scaled_dot_product_attention", _attention_infer, _attention_decomposition)
+    Composite("scaled_dot_product_attention", _attention_infer, _attention_decomposition, _attention_grad)
 )
 
 

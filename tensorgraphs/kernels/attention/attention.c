@@ -1,0 +1,418 @@
+/* Fused attention (see attention.h for the contract).
+ *
+ * Written with GCC vector extensions (16 floats, one AVX-512 register): with -march=native on an AVX-512 machine
+ * they compile to zmm instructions, elsewhere gcc splits them into what the target has, so one source is both
+ * the fast and the portable kernel.
+ *
+ * Every tile is packed into zero-padded scratch (BQ or BK rows, head dims rounded up to 16 floats), so the tile
+ * products always run on whole registers; padded keys score -inf, padded query rows are never stored, and
+ * their zero dout rows add nothing to the gradients.
+ *
+ * The scale multiplies the product q k^T, not q: a product that overflows is infinite, as torch's.
+ *
+ * Forward: parallel over (batch*head, query tile); per key tile, S^T = scale * K Q^T (+ mask) with the queries
+ * in vector lanes, each query's running max m and sum l (online softmax), O = O * exp(m_old - m_new) + P V;
+ * lse = m + log(l).
+ * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread); per key
+ * tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
+ * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added atomically when a head is
+ * split into key chunks). */
+#include "attention.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BQ 64 /* queries per tile */
+#define BK 64 /* keys per tile */
+#define LANES 16
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 load(const float *p) { return *(const v16u *)p; }
+static inline void store(float *p, v16 x) { *(v16u *)p = x; }
+static inline v16 splat(float x) { return (v16){0} + x; }
+static inline v16 pick(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* 2^x, as the generated programs' tg_exp2f (c_preamble.h): <= 1 ulp, 0 below -151, NaN stays NaN. */
+static inline v16 vexp2(v16 x) {
+    v16 c = pick(x < splat(-151.0f), splat(-151.0f), x);
+    c = pick(c > splat(129.0f), splat(129.0f), c);
+    v16 k = (c + 12582912.0f) - 12582912.0f;
+    v16 f = c - k;
+    v16 p = splat(1.53375804e-4f);
+    p = p * f + 1.33998658e-3f;
+    p = p * f + 9.61851981e-3f;
+    p = p * f + 5.55032901e-2f;
+    p = p * f + 2.40226462e-1f;
+    p = p * f + 6.93147182e-1f;
+    p = p * f + 1.0f;
+    v16i n = __builtin_convertvector(k, v16i);
+    v16i half = n >> 1;
+    return p * (v16)((half + 127) << 23) * (v16)((n - half + 127) << 23);
+}
+
+#define LOG2E 1.44269504088896341f
+
+/* c (mr x 16nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x 16nv, rows ldb apart). */
+static inline __attribute__((always_inline)) void tile_block(const int mr, const int nv, int64_t kk,
+                                                             const float *a, int64_t ars, int64_t aks,
+                                                             const float *b, int64_t ldb, float *c, int64_t ldc,
+                                                             int zero) {
+    v16 acc[6][4];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = zero ? splat(0.0f) : load(c + r * ldc + LANES * v);
+    for (int64_t x = 0; x < kk; x++) {
+        v16 bv[4];
+        for (int v = 0; v < nv; v++) bv[v] = load(b + x * ldb + LANES * v);
+        for (int r = 0; r < mr; r++) {
+            v16 av = splat(a[r * ars + x * aks]);
+            for (int v = 0; v < nv; v++) acc[r][v] += av * bv[v];
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < nv; v++) store(c + r * ldc + LANES * v, acc[r][v]);
+}
+
+#define BLOCK(MR, NV) \
+    case (MR) * 8 + (NV): tile_block(MR, NV, kk, ai, ars, aks, bj, ldb, cij, ldc, zero); break;
+#define BLOCKS(MR) BLOCK(MR, 1) BLOCK(MR, 2) BLOCK(MR, 3) BLOCK(MR, 4)
+
+/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of 16 (padded tiles). */
+static void tile_gemm(int64_t m, int64_t n, int64_t kk, const float *a, int64_t ars, int64_t aks, const float *b,
+                      int64_t ldb, float *c, int64_t ldc, int zero) {
+    for (int64_t j = 0; j < n; j += 4 * LANES) {
+        int nv = (int)min64(4, (n - j) / LANES);
+        for (int64_t i = 0; i < m; i += 6) {
+            int mr = (int)min64(6, m - i);
+            const float *ai = a + i * ars, *bj = b + j;
+            float *cij = c + i * ldc + j;
+            switch (mr * 8 + nv) {
+                BLOCKS(1) BLOCKS(2) BLOCKS(3) BLOCKS(4) BLOCKS(5) BLOCKS(6)
+            }
+        }
+    }
+}
+
+typedef struct {
+    int64_t heads, l, s, e, ev, dp, dv;
+    const float *q, *k, *v;
+    int64_t q_bs, q_hs, q_rs, k_bs, k_hs, k_rs, v_bs, v_hs, v_rs;
+    tg_attention_mask mask;
+    int32_t causal;
+    float scale;
+} problem;
+
+/* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere. */
+static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *src, int64_t rs, int64_t rows,
+                      int64_t cols) {
+    memset(dst, 0, sizeof(float) * tile_rows * ld);
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
+}
+
+/* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
+static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
+                            int64_t cols) {
+    memset(dst, 0, sizeof(float) * ld * width);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
+}
+
+/* The scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
+ * S = Q_i K_j^T, or its transpose), times scale plus the mask; -inf for keys beyond s, masked out or after the
+ * query (causal). */
+static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, float *sc, int64_t rs,
+                        int64_t cs) {
+    int64_t cols = min64(BK, p->s - j0), rows = min64(BQ, p->l - i0);
+    for (int64_t x = 0; x < BQ * BK; x += LANES) store(sc + x, load(sc + x) * p->scale);
+    for (int64_t r = 0; r < BQ; r++)
+        for (int64_t c = cols; c < BK; c++) sc[r * rs + c * cs] = -INFINITY;
+    if (p->causal && j0 + BK - 1 > i0)
+        for (int64_t r = 0; r < BQ; r++)
+            for (int64_t c = i0 + r + 1 - j0 > 0 ? i0 + r + 1 - j0 : 0; c < cols; c++) sc[r * rs + c * cs] = -INFINITY;
+    if (p->mask.kind == TG_MASK_NONE) return;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t at = b * p->mask.bs + h * p->mask.hs + (i0 + r) * p->mask.rs + j0 * p->mask.cs, mc = p->mask.cs;
+        float *row = sc + r * rs;
+        if (p->mask.kind == TG_MASK_BOOL) {
+            const uint8_t *m = (const uint8_t *)p->mask.data + at;
+            for (int64_t c = 0; c < cols; c++) row[c * cs] = m[c * mc] ? row[c * cs] : -INFINITY;
+        } else {
+            const float *m = (const float *)p->mask.data + at;
+            for (int64_t c = 0; c < cols; c++) row[c * cs] += m[c * mc];
+        }
+    }
+}
+
+/* row = exp(row - shift) (zeros when shift is -inf: nothing attended); returns its sum. */
+static float row_exp(float *row, float shift) {
+    if (shift == -INFINITY) {
+        memset(row, 0, sizeof(float) * BK);
+        return 0.0f;
+    }
+    v16 sum = splat(0.0f);
+    for (int64_t c = 0; c < BK; c += LANES) {
+        /* (x - shift) * log2(e), not x * log2(e) - shift * log2(e): contracted into an fma, the latter leaves
+         * shift's rounding error, which is huge for huge scores */
+        v16 x = vexp2((load(row + c) - shift) * LOG2E);
+        store(row + c, x);
+        sum += x;
+    }
+    float total = 0.0f;
+    for (int i = 0; i < LANES; i++) total += sum[i];
+    return total;
+}
+
+typedef struct {
+    float *qt, *st, *o, *m, *sum, *kept;
+} forward_scratch;
+
+/* The keys and values of every head, per key tile (BK x dp and BK x dv blocks), packed once: each is read by
+ * every query tile of its head. */
+typedef struct {
+    float *k, *v;
+    int64_t tiles;
+} packed_keys;
+
+static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t tile) {
+    int64_t b = bh / p->heads, h = bh % p->heads, j0 = tile * BK, cols = min64(BK, p->s - j0);
+    int64_t at = bh * keys->tiles + tile;
+    pack_rows(keys->k + at * BK * p->dp, p->dp, BK, p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs, p->k_rs,
+              cols, p->e);
+    pack_rows(keys->v + at * BK * p->dv, p->dv, BK, p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs, p->v_rs,
+              cols, p->ev);
+}
+
+#define QV (BQ / LANES) /* vectors of queries */
+
+/* One step of the online softmax on the transposed scores st (key c, query r at st[c*BQ + r]), with the
+ * queries in vector lanes: the running max m and sum of each query, st = exp(st - m) in place, and kept, the
+ * factor exp(m_old - m_new) the query's output so far is scaled by. A query with no key attended so far keeps
+ * m = -inf and weights 0; a NaN score makes the query's max, and so its weights, NaN. */
+static void online_softmax(const forward_scratch *w) {
+    v16 top[QV], now[QV], sums[QV];
+    v16i dead[QV];
+    for (int v = 0; v < QV; v++) top[v] = splat(-INFINITY), sums[v] = splat(0.0f);
+    for (int64_t c = 0; c < BK; c++)
+        for (int v = 0; v < QV; v++) {
+            v16 x = load(w->st + c * BQ + LANES * v);
+            top[v] = pick((x > top[v]) | (x != x), x, top[v]);
+        }
+    for (int v = 0; v < QV; v++) {
+        v16 old = load(w->m + LANES * v);
+        now[v] = pick((top[v] > old) | (top[v] != top[v]), top[v], old);
+        dead[v] = now[v] == splat(-INFINITY);
+        store(w->kept + LANES * v, pick(dead[v], splat(1.0f), vexp2((old - now[v]) * LOG2E)));
+        store(w->m + LANES * v, now[v]);
+    }
+    for (int64_t c = 0; c < BK; c++)
+        for (int v = 0; v < QV; v++) {
+            /* (x - m) * log2(e), not x * log2(e) - m * log2(e): contracted into an fma, the latter keeps m's
+             * rounding error, which is huge for huge scores */
+            v16 x = vexp2((load(w->st + c * BQ + LANES * v) - now[v]) * LOG2E);
+            x = pick(dead[v], splat(0.0f), x);
+            store(w->st + c * BQ + LANES * v, x);
+            sums[v] += x;
+        }
+    for (int v = 0; v < QV; v++) store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
+}
+
+static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t i0,
+                         const forward_scratch *w, float *out, float *lse) {
+    int64_t b = bh / p->heads, h = bh % p->heads, rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
+    pack_transposed(w->qt, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
+    memset(w->o, 0, sizeof(float) * BQ * dv);
+    for (int64_t r = 0; r < BQ; r++) w->m[r] = -INFINITY, w->sum[r] = 0.0f;
+    int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
+    for (int64_t j0 = 0; j0 < end; j0 += BK) {
+        int64_t at = bh * keys->tiles + j0 / BK;
+        tile_gemm(BK, BQ, dp, keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1);
+        mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
+        online_softmax(w);
+        for (int64_t r = 0; r < BQ; r++)
+            if (w->kept[r] != 1.0f)
+                for (int64_t c = 0; c < dv; c += LANES)
+                    store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
+        tile_gemm(BQ, dv, BK, w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0);
+    }
+    float *o = out + (bh * p->l + i0) * p->ev;
+    for (int64_t r = 0; r < rows; r++) {
+        float total = w->sum[r], inverse = total == 0.0f ? 0.0f : 1.0f / total;
+        for (int64_t c = 0; c < p->ev; c++) o[r * p->ev + c] = w->o[r * dv + c] * inverse;
+        if (lse) lse[bh * p->l + i0 + r] = total == 0.0f ? -INFINITY : w->m[r] + logf(total);
+    }
+}
+
+static float *scratch(int64_t floats) {
+    return aligned_alloc(64, (size_t)round_up(floats > 0 ? floats : 1, 16) * sizeof(float));
+}
+
+static problem make_problem(int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev, const float *q,
+                            int64_t q_bs, int64_t q_hs, int64_t q_rs, const float *k, int64_t k_bs, int64_t k_hs,
+                            int64_t k_rs, const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
+                            tg_attention_mask mask, int32_t causal, float scale) {
+    problem p = {heads, l, s, e, ev, round_up(e, LANES), round_up(ev, LANES), q, k, v, q_bs, q_hs, q_rs,
+                 k_bs, k_hs, k_rs, v_bs, v_hs, v_rs, mask, causal, scale};
+    return p;
+}
+
+int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
+                             const float *q, int64_t q_bs, int64_t q_hs, int64_t q_rs,
+                             const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs,
+                             const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
+                             tg_attention_mask mask, int32_t causal, float scale,
+                             float *out, float *lse) {
+    problem p = make_problem(heads, l, s, e, ev, q, q_bs, q_hs, q_rs, k, k_bs, k_hs, k_rs, v, v_bs, v_hs, v_rs,
+                             mask, causal, scale);
+    int64_t tiles = (l + BQ - 1) / BQ, work = batch * heads * tiles;
+    packed_keys keys = {NULL, NULL, (s + BK - 1) / BK};
+    keys.k = scratch(batch * heads * keys.tiles * BK * p.dp);
+    keys.v = scratch(batch * heads * keys.tiles * BK * p.dv);
+    float *own = out ? NULL : scratch(batch * heads * l * ev); /* out not wanted: lse only */
+    out = out ? out : own;
+    int failed = !keys.k || !keys.v || !out;
+#pragma omp parallel reduction(| : failed)
+    {
+        forward_scratch w = {scratch(p.dp * BQ), scratch(BK * BQ), scratch(BQ * p.dv), scratch(BQ), scratch(BQ),
+                             scratch(BQ)};
+        int ok = keys.k && keys.v && out && w.qt && w.st && w.o && w.m && w.sum && w.kept;
+        failed |= !ok;
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < batch * heads * keys.tiles; item++)
+            if (ok) pack_key_tile(&p, &keys, item / keys.tiles, item % keys.tiles);
+#pragma omp for schedule(dynamic)
+        for (int64_t item = 0; item < work; item++)
+            if (ok) forward_tile(&p, &keys, item / tiles, item % tiles * BQ, &w, out, lse);
+        free(w.qt), free(w.st), free(w.o), free(w.m), free(w.sum), free(w.kept);
+    }
+    free(keys.k), free(keys.v), free(own);
+    return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
+}
+
+typedef struct {
+    float *qi, *doi, *kj, *kt, *vt, *sc, *dp, *dk, *dv, *dq, *d;
+} backward_scratch;
+
+typedef struct {
+    const float *out, *lse, *dout;
+    int64_t do_bs, do_hs, do_rs;
+    float *dq, *dk, *dv;
+} gradients;
+
+/* One (key tile, query tile) step: P, dS in place of the scores and dP, and the three products. */
+static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, const float *lse,
+                          const backward_scratch *w, const gradients *g) {
+    int64_t rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
+    const float *dout = g->dout + b * g->do_bs + h * g->do_hs;
+    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
+    pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
+    tile_gemm(BQ, BK, dp, w->qi, dp, 1, w->kt, BK, w->sc, BK, 1);
+    mask_scores(p, b, h, i0, j0, w->sc, BK, 1);
+    tile_gemm(BQ, BK, dv, w->doi, dv, 1, w->vt, BK, w->dp, BK, 1);
+    for (int64_t r = 0; r < BQ; r++) {
+        float *prob = w->sc + r * BK, *grad = w->dp + r * BK;
+        row_exp(prob, r < rows ? lse[i0 + r] : -INFINITY);
+        v16 d = splat(r < rows ? w->d[i0 + r] : 0.0f);
+        for (int64_t c = 0; c < BK; c += LANES) store(grad + c, load(prob + c) * (load(grad + c) - d));
+    }
+    if (g->dv) tile_gemm(BK, dv, BQ, w->sc, 1, BK, w->doi, dv, w->dv, dv, 0);
+    if (g->dk) tile_gemm(BK, dp, BQ, w->dp, 1, BK, w->qi, dp, w->dk, dp, 0);
+    if (g->dq) tile_gemm(BQ, dp, BK, w->dp, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0);
+}
+
+/* rows x cols of src (rows ld apart) times factor into dst (contiguous rows of cols). */
+static void store_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols, float factor) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = src[r * ld + c] * factor;
+}
+
+/* dst (rows x cols, contiguous) += src (rows ld apart) times factor, atomically: several key chunks of one head
+ * add their parts of dq. */
+static void add_rows_atomically(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                                float factor) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+#pragma omp atomic
+            dst[r * cols + c] += src[r * ld + c] * factor;
+        }
+}
+
+/* The gradients from key tiles [first, end) of head bh; `shared` when other chunks of the head add to dq too. */
+static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t end, int shared,
+                           const backward_scratch *w, const gradients *g) {
+    int64_t b = bh / p->heads, h = bh % p->heads, dp = p->dp, dv = p->dv;
+    const float *k = p->k + b * p->k_bs + h * p->k_hs, *v = p->v + b * p->v_bs + h * p->v_hs;
+    const float *out = g->out + bh * p->l * p->ev, *dout = g->dout + b * g->do_bs + h * g->do_hs;
+    for (int64_t i = 0; i < p->l; i++) {
+        float total = 0.0f;
+        for (int64_t c = 0; c < p->ev; c++) total += dout[i * g->do_rs + c] * out[i * p->ev + c];
+        w->d[i] = total;
+    }
+    if (g->dq) memset(w->dq, 0, sizeof(float) * round_up(p->l, BQ) * dp);
+    for (int64_t j0 = first * BK; j0 < min64(p->s, end * BK); j0 += BK) {
+        int64_t cols = min64(BK, p->s - j0);
+        pack_rows(w->kj, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
+        pack_transposed(w->kt, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
+        pack_transposed(w->vt, dv, BK, v + j0 * p->v_rs, p->v_rs, cols, p->ev);
+        memset(w->dk, 0, sizeof(float) * BK * dp);
+        memset(w->dv, 0, sizeof(float) * BK * dv);
+        for (int64_t i0 = p->causal ? j0 / BQ * BQ : 0; i0 < p->l; i0 += BQ)
+            backward_step(p, b, h, i0, j0, g->lse + bh * p->l, w, g);
+        if (g->dk) store_rows(g->dk + (bh * p->s + j0) * p->e, w->dk, dp, cols, p->e, p->scale);
+        if (g->dv) store_rows(g->dv + (bh * p->s + j0) * p->ev, w->dv, dv, cols, p->ev, 1.0f);
+    }
+    if (g->dq && shared) add_rows_atomically(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+    else if (g->dq) store_rows(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+}
+
+static int64_t max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
+                              const float *q, int64_t q_bs, int64_t q_hs, int64_t q_rs,
+                              const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs,
+                              const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
+                              tg_attention_mask mask, int32_t causal, float scale,
+                              const float *out, const float *lse,
+                              const float *dout, int64_t do_bs, int64_t do_hs, int64_t do_rs,
+                              float *dq, float *dk, float *dv) {
+    problem p = make_problem(heads, l, s, e, ev, q, q_bs, q_hs, q_rs, k, k_bs, k_hs, k_rs, v, v_bs, v_hs, v_rs,
+                             mask, causal, scale);
+    gradients g = {out, lse, dout, do_bs, do_hs, do_rs, dq, dk, dv};
+    /* Work items are heads; with fewer than two per thread, each head's key tiles are split into chunks too */
+    int64_t problems = batch * heads, key_tiles = (s + BK - 1) / BK, threads = max_threads();
+    int64_t chunks = problems >= 2 * threads ? 1 : min64(key_tiles, (2 * threads + problems - 1) / problems);
+    int64_t per_chunk = (key_tiles + chunks - 1) / chunks;
+    if (chunks > 1 && dq) memset(dq, 0, sizeof(float) * problems * l * e);
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        backward_scratch w = {scratch(BQ * p.dp), scratch(BQ * p.dv), scratch(BK * p.dp), scratch(p.dp * BK),
+                              scratch(p.dv * BK), scratch(BQ * BK), scratch(BQ * BK), scratch(BK * p.dp),
+                              scratch(BK * p.dv), scratch(round_up(l, BQ) * p.dp), scratch(l)};
+        float **all = (float **)&w;
+        int ok = 1;
+        for (size_t i = 0; i < sizeof w / sizeof(float *); i++) ok &= all[i] != NULL;
+        failed |= !ok;
+#pragma omp for schedule(dynamic)
+        for (int64_t item = 0; item < problems * chunks; item++)
+            if (ok) {
+                int64_t first = item % chunks * per_chunk;
+                backward_chunk(&p, item / chunks, first, first + per_chunk, chunks > 1, &w, &g);
+            }
+        for (size_t i = 0; i < sizeof w / sizeof(float *); i++) free(all[i]);
+    }
+    return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
+}

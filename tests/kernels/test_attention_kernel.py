@@ -1,0 +1,97 @@
+"""The fused attention kernels (kernels/attention) called on numpy arrays, against torch's
+scaled_dot_product_attention forward and backward."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from tensorgraphs.kernels import attention
+from tensorgraphs.kernels.gemm import build
+
+
+def _torch_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, mask: np.ndarray | None,
+                     causal: bool) -> list[np.ndarray]:
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        tq, tk, tv, attn_mask=None if mask is None else torch.tensor(mask), is_causal=causal)
+    out.backward(torch.tensor(dout))
+    return [out.detach().numpy()] + [t.grad.numpy() for t in (tq, tk, tv)]
+
+
+def _check(shape: tuple[int, int, int, int, int, int], causal: bool = False, mask: np.ndarray | None = None,
+           seed: int = 0) -> None:
+    batch, heads, queries, keys, dim, value_dim = shape
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in
+               ((batch, heads, queries, dim), (batch, heads, keys, dim), (batch, heads, keys, value_dim)))
+    dout = rng.standard_normal((batch, heads, queries, value_dim), dtype=np.float32)
+    out, lse = attention.forward(q, k, v, mask, causal)
+    got = [out, *attention.backward(q, k, v, out, lse, dout, mask, causal)]
+    expected = _torch_reference(q, k, v, dout, mask, causal)
+    for name, value, reference in zip(("out", "dq", "dk", "dv"), got, expected):
+        np.testing.assert_allclose(value, reference, rtol=1e-4, atol=2e-5,
+                                   err_msg=f"attention {name}, shape {shape}, causal {causal}, seed {seed}")
+
+
+@pytest.mark.parametrize("shape", [
+    (1, 1, 64, 64, 64, 64),  # one whole tile
+    (1, 1, 1, 1, 8, 8),  # T = 1
+    (2, 3, 70, 45, 8, 8),  # batch*heads > 1, T not a multiple of the tile, more queries than keys
+    (1, 2, 150, 200, 64, 64),
+    (1, 2, 100, 77, 24, 40),  # head dims not multiples of 16, differing
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_torch(shape: tuple[int, int, int, int, int, int], causal: bool) -> None:
+    _check(shape, causal)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks_match_torch_fully_masked_rows_included(kind: str) -> None:
+    rng = np.random.default_rng(5)
+    allowed = rng.standard_normal((2, 1, 100, 77)) > 0
+    allowed[0, 0, 3] = allowed[1, 0, 70] = False  # rows attending to nothing: zeros, zero gradients (as torch)
+    mask = allowed if kind == "bool" else np.where(allowed, rng.standard_normal(allowed.shape), -np.inf)
+    _check((2, 3, 100, 77, 16, 16), mask=mask.astype(np.bool_ if kind == "bool" else np.float32))
+
+
+def test_logsumexp_is_that_of_the_scaled_scores() -> None:
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 2, 90, 8), dtype=np.float32) for _ in range(3))
+    _, lse = attention.forward(q, k, v, causal=True)
+    scores = (q.astype(np.float64) @ k.swapaxes(-1, -2)) / np.sqrt(8) + np.triu(np.full((90, 90), -np.inf), 1)
+    np.testing.assert_allclose(lse, np.log(np.exp(scores).sum(-1)), rtol=1e-5, atol=1e-5)
+
+
+def test_nan_inputs_give_nan_rows() -> None:
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 1, 70, 16), dtype=np.float32) for _ in range(3))
+    q[0, 0, 5, 2] = np.nan
+    out, _ = attention.forward(q, k, v)
+    assert np.isnan(out[0, 0, 5]).all() and not np.isnan(np.delete(out[0, 0], 5, 0)).any()
+
+
+def test_huge_finite_scores_match_torch() -> None:
+    """Scores near 1e37 (finite): exp(x - max) must not pick up the rounding error of a huge max (which an fma
+    of x * log2(e) - max * log2(e) would)."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 33, 16), dtype=np.float32) for _ in range(3))
+    q, k = q * np.float32(3e18), k * np.float32(3e18)
+    out, _ = attention.forward(q, k, v)
+    expected = torch.nn.functional.scaled_dot_product_attention(*map(torch.tensor, (q, k, v))).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_portable_build_matches_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same source built for a CPU without AVX-512 (gcc splits the 16-float vectors into what it has)."""
+    portable = tuple("-march=x86-64-v2" if flag == "-march=native" else flag for flag in build.FLAGS)
+    library = build.load_library(attention.LIBRARY, attention.SOURCES, portable, source_dir=attention.SOURCE_DIR)
+    functions = {}
+    for name, argtypes in (("forward", attention.FORWARD_ARGTYPES), ("backward", attention.BACKWARD_ARGTYPES)):
+        functions[name] = getattr(library, attention.C_FUNCTIONS[name])
+        functions[name].argtypes, functions[name].restype = argtypes, ctypes.c_int
+    monkeypatch.setattr(attention, "_functions", lambda: functions)
+    _check((2, 3, 70, 45, 24, 8), causal=True)
