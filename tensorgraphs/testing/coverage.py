@@ -23,7 +23,8 @@ DIFFERENCES = {
     "torch.argsort": "always stable (ties keep their input order)",
     "torch.topk": "equal values: the first in the input wins (torch leaves the order unspecified)",
     "torch.Tensor.topk": "equal values: the first in the input wins (torch leaves the order unspecified)",
-    "torch.multinomial": "invalid distributions (negative, all-zero, NaN) are not detected: values are lazy",
+    "torch.multinomial": "invalid distributions (negative, all-zero, NaN) raise in eager calls only: inside tg.compile "
+                         "the values are not known when tracing",
     "torch.manual_seed": "a counter-based stream (Threefry): the same seed gives other numbers than torch",
     "torch.device": "only cpu (and tg's numpy, planned, ... backends); cuda and mps raise",
     "torch.compile": "tg.compile traces a function or wraps a module; no backend or mode options",
