@@ -171,7 +171,10 @@ class Lowering:
 
         def step(index: Index) -> tuple[Index, Operand]:
             at = index[:axis] + (index[axis] + 1,) + index[axis + 1:]
-            previous = self._load_at(out, node.dtype, ix.flatten(index, node.shape))
+            # Where k is fixed at 0 (an axis of 2), out[.., 0, ..] is x[.., 0, ..]: a nest without loops would load
+            # it before the first nest's store (both store after the kernel's loops, in order).
+            previous = self.value(source, index) if isinstance(index[axis], Const) else \
+                self._load_at(out, node.dtype, ix.flatten(index, node.shape))
             return at, self._let(node.dtype, combine, (previous, self.value(source, at)))
 
         self.store_nest(node, out, tuple(rest), step)

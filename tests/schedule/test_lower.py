@@ -156,3 +156,16 @@ def test_a_value_computed_at_many_indices_gets_a_buffer(monkeypatch: pytest.Monk
     monkeypatch.setattr(CPU, "interpret_below", 0)
     with tg.device("cpu"):
         np.testing.assert_allclose(chain(10).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,dim", [((2,), 0), ((1, 2, 1), 1), ((3, 2), 1), ((2, 3), 0), ((5,), 0)])
+@pytest.mark.parametrize("scan", ["cumsum", "cumprod"])
+def test_a_scan_along_an_axis_of_two_reads_its_first_element_not_unwritten_memory(
+        shape: tuple[int, ...], dim: int, scan: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Along an axis of 2 with every other extent 1, both nests of the scan have no loops and store last: the
+    second must not load the first's output before it is stored (it read garbage: cumsum([-1, -1]) was [-1, -1])."""
+    data = (np.arange(np.prod(shape)).reshape(shape) % 3 - 1.5).astype(np.float32)
+    with tg.device("numpy"):
+        expected = getattr(tg.tensor(data), scan)(dim).mean().numpy()
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    np.testing.assert_allclose(getattr(tg.tensor(data), scan)(dim).mean().numpy(), expected, rtol=1e-6)
