@@ -22,6 +22,8 @@ from tensorgraphs.rewrite import fuzz, optimize
 from tensorgraphs.schedule import Schedule, count_kernels, schedule_kernels
 from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, SPLIT_MIN_SIZE, to_primitive
 
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
+
 
 def tensor(*shape: int, seed: int = 0) -> tg.Tensor:
     return tg.tensor(np.random.default_rng(seed).normal(size=shape).astype(np.float32))
