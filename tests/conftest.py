@@ -1,10 +1,11 @@
 """Suite-wide fixtures: the device a test exercises (the `device` marker), kernel caches isolated from a test
-that breaks a renderer, and a compiled training step."""
+that breaks a renderer, counting spies (speed guards count work, never seconds) and a compiled training step."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Callable
+import functools
+from collections import Counter, OrderedDict
+from typing import Any, Callable
 
 import pytest
 
@@ -53,6 +54,30 @@ def isolated_kernels(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
     isolate()
     return isolate
+
+
+CallCounter = Callable[..., Counter]
+
+
+@pytest.fixture
+def count_calls(monkeypatch: pytest.MonkeyPatch) -> CallCounter:
+    """`count_calls(owner, "name", ...)` wraps those functions of `owner` (a class, object or module) for the test
+    and returns the test's one Counter of calls by function name."""
+    calls: Counter = Counter()
+
+    def spy(owner: object, *names: str) -> Counter:
+        for name in names:
+            original = getattr(owner, name)
+
+            @functools.wraps(original)
+            def counting(*args: Any, _original: Callable = original, _name: str = name, **kwargs: Any) -> Any:
+                calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(owner, name, counting)
+        return calls
+
+    return spy
 
 
 def _compiled_classifier_step(model: tg.nn.Module, optimizer: tg.optim.Optimizer) -> tg.CompiledFunction:
