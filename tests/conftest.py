@@ -26,17 +26,20 @@ def device_under_test(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     interpreter instead.
     """
     marker = request.node.get_closest_marker("device")
-    if marker is None:
-        return None
+    return None if marker is None else apply_device_marker(marker, monkeypatch)
+
+
+def apply_device_marker(marker: pytest.Mark, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Checks a `device` marker (a misspelt option must not silently leave graphs interpreted) and applies it."""
     (name,) = marker.args
     unknown = set(marker.kwargs) - DEVICE_MARKER_OPTIONS
     if name not in realize.BACKENDS or unknown:
-        raise pytest.UsageError(f"{request.node.nodeid}: device marker needs one of {sorted(realize.BACKENDS)} "
-                                f"and only the options {sorted(DEVICE_MARKER_OPTIONS)}, got {marker}")
+        raise pytest.UsageError(f"the device marker takes one of {sorted(realize.BACKENDS)} and only the options "
+                                f"{sorted(DEVICE_MARKER_OPTIONS)}: {marker}")
     if marker.kwargs.get("compile"):
         backend = realize.BACKENDS[name]
         if not hasattr(backend, "interpret_below"):
-            raise pytest.UsageError(f"{request.node.nodeid}: the {name} device always runs as it does")
+            raise pytest.UsageError(f"the {name} device has no interpreter to bypass: {marker}")
         monkeypatch.setattr(backend, "interpret_below", 0)
     return name
 

@@ -41,3 +41,4 @@ def test_count_calls_counts_each_function_by_name(count_calls: CallCounter) -> N
 
 def test_an_unmarked_test_names_no_device(device_under_test: str | None) -> None:
     assert device_under_test is None
+
