@@ -14,6 +14,7 @@ torch is imported only when a check runs: this module is also imported by the
 from __future__ import annotations
 
 import importlib
+import math
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tensorgraphs.testing.samples import ALL_DTYPES, Library, Sample, build
+from tensorgraphs.testing.samples import ALL_DTYPES, Library, Sample, TensorArg, build
 
 SampleFn = Callable[[str, np.random.Generator, bool], Iterable[Sample]]
 """(dtype, rng, for_grad) -> samples; for_grad asks for inputs away from kinks, NaN and Inf."""
@@ -242,13 +243,19 @@ def _check_grads(info: OpInfo, sample: Sample, device: str, rng: np.random.Gener
     return None
 
 
-def check_op(info: OpInfo, device: str, dtypes: Sequence[str] | None = None) -> list[str]:
+def check_op(info: OpInfo, device: str, dtypes: Sequence[str] | None = None, quick: bool = False) -> list[str]:
     """Run every sample of `info` on `device` against torch; one description per failing sample.
 
-    `dtypes` limits the check to those of the op's dtypes (a quick check of a slow backend).
+    `dtypes` limits the check to those of the op's dtypes (a quick check of a slow backend). `quick` checks one
+    dtype (float32 where the op takes it) and of its samples the one with the most elements, values and gradients:
+    every op on a backend that compiles each sample, in seconds.
     """
     failures = []
-    for dtype in [d for d in info.dtypes if dtypes is None or d in dtypes]:
+    chosen = [d for d in info.dtypes if dtypes is None or d in dtypes]
+    if quick:
+        chosen = sorted(chosen, key=lambda d: d != "float32")
+        chosen = [d for d in chosen if not info.skip_reason(d, device)][:1]
+    for dtype in chosen:
         seed = info.seed(dtype)
         for grad in (False, True):
             if grad and not (info.differentiable and dtype in GRAD_DTYPES and info.compare_values):
@@ -256,17 +263,31 @@ def check_op(info: OpInfo, device: str, dtypes: Sequence[str] | None = None) -> 
             if info.skip_reason(dtype, device, grad):
                 continue
             rng = np.random.default_rng(seed + grad)
-            for k, sample in enumerate(info.sample_inputs(dtype, rng, grad)):
+            samples: Iterable[tuple[int, Sample]] = enumerate(info.sample_inputs(dtype, rng, grad))
+            if quick:
+                samples = [max(samples, key=lambda numbered: _elements(numbered[1]))]
+            for k, sample in samples:
                 if grad:
                     problem = _check_grads(info, sample, device, rng)
                 else:
                     problem = _check_values(info, sample, device)
                 if problem:
                     failures.append(
-                        f"{info.name} on {device}, {dtype}, seed {seed + grad}, sample {k} "
+                        f"{info.name} on {device}, {dtype}, seed {seed + grad}, {'quick ' * quick}sample {k} "
                         f"{sample.describe()}: {problem}"
                     )
     return failures
+
+
+def _elements(value: Any) -> int:
+    """Elements in the tensors of a sample (or of one of its arguments)."""
+    if isinstance(value, Sample):
+        return _elements(value.args) + _elements(tuple(value.kwargs.values()))
+    if isinstance(value, TensorArg):
+        return math.prod(value.shape)
+    if isinstance(value, (list, tuple)):
+        return sum(_elements(v) for v in value)
+    return 0
 
 
 def skipped(info: OpInfo, device: str) -> list[str]:

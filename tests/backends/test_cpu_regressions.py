@@ -13,15 +13,11 @@ import torch
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.autograd.backward import vjp
-from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.c_renderer import render_program
 from tensorgraphs.graph import node
 from tensorgraphs.schedule.fusion import schedule_kernels
 
-
-@pytest.fixture(autouse=True)
-def forced_compilation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CPU, "interpret_below", 0)
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
 
 
 def on_both(build: Callable[[], dict[str, tg.Tensor]]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

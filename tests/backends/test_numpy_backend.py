@@ -14,6 +14,8 @@ from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime.buffer import Buffer
 
+pytestmark = pytest.mark.device("numpy")
+
 TORCH_DTYPES = {dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16, dtypes.float32: torch.float32,
                 dtypes.float64: torch.float64, dtypes.int8: torch.int8, dtypes.uint8: torch.uint8,
                 dtypes.int16: torch.int16, dtypes.int32: torch.int32, dtypes.int64: torch.int64,

@@ -19,6 +19,8 @@ from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
 from tensorgraphs.kernels import gemm
 from tensorgraphs.schedule import schedule_kernels
 
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
+
 ULP_BOUNDS = {"exp2": 1.0, "log2": 2.0, "sin": 1.0}  # the bounds documented in c_preamble.h
 
 

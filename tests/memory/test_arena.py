@@ -14,6 +14,8 @@ from tensorgraphs.graph.node import Node
 from tensorgraphs.memory.arena import Arena, poison_enabled
 from tensorgraphs.schedule.fusion import schedule_kernels
 
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
+
 if TYPE_CHECKING:
     from conftest import TransformerStep  # tests/memory/conftest.py
 

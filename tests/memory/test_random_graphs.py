@@ -17,6 +17,8 @@ from tensorgraphs.memory.order import order_for_memory
 from tensorgraphs.rewrite import fuzz
 from tensorgraphs.schedule.fusion import schedule_kernels
 
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
+
 Step = Callable[[np.random.Generator, list[tg.Tensor]], tg.Tensor]
 SIDE = 12
 

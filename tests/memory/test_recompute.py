@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 import tensorgraphs as tg
 from tensorgraphs.backends.cpu import CPU
@@ -17,6 +18,8 @@ from tensorgraphs.memory.packing import live_bytes, plan_memory
 from tensorgraphs.memory.recompute import is_cheap, recompute_for_memory, renamed
 from tensorgraphs.memory.verify import verify_plan
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
+
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
 
 
 def kept_across_a_peak(product_read_late: bool = True) -> list[Node]:

@@ -19,7 +19,8 @@ from tensorgraphs.schedule import extern
 from tensorgraphs.schedule.extern import GEMM_EPILOGUE, GEMM_PROLOGUE, fuse_epilogues
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels, to_primitive
 
-pytestmark = pytest.mark.skipif(not gemm.available(), reason="the GEMM library needs AVX-512")
+pytestmark = [pytest.mark.device("cpu", compile=True),  # checks generated C, small graphs included
+              pytest.mark.skipif(not gemm.available(), reason="the GEMM library needs AVX-512")]
 
 
 def _program_source(result: tg.Tensor) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +20,9 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import fuzz, optimize
 from tensorgraphs.schedule import Schedule, count_kernels, schedule_kernels
 from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, SPLIT_MIN_SIZE, to_primitive
+from tensorgraphs.schedule.lower import Lowering
+
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
 
 
 def tensor(*shape: int, seed: int = 0) -> tg.Tensor:
@@ -100,23 +102,23 @@ def test_mlp_training_step_compiles_and_matches_the_reference(tmp_path: Path,
     with tg.device("numpy"):
         expected = [t.detach().numpy() for t in mlp_training_step()]
     with tg.device("cpu"):
-        started = time.perf_counter()
-        got = [t.detach().numpy() for t in mlp_training_step()]
-        assert time.perf_counter() - started < 30  # 0.5 s when written (cold cache)
+        got = [t.detach().numpy() for t in mlp_training_step()]  # its size is bounded by the test above
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
-def test_transformer_loss_and_gradients_schedule_fast_into_bounded_code() -> None:
+def test_transformer_loss_and_gradients_schedule_into_bounded_code_with_bounded_work(count_calls: Callable) -> None:
     """Nested reductions (layer norm, softmax, matmuls of the backward pass) once were lowered inside each other
-    before being materialized: 42 s for this model. A kernel found to recompute one stops walking it."""
+    before being materialized: 42 s for this model. A kernel found to recompute one stops walking it, so the
+    nodes lowered stay a small multiple of the graph's."""
     model = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=32))
     ids = tg.tensor(np.random.default_rng(0).integers(0, 16, (2, 16)))
     loss = language_model_loss(model, ids, ids)
     grads = tg.grad(loss, list(model.parameters()))
-    started = time.perf_counter()
-    schedule = schedule_kernels(optimize([loss.node] + [g.node for g in grads]))  # rewritten, as every program is
-    assert time.perf_counter() - started < 10  # 0.3 s when written
+    roots = optimize([loss.node] + [g.node for g in grads])  # rewritten, as every program is
+    lowered = count_calls(Lowering, "define")
+    schedule = schedule_kernels(roots)
+    assert lowered["define"] <= 20_000  # 11,416 when written, for 368 nodes
     assert len(schedule.kernels) <= 90 and program_lines(schedule) <= 3000  # 74 and 2032 when written
 
 

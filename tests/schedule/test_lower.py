@@ -14,6 +14,8 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.schedule import schedule_kernels
 from tensorgraphs.schedule.lower import ROW_STAGE_BYTES
 
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
+
 
 def only_kernel(tensor: tg.Tensor):
     (kernel,) = schedule_kernels([tensor.node]).kernels

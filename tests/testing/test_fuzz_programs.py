@@ -4,19 +4,19 @@ kernel is caught and shrunk to a reproducer."""
 from __future__ import annotations
 
 import datetime
-from collections import OrderedDict
+from typing import Callable
 
 import numpy as np
 import pytest
 
 import tensorgraphs as tg
-from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import c_renderer
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.runtime import realize
 from tensorgraphs.testing import fuzz_known_bugs, fuzz_training
 from tensorgraphs.testing import fuzz_programs as fp
 from tensorgraphs.testing.fuzz_core import Input
+
+pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
 
 
 def _failures(reports: list[fp.Report], seeds: range) -> str:
@@ -38,17 +38,9 @@ def test_10000_programs_agree_with_the_numpy_device() -> None:
     assert not reports, _failures(reports, seeds)
 
 
-def _isolated_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Programs compiled while a renderer is broken stay out of the process-wide caches of programs and of
-    prepared executables (which hold their programs)."""
-    monkeypatch.setattr(CPU, "_programs", OrderedDict())
-    monkeypatch.setattr(realize, "_executables", OrderedDict())
-    monkeypatch.setattr(CPU, "interpret_below", 0)
-
-
 def test_a_wrong_sign_in_the_add_kernel_is_caught_and_shrunk_to_a_reproducer(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    _isolated_kernels(monkeypatch)
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        isolated_kernels: Callable[[], None]) -> None:
     add = c_renderer.BINARY[Op.ADD]
     monkeypatch.setitem(c_renderer.BINARY, Op.ADD,
                         lambda a, t: f"({a[0]} - {a[1]})" if t.is_floating_point else add(a, t))
@@ -62,12 +54,12 @@ def test_a_wrong_sign_in_the_add_kernel_is_caught_and_shrunk_to_a_reproducer(
     printed = capsys.readouterr().out
     assert printed.startswith("numpy") and "cpu" in printed and "compile" in printed
     monkeypatch.setitem(c_renderer.BINARY, Op.ADD, add)
-    _isolated_kernels(monkeypatch)
+    isolated_kernels()
     assert fp.check(report.case, ("cpu",)) is None  # the reproducer fails only because of the injected bug
 
 
+@pytest.mark.usefixtures("isolated_kernels")
 def test_a_wrong_square_root_in_adam_is_caught_and_shrunk_to_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    _isolated_kernels(monkeypatch)
     monkeypatch.setitem(c_renderer.UNARY_FLOAT, Op.SQRT, ("cbrtf", "cbrt"))
     seed = next(s for s in range(100) if fuzz_training.random_case(s).optimizer.startswith("Adam(")
                 and fuzz_training.random_case(s).steps > 1)

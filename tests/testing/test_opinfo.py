@@ -9,36 +9,70 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
+from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 
 import tensorgraphs as tg
+from tensorgraphs.codegen import c_renderer
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime.realize import BACKENDS
 from tensorgraphs.testing.opinfo import OP_INFOS, check_op, find
 from tensorgraphs.testing.samples import ALL_DTYPES
 
 REFERENCE = "numpy"
+COMPILED = "cpu"
 QUICK_OPS = ("add", "exp", "sum", "matmul", "getitem", "where")  # what other backends run by default
-"""Compiling backends are slow to check op by op: by default they run these ops in float32; every op in
-every dtype runs with `pytest -m slow`."""
+"""Compiling backends are slow to check sample by sample: by default the cpu device checks one sample of every
+op (compiled, values and gradients), other backends these ops in float32; every sample of every op runs with
+`pytest -m slow`."""
 
 
 def _cases() -> list:
-    cases = [pytest.param(info, REFERENCE, None, id=f"{info.name}-{REFERENCE}") for info in OP_INFOS]
-    for device in sorted(set(BACKENDS) - {REFERENCE}):
+    cases = [pytest.param(info, REFERENCE, None, False, id=f"{info.name}-{REFERENCE}",
+                          marks=pytest.mark.device(REFERENCE)) for info in OP_INFOS]
+    compiled = pytest.mark.device(COMPILED, compile=True)
+    for info in OP_INFOS:
+        cases.append(pytest.param(info, COMPILED, None, True, id=f"{info.name}-{COMPILED}-quick", marks=compiled))
+        cases.append(pytest.param(info, COMPILED, None, False, id=f"{info.name}-{COMPILED}",
+                                  marks=[compiled, pytest.mark.slow]))
+    for device in sorted(set(BACKENDS) - {REFERENCE, COMPILED}):
         for info in OP_INFOS:
-            cases.append(pytest.param(info, device, None, id=f"{info.name}-{device}", marks=pytest.mark.slow))
+            on_device = pytest.mark.device(device)
+            cases.append(pytest.param(info, device, None, False, id=f"{info.name}-{device}",
+                                      marks=[on_device, pytest.mark.slow]))
             if info.name in QUICK_OPS:
-                cases.append(pytest.param(info, device, ("float32",), id=f"{info.name}-{device}-float32"))
+                cases.append(pytest.param(info, device, ("float32",), False, id=f"{info.name}-{device}-float32",
+                                          marks=on_device))
     return cases
 
 
-@pytest.mark.parametrize(("info", "device", "dtypes"), _cases())
-def test_op_matches_torch(info, device, dtypes):
-    failures = check_op(info, device, dtypes)
+@pytest.mark.parametrize(("info", "device", "dtypes", "quick"), _cases())
+def test_op_matches_torch(info, device, dtypes, quick):
+    failures = check_op(info, device, dtypes, quick)
     assert not failures, f"{len(failures)} failing samples:\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.parametrize(("table", "op", "wrong"), [
+    ("BINARY", Op.ADD, lambda add: lambda a, t: f"({a[0]} - {a[1]})" if t.is_floating_point else add(a, t)),
+    ("UNARY_FLOAT", Op.SIN, lambda sin: tuple(f"-{name}" for name in sin)),
+], ids=["add", "sin"])
+def test_a_wrong_sign_in_one_kernel_of_the_c_renderer_fails_the_default_cpu_check(
+        table: str, op: Op, wrong: Callable, monkeypatch: pytest.MonkeyPatch, isolated_kernels: Callable) -> None:
+    """The default run's check of the cpu device (one sample per op, compiled) catches a broken kernel, and passes
+    again once the kernel is repaired."""
+    info = find(op.name.lower())
+    spellings = getattr(c_renderer, table)
+    right = spellings[op]
+    monkeypatch.setitem(spellings, op, wrong(right))
+    failures = check_op(info, COMPILED, quick=True)
+    assert failures and failures[0].startswith(f"{info.name} on cpu, float32, seed {info.seed('float32')}, quick")
+    assert "values differ" in failures[0], failures
+    monkeypatch.setitem(spellings, op, right)
+    isolated_kernels()
+    assert check_op(info, COMPILED, quick=True) == []
 
 
 def test_table_covers_the_issue_ops():
