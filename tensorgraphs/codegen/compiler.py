@@ -24,9 +24,11 @@ from tensorgraphs.errors import TGError
 
 COMPILER = os.environ.get("TG_CC", "gcc")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-         "-std=gnu11", "-shared", "-fPIC")
+         "-fno-tree-slp-vectorize", "-std=gnu11", "-shared", "-fPIC")
 """Never -ffast-math: it changes NaN/Inf results. The two -fno flags are enough to vectorize our math;
--ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it."""
+-ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it. The straight-line (SLP)
+vectorizer of gcc 12 miscompiles short unrolled reductions of comparisons (`(x == 2).all(1)` over rows of 4
+uint8 stored 254); our loops are vectorized by the loop vectorizer and explicit vector types, not by SLP."""
 
 
 UNIT_BREAK = "/* tg: unit break */"

@@ -274,3 +274,17 @@ def test_half_precision_scans_accumulate_in_float32_as_torch(dtype: str, ulp_at_
         with tg.device(device):
             got = tg.tensor(x).to(getattr(tg, dtype)).cumsum(1).float().numpy()
         np.testing.assert_allclose(got, want, rtol=0, atol=ulp_at_32, err_msg=device)
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 4), 1), ((7, 1, 4, 1), -2), ((7, 4), 0), ((5, 8), 1)])
+@pytest.mark.parametrize("reduction", ["all", "any"])
+def test_short_reductions_of_comparisons_give_booleans(shape: tuple[int, ...], dim: int, reduction: str) -> None:
+    """gcc 12's straight-line vectorizer stored 254 for `(x == 2).all(1)` over rows of 4 uint8 (found by the
+    fuzzer); generated C is compiled without it."""
+    x = np.random.default_rng(1).integers(0, 255, shape).astype(np.uint8)
+    x.flat[::5] = 2
+    for condition in (lambda t: t == 2, lambda t: t != 2):
+        with tg.device("numpy"):
+            expected = getattr(condition(tg.tensor(x)), reduction)(dim).numpy()
+        got = getattr(condition(tg.tensor(x)), reduction)(dim).numpy()
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
