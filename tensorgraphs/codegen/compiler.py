@@ -4,8 +4,18 @@ The cache key is a hash of the source, the compiler's version and the flags, so
 a program is compiled once per machine. Files are written under a unique
 temporary name and moved into place with `os.replace`, which is atomic: any
 number of processes may compile the same program at once and readers only ever
-see complete files. The cache lives in `$TG_CACHE_DIR` or the user cache
-directory (`$XDG_CACHE_HOME/tensorgraphs`, default `~/.cache/tensorgraphs`).
+see complete files. The cache lives in `$TG_CACHE_DIR` (when set and not empty)
+or the user cache directory (`$XDG_CACHE_HOME/tensorgraphs`, default
+`~/.cache/tensorgraphs`).
+
+A cache is only trusted as far as it can be checked: its directory is private to
+the user (created 0700; one owned by someone else is not used), each library is
+loaded only if its size and SHA-256 match the record written after it was built
+(a truncated file would otherwise crash the process when mapped; a planted one
+would run its constructors), and anything that fails a check, or fails to load,
+is rebuilt with a `CacheWarning`. An unusable directory falls back to a private
+temporary one, with a warning. Libraries beyond `$TG_CACHE_MAX_MB` (default
+1024) are removed, least recently used first.
 """
 
 from __future__ import annotations
@@ -18,9 +28,12 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Callable
 
 from tensorgraphs.errors import TGError
+from tensorgraphs.kerneldb.db import cache_dir as user_cache_dir
 
 COMPILER = os.environ.get("TG_CC", "gcc")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
@@ -46,13 +59,44 @@ class CompileError(TGError, RuntimeError):
     """The C compiler rejected a generated program (a bug in tensorgraphs; the message says what to do)."""
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("TG_CACHE_DIR")
-    if base is None:
-        base = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tensorgraphs")
-    path = Path(base) / "c"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+class CacheWarning(UserWarning):
+    """The compile cache was unusable or held a damaged file; tensorgraphs rebuilt it or used another directory."""
+
+
+def _cache_warning(message: str) -> None:
+    warnings.warn(f"compile cache: {message}", CacheWarning, stacklevel=3)
+
+
+@functools.cache
+def _private_temporary_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="tensorgraphs-cache-"))
+
+
+def cache_dir(kind: str = "c") -> Path:
+    """The directory of compiled libraries of `kind` ("c": generated programs, "kernels": hand-written kernel
+    libraries) under the user's tensorgraphs cache (module docstring), created if missing (also while running)."""
+    path = user_cache_dir() / kind
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = path.stat()
+        if status.st_uid != os.getuid():
+            reason = "is owned by another user"
+        elif not os.access(path, os.W_OK | os.X_OK):
+            reason = "is not writable"
+        else:
+            if status.st_mode & 0o077:
+                path.chmod(0o700)  # ours, but open to others: made private
+            return path
+    except OSError as error:
+        reason = f"cannot be used ({error.strerror or error})"
+    fallback = _private_temporary_dir()
+    if path not in _refused:
+        _refused.add(path)
+        _cache_warning(f"{path} {reason}; compiling into the private temporary directory {fallback} instead")
+    return fallback
+
+
+_refused: set[Path] = set()  # cache directories already warned about
 
 
 @functools.cache
@@ -77,27 +121,83 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
+def _fingerprint(path: Path) -> str:
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _record(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _intact(library: Path) -> bool:
+    """Whether `library` matches the size and hash recorded when it was built (no record: not ours)."""
+    try:
+        record = _record(library).read_text()
+        if int(record.split()[0]) != library.stat().st_size:  # a truncated file is never read, let alone mapped
+            return False
+        return _fingerprint(library) == record
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def cached_library(library: Path, build: Callable[[str], None]) -> Path:
+    """`library` as the cache holds it intact, else built by `build(temporary_path)` and moved into place with a
+    record of its size and hash (a damaged or foreign file is rebuilt, with a warning)."""
+    if library.exists():
+        if _intact(library):
+            os.utime(library)  # recently used: trimmed last
+            return library
+        if _record(library).exists():  # (without a record: built by an older version, or not by us; rebuilt quietly)
+            _cache_warning(f"{library} does not match the record of its build (damaged); rebuilding it")
+    handle, temporary = tempfile.mkstemp(dir=library.parent, prefix=f"{library.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        build(temporary)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    os.replace(temporary, library)
+    _write_atomically(_record(library), _fingerprint(library).encode())
+    _trim(library.parent, keep=library)
+    return library
+
+
 def compile_shared(source: str, link: tuple[str, ...] = ()) -> Path:
     """Path of the compiled library for `source` (linked with the extra arguments `link`: libraries it
-    calls), compiling it unless the cache has it."""
+    calls), compiling it unless the cache has it intact."""
     key = program_key(source, link)
     directory = cache_dir()
-    library = directory / f"{key}.so"
-    if library.exists():
-        return library
     source_path = directory / f"{key}.c"
-    _write_atomically(source_path, source.encode())
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f"{key}.", suffix=".so.tmp")
-    os.close(handle)
-    units = _units(source, os.cpu_count() or 1)
-    if len(units) == 1 or not _compile_in_parallel(units, temporary, link):
-        result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), *link, "-lm"],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            os.unlink(temporary)
-            raise CompileError(_failure_message(source, source_path, result.stderr))
-    os.replace(temporary, library)
-    return library
+
+    def build(temporary: str) -> None:
+        _write_atomically(source_path, source.encode())
+        units = _units(source, os.cpu_count() or 1)
+        if len(units) == 1 or not _compile_in_parallel(units, temporary, link):
+            result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), *link, "-lm"],
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                raise CompileError(_failure_message(source, source_path, result.stderr))
+
+    return cached_library(directory / f"{key}.so", build)
+
+
+def _trim(directory: Path, keep: Path) -> None:
+    """Remove least recently used libraries (with their source and record) while the cache is over its cap."""
+    cap = float(os.environ.get("TG_CACHE_MAX_MB") or 1024) * (1 << 20)
+    try:
+        libraries = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in directory.glob("*.so")),
+                           key=lambda entry: entry[0])
+    except OSError:  # another process trimmed at the same time
+        return
+    total = sum(size for _, size, _ in libraries)
+    for _, size, path in libraries:
+        if total <= cap:
+            break
+        if path != keep:
+            for stale in (path, path.with_suffix(".c"), _record(path)):
+                stale.unlink(missing_ok=True)
+            total -= size
 
 
 def _units(source: str, jobs: int) -> list[str]:
@@ -166,7 +266,13 @@ def load(source: str, link: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The loaded library for `source` (compiled or taken from the cache); once per process."""
     for name, value in OPENMP_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    return ctypes.CDLL(str(compile_shared(source, link)))
+    library = compile_shared(source, link)
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as error:
+        _cache_warning(f"{library} failed to load ({error}); rebuilding it")
+        library.unlink(missing_ok=True)
+        return ctypes.CDLL(str(compile_shared(source, link)))
 
 
 def link_library(path: Path) -> tuple[str, ...]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -19,12 +22,12 @@ def test_second_compile_is_a_cache_hit(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
     source = SOURCE % 7
     first = compiler.compile_shared(source)
-    stamp = first.stat().st_mtime_ns
+    inode = first.stat().st_ino
     compiles = count_calls(subprocess, "run", "Popen")
     second = compiler.compile_shared(source)
-    assert second == first and second.stat().st_mtime_ns == stamp
+    assert second == first and second.stat().st_ino == inode  # the same file: not rebuilt
     assert compiles == {}  # no compiler started
-    assert sorted(p.suffix for p in tmp_path.joinpath("c").iterdir()) == [".c", ".so"]  # no temporaries left
+    assert sorted(p.name.split(".", 1)[1] for p in tmp_path.joinpath("c").iterdir()) == ["c", "so", "so.sha256"]
 
 
 def test_key_depends_on_source_compiler_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,3 +80,89 @@ def test_large_program_is_compiled_as_parallel_units(tmp_path: Path, monkeypatch
     library = ctypes.CDLL(str(compiler.compile_shared(source)))
     assert library.tg_program(None) == sum(range(count))
     assert compiler._units(source, 1) == [source]
+
+
+def _library_returning(value: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    source = SOURCE % value
+    return source, compiler.compile_shared(source)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "record missing"])
+def test_a_damaged_library_is_rebuilt_with_a_warning_never_loaded(
+        damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, library = _library_returning(11, tmp_path, monkeypatch)
+    data = library.read_bytes()
+    if damage == "garbage":
+        library.write_bytes(b"\x7fELF" + b"\0" * (len(data) - 4))
+    elif damage == "truncated":  # mapped as it is, this killed the process with SIGBUS
+        library.write_bytes(data[: len(data) // 2])
+    else:  # an older version's library, or one not built here: rebuilt without a warning
+        compiler._record(library).unlink()
+    with pytest.warns(compiler.CacheWarning, match="rebuilding") if damage != "record missing" else nullcontext():
+        rebuilt = compiler.compile_shared(source)
+    assert rebuilt.read_bytes() == data
+    assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 11
+
+
+def test_a_planted_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file placed under the predictable name, with no record of our build, never runs its constructor."""
+    source, library = _library_returning(12, tmp_path, monkeypatch)
+    marker = tmp_path / "constructor-ran"
+    planted = tmp_path / "planted.c"
+    planted.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) '
+                       f'{{ fclose(fopen("{marker}", "w")); }}\nint tg_program(void **b) {{ return 666; }}\n')
+    subprocess.run([compiler.COMPILER, "-shared", "-fPIC", "-o", str(library), str(planted)], check=True)
+    rebuilt = compiler.compile_shared(source)
+    assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 12 and not marker.exists()
+
+
+def test_the_cache_directory_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setattr("os.umask", lambda mask: 0)  # harmless: mkdir's mode is what is checked
+    assert compiler.cache_dir().stat().st_mode & 0o777 == 0o700
+    opened = tmp_path / "opened"
+    (opened / "c").mkdir(parents=True)
+    (opened / "c").chmod(0o777)
+    monkeypatch.setenv("TG_CACHE_DIR", str(opened))
+    assert compiler.cache_dir().stat().st_mode & 0o777 == 0o700
+
+
+def test_an_unusable_cache_directory_falls_back_to_a_private_temporary_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("TG_CACHE_DIR", str(blocked))
+    monkeypatch.setattr(compiler, "_refused", set())
+    with pytest.warns(compiler.CacheWarning, match="private temporary directory"):
+        fallback = compiler.cache_dir()
+    assert fallback.is_dir() and not str(fallback).startswith(str(blocked))
+    assert ctypes.CDLL(str(compiler.compile_shared(SOURCE % 13))).tg_program(None) == 13
+
+
+def test_an_empty_cache_variable_means_the_default_directory_not_the_current_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    assert compiler.cache_dir() == tmp_path / "xdg" / "tensorgraphs" / "c"
+
+
+def test_a_cache_directory_deleted_while_running_is_made_again(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    source, library = _library_returning(14, tmp_path, monkeypatch)
+    shutil.rmtree(library.parent)
+    assert ctypes.CDLL(str(compiler.compile_shared(source))).tg_program(None) == 14
+
+
+def test_the_cache_is_trimmed_least_recently_used_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, oldest = _library_returning(15, tmp_path, monkeypatch)
+    _, used = _library_returning(16, tmp_path, monkeypatch)
+    os.utime(oldest, (1, 1))
+    os.utime(used, (2, 2))
+    compiler.compile_shared(SOURCE % 16)  # a cache hit marks it used now
+    size = oldest.stat().st_size
+    monkeypatch.setenv("TG_CACHE_MAX_MB", str(2.5 * size / (1 << 20)))
+    newest = compiler.compile_shared(SOURCE % 17)
+    assert not oldest.exists() and not compiler._record(oldest).exists()
+    assert used.exists() and newest.exists()

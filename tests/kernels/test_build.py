@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from tensorgraphs.codegen import compiler
 from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import SOURCES, build
 
@@ -28,8 +29,8 @@ def test_key_follows_flags_and_lives_under_tg_cache_dir(cache):
 
 def test_cached_library_is_not_rebuilt(cache, monkeypatch):
     target = build.library_path("tg_gemm", SOURCES, build.FLAGS, ())
-    target.parent.mkdir(parents=True)
-    target.write_bytes(b"")
+    target.write_bytes(b"a library built earlier")
+    compiler._record(target).write_text(compiler._fingerprint(target))  # its build's record
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("the compiler ran although the library was cached")
@@ -42,3 +43,11 @@ def test_compiler_failure_names_the_library_and_leaves_no_file(cache):
     with pytest.raises(build.KernelBuildError, match="tg_gemm_broken"):
         build.build_library("tg_gemm_broken", SOURCES, (*build.FLAGS, "-Werror=no-such-warning-option"))
     assert not list((cache / "kernels").glob("*.so"))
+
+
+def test_a_damaged_kernel_library_is_rebuilt_with_a_warning(cache):
+    target = build.build_library("tg_gemm", SOURCES)
+    target.write_bytes(target.read_bytes()[:100])
+    with pytest.warns(compiler.CacheWarning, match="rebuilding"):
+        assert build.build_library("tg_gemm", SOURCES) == target
+    assert target.stat().st_size > 100

@@ -13,11 +13,10 @@ import functools
 import hashlib
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
+from tensorgraphs.codegen.compiler import cache_dir, cached_library
 from tensorgraphs.errors import TGError
-from tensorgraphs.kerneldb.db import cache_dir
 
 SOURCE_DIR = Path(__file__).resolve().parent
 COMPILER = os.environ.get("TG_CC", "gcc")  # the same variable as the cpu backend's compiler driver
@@ -48,7 +47,7 @@ def library_path(name: str, sources: tuple[str, ...], flags: tuple[str, ...], li
         digest.update(part.encode() + b"\0")
     for file in sorted(source_dir.glob("*.[ch]")):
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
-    return cache_dir() / "kernels" / f"{name}-{digest.hexdigest()[:20]}.so"
+    return cache_dir("kernels") / f"{name}-{digest.hexdigest()[:20]}.so"
 
 
 def build_library(
@@ -57,19 +56,13 @@ def build_library(
 ) -> Path:
     """Compile `sources` (file names in `source_dir`, this folder by default) unless the cache already holds the
     result; `link` comes after the sources (libraries to link against)."""
-    target = library_path(name, sources, flags, link, source_dir)
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(handle)
-    command = [COMPILER, *flags, *(str(source_dir / source) for source in sources), *link, "-o", scratch]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        os.unlink(scratch)
-        raise KernelBuildError(f"{name}: {' '.join(command)} failed:\n{result.stderr}")
-    os.replace(scratch, target)
-    return target
+    def build(scratch: str) -> None:
+        command = [COMPILER, *flags, *(str(source_dir / source) for source in sources), *link, "-o", scratch]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelBuildError(f"{name}: {' '.join(command)} failed:\n{result.stderr}")
+
+    return cached_library(library_path(name, sources, flags, link, source_dir), build)
 
 
 @functools.cache
