@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
 
 from tensorgraphs import dtypes
+from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend.tensor import Tensor
 
-STRUCTURE_KEY = "tensorgraphs.structure"
+RESERVED_PREFIX = "tensorgraphs."
+STRUCTURE_KEY = RESERVED_PREFIX + "structure"
 _TENSOR_LEAF = "__tensor__"
 # tg dtype -> (safetensors header name, numpy type of the stored bytes)
 _FORMATS = {
@@ -48,10 +51,14 @@ def _from_bytes(header_dtype: str, shape: list[int], data: bytes) -> Tensor:
 
 
 def _flatten(obj: Any, prefix: str, tensors: dict[str, Tensor]) -> Any:
-    """The JSON tree of `obj`, moving each tensor into `tensors` under its dotted path."""
+    """The JSON tree of `obj`, moving each tensor into `tensors` under its dotted path (made unique with a `#n`
+    suffix where two paths spell the same: `{'a.b': x, 'a': {'b': y}}`, `{1: x, '1': y}`)."""
     if isinstance(obj, Tensor):
-        tensors[prefix] = obj
-        return {_TENSOR_LEAF: prefix}
+        name, copy = prefix, 1
+        while name in tensors:
+            name, copy = f"{prefix}#{copy}", copy + 1
+        tensors[name] = obj
+        return {_TENSOR_LEAF: name}
     if isinstance(obj, dict):
         return {"__dict__": [[_key(k), _flatten(v, f"{prefix}.{k}" if prefix else str(k), tensors)]
                              for k, v in obj.items()]}
@@ -88,6 +95,10 @@ def save(obj: dict[str, Any], f: str | os.PathLike, metadata: dict[str, str] | N
     """Write `obj` (a state_dict, or nested containers of tensors and numbers) as a safetensors file."""
     from safetensors import TensorSpec, serialize_file
 
+    reserved = [k for k in metadata or {} if k.startswith(RESERVED_PREFIX)]
+    if reserved:
+        fail("save", f"metadata keys starting with {RESERVED_PREFIX!r} are tensorgraphs' own; got {reserved}",
+             kind=ArgumentError)
     tensors: dict[str, Tensor] = {}
     header = dict(metadata or {})
     if _is_flat(obj):
@@ -97,7 +108,16 @@ def save(obj: dict[str, Any], f: str | os.PathLike, metadata: dict[str, str] | N
     arrays = {name: _to_bytes_array(t) for name, t in tensors.items()}
     specs = {name: TensorSpec(dtype=tensors[name].dtype.name, shape=list(a.shape), data_ptr=a.ctypes.data,
                               data_len=a.nbytes) for name, a in arrays.items()}
-    serialize_file(specs, os.fspath(f), metadata=header or None)
+    path = os.fspath(f)
+    # written beside the target and moved over it at once: a crash never leaves a half-written checkpoint
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tg-save-")
+    os.close(handle)
+    try:
+        serialize_file(specs, temporary, metadata=header or None)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def load(f: str | os.PathLike, map_location: Any = None) -> Any:

@@ -75,3 +75,42 @@ def test_nested_checkpoint_round_trips(tmp_path: Path) -> None:
 def test_unsupported_values_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="tg.save stores tensors"):
         tg.save({"x": object()}, tmp_path / "bad.safetensors")
+
+
+@pytest.mark.parametrize("tree", [
+    lambda a, b: {"a.b": a, "a": {"b": b}},
+    lambda a, b: {1: a, "1": b},
+    lambda a, b: {"x": [a, {"0": b}], "x.0": b},
+])
+def test_keys_that_spell_the_same_path_keep_their_own_tensors_and_key_types(tree, tmp_path: Path) -> None:
+    a, b = tg.tensor([1.0, 2.0]), tg.tensor([3, 4, 5])
+    tg.save(tree(a, b), tmp_path / "c.safetensors")
+    loaded = tg.load(tmp_path / "c.safetensors")
+
+    def same(saved, got) -> None:
+        if isinstance(saved, tg.Tensor):
+            assert got.dtype is saved.dtype
+            np.testing.assert_array_equal(got.numpy(), saved.numpy())
+        elif isinstance(saved, dict):
+            assert list(got) == list(saved)  # int and str keys kept apart, in order
+            for key in saved:
+                same(saved[key], got[key])
+        else:
+            assert len(got) == len(saved)
+            for s, g in zip(saved, got):
+                same(s, g)
+
+    same(tree(a, b), loaded)
+
+
+def test_metadata_cannot_take_tensorgraphs_keys_and_a_failed_save_keeps_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    tg.save({"w": tg.ones(2)}, path)
+    before = path.read_bytes()
+    with pytest.raises(tg.ArgumentError, match="tensorgraphs.structure.*test_serialization.py"):
+        tg.save({"w": tg.zeros(2), "step": 3}, path, metadata={"tensorgraphs.structure": "mine"})
+    with pytest.raises(TypeError):
+        tg.save({"w": tg.zeros(2), "bad": object()}, path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    tg.save({"w": tg.zeros(2)}, path, metadata={"note": "mine"})
+    np.testing.assert_array_equal(tg.load(path)["w"].numpy(), np.zeros(2, np.float32))
