@@ -99,6 +99,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tensorgraphs"
 
 
+_SQLITE_HEADER_BYTES = 100
+"""Every database file sqlite has written holds at least its header; a shorter one was truncated."""
+
+
 class KernelDB:
     """The measurements of one database file. Connections are opened lazily, one per process.
 
@@ -140,6 +144,8 @@ class KernelDB:
             return self._in_memory(f"cannot rebuild {self.path} ({error})")
 
     def _open_file(self) -> sqlite3.Connection:
+        if self.path.exists() and self.path.stat().st_size < _SQLITE_HEADER_BYTES:  # sqlite would take it as new
+            raise sqlite3.DatabaseError(f"truncated to {self.path.stat().st_size} bytes")
         conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA busy_timeout = 60000")

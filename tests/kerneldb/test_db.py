@@ -70,7 +70,7 @@ def test_concurrent_writers_lose_no_rows(tmp_path):
     assert rows["shared"].count == 2 * 50  # every conflicting upsert was counted
 
 
-@pytest.mark.parametrize("damage", ["garbage", "old_schema", "truncated"])
+@pytest.mark.parametrize("damage", ["garbage", "old_schema", "truncated", "emptied"])
 def test_broken_file_is_moved_aside_and_rebuilt(tmp_path, damage):
     path = tmp_path / "k.sqlite"
     if damage == "garbage":
@@ -86,7 +86,8 @@ def test_broken_file_is_moved_aside_and_rebuilt(tmp_path, damage):
         for i in range(200):
             _record(good, f"shape{i}", [1e-6])
         good.close()
-        path.write_bytes(path.read_bytes()[:5000] + b"\xff" * 3000)
+        # cut mid-page, or to nothing (sqlite would silently take an empty file for a new database)
+        path.write_bytes(path.read_bytes()[:5000] + b"\xff" * 3000 if damage == "truncated" else b"")
     db = KernelDB(path)
     with pytest.warns(RuntimeWarning, match="moved it to"):
         assert db.count() == 0
