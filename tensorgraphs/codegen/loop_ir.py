@@ -279,7 +279,7 @@ Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal 
 
 
 @dataclass
-class Buffer:
+class KernelParam:
     """A kernel parameter: one array of the program."""
 
     name: str
@@ -291,7 +291,7 @@ class Buffer:
 @dataclass
 class Kernel:
     name: str
-    buffers: list[Buffer]
+    buffers: list[KernelParam]
     body: list[Stmt]
 
     def __str__(self) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tensorgraphs import dtypes
-from tensorgraphs.codegen.loop_ir import AttentionCall, Buffer, Kernel, StridedOperand
+from tensorgraphs.codegen.loop_ir import AttentionCall, Kernel, KernelParam, StridedOperand
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
@@ -226,9 +226,9 @@ class AttentionLowering:
         params = {}
         for view in layout.views:
             name = self.buffers[view.base]
-            params[name] = Buffer(name, view.base.dtype, view.base.size, False)
+            params[name] = KernelParam(name, view.base.dtype, view.base.size, False)
         for member in members:
-            params[self.buffers[member]] = Buffer(self.buffers[member], member.dtype, member.size, True)
+            params[self.buffers[member]] = KernelParam(self.buffers[member], member.dtype, member.size, True)
         operands = [StridedOperand(self.buffers[view.base], view.offset, strides)
                     for view, strides in zip(layout.views, layout.strides)]
         call = self._call(layout, operands, {_written(member): self.buffers[member] for member in members})

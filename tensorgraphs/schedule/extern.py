@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.codegen.loop_ir import Buffer, GemmCall, GemmEpilogue, Kernel
+from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, KernelParam
 from tensorgraphs.graph.composite import Composite, is_composite, make_node
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
@@ -481,9 +481,9 @@ class GemmLowering:
         batch = math.prod(a.shape[:-2])
         (a_base, a_offset, a_prologue), (b_base, b_offset, b_prologue) = gemm_operand(a), gemm_operand(b)
         a_name, b_name, c_name = self.buffers[a_base], self.buffers[b_base], self.buffers[self.node]
-        params = {name: Buffer(name, dtypes.float32, source.size, False)
+        params = {name: KernelParam(name, dtypes.float32, source.size, False)
                   for name, source in ((a_name, a_base), (b_name, b_base), *((self.buffers[o], o) for o in operands))}
-        params[c_name] = Buffer(c_name, dtypes.float32, self.node.size, True)
+        params[c_name] = KernelParam(c_name, dtypes.float32, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
                         (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue)
         return Kernel(self.name, list(params.values()), [call])

@@ -28,9 +28,9 @@ from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.index import Const, Expr, Opaque, Var
 from tensorgraphs.codegen.loop_ir import (
     Accumulate,
-    Buffer,
     IndexValue,
     Kernel,
+    KernelParam,
     Let,
     Lit,
     Load,
@@ -121,7 +121,7 @@ class Lowering:
     _scope_of: dict[str, Scope] = field(default_factory=dict)
     _memo: dict[tuple[Node, Index], Operand] = field(default_factory=dict)
     _same: dict[tuple, Ref] = field(default_factory=dict)  # value numbering: one let per (op, args)
-    _params: dict[str, Buffer] = field(default_factory=dict)
+    _params: dict[str, KernelParam] = field(default_factory=dict)
     _counter: int = 0
     _max_trips: int = 1
     serial: bool = False  # scatter-add: its accumulating stores must not race
@@ -505,7 +505,7 @@ class Lowering:
     def _param(self, name: str, node: Node, writes: bool) -> None:
         existing = self._params.get(name)
         if existing is None:
-            self._params[name] = Buffer(name, node.dtype, node.size, writes)
+            self._params[name] = KernelParam(name, node.dtype, node.size, writes)
         else:
             existing.writes |= writes
 

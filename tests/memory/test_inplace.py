@@ -10,7 +10,7 @@ import pytest
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.codegen.index import Var
-from tensorgraphs.codegen.loop_ir import Buffer, Kernel, Let, Lit, Load, Loop, Ref, Store
+from tensorgraphs.codegen.loop_ir import Kernel, KernelParam, Let, Lit, Load, Loop, Ref, Store
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.memory.inplace import alias_free, writes_in_place_safely
 from tensorgraphs.memory.order import order_for_memory
@@ -66,8 +66,8 @@ def two_output_update(reload_after_store: bool) -> Schedule:
     again after storing m2[i]: then m2 must not take m's bytes (the others still may take either)."""
     i = Var("i", 64)
     f32 = tg.float32
-    buffers = lambda reads, writes: ([Buffer(n, f32, 64, False) for n in reads]  # noqa: E731
-                                     + [Buffer(n, f32, 64, True) for n in writes])
+    buffers = lambda reads, writes: ([KernelParam(n, f32, 64, False) for n in reads]  # noqa: E731
+                                     + [KernelParam(n, f32, 64, True) for n in writes])
     x_value, m, p, m2, p2 = (Ref(n, f32) for n in ("vx", "vm", "vp", "vm2", "vp2"))
     make = Kernel("make", buffers(["x"], ["m", "p"]), [Loop(i, [
         Load("vx", f32, "x", i), Store("m", i, x_value), Let("vp", f32, Op.ADD, (x_value, x_value)),
