@@ -108,7 +108,7 @@ from tensorgraphs import plan as _plan  # noqa: F401  (built-in kernels, the "pl
 from tensorgraphs.profiler import install_from_environment as _install_profiler, profile
 
 _install_profiler()
-from tensorgraphs.runtime.compiled import CompiledFunction  # noqa: E402  (trace once, replay compiled)
+from tensorgraphs.compiled import CompiledFunction  # noqa: E402  (trace once, replay compiled)
 from tensorgraphs.nn.compiled_module import CompiledModule, compile  # noqa: E402
 
 __getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

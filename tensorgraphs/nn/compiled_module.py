@@ -1,4 +1,4 @@
-"""`tg.compile`: of a function (`runtime.compiled`), or of a module as `torch.compile(model)` does.
+"""`tg.compile`: of a function (`tensorgraphs.compiled`), or of a module as `torch.compile(model)` does.
 
 A compiled module is a `Module` wrapping the original one as its submodule `_orig_mod` (torch's name, so
 `parameters()`, `state_dict()` keys, `train()`/`eval()` and optimizers see the same tensors as torch's
@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
+from tensorgraphs.compiled import CompiledFunction
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.nn.module import IncompatibleKeys, Module
 from tensorgraphs.runtime import tracing
-from tensorgraphs.runtime.compiled import CompiledFunction
 
 _ORIGINAL = "_orig_mod"
 

@@ -294,7 +294,7 @@ def run_explain(script: str, argv: list[str]) -> int:
 
 def print_compiled_functions() -> None:
     """What each `tg.compile`d function the script traced costs (kernels, memory, compile time)."""
-    from tensorgraphs.runtime.compiled import RECENT_TRACES
+    from tensorgraphs.compiled import RECENT_TRACES
 
     if not RECENT_TRACES:
         return
