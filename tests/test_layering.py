@@ -18,7 +18,6 @@ FRONT_ENDS = ("tensorgraphs.frontend", "tensorgraphs.nn")
 NOT_YET = {
     "autograd/rules.py": "gradient rules are written with Tensor ops",
     "autograd/backward.py": "Tensor.backward's eager replay lives here",
-    "plan/kernels.py": "samples are built as Tensors",
     "schedule/extern.py": "GEMM epilogue templates are traced from nn.functional",
 }
 

@@ -33,7 +33,7 @@ import numpy as np
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import TGError
-from tensorgraphs.graph.composite import REGISTRY, make_node
+from tensorgraphs.graph.composite import REGISTRY, as_value, make_node
 from tensorgraphs.graph.node import Shape, buffer
 from tensorgraphs.plan.measure import random_array
 from tensorgraphs.plan.signature import Signature, TensorSpec, signature_of
@@ -201,15 +201,13 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 
 def _sample_node(composite_name: str, sample: Sample, dtype: DType, rng: np.random.Generator):
     """A composite node over fresh buffers of random data, built as the frontend builds it."""
-    from tensorgraphs.frontend.tensor import Tensor
-
     composite = REGISTRY[composite_name]
     sources = []
     for shape in sample.shapes:
         data = random_array(TensorSpec(dtype, tuple(shape)), rng)
         sources.append(buffer(Buffer("numpy", dtype, tuple(shape), data), dtype, tuple(shape)))
     params = dict(sample.params)
-    out_dtype, out_shape = composite.infer(*(Tensor(s) for s in sources), **params)
+    out_dtype, out_shape = composite.infer(*map(as_value, sources), **params)
     return make_node(composite, tuple(sources), params, out_dtype, tuple(out_shape))
 
 
