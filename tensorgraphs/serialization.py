@@ -114,10 +114,18 @@ def save(obj: dict[str, Any], f: str | os.PathLike, metadata: dict[str, str] | N
     os.close(handle)
     try:
         serialize_file(specs, temporary, metadata=header or None)
+        os.chmod(temporary, _new_file_mode())  # mkstemp's 0600 would make checkpoints private to their writer
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _new_file_mode() -> int:
+    """The mode `open()` would give a new file: 0666 less the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def load(f: str | os.PathLike, map_location: Any = None) -> Any:

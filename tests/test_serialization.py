@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,12 @@ def test_metadata_cannot_take_tensorgraphs_keys_and_a_failed_save_keeps_the_old_
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
     tg.save({"w": tg.zeros(2)}, path, metadata={"note": "mine"})
     np.testing.assert_array_equal(tg.load(path)["w"].numpy(), np.zeros(2, np.float32))
+
+
+def test_a_checkpoint_gets_the_permissions_a_new_file_would_get(tmp_path: Path) -> None:
+    mask = os.umask(0o022)
+    try:
+        tg.save({"w": tg.ones(2)}, tmp_path / "model.safetensors")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o644
