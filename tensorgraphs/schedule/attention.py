@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from tensorgraphs import dtypes
@@ -29,6 +29,7 @@ from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels.gemm import merge_batch_dims
 from tensorgraphs.kernels.gemm.build import KernelBuildError, compiler_version
+from tensorgraphs.schedule.extern import LibraryCallLowering
 
 FORWARD = "scaled_dot_product_attention"
 LOGSUMEXP = "scaled_dot_product_attention_logsumexp"
@@ -205,15 +206,8 @@ def _written(node: Node) -> str:
     return "out" if node.op.name == FORWARD else "lse"
 
 
-@dataclass
-class AttentionLowering:
-    """The kernel of one attention call; like `lower.Lowering`, it inlines and recomputes nothing."""
-
-    name: str
-    node: Node
-    buffers: dict[Node, str]
-    inlined: set[Node] = field(default_factory=set)
-    recomputed: set[Node] = field(default_factory=set)
+class AttentionLowering(LibraryCallLowering):
+    """The kernel of one attention call."""
 
     def kernel(self) -> Kernel:
         """The call, made by the first node of the call in program order (`buffers` lists them in that order);

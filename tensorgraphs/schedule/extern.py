@@ -464,8 +464,8 @@ def gemm_operand(view: Node) -> tuple[Node, int, str]:
 
 
 @dataclass
-class GemmLowering:
-    """The kernel of one matrix product and its epilogue; like `lower.Lowering`, it inlines and recomputes
+class LibraryCallLowering:
+    """The kernel of one call into a kernel library, with `lower.Lowering`'s interface: it inlines and recomputes
     nothing."""
 
     name: str
@@ -473,6 +473,10 @@ class GemmLowering:
     buffers: dict[Node, str]
     inlined: set[Node] = field(default_factory=set)
     recomputed: set[Node] = field(default_factory=set)
+
+
+class GemmLowering(LibraryCallLowering):
+    """The kernel of one matrix product and its epilogue."""
 
     def kernel(self) -> Kernel:
         a, b, *operands = self.node.src
