@@ -22,9 +22,9 @@ import numpy as np
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.plan.cost import reference_impl_hash
 from tensorgraphs.plan.executor import OBSERVERS
-from tensorgraphs.plan.kernels import KERNEL_BACKENDS, Kernel
+from tensorgraphs.plan.implementations import KERNEL_BACKENDS, Implementation
 from tensorgraphs.plan.measure import random_array, time_samples
-from tensorgraphs.plan.planner import DECOMPOSE, Path, Planner, copy_signature
+from tensorgraphs.plan.planner import DECOMPOSE, Planner, Route, copy_signature
 from tensorgraphs.plan.signature import Signature, placeholder_node
 from tensorgraphs.runtime.realize import device
 
@@ -76,7 +76,7 @@ def _inputs(sig: Signature) -> list[np.ndarray]:
     return [random_array(spec, rng) for spec in sig.inputs]
 
 
-def _kernel_call(kernel: Kernel, sig: Signature) -> Callable[[], Any]:
+def _kernel_call(kernel: Implementation, sig: Signature) -> Callable[[], Any]:
     """The kernel alone on inputs already on its backend (copies are measured as their own tasks)."""
     backend = KERNEL_BACKENDS[kernel.backend]
     native = [backend.to_native(a) for a in _inputs(sig)]
@@ -216,7 +216,7 @@ def tune(planner: Planner, signatures: list[Signature], budget: float = float("i
 # ---------------------------------------------------------------------------
 
 
-def measured_seconds(planner: Planner, path: Path) -> float | None:
+def measured_seconds(planner: Planner, path: Route) -> float | None:
     """The path's time from exact database rows only (None when any part was not measured)."""
     model = planner.cost_model
     parts: list[tuple[str, str, Signature]]

@@ -8,7 +8,7 @@ import pytest
 
 from tensorgraphs import cli
 from tensorgraphs.kerneldb import default_db
-from tensorgraphs.plan import KERNELS, Planner
+from tensorgraphs.plan import IMPLEMENTATIONS, Planner
 from tensorgraphs.plan.tuning import collect_composites, measurement_tasks, print_compiled_functions, tune
 
 SCRIPT = textwrap.dedent("""
@@ -69,7 +69,7 @@ def test_tune_then_explain_shows_measured_choices(script, capsys):
     planner = Planner()
     measured = {p.implementation: p.estimate.seconds for p in planner.options(matmul)}
     assert planner.best(matmul).estimate.seconds == min(measured.values())
-    assert KERNELS.get("numpy.matmul").name in measured
+    assert IMPLEMENTATIONS.get("numpy.matmul").name in measured
 
 
 def test_explain_needs_no_tuning_and_marks_unmeasured(script, capsys):
