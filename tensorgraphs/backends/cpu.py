@@ -31,12 +31,12 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, render_program, uses_gemm
+from tensorgraphs.codegen.c_renderer import CACHE_LINE, gemm_functions, render_program
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import gemm
+from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -84,7 +84,8 @@ class Program:
             print(source, file=sys.stderr)
         self.source = source
         self._buffer_names = [b.name for b in schedule.buffers]
-        self._link = link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()
+        libraries = sorted({LIBRARIES[function]() for function in gemm_functions(self.kernels)})
+        self._link = tuple(flag for library in libraries for flag in link_library(library))
         library = load(source, self._link)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]

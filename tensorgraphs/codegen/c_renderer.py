@@ -501,12 +501,17 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
             *(gemm.ACTIVATIONS[name] for name in (epilogue.activation, call.a_prologue, call.b_prologue))]
-    return f"(void)tg_gemm_f32({', '.join(map(str, args))});"
+    return f"(void){call.function}({', '.join(map(str, args))});"
 
 
 def uses_gemm(kernels: list[Kernel]) -> bool:
-    """Whether the program calls the GEMM library (it is then linked against it)."""
-    return any(isinstance(stmt, GemmCall) for kernel in kernels for stmt in kernel.body)
+    """Whether the program calls a GEMM library (it is then linked against it)."""
+    return bool(gemm_functions(kernels))
+
+
+def gemm_functions(kernels: list[Kernel]) -> set[str]:
+    """The GEMM libraries' C functions the program calls."""
+    return {stmt.function for kernel in kernels for stmt in kernel.body if isinstance(stmt, GemmCall)}
 
 
 def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:

@@ -3,8 +3,9 @@
 Steps, each a plain function:
 
 1. `to_primitive`: every composite is replaced by its reference decomposition
-   (recursively), except float32 matrix products the GEMM library runs (`schedule.extern`:
-   kept whole, their operands and result materialized) and scans (cumsum, cumprod: kept whole
+   (recursively), except those the planner (`plan.choices.route_of`) runs otherwise: float32
+   matrix products a GEMM library runs (`schedule.extern`: kept whole, their operands and
+   result materialized); and scans (cumsum, cumprod: kept whole
    and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
    product's elementwise consumers that the GEMM applies itself (bias, activation, residual,
@@ -57,13 +58,8 @@ from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, Local, Reduce, Store,
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
-from tensorgraphs.schedule.extern import (
-    GemmLowering,
-    fuse_epilogues,
-    operand_base,
-    runs_as_gemm,
-    transposed_product,
-)
+from tensorgraphs.plan.choices import route_of
+from tensorgraphs.schedule.extern import GEMM_FUNCTIONS, GemmLowering, fuse_epilogues, operand_base, transposed_product
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
 
 IsInput = Callable[[Node], bool]
@@ -107,14 +103,14 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 memo[node] = node
             elif (swapped := transposed_product(node, uses)) is not None:
                 memo[node] = convert(swapped)
-            elif runs_as_gemm(node):
-                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
-                forced.add(memo[node])
-                forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
             elif runs_as_scan(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
-            elif is_composite(node):
+            elif is_composite(node) and route_of(node) in GEMM_FUNCTIONS:
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
+                forced.add(memo[node])
+                forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
+            elif is_composite(node):  # the planner chose its decomposition (`plan.choices`)
                 from tensorgraphs.frontend.composites import decompose
                 from tensorgraphs.rewrite import optimize
 
