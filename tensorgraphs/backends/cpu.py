@@ -37,6 +37,7 @@ from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import LIBRARIES
+from tensorgraphs.plan.choices import collecting, routes_taken, still_taken
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -118,6 +119,7 @@ class Program:
         self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
+        self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
 
     def _update_in_place(self, schedule: Schedule, inputs: list[Node],
                          donated: Sequence[tuple[int, int]]) -> dict[int, int]:
@@ -323,9 +325,12 @@ class CpuBackend:
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
         key = (key, donated)
         found = self._programs.get(key)
-        if found is None:
+        if found is None or not still_taken(found.routes):
             given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
-            found = Program(schedule_kernels(roots, given.__contains__), inputs, donated=donated)
+            with collecting() as planned:
+                schedule = schedule_kernels(roots, given.__contains__)
+            found = Program(schedule, inputs, donated=donated)
+            found.routes = routes_taken(planned)
             self._programs[key] = found
             if len(self._programs) > PROGRAM_CACHE_SIZE:
                 self._programs.popitem(last=False)

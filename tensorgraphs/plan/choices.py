@@ -12,7 +12,9 @@ its inputs anonymous, so identical layers are planned once), the candidate with 
 
 Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at most `MEASURE_LIMIT`
 signatures per process), so compiling stays fast by default: a measurement compiles the composite alone with
-the candidate forced (`forced`) and times the program, so it measures exactly what would run.
+the candidate forced (`forced`) and times the program, so it measures exactly what would run. A candidate's
+`applies` must depend on the node's signature only (dtypes, shapes, parameters): choices are cached by it.
+A compiled program remembers the routes it was built with (`routes_taken`) and is rebuilt when one changed.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
     try:
         yield found
     finally:
-        _COLLECTORS.remove(found)
+        _COLLECTORS[:] = [c for c in _COLLECTORS if c is not found]  # by identity: equal dicts are others
 
 
 # ---------------------------------------------------------------------------
@@ -245,6 +247,19 @@ def compiled_planner(db: KernelDB | None = None) -> CompiledPlanner:
     if id(db) not in _PLANNERS:
         _PLANNERS[id(db)] = CompiledPlanner(db)
     return _PLANNERS[id(db)]
+
+
+def routes_taken(collected: dict[str, dict[Signature, Node]]) -> tuple[tuple[Signature, str], ...]:
+    """The route of every composite `collecting` saw while a program was built: what a cached program assumes."""
+    planner = compiled_planner()
+    return tuple((sig, planner.route(node)) for found in collected.values() for sig, node in found.items())
+
+
+def still_taken(routes: tuple[tuple[Signature, str], ...]) -> bool:
+    """Whether a program built with `routes` still runs what the planner chooses (measurements may have changed
+    a choice); asking records the composites again for any collector, as building the program did."""
+    planner = compiled_planner()
+    return all(planner.route(placeholder_node(sig)) == route for sig, route in routes)
 
 
 def route_of(node: Node) -> str:
