@@ -18,11 +18,13 @@ TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
@@ -33,6 +35,7 @@ from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import CACHE_LINE, gemm_functions, render_program
 from tensorgraphs.codegen.compiler import link_library, load
+from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
@@ -44,6 +47,22 @@ from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 PROGRAM_CACHE_SIZE = 512
 POOLED_BYTES = 1 << 20
 """Outputs at least this large are recycled once the caller drops them (fresh pages cost ~0.4 ms per MiB)."""
+
+
+KERNEL_OBSERVERS: list[Callable[[str, float, float, float, float], None]] = []
+"""While any is registered (`tg.profile`), programs run their timed build and report every kernel as
+(name, start, seconds, flops, bytes); a graph interpreted instead of compiled is one "interpreted graph"."""
+
+
+def kernel_work(kernel: Kernel) -> tuple[float, float]:
+    """(flops of its library calls, bytes of the buffers it reads and writes once each): for a roofline."""
+    flops = sum(2.0 * s.batch * s.m * s.n * s.k for s in walk(kernel.body) if isinstance(s, GemmCall))
+    return flops, float(sum(b.size * b.dtype.itemsize for b in kernel.buffers))
+
+
+def _report(name: str, start: float, seconds: float, flops: float = 0.0, nbytes: float = 0.0) -> None:
+    for observe in KERNEL_OBSERVERS:
+        observe(name, start, seconds, flops, nbytes)
 
 
 def _debug(stage: str) -> bool:
@@ -151,8 +170,27 @@ class Program:
             if memory.poison_enabled():
                 self.arena.poison()
             arrays = self._arrays(inputs)
-            _check_status(self._interruptible(self._entry, _pointers(arrays)))
+            if KERNEL_OBSERVERS:
+                self._run_timed(arrays)
+            else:
+                _check_status(self._interruptible(self._entry, _pointers(arrays)))
             return [arrays[i] for i in self._outputs]
+
+    def _run_timed(self, arrays: list[np.ndarray]) -> None:
+        """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
+        library, seconds = self._timed
+        ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
+        start = time.perf_counter()
+        _check_status(library.tg_program(_pointers(arrays)))
+        for kernel, spent in zip(self.kernels, seconds):
+            _report(kernel.name, start, spent, *kernel_work(kernel))
+            start += spent
+
+    @functools.cached_property
+    def _timed(self) -> tuple[Any, Any]:
+        """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
+        library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+        return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
         """`entry(*args)`, stopped between kernels by Ctrl-C (raising KeyboardInterrupt) instead of running to the
@@ -173,8 +211,7 @@ class Program:
     def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
         with self._running:
-            library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
-            seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
+            library, seconds = self._timed
             arrays = self._arrays(inputs)
             runs = []
             for _ in range(repeat):
@@ -362,7 +399,11 @@ class Prepared:
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         below = self.backend.interpret_below
         if below and self.touched < below:
-            return REFERENCE.evaluate(self.roots, dict(zip(self.inputs, arrays)))
+            start = time.perf_counter()
+            values = REFERENCE.evaluate(self.roots, dict(zip(self.inputs, arrays)))
+            if KERNEL_OBSERVERS:
+                _report("interpreted graph", start, time.perf_counter() - start)
+            return values
         if self._program is None:
             self._program, self._order = self.backend.program(self.roots, dict.fromkeys(self.inputs))
             position = {n: i for i, n in enumerate(self.inputs)}
