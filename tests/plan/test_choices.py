@@ -79,6 +79,7 @@ def _candidate_count(sig: Signature) -> int:
     return len(candidates_of(placeholder_node(sig)))
 
 
+@needs_gemm
 def test_tune_then_explain_shows_measured_choices_and_explaining_again_measures_nothing(tmp_path, capsys, timed):
     script = tmp_path / "held_out.py"
     script.write_text(SCRIPT)
@@ -140,6 +141,7 @@ def test_compiling_predicts_without_measuring_and_follows_the_table_order(timed)
     assert timed == [] and [c.function for c in _gemm_calls(product)] == [GEMM_FUNCTIONS["gemm"]]
 
 
+@needs_gemm
 def test_tg_tune_measures_on_first_need_once(monkeypatch, timed):
     monkeypatch.setenv("TG_TUNE", "1")
     x = tg.tensor(np.ones((3, 5), np.float32))
