@@ -66,13 +66,13 @@ def _ops(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from tensorgraphs.plan.tuning import run_tune
 
-    return run_tune(args.script, args.script_args, args.budget)
+    return run_tune(args.script, args.script_args, args.budget, args.device)
 
 
 def _explain(args: argparse.Namespace) -> int:
     from tensorgraphs.plan.tuning import run_explain
 
-    return run_explain(args.script, args.script_args)
+    return run_explain(args.script, args.script_args, args.device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     ops.add_argument("--op", nargs="*", help="check only these ops")
     ops.add_argument("-v", "--verbose", action="store_true", help="print the first failures of each op")
     ops.set_defaults(run=_ops)
-    tune = commands.add_parser("tune", help="run a script, then measure the candidate kernels of its composites")
+    tune = commands.add_parser("tune", help="run a script, then measure the candidates of its composites")
     tune.add_argument("--budget", type=float, default=float("inf"), help="stop measuring after this many seconds")
     explain = commands.add_parser("explain", help="run a script, then show each composite's chosen implementation")
     for command, run in ((tune, _tune), (explain, _explain)):
+        command.add_argument("--device", help="run the script on this device (default: the script's own)")
         command.add_argument("script", help="Python script to run (as __main__)")
         command.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
         command.set_defaults(run=run)

@@ -48,6 +48,7 @@ from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.plan.choices import planning_for
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import differentiable, tracing
 from tensorgraphs.runtime.realize import graph_without_data, realized_values
@@ -205,12 +206,13 @@ class CompiledFunction:
         trace = next((t for t in candidates if t.holds(args)), None)
         if trace is None:
             started = time.perf_counter()
-            try:
-                trace = self._trace(args, keywords, numbers_as_inputs=True)
-            except Exception:
-                if not any(_is_number(a) for a in args):
-                    raise
-                trace = self._trace(args, keywords, numbers_as_inputs=False)  # a use tracing cannot follow
+            with planning_for(getattr(self.fn, "__qualname__", repr(self.fn))):  # for tg tune / tg explain
+                try:
+                    trace = self._trace(args, keywords, numbers_as_inputs=True)
+                except Exception:
+                    if not any(_is_number(a) for a in args):
+                        raise
+                    trace = self._trace(args, keywords, numbers_as_inputs=False)  # a use tracing cannot follow
             trace.compile_seconds = time.perf_counter() - started
             candidates.append(trace)
             names = [""] * (len(args) - len(keywords)) + [f"{k}=" for k in keywords]

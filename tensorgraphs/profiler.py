@@ -1,11 +1,13 @@
 """`with tg.profile():` where the time goes, per kernel, against the device's roofline.
 
-Realizations inside the block run on the "planned" device (the reference
-interpreter has no kernels to report), whose executor reports every kernel and
-primitive call. On exit the block prints, per kernel: calls, time, share of the
-total, achieved GB/s and GFLOP/s and the fraction of the roofline bound
-(min(peak FLOP/s, bandwidth x arithmetic intensity)) it reached, and it can write
-a Chrome trace (JSON) that chrome://tracing and Perfetto open.
+Realizations inside the block run on the device they run on anyway: the cpu
+device's compiled programs run their timed build and report each kernel (`tg.compile`d
+functions included; a graph small enough to be interpreted is one "interpreted graph"),
+and the "planned" device's executor reports every kernel and primitive call. On exit
+the block prints, per kernel: calls, time, share of the total, achieved GB/s and
+GFLOP/s and the fraction of the roofline bound (min(peak FLOP/s, bandwidth x
+arithmetic intensity)) it reached, and it can write a Chrome trace (JSON) that
+chrome://tracing and Perfetto open.
 
 `TG_PROFILE=1` profiles the whole program and reports at exit (trace written to
 `TG_PROFILE_TRACE`, default tg-trace-<pid>.json).
@@ -22,18 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from tensorgraphs.backends.cpu import KERNEL_OBSERVERS
 from tensorgraphs.kerneldb import DevicePeaks
 from tensorgraphs.plan.executor import OBSERVERS
 from tensorgraphs.plan.signature import Signature
-from tensorgraphs.runtime.realize import device
 
 
 @dataclass(frozen=True)
 class Event:
+    """One kernel call: `detail` says what it computed (a signature on the planned device)."""
+
     name: str
-    signature: Signature
     start: float
     seconds: float
+    flops: float
+    bytes: float
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ def _roofline_fraction(k: KernelStats, peaks: DevicePeaks) -> str:
     return f"{k.flops / k.seconds / bound:.1%}"
 
 
-@dataclass
+@dataclass(eq=False)
 class Profile:
     """Events recorded while active; `summary`, `report` and `export_chrome_trace` read them."""
 
@@ -73,7 +79,10 @@ class Profile:
         return None
 
     def on_call(self, name: str, sig: Signature, start: float, seconds: float) -> None:
-        self.events.append(Event(name, sig, start, seconds))
+        self.events.append(Event(name, start, seconds, sig.flops, sig.bytes, str(sig)))
+
+    def on_kernel(self, name: str, start: float, seconds: float, flops: float, nbytes: float) -> None:
+        self.events.append(Event(name, start, seconds, flops, nbytes))
 
     def summary(self) -> list[KernelStats]:
         """Per kernel id, slowest first."""
@@ -82,8 +91,8 @@ class Profile:
             entry = totals.setdefault(e.name, [0, 0.0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += e.seconds
-            entry[2] += e.signature.flops
-            entry[3] += e.signature.bytes
+            entry[2] += e.flops
+            entry[3] += e.bytes
         stats = [KernelStats(name, int(c), s, f, b) for name, (c, s, f, b) in totals.items()]
         return sorted(stats, key=lambda k: -k.seconds)
 
@@ -108,7 +117,7 @@ class Profile:
         origin = min((e.start for e in self.events), default=0.0)
         events = [{"name": e.name, "cat": "kernel", "ph": "X", "pid": os.getpid(), "tid": 0,
                    "ts": (e.start - origin) * 1e6, "dur": e.seconds * 1e6,
-                   "args": {"signature": str(e.signature), "flops": e.signature.flops, "bytes": e.signature.bytes}}
+                   "args": {"detail": e.detail, "flops": e.flops, "bytes": e.bytes}}
                   for e in self.events]
         target = Path(path)
         target.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
@@ -116,15 +125,21 @@ class Profile:
 
 
 @contextlib.contextmanager
-def profile(report: bool = True, trace: str | os.PathLike | None = None) -> Iterator[Profile]:
-    """Profile realizations inside the block; print the report to stderr and write `trace` at the end."""
-    session = Profile()
+def _observing(session: Profile) -> Iterator[Profile]:
     OBSERVERS.append(session)
+    KERNEL_OBSERVERS.append(session.on_kernel)
     try:
-        with device("planned"):  # the device whose executor reports its kernels
-            yield session
+        yield session
     finally:
         OBSERVERS.remove(session)
+        KERNEL_OBSERVERS.remove(session.on_kernel)
+
+
+@contextlib.contextmanager
+def profile(report: bool = True, trace: str | os.PathLike | None = None) -> Iterator[Profile]:
+    """Profile realizations inside the block; print the report to stderr and write `trace` at the end."""
+    with _observing(Profile()) as session:
+        yield session
     if report:
         print(session.report(), file=sys.stderr)
     if trace is not None:
@@ -132,14 +147,12 @@ def profile(report: bool = True, trace: str | os.PathLike | None = None) -> Iter
 
 
 def install_from_environment() -> None:
-    """`TG_PROFILE=1`: profile the whole program on the planned device and report at exit."""
+    """`TG_PROFILE=1`: profile the whole program and report at exit."""
     if os.environ.get("TG_PROFILE", "") in ("", "0"):
         return
-    from tensorgraphs.runtime.realize import set_default_device
-
     session = Profile()
     OBSERVERS.append(session)
-    set_default_device("planned")
+    KERNEL_OBSERVERS.append(session.on_kernel)
     trace = os.environ.get("TG_PROFILE_TRACE") or f"tg-trace-{os.getpid()}.json"
 
     def finish() -> None:

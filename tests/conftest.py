@@ -1,9 +1,13 @@
 """Suite-wide fixtures: the device a test exercises (the `device` marker), kernel caches isolated from a test
-that breaks a renderer, counting spies (speed guards count work, never seconds) and a compiled training step."""
+that breaks a renderer, counting spies (speed guards count work, never seconds) and a compiled training step.
+
+The suite runs with a cache directory of its own (unless TG_CACHE_DIR names one): the user's kernel database
+holds their `tg tune` measurements, which would change what the planner chooses and so what tests observe."""
 
 from __future__ import annotations
 
 import functools
+import os
 from collections import Counter, OrderedDict
 from typing import Any, Callable
 
@@ -12,8 +16,11 @@ import pytest
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.kerneldb.db import cache_dir
 from tensorgraphs.runtime import realize
 
+if not os.environ.get("TG_CACHE_DIR"):
+    os.environ["TG_CACHE_DIR"] = str(cache_dir().with_name(cache_dir().name + "-tests"))
 DEVICE_MARKER_OPTIONS = {"compile"}
 
 

@@ -18,11 +18,13 @@ TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
@@ -31,12 +33,14 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, render_program, uses_attention, uses_gemm
+from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, library_functions, render_program
 from tensorgraphs.codegen.compiler import link_library, load
+from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels import LIBRARIES
+from tensorgraphs.plan.choices import collecting, routes_taken, still_taken
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -44,6 +48,22 @@ PROGRAM_CACHE_SIZE = 512
 POOLED_BYTES = 1 << 20
 """Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
 (bench/NOTES.md)."""
+
+
+KERNEL_OBSERVERS: list[Callable[[str, float, float, float, float], None]] = []
+"""While any is registered (`tg.profile`), programs run their timed build and report every kernel as
+(name, start, seconds, flops, bytes); a graph interpreted instead of compiled is one "interpreted graph"."""
+
+
+def kernel_work(kernel: Kernel) -> tuple[float, float]:
+    """(flops of its library calls, bytes of the buffers it reads and writes once each): for a roofline."""
+    flops = sum(2.0 * s.batch * s.m * s.n * s.k for s in walk(kernel.body) if isinstance(s, GemmCall))
+    return flops, float(sum(b.size * b.dtype.itemsize for b in kernel.buffers))
+
+
+def _report(name: str, start: float, seconds: float, flops: float = 0.0, nbytes: float = 0.0) -> None:
+    for observe in KERNEL_OBSERVERS:
+        observe(name, start, seconds, flops, nbytes)
 
 
 def _debug(stage: str) -> bool:
@@ -85,8 +105,8 @@ class Program:
             print(source, file=sys.stderr)
         self.source = source
         self._buffer_names = [b.name for b in schedule.buffers]
-        self._link = (link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()) + (
-            link_library(attention.library_path()) if uses_attention(self.kernels) else ())
+        libraries = sorted({LIBRARIES[function].path() for function in library_functions(self.kernels)})
+        self._link = tuple(flag for library in libraries for flag in link_library(library))
         library = load(source, self._link)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
@@ -119,6 +139,7 @@ class Program:
         self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
+        self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
 
     def _update_in_place(self, schedule: Schedule, inputs: list[Node],
                          donated: Sequence[tuple[int, int]]) -> dict[int, int]:
@@ -150,8 +171,27 @@ class Program:
             if memory.poison_enabled():
                 self.arena.poison()
             arrays = self._arrays(inputs)
-            _check_status(self._interruptible(self._entry, _pointers(arrays)))
+            if KERNEL_OBSERVERS:
+                self._run_timed(arrays)
+            else:
+                _check_status(self._interruptible(self._entry, _pointers(arrays)))
             return [arrays[i] for i in self._outputs]
+
+    def _run_timed(self, arrays: list[np.ndarray]) -> None:
+        """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
+        library, seconds = self._timed
+        ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
+        start = time.perf_counter()
+        _check_status(library.tg_program(_pointers(arrays)))
+        for kernel, spent in zip(self.kernels, seconds):
+            _report(kernel.name, start, spent, *kernel_work(kernel))
+            start += spent
+
+    @functools.cached_property
+    def _timed(self) -> tuple[Any, Any]:
+        """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
+        library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+        return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
         """`entry(*args)`, stopped between kernels by Ctrl-C (raising KeyboardInterrupt) instead of running to the
@@ -172,8 +212,7 @@ class Program:
     def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
         with self._running:
-            library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
-            seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
+            library, seconds = self._timed
             arrays = self._arrays(inputs)
             runs = []
             for _ in range(repeat):
@@ -326,9 +365,12 @@ class CpuBackend:
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
         key = (key, donated)
         found = self._programs.get(key)
-        if found is None:
+        if found is None or not still_taken(found.routes):
             given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
-            found = Program(schedule_kernels(roots, given.__contains__), inputs, donated=donated)
+            with collecting() as planned:
+                schedule = schedule_kernels(roots, given.__contains__)
+            found = Program(schedule, inputs, donated=donated)
+            found.routes = routes_taken(planned)
             self._programs[key] = found
             if len(self._programs) > PROGRAM_CACHE_SIZE:
                 self._programs.popitem(last=False)
@@ -360,7 +402,11 @@ class Prepared:
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         below = self.backend.interpret_below
         if below and self.touched < below:
-            return REFERENCE.evaluate(self.roots, dict(zip(self.inputs, arrays)))
+            start = time.perf_counter()
+            values = REFERENCE.evaluate(self.roots, dict(zip(self.inputs, arrays)))
+            if KERNEL_OBSERVERS:
+                _report("interpreted graph", start, time.perf_counter() - start)
+            return values
         if self._program is None:
             self._program, self._order = self.backend.program(self.roots, dict.fromkeys(self.inputs))
             position = {n: i for i, n in enumerate(self.inputs)}

@@ -50,7 +50,7 @@ from tensorgraphs.codegen.loop_ir import (
 )
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels import LIBRARIES, attention, gemm
 
 
 def _pi(digits: int = 120) -> Fraction:
@@ -505,12 +505,20 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
             *(gemm.ACTIVATIONS[name] for name in (epilogue.activation, call.a_prologue, call.b_prologue))]
-    return f"(void)tg_gemm_f32({', '.join(map(str, args))});"
+    return f"(void){call.function}({', '.join(map(str, args))});"
 
 
-def uses_gemm(kernels: list[Kernel]) -> bool:
-    """Whether the program calls the GEMM library (it is then linked against it)."""
-    return any(isinstance(stmt, GemmCall) for kernel in kernels for stmt in kernel.body)
+def library_functions(kernels: list[Kernel]) -> set[str]:
+    """The native libraries' C functions the program calls (it is linked against their libraries)."""
+    return {function for kernel in kernels for stmt in kernel.body for function in _called(stmt)}
+
+
+def _called(stmt: object) -> tuple[str, ...]:
+    if isinstance(stmt, GemmCall):
+        return (stmt.function,)
+    if isinstance(stmt, AttentionCall):
+        return (attention.C_FUNCTIONS["backward" if stmt.backward else "forward"],)
+    return ()
 
 
 def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
@@ -529,14 +537,9 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
     if call.backward:
         assert call.out and call.lse and call.dout
         args += [array[call.out], array[call.lse], *operand(call.dout), *map(output, (call.dq, call.dk, call.dv))]
-        return f"(void)tg_attention_backward_f32({', '.join(map(str, args))});"
+        return f"(void){attention.C_FUNCTIONS['backward']}({', '.join(map(str, args))});"
     args += [output(call.out), output(call.lse)]
-    return f"(void)tg_attention_forward_f32({', '.join(map(str, args))});"
-
-
-def uses_attention(kernels: list[Kernel]) -> bool:
-    """Whether the program calls the attention library (it is then linked against it)."""
-    return any(isinstance(stmt, AttentionCall) for kernel in kernels for stmt in kernel.body)
+    return f"(void){attention.C_FUNCTIONS['forward']}({', '.join(map(str, args))});"
 
 
 def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
@@ -550,9 +553,9 @@ def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = Fals
     compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
     `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
     """
-    gemm_header = f'#include "{gemm.HEADER}"\n' if uses_gemm(kernels) else ""
-    gemm_header += f'#include "{attention.HEADER}"\n' if uses_attention(kernels) else ""
-    parts = [PREAMBLE + gemm_header + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
+    headers = sorted({LIBRARIES[function].header for function in library_functions(kernels)})
+    includes = "".join(f'#include "{header}"\n' for header in headers)
+    parts = [PREAMBLE + includes + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
     declarations = []
     calls = []
     slot = {name: i for i, name in enumerate(buffers)}

@@ -206,6 +206,7 @@ class GemmCall:
     b_offset: int = 0
     a_prologue: str = "none"
     b_prologue: str = "none"
+    function: str = "tg_gemm_f32"  # the library's C function (one of schedule.extern.GEMM_FUNCTIONS)
 
     def __repr__(self) -> str:
         a, b = (f"{prologue}({_at_offset(name, offset)})" if prologue != "none" else _at_offset(name, offset)
@@ -213,7 +214,8 @@ class GemmCall:
                                                (self.b, self.b_offset, self.b_prologue)))
         product = f"gemm[{self.batch}x{self.m}x{self.n}x{self.k}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
         epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"
-        return f"{self.c}{list(self.c_strides)} = {product}{epilogue}"
+        library = "" if self.function == "tg_gemm_f32" else f" by {self.function}"
+        return f"{self.c}{list(self.c_strides)} = {product}{epilogue}{library}"
 
 
 @dataclass(frozen=True)

@@ -7,21 +7,22 @@ See docs/planner.md.
 from tensorgraphs.plan import library as _library  # noqa: F401  (registers the built-in kernels)
 from tensorgraphs.plan.cost import CostModel, Estimate
 from tensorgraphs.plan.executor import PLANNED, PlannedBackend
-from tensorgraphs.plan.kernels import (
+from tensorgraphs.plan.implementations import (
+    IMPLEMENTATIONS,
     KERNEL_BACKENDS,
-    KERNELS,
-    Kernel,
+    Implementation,
+    ImplementationRejected,
     KernelBackend,
-    KernelRejected,
     Sample,
-    register_kernel,
+    register_implementation,
     register_kernel_backend,
 )
-from tensorgraphs.plan.planner import DECOMPOSE, GraphPlan, Path, PlanError, Planner, default_planner
+from tensorgraphs.plan.planner import DECOMPOSE, GraphPlan, PlanError, Planner, Route, default_planner
 from tensorgraphs.plan.signature import Signature, TensorSpec, signature_of
 
 __all__ = [
-    "DECOMPOSE", "KERNELS", "KERNEL_BACKENDS", "PLANNED", "CostModel", "Estimate", "GraphPlan", "Kernel",
-    "KernelBackend", "KernelRejected", "Path", "PlanError", "PlannedBackend", "Planner", "Sample", "Signature",
-    "TensorSpec", "default_planner", "register_kernel", "register_kernel_backend", "signature_of",
+    "DECOMPOSE", "IMPLEMENTATIONS", "KERNEL_BACKENDS", "PLANNED", "CostModel", "Estimate", "GraphPlan",
+    "Implementation", "ImplementationRejected", "KernelBackend", "PlanError", "PlannedBackend", "Planner", "Route",
+    "Sample", "Signature", "TensorSpec", "default_planner", "register_implementation", "register_kernel_backend",
+    "signature_of",
 ]

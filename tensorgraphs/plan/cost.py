@@ -54,6 +54,10 @@ class Estimate:
 
 FREE = Estimate(0.0, "free")
 
+NOMINAL_PEAKS = DevicePeaks(bandwidth=20e9, flops=100e9, overhead=2e-6)
+"""Roofline peaks for where nothing may be measured (compiling a program) and none are stored yet: every
+candidate then gets the same roofline, and its prior decides."""
+
 
 def measure_device_peaks() -> DevicePeaks:
     """Copy bandwidth (16 MB float32), float32 GEMM throughput (256^3) and one interpreted primitive's overhead."""
@@ -142,8 +146,11 @@ class CostModel:
 
     def estimate(self, kernel: str, impl_hash: str, sig: Signature) -> Estimate:
         row = self.measured(kernel, impl_hash, sig)
-        if row is not None:
-            return Estimate(row.median, "measured")
+        return Estimate(row.median, "measured") if row is not None else self.predict(kernel, impl_hash, sig)
+
+    def predict(self, kernel: str, impl_hash: str, sig: Signature) -> Estimate:
+        """The estimate from the fit over the kernel's rows (the roofline without any), whether or not `sig`
+        itself was measured."""
         fit = self._fit(kernel, impl_hash, sig.dtype_key)
         roofline = self.roofline(sig.flops, sig.bytes)
         if fit is None:

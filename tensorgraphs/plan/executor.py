@@ -20,7 +20,7 @@ import numpy as np
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort
-from tensorgraphs.plan.kernels import KERNELS, call_kernel
+from tensorgraphs.plan.implementations import IMPLEMENTATIONS, call_implementation
 from tensorgraphs.plan.planner import DECOMPOSE, Planner, default_planner
 from tensorgraphs.plan.signature import Signature, signature_of
 from tensorgraphs.runtime.realize import register_backend
@@ -68,10 +68,10 @@ class PlannedBackend:
             observer.on_composite(sig, path.implementation)
         if path.implementation == DECOMPOSE:
             return self.evaluate([decompose(node)], values)[0]
-        kernel = KERNELS.get(path.implementation)
+        kernel = IMPLEMENTATIONS.get(path.implementation)
         arrays = [values[s] for s in node.src]
         with np.errstate(all="ignore"):
-            return _observed(kernel.name, sig, lambda: call_kernel(kernel, arrays, sig))
+            return _observed(kernel.name, sig, lambda: call_implementation(kernel, arrays, sig))
 
 
 def _observed(name: str, sig: Signature, run) -> np.ndarray:

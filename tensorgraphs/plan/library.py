@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tensorgraphs.dtypes import float32, float64, int32, int64
-from tensorgraphs.plan.kernels import Kernel, Sample, register_kernel
+from tensorgraphs.plan.implementations import Implementation, Sample, register_implementation
 
 FLOATS = (float32, float64)
 
@@ -96,36 +96,36 @@ _ATTENTION_SAMPLES = (
 )
 
 
-BUILTIN_KERNELS = (
-    Kernel("numpy.matmul", "matmul", "numpy", np.matmul, (*FLOATS, int32, int64)),
-    Kernel("numpy.softmax", "softmax", "numpy", _np_softmax, FLOATS),
-    Kernel("numpy.log_softmax", "log_softmax", "numpy", _np_log_softmax, FLOATS),
-    Kernel("numpy.erf", "erf", "numpy", _np_erf, (float32,)),  # ~1e-7 error: not float64-exact
-    Kernel("numpy.gelu", "gelu", "numpy", _np_gelu, (float32,)),
-    Kernel("numpy.layer_norm", "layer_norm", "numpy", _np_layer_norm, FLOATS),
-    Kernel("torch.matmul", "matmul", "torch", _torch_matmul, FLOATS),
-    Kernel("torch.softmax", "softmax", "torch", _torch_softmax, FLOATS),
-    Kernel("torch.log_softmax", "log_softmax", "torch", _torch_log_softmax, FLOATS),
-    Kernel("torch.erf", "erf", "torch", _torch_erf, FLOATS),
-    Kernel("torch.gelu", "gelu", "torch", _torch_gelu, FLOATS),
-    Kernel("torch.layer_norm", "layer_norm", "torch", _torch_layer_norm, FLOATS),
-    Kernel("torch.scaled_dot_product_attention", "scaled_dot_product_attention", "torch", _torch_attention, FLOATS,
-           samples=_ATTENTION_SAMPLES),
+BUILTIN_IMPLEMENTATIONS = (
+    Implementation("numpy.matmul", "matmul", "numpy", np.matmul, (*FLOATS, int32, int64)),
+    Implementation("numpy.softmax", "softmax", "numpy", _np_softmax, FLOATS),
+    Implementation("numpy.log_softmax", "log_softmax", "numpy", _np_log_softmax, FLOATS),
+    Implementation("numpy.erf", "erf", "numpy", _np_erf, (float32,)),  # ~1e-7 error: not float64-exact
+    Implementation("numpy.gelu", "gelu", "numpy", _np_gelu, (float32,)),
+    Implementation("numpy.layer_norm", "layer_norm", "numpy", _np_layer_norm, FLOATS),
+    Implementation("torch.matmul", "matmul", "torch", _torch_matmul, FLOATS),
+    Implementation("torch.softmax", "softmax", "torch", _torch_softmax, FLOATS),
+    Implementation("torch.log_softmax", "log_softmax", "torch", _torch_log_softmax, FLOATS),
+    Implementation("torch.erf", "erf", "torch", _torch_erf, FLOATS),
+    Implementation("torch.gelu", "gelu", "torch", _torch_gelu, FLOATS),
+    Implementation("torch.layer_norm", "layer_norm", "torch", _torch_layer_norm, FLOATS),
+    Implementation("torch.scaled_dot_product_attention", "scaled_dot_product_attention", "torch", _torch_attention,
+                   FLOATS, samples=_ATTENTION_SAMPLES),
 )
 
 
 
-def native_kernels() -> tuple[Kernel, ...]:
+def native_implementations() -> tuple[Implementation, ...]:
     """The AVX-512 GEMM and the OpenBLAS-backed one, where this machine can build them (on first use)."""
     from tensorgraphs.kernels import blas, gemm
 
     found = []
     if gemm.available():
-        found.append(Kernel("cpu.gemm", "matmul", "numpy", gemm.matmul, (float32,)))
+        found.append(Implementation("cpu.gemm", "matmul", "numpy", gemm.matmul, (float32,)))
     if blas.available():
-        found.append(Kernel("cpu.blas", "matmul", "numpy", blas.matmul, (float32,)))
+        found.append(Implementation("cpu.blas", "matmul", "numpy", blas.matmul, (float32,)))
     return tuple(found)
 
 
-for _kernel in BUILTIN_KERNELS + native_kernels():
-    register_kernel(_kernel, verify=False)
+for _kernel in BUILTIN_IMPLEMENTATIONS + native_implementations():
+    register_implementation(_kernel, verify=False)

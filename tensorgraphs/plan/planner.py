@@ -1,13 +1,13 @@
-"""Paths through a graph: every way to compute each composite, and the cheapest.
+"""Routes through a graph: every way to compute each composite, and the cheapest.
 
 A composite node can run as any applicable kernel on any available backend
 (its cost: the kernel plus COPY of its inputs in and its output out when the
 backend is not where the executor keeps values), or as its reference
 decomposition, whose primitives run on the reference interpreter and whose
 nested composites are planned the same way, recursively. A decomposition that
-contains its own composite, directly or through others, is not a valid path.
+contains its own composite, directly or through others, is not a valid route.
 
-`Planner.paths` lazily yields every valid path (a tree of choices); `best`
+`Planner.routes` lazily yields every valid route (a tree of choices); `best`
 returns the cheapest, which, because costs add up and every composite starts
 and ends on the executor's home device, is the cheapest option of each
 signature on its own: plans are cached per `Signature` (the structural key of
@@ -26,7 +26,7 @@ from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.kerneldb import KernelDB, default_db
 from tensorgraphs.plan.cost import CostModel, Estimate, reference_impl_hash
-from tensorgraphs.plan.kernels import KERNEL_BACKENDS, KERNELS, Kernel, KernelRegistry
+from tensorgraphs.plan.implementations import IMPLEMENTATIONS, KERNEL_BACKENDS, Implementation, ImplementationRegistry
 from tensorgraphs.plan.signature import Signature, TensorSpec, placeholder_node, signature_of
 
 DECOMPOSE = "decompose"
@@ -37,8 +37,8 @@ class PlanError(TGError, RuntimeError):
 
 
 @dataclass(frozen=True, eq=False)
-class Path:
-    """One way to compute `signature`: a kernel, or its decomposition with a path for each nested composite.
+class Route:
+    """One way to compute `signature`: a kernel, or its decomposition with a route for each nested composite.
 
     `own` is the kernel with its copies, or the decomposition's primitives; `estimate` adds the children.
     """
@@ -46,7 +46,7 @@ class Path:
     signature: Signature
     implementation: str
     own: Estimate
-    children: tuple[Path, ...] = ()
+    children: tuple[Route, ...] = ()
     estimate: Estimate = field(init=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +72,7 @@ class Decomposition:
 class GraphPlan:
     """A path for every composite node of a graph (the primitives outside composites run as they are)."""
 
-    choices: tuple[tuple[Node, Path], ...]
+    choices: tuple[tuple[Node, Route], ...]
 
     @property
     def seconds(self) -> float:
@@ -83,7 +83,7 @@ def copy_signature(spec: TensorSpec) -> Signature:
     return Signature("copy", (), (spec,), spec)
 
 
-def _product(makers: list[Callable[[], Iterator[Path]]]) -> Iterator[tuple[Path, ...]]:
+def _product(makers: list[Callable[[], Iterator[Route]]]) -> Iterator[tuple[Route, ...]]:
     """Cartesian product of lazily made iterators (itertools.product would exhaust them all first)."""
     if not makers:
         yield ()
@@ -96,18 +96,18 @@ def _product(makers: list[Callable[[], Iterator[Path]]]) -> Iterator[tuple[Path,
 class Planner:
     """Chooses implementations by estimated cost. `backends` limits which kernel backends are considered."""
 
-    def __init__(self, cost_model: CostModel | None = None, registry: KernelRegistry = KERNELS,
+    def __init__(self, cost_model: CostModel | None = None, registry: ImplementationRegistry = IMPLEMENTATIONS,
                  backends: Iterable[str] | None = None) -> None:
         self.cost_model = cost_model if cost_model is not None else CostModel()
         self.registry = registry
         self.backends = None if backends is None else frozenset(backends)
         self.planned = 0  # signatures planned (plan-cache misses), for tests and TG_DEBUG
-        self._best: dict[Signature, Path] = {}
+        self._best: dict[Signature, Route] = {}
         self._decompositions: dict[Signature, Decomposition] = {}
         self._generation = self.cost_model.generation
 
     # -- costs -----------------------------------------------------------------
-    def kernel_cost(self, kernel: Kernel, sig: Signature) -> Estimate:
+    def kernel_cost(self, kernel: Implementation, sig: Signature) -> Estimate:
         """The kernel's own time plus COPY in of every input and out of the output when off the home device."""
         model = self.cost_model
         parts = [model.estimate(kernel.name, kernel.impl_hash, sig)]
@@ -150,7 +150,7 @@ class Planner:
             self._best.clear()
             self._generation = self.cost_model.generation
 
-    def best(self, sig: Signature) -> Path:
+    def best(self, sig: Signature) -> Route:
         """The cheapest path (cached per signature); `TG_DEBUG=plan` prints each newly planned one."""
         self._check_generation()
         known = sig in self._best
@@ -159,19 +159,19 @@ class Planner:
             print("\n".join(f"[plan] {line}" for line in path.describe()), file=sys.stderr)
         return path
 
-    def best_for(self, node: Node) -> Path:
+    def best_for(self, node: Node) -> Route:
         return self.best(signature_of(node))
 
-    def _best_within(self, sig: Signature, stack: tuple[str, ...]) -> Path:
+    def _best_within(self, sig: Signature, stack: tuple[str, ...]) -> Route:
         found = self._best.get(sig)
         if found is not None:
             return found
         self.planned += 1
-        options: list[tuple[float, int, Kernel | None, Callable[[], Path]]] = []
+        options: list[tuple[float, int, Implementation | None, Callable[[], Route]]] = []
         for i, kernel in enumerate(self.registry.candidates(sig, self.backends)):
             cost = self.kernel_cost(kernel, sig)
-            options.append((cost.seconds, i, kernel, lambda k=kernel, c=cost: Path(sig, k.name, c)))
-        decomposed = self._decomposed_path(sig, stack)
+            options.append((cost.seconds, i, kernel, lambda k=kernel, c=cost: Route(sig, k.name, c)))
+        decomposed = self._decomposed_route(sig, stack)
         if decomposed is not None:
             options.append((decomposed.estimate.seconds, len(options), None, lambda: decomposed))
         for _, _, kernel, make in sorted(options, key=lambda option: option[:2]):
@@ -181,7 +181,7 @@ class Planner:
         raise PlanError(f"no way to compute {sig}: no verified kernel applies and its decomposition contains "
                         f"itself (through {' -> '.join(stack + (sig.name,))})")
 
-    def _decomposed_path(self, sig: Signature, stack: tuple[str, ...]) -> Path | None:
+    def _decomposed_route(self, sig: Signature, stack: tuple[str, ...]) -> Route | None:
         decomposition = self.valid_decomposition(sig, stack)
         if decomposition is None:
             return None
@@ -189,14 +189,14 @@ class Planner:
             children = tuple(self._best_within(child, stack + (sig.name,)) for child in decomposition.composites)
         except PlanError:
             return None
-        return Path(sig, DECOMPOSE, self.decomposition_cost(sig), children)
+        return Route(sig, DECOMPOSE, self.decomposition_cost(sig), children)
 
-    def options(self, sig: Signature) -> list[Path]:
+    def options(self, sig: Signature) -> list[Route]:
         """Each verified kernel, and the decomposition with the best path of each nested composite."""
         self._check_generation()
-        found = [Path(sig, k.name, self.kernel_cost(k, sig)) for k in self.registry.candidates(sig, self.backends)
+        found = [Route(sig, k.name, self.kernel_cost(k, sig)) for k in self.registry.candidates(sig, self.backends)
                  if self.registry.ensure_verified(k)]
-        decomposed = self._decomposed_path(sig, ())
+        decomposed = self._decomposed_route(sig, ())
         return found + ([decomposed] if decomposed is not None else [])
 
     def plan(self, roots: list[Node]) -> GraphPlan:
@@ -204,25 +204,25 @@ class Planner:
         return GraphPlan(tuple((n, self.best_for(n)) for n in toposort(roots) if is_composite(n)))
 
     # -- every path ------------------------------------------------------------------
-    def paths(self, sig: Signature, stack: tuple[str, ...] = ()) -> Iterator[Path]:
-        """Every valid path of one composite, lazily: its kernels (verified first), then each decomposition path."""
+    def routes(self, sig: Signature, stack: tuple[str, ...] = ()) -> Iterator[Route]:
+        """Every valid route of one composite, lazily: its kernels (verified first), then each decomposition route."""
         self._check_generation()
         for kernel in self.registry.candidates(sig, self.backends):
             if self.registry.ensure_verified(kernel):
-                yield Path(sig, kernel.name, self.kernel_cost(kernel, sig))
+                yield Route(sig, kernel.name, self.kernel_cost(kernel, sig))
         decomposition = self.valid_decomposition(sig, stack)
         if decomposition is None:
             return
         inside = stack + (sig.name,)
         own = self.decomposition_cost(sig)
-        makers = [lambda child=child: self.paths(child, inside) for child in decomposition.composites]
+        makers = [lambda child=child: self.routes(child, inside) for child in decomposition.composites]
         for children in _product(makers):
-            yield Path(sig, DECOMPOSE, own, children)
+            yield Route(sig, DECOMPOSE, own, children)
 
-    def graph_paths(self, roots: list[Node]) -> Iterator[GraphPlan]:
-        """Every combination of paths of the graph's composite nodes, lazily."""
+    def graph_routes(self, roots: list[Node]) -> Iterator[GraphPlan]:
+        """Every combination of routes of the graph's composite nodes, lazily."""
         composites = [n for n in toposort(roots) if is_composite(n)]
-        makers = [lambda n=n: self.paths(signature_of(n)) for n in composites]
+        makers = [lambda n=n: self.routes(signature_of(n)) for n in composites]
         for chosen in _product(makers):
             yield GraphPlan(tuple(zip(composites, chosen)))
 

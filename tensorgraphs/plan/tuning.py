@@ -1,11 +1,16 @@
-"""`tg tune` and `tg explain`: measure the candidate paths of a script's composites, and show the choices.
+"""`tg tune` and `tg explain`: measure the candidates of a script's composites, and show the choices.
 
-Both run the script on the "planned" device and collect the signature of every
-composite it realizes (nested ones included). Tuning turns each candidate path
-into measurement tasks (each kernel, its COPY in and out, each primitive of a
-decomposition), skips those already in the database (so an interrupted tune
-resumes where it stopped), and measures the rest within the time budget.
-Explaining only reads the database: it measures nothing.
+Both run the script (on its own device, or the one `--device` names) and collect
+every composite it runs: those its compiled programs plan (`plan.choices`: each
+`tg.compile`d function, and eager graphs the cpu backend compiles) and those it
+realizes on the "planned" device (nested ones included).
+
+Tuning measures what the database lacks (so an interrupted tune resumes where it
+stopped), within the time budget: for a compiled program, each candidate of a
+composite that has a choice, as a program of its own; for the planned device,
+each candidate route as measurement tasks (each kernel, its COPY in and out, each
+primitive of a decomposition). Explaining only reads the database: it measures
+nothing.
 """
 
 from __future__ import annotations
@@ -20,16 +25,18 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
+from tensorgraphs.graph.node import Node
+from tensorgraphs.plan.choices import CompiledPlanner, candidates_of, collecting, compiled_planner
 from tensorgraphs.plan.cost import reference_impl_hash
 from tensorgraphs.plan.executor import OBSERVERS
-from tensorgraphs.plan.kernels import KERNEL_BACKENDS, Kernel
+from tensorgraphs.plan.implementations import KERNEL_BACKENDS, Implementation
 from tensorgraphs.plan.measure import random_array, time_samples
-from tensorgraphs.plan.planner import DECOMPOSE, Path, Planner, copy_signature
-from tensorgraphs.plan.signature import Signature, placeholder_node
+from tensorgraphs.plan.planner import DECOMPOSE, Planner, Route, copy_signature
+from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
 from tensorgraphs.runtime.realize import device
 
 
-class _Collector:
+class _Observer:
     """Observer that remembers each composite signature realized, in first-seen order."""
 
     def __init__(self) -> None:
@@ -42,19 +49,33 @@ class _Collector:
         return None
 
 
-def collect_composites(script: str, argv: list[str] | None = None) -> list[Signature]:
-    """Run `script` as __main__ on the planned device; the composite signatures it realized."""
-    collector = _Collector()
+@dataclass(frozen=True)
+class ScriptComposites:
+    """What a script ran: composite signatures realized on the planned device, and per compiled function (or
+    "eager graphs") the composites its compiled programs planned, each with a node of it."""
+
+    planned: list[Signature]
+    compiled: dict[str, dict[Signature, Node]]
+
+
+def run_script(script: str, argv: list[str] | None = None, device_name: str | None = None) -> ScriptComposites:
+    """Run `script` as __main__ (on `device_name` when given) and collect the composites it ran."""
+    observer = _Observer()
     saved_argv = sys.argv
     sys.argv = [script, *(argv or [])]
-    OBSERVERS.append(collector)
+    OBSERVERS.append(observer)
     try:
-        with device("planned"):
+        with collecting() as compiled, device(device_name) if device_name else contextlib.nullcontext():
             runpy.run_path(script, run_name="__main__")
     finally:
-        OBSERVERS.remove(collector)
+        OBSERVERS.remove(observer)
         sys.argv = saved_argv
-    return list(collector.signatures)
+    return ScriptComposites(list(observer.signatures), compiled)
+
+
+def collect_composites(script: str, argv: list[str] | None = None) -> list[Signature]:
+    """Run `script` as __main__ on the planned device; the composite signatures it realized."""
+    return run_script(script, argv, "planned").planned
 
 
 @dataclass(frozen=True)
@@ -76,7 +97,7 @@ def _inputs(sig: Signature) -> list[np.ndarray]:
     return [random_array(spec, rng) for spec in sig.inputs]
 
 
-def _kernel_call(kernel: Kernel, sig: Signature) -> Callable[[], Any]:
+def _kernel_call(kernel: Implementation, sig: Signature) -> Callable[[], Any]:
     """The kernel alone on inputs already on its backend (copies are measured as their own tasks)."""
     backend = KERNEL_BACKENDS[kernel.backend]
     native = [backend.to_native(a) for a in _inputs(sig)]
@@ -216,7 +237,7 @@ def tune(planner: Planner, signatures: list[Signature], budget: float = float("i
 # ---------------------------------------------------------------------------
 
 
-def measured_seconds(planner: Planner, path: Path) -> float | None:
+def measured_seconds(planner: Planner, path: Route) -> float | None:
     """The path's time from exact database rows only (None when any part was not measured)."""
     model = planner.cost_model
     parts: list[tuple[str, str, Signature]]
@@ -265,27 +286,85 @@ def explain(planner: Planner, signatures: list[Signature]) -> str:
     return "\n".join(lines)
 
 
-def run_tune(script: str, argv: list[str], budget: float) -> int:
-    """`tg tune`: run the script, then measure its composites' candidate paths."""
+# ---------------------------------------------------------------------------
+# compiled programs
+# ---------------------------------------------------------------------------
+
+
+def _with_choices(compiled: dict[str, dict[Signature, Node]]) -> list[Node]:
+    """One node per distinct signature that has more than one candidate (the only ones worth measuring)."""
+    nodes = {sig: node for found in compiled.values() for sig, node in found.items()}
+    return [node for node in nodes.values() if len(candidates_of(node)) > 1]
+
+
+def tune_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Signature, Node]],
+                  budget: float = float("inf")) -> TuneReport:
+    """Measure the unmeasured candidates of every composite with a choice until `budget` seconds have passed."""
+    nodes = _with_choices(compiled)
+    pending = [node for node in nodes if planner.unmeasured(node)]
+    report = TuneReport(skipped=sum(len(candidates_of(n)) - len(planner.unmeasured(n)) for n in nodes))
+    deadline = time.perf_counter() + budget
+    with _progress(len(pending)) as advance:
+        for i, node in enumerate(pending):
+            if time.perf_counter() >= deadline:
+                report.remaining = sum(len(planner.unmeasured(n)) for n in pending[i:])
+                break
+            report.measured += planner.measure(node)
+            advance(str(signature_of(node)))
+    return report
+
+
+def explain_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Signature, Node]]) -> str:
+    """Per compiled function, per composite: its candidates with predicted and measured times, * the choice."""
+    lines = []
+    for label, found in compiled.items():
+        lines.append(f"compiled function {label}:" if label != "eager graphs" else "eager graphs (compiled):")
+        for sig, node in found.items():
+            options = planner.options(node)
+            if len(options) == 1:
+                lines.append(f"  {sig}: {options[0].candidate} (the only candidate)")
+                continue
+            chosen = planner.route(node)
+            lines.append(f"  {sig}")
+            for option in options:
+                mark = "*" if option.candidate == chosen else " "
+                predicted = f"{_microseconds(option.predicted.seconds):>14} ({option.predicted.source})"
+                lines.append(f"    {mark} {option.candidate:<12} predicted {predicted}, "
+                             f"measured {_microseconds(option.measured)}")
+    return "\n".join(lines)
+
+
+def run_tune(script: str, argv: list[str], budget: float, device_name: str | None = None) -> int:
+    """`tg tune`: run the script, then measure the candidates of its composites."""
     from tensorgraphs.plan.planner import default_planner
 
-    planner = default_planner()
-    signatures = collect_composites(script, argv)
-    print(f"{script}: {len(signatures)} distinct composite calls")
-    print(tune(planner, signatures, budget))
-    print(f"kernel database: {planner.cost_model.db.path} ({planner.cost_model.db.count()} rows)")
+    started = time.perf_counter()
+    found = run_script(script, argv, device_name)
+    compiled = compiled_planner()
+    print(f"{script}: {len(_with_choices(found.compiled))} distinct composite calls with a choice in compiled "
+          f"programs, {len(found.planned)} on the planned device")
+    print("compiled programs:", tune_compiled(compiled, found.compiled, budget - (time.perf_counter() - started)))
+    if found.planned:
+        planner = default_planner()
+        print("planned device:", tune(planner, found.planned, budget - (time.perf_counter() - started)))
+    db = compiled.cost_model.db
+    print(f"kernel database: {db.path} ({db.count()} rows)")
     return 0
 
 
-def run_explain(script: str, argv: list[str]) -> int:
-    """`tg explain`: run the script, then print each composite's choice and alternatives (no measuring)."""
+def run_explain(script: str, argv: list[str], device_name: str | None = None) -> int:
+    """`tg explain`: run the script, then print each composite's candidates and choice (no measuring)."""
     from tensorgraphs.plan.planner import default_planner
 
-    planner = default_planner()
-    db = planner.cost_model.db
+    compiled = compiled_planner()
+    db = compiled.cost_model.db
     before = db.count()
-    signatures = collect_composites(script, argv)
-    print(explain(planner, signatures))
+    found = run_script(script, argv, device_name)
+    if found.compiled:
+        print(explain_compiled(compiled, found.compiled))
+    if found.planned:
+        print("planned device:")
+        print(explain(default_planner(), found.planned))
     print(f"kernel database: {db.path} ({db.count()} rows, {db.count() - before} new measurements; "
           "* marks the chosen implementation)")
     print_compiled_functions()

@@ -29,6 +29,7 @@ from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels.gemm import merge_batch_dims
 from tensorgraphs.kernels.gemm.build import KernelBuildError, compiler_version
+from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
 from tensorgraphs.schedule.extern import LibraryCallLowering
 
 FORWARD = "scaled_dot_product_attention"
@@ -38,10 +39,10 @@ KERNEL_GRADIENTS = ("dq", "dk", "dv")
 """The gradients the backward kernel computes, by the backward composite's `wrt` (a float mask's is not one)."""
 
 
-def runs_as_fused_attention(node: Node) -> bool:
+def _fused_kernel_fits(node: Node) -> bool:
     """Whether `node` is a float32 attention (or its logsumexp, or the gradient of its q, k or v) that the fused
-    kernel computes on this machine."""
-    if not is_composite(node) or node.op.name not in (FORWARD, LOGSUMEXP, BACKWARD) or not attention_enabled():
+    kernel can compute on this machine."""
+    if not attention_enabled():
         return False
     if node.op.name == BACKWARD and dict(node.arg)["wrt"] >= len(KERNEL_GRADIENTS):
         return False
@@ -49,6 +50,16 @@ def runs_as_fused_attention(node: Node) -> bool:
     floats = all(x.dtype == dtypes.float32 for x in (node, q, k, v, *_saved(node)))
     masks_fit = all(m.dtype in (dtypes.bool_, dtypes.float32) for m in masks) and len(masks) <= 1
     return floats and masks_fit and min(q.size, k.size, v.size) > 0
+
+
+FUSED = "fused"
+for _composite in (FORWARD, LOGSUMEXP, BACKWARD):
+    register_candidates(_composite, Candidate(FUSED, _fused_kernel_fits, prior=1.0))
+
+
+def runs_as_fused_attention(node: Node) -> bool:
+    """Whether `node` is an attention composite the planner runs by the fused kernel."""
+    return is_composite(node) and node.op.name in (FORWARD, LOGSUMEXP, BACKWARD) and route_of(node) == FUSED
 
 
 @functools.cache

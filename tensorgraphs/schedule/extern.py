@@ -1,9 +1,10 @@
-"""Matrix products run by the GEMM library instead of lowered loops ("extern" kernels).
+"""Matrix products run by a GEMM library instead of lowered loops ("extern" kernels).
 
-A float32 `matmul` composite is kept whole by the scheduler when the AVX-512 GEMM
-library (`tensorgraphs.kernels.gemm`) runs on this machine: its kernel is one
-`GemmCall` reading two buffers and writing its own. An operand needs no copy when
-it is a buffer, a reshape of one (buffers are contiguous), a slice of one's leading
+A float32 `matmul` composite has three candidates (`PRODUCT_CANDIDATES`, chosen per shape by the planner,
+`plan.choices`): the generated AVX-512 GEMM (`tensorgraphs.kernels.gemm`), the BLAS kernel with the same
+contract (`tensorgraphs.kernels.blas`), or its decomposition. Run by a library, it is kept whole by the
+scheduler: its kernel is one `GemmCall` of the chosen C function reading two buffers and writing its own.
+An operand needs no copy when it is a buffer, a reshape of one (buffers are contiguous), a slice of one's leading
 dim (a contiguous block: an offset, as the q/k/v rows of an attention's in_proj
 weight), or any of those with its last two axes swapped (the transpose becomes
 swapped strides); anything else is materialized into a buffer first. The kernel reads and writes through its
@@ -27,7 +28,7 @@ is read as that buffer with a prologue (`fuse_prologues`): the library activates
 so the activated value is never stored. This is done only when nothing but products reads the activated value,
 and after the epilogues, so an activation that can be the producer's epilogue is computed once there instead.
 
-TG_GEMM=0 turns this off (matmuls lowered to loops, for comparison); set it before
+TG_GEMM=0 turns the libraries off (matmuls lowered to loops, for comparison); set it before
 the first program is built, since compiled programs are cached by graph.
 """
 
@@ -45,26 +46,50 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, KernelParam
-from tensorgraphs.graph.composite import Composite, is_composite, make_node
+from tensorgraphs.graph.composite import REGISTRY, Composite, is_composite, make_node
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import gemm
+from tensorgraphs.kernels import blas, gemm
+from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
 from tensorgraphs.rewrite import graph_pattern
 from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
 
-def runs_as_gemm(node: Node) -> bool:
-    """Whether `node` is a float32 matrix product the GEMM library computes on this machine."""
+def _product_fits(node: Node) -> bool:
+    """Whether a library can compute `node`: a float32 matrix product whose batch dims fold into one."""
     if not is_composite(node) or node.op.name != "matmul" or node.dtype != dtypes.float32:
         return False
     a, b = node.src
     shapes_fit = a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]  # batch dims fold into one (contiguous)
-    return shapes_fit and a.dtype == b.dtype == dtypes.float32 and min(a.shape + b.shape[-1:]) > 0 and gemm_enabled()
+    return shapes_fit and a.dtype == b.dtype == dtypes.float32 and min(a.shape + b.shape[-1:]) > 0
 
 
 def gemm_enabled() -> bool:
     """The GEMM library runs on this machine and TG_GEMM=0 does not turn it off."""
     return os.environ.get("TG_GEMM", "1") != "0" and gemm.available()
+
+
+GEMM_FUNCTIONS = {"gemm": gemm.C_FUNCTIONS["matmul"], "blas": blas.C_FUNCTION}
+"""The C function of each library candidate of a product (all take tg_gemm_f32's arguments, gemm.h)."""
+
+PRODUCT_CANDIDATES = (
+    Candidate("gemm", lambda node: gemm_enabled() and _product_fits(node), prior=1.0),
+    Candidate("blas", lambda node: gemm_enabled() and blas.available() and _product_fits(node), prior=1.2),
+)
+register_candidates("matmul", *PRODUCT_CANDIDATES)
+
+
+def runs_as_gemm(node: Node) -> bool:
+    """Whether `node` is a matrix product the planner runs by a GEMM library (`GEMM_FUNCTIONS`)."""
+    return is_composite(node) and node.op.name == "matmul" and route_of(node) in GEMM_FUNCTIONS
+
+
+def gemm_function(node: Node) -> str:
+    """The C function computing product `node` (a `matmul` or a `GEMM_EPILOGUE`: its product's choice)."""
+    if node.op is GEMM_EPILOGUE:
+        a, b = node.src[:2]
+        node = make_node(REGISTRY["matmul"], (a, b), {}, node.dtype, a.shape[:-1] + b.shape[-1:])
+    return GEMM_FUNCTIONS[route_of(node)]
 
 
 def _swaps_last_two(node: Node) -> bool:
@@ -489,7 +514,8 @@ class GemmLowering(LibraryCallLowering):
                   for name, source in ((a_name, a_base), (b_name, b_base), *((self.buffers[o], o) for o in operands))}
         params[c_name] = KernelParam(c_name, dtypes.float32, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
-                        (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue)
+                        (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue,
+                        gemm_function(self.node))
         return Kernel(self.name, list(params.values()), [call])
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:

@@ -3,10 +3,11 @@
 Steps, each a plain function:
 
 1. `to_primitive`: every composite is replaced by its reference decomposition
-   (recursively), except float32 matrix products the GEMM library runs (`schedule.extern`:
-   kept whole, their operands and result materialized), attentions the fused attention kernel runs
-   (`schedule.attention`: likewise, its operands read in place through strided views) and scans
-   (cumsum, cumprod: kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
+   (recursively), except those the planner (`plan.choices.route_of`) runs otherwise: float32
+   matrix products a GEMM library runs (`schedule.extern`: kept whole, their operands and
+   result materialized), attentions the fused attention kernel runs (`schedule.attention`:
+   likewise, its operands read in place through strided views) and scans (cumsum, cumprod:
+   kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
    product's elementwise consumers that the GEMM applies itself (bias, activation, residual,
    scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
@@ -58,12 +59,12 @@ from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Local, Reduce, S
 from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
+from tensorgraphs.plan.choices import DECOMPOSE, route_of
 from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, runs_as_fused_attention
 from tensorgraphs.schedule.extern import (
     GemmLowering,
     fuse_epilogues,
     operand_base,
-    runs_as_gemm,
     transposed_product,
 )
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
@@ -109,18 +110,14 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 memo[node] = node
             elif (swapped := transposed_product(node, uses)) is not None:
                 memo[node] = convert(swapped)
-            elif runs_as_gemm(node):
-                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
-                forced.add(memo[node])
-                forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
-            elif runs_as_fused_attention(node):
-                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
-                forced.add(memo[node])
-                forced.update(b for b in operand_bases(memo[node], is_input) if not is_input(b))
             elif runs_as_scan(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
-            elif is_composite(node):
+            elif is_composite(node) and route_of(node) != DECOMPOSE:  # a native library runs it
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
+                forced.add(memo[node])
+                forced.update(b for b in library_operand_bases(memo[node], is_input) if not is_input(b))
+            elif is_composite(node):  # the planner chose its decomposition
                 from tensorgraphs.rewrite import optimize
 
                 # canonical, as the rewritten gradient built from the same decomposition: common parts (an
@@ -132,6 +129,14 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
         return memo[root]
 
     return [convert(r) for r in roots], forced
+
+
+def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
+    """The buffers a library call on `node` reads its operands from: the fused attention kernel reads strided
+    views in place, a GEMM the base of each operand's transpose."""
+    if runs_as_fused_attention(node):
+        return operand_bases(node, is_input)
+    return [operand_base(s) for s in node.src]
 
 
 def split_full_reduction(node: Node, forced: set[Node]) -> Node:

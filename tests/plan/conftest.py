@@ -7,8 +7,8 @@ from plan_testing import FP, PEAKS
 
 from tensorgraphs.kerneldb import KernelDB
 from tensorgraphs.plan import CostModel, Planner
-from tensorgraphs.plan.kernels import KERNELS
-from tensorgraphs.plan.library import native_kernels
+from tensorgraphs.plan.implementations import IMPLEMENTATIONS
+from tensorgraphs.plan.library import native_implementations
 
 
 @pytest.fixture(autouse=True)
@@ -17,20 +17,20 @@ def private_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def without_native_kernels():
+def without_native_implementations():
     """The tests reason about injected numpy/torch timings; the native GEMMs (present only on AVX-512
     machines, unmeasured here) would otherwise win every matmul by their roofline estimate."""
-    native = [k for k in native_kernels() if _registered(k.name)]
+    native = [k for k in native_implementations() if _registered(k.name)]
     for kernel in native:
-        KERNELS.unregister(kernel.name)
+        IMPLEMENTATIONS.unregister(kernel.name)
     yield
     for kernel in native:
-        KERNELS.register(kernel, verify=False)
+        IMPLEMENTATIONS.register(kernel, verify=False)
 
 
 def _registered(name: str) -> bool:
     try:
-        KERNELS.get(name)
+        IMPLEMENTATIONS.get(name)
     except KeyError:
         return False
     return True

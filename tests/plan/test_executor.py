@@ -8,7 +8,7 @@ from plan_testing import FP, training_step_roots
 
 import tensorgraphs as tg
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.plan import DECOMPOSE, KERNEL_BACKENDS, KERNELS, PlannedBackend, signature_of
+from tensorgraphs.plan import DECOMPOSE, IMPLEMENTATIONS, KERNEL_BACKENDS, PlannedBackend, signature_of
 from tensorgraphs.plan.executor import OBSERVERS
 from tensorgraphs.plan.planner import copy_signature
 from tensorgraphs.runtime.realize import BACKENDS
@@ -55,8 +55,8 @@ def test_measurements_send_a_composite_to_torch_and_results_stay_equal(db, plann
     out = (a @ b.T).softmax(-1)
     sig = signature_of(out.node)
     backend = KERNEL_BACKENDS["torch"]
-    db.record(FP, "torch.softmax", KERNELS.get("torch.softmax").impl_hash, sig.dtype_key, sig.shape_key, sig.flops,
-              sig.bytes, [1e-9])
+    impl_hash = IMPLEMENTATIONS.get("torch.softmax").impl_hash
+    db.record(FP, "torch.softmax", impl_hash, sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, [1e-9])
     for spec in {*sig.inputs, sig.output}:
         for kernel in (backend.copy_in, backend.copy_out):
             copy = copy_signature(spec)
@@ -72,7 +72,7 @@ def test_a_decomposed_composite_runs_its_primitives_on_the_reference(db, planner
     out = tg.nn.functional.gelu(x)
     sig = signature_of(out.node)
     for name in ("numpy.gelu", "torch.gelu"):
-        db.record(FP, name, KERNELS.get(name).impl_hash, sig.dtype_key, sig.shape_key, 0, 0, [1.0])
+        db.record(FP, name, IMPLEMENTATIONS.get(name).impl_hash, sig.dtype_key, sig.shape_key, 0, 0, [1.0])
     assert planner.best(sig).implementation == DECOMPOSE
     got = PlannedBackend(planner).evaluate([out.node])[0]
     np.testing.assert_allclose(got, REFERENCE.evaluate([out.node])[0], rtol=1e-6, atol=1e-6)

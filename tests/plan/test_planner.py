@@ -16,17 +16,17 @@ from tensorgraphs.graph.composite import REGISTRY, Composite, register
 from tensorgraphs.kerneldb import KernelDB
 from tensorgraphs.plan import (
     DECOMPOSE,
+    IMPLEMENTATIONS,
     KERNEL_BACKENDS,
-    KERNELS,
     CostModel,
-    Kernel,
+    Implementation,
     PlanError,
     Planner,
     Signature,
-    kernels,
+    implementations,
     signature_of,
 )
-from tensorgraphs.plan.kernels import KernelRegistry
+from tensorgraphs.plan.implementations import ImplementationRegistry
 from tensorgraphs.plan.planner import copy_signature
 
 
@@ -43,7 +43,7 @@ def _inject(db: KernelDB, kernel: str, impl_hash: str, sig: Signature, seconds: 
 
 
 def _inject_kernel(db: KernelDB, name: str, sig: Signature, seconds: float) -> None:
-    _inject(db, name, KERNELS.get(name).impl_hash, sig, seconds)
+    _inject(db, name, IMPLEMENTATIONS.get(name).impl_hash, sig, seconds)
 
 
 def _inject_copies(db: KernelDB, backend_name: str, sig: Signature, seconds: float) -> None:
@@ -119,7 +119,7 @@ def test_decomposition_is_planned_recursively(db, planner):
 
 def test_graph_paths_enumerate_every_combination_lazily(planner):
     out = F.gelu(_tensor(8, 16) @ _tensor(16, 32, seed=1))
-    paths = planner.graph_paths([out.node])
+    paths = planner.graph_routes([out.node])
     first = next(paths)  # a generator: nothing beyond the first path is built yet
     rest = list(paths)
     # matmul: numpy, torch, decompose (3); gelu: numpy, torch, decompose x erf (numpy, torch, decompose) (5)
@@ -132,7 +132,7 @@ def test_graph_paths_enumerate_every_combination_lazily(planner):
 def test_backends_limit_the_paths(model):
     out = F.gelu(_tensor(8, 16) @ _tensor(16, 32, seed=1))
     numpy_only = Planner(model, backends={"numpy"})
-    assert sum(1 for _ in numpy_only.graph_paths([out.node])) == 2 * 3
+    assert sum(1 for _ in numpy_only.graph_routes([out.node])) == 2 * 3
     assert all(p.implementation in ("numpy.matmul", "numpy.gelu") for _, p in numpy_only.plan([out.node]).choices)
 
 
@@ -147,15 +147,15 @@ SELF_CONTAINING = REGISTRY.get("test_self_containing") or register(
 def test_a_decomposition_that_contains_itself_is_not_a_path(model, monkeypatch):
     sig = signature_of(apply_composite(SELF_CONTAINING, _tensor(4)).node)
     # Its reference never terminates, so no kernel could be verified against it: trust the test's kernel.
-    monkeypatch.setattr(kernels, "verify_kernel", lambda kernel: None)
-    registry = KernelRegistry()
+    monkeypatch.setattr(implementations, "verify_implementation", lambda kernel: None)
+    registry = ImplementationRegistry()
     with pytest.raises(PlanError, match="contains itself"):
         Planner(model, registry=registry).best(sig)
-    registry.register(Kernel("test.doubler", "test_self_containing", "numpy", lambda x: 2 * x, (tg.float32,)),
+    registry.register(Implementation("test.doubler", "test_self_containing", "numpy", lambda x: 2 * x, (tg.float32,)),
                       verify=False)
     planner = Planner(model, registry=registry)
     assert planner.best(sig).implementation == "test.doubler"
-    assert [p.implementation for p in planner.paths(sig)] == ["test.doubler"]
+    assert [p.implementation for p in planner.routes(sig)] == ["test.doubler"]
 
 
 def test_identical_layers_are_planned_once(model):
@@ -169,7 +169,7 @@ def test_planning_a_12_layer_training_step_costs_each_signature_once(model, coun
     """Costing, decomposing and verifying happen once per distinct signature, however many layers share it: a
     12-layer step does the work of a 1-layer one, plus one plan-cache lookup per composite node."""
     count_calls(Planner, "kernel_cost", "valid_decomposition", "best")
-    work = count_calls(KERNELS, "ensure_verified")
+    work = count_calls(IMPLEMENTATIONS, "ensure_verified")
     one = Planner(model).plan(training_step_roots(1))
     one_layer = work.copy()
     work.clear()
@@ -181,5 +181,5 @@ def test_planning_a_12_layer_training_step_costs_each_signature_once(model, coun
 
 def test_paths_of_a_signature_start_with_kernels_then_decompositions(planner):
     sig = _matmul_signature()
-    implementations = [p.implementation for p in itertools.islice(planner.paths(sig), 10)]
+    implementations = [p.implementation for p in itertools.islice(planner.routes(sig), 10)]
     assert implementations == ["numpy.matmul", "torch.matmul", DECOMPOSE]

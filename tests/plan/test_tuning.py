@@ -8,7 +8,7 @@ import pytest
 
 from tensorgraphs import cli
 from tensorgraphs.kerneldb import default_db
-from tensorgraphs.plan import KERNELS, Planner
+from tensorgraphs.plan import IMPLEMENTATIONS, Planner
 from tensorgraphs.plan.tuning import collect_composites, measurement_tasks, print_compiled_functions, tune
 
 SCRIPT = textwrap.dedent("""
@@ -56,11 +56,11 @@ def test_budget_stops_and_a_later_run_resumes(script, planner):
 
 
 def test_tune_then_explain_shows_measured_choices(script, capsys):
-    assert cli.main(["tune", script]) == 0
+    assert cli.main(["tune", "--device", "planned", script]) == 0
     tuned = capsys.readouterr().out
     rows = default_db().count()
     assert rows > 50 and f"({rows} rows)" in tuned
-    assert cli.main(["explain", script]) == 0
+    assert cli.main(["explain", "--device", "planned", script]) == 0
     explained = capsys.readouterr().out
     assert "0 new measurements" in explained and default_db().count() == rows
     chosen = [line for line in explained.splitlines() if line.lstrip().startswith("* ")]
@@ -69,11 +69,11 @@ def test_tune_then_explain_shows_measured_choices(script, capsys):
     planner = Planner()
     measured = {p.implementation: p.estimate.seconds for p in planner.options(matmul)}
     assert planner.best(matmul).estimate.seconds == min(measured.values())
-    assert KERNELS.get("numpy.matmul").name in measured
+    assert IMPLEMENTATIONS.get("numpy.matmul").name in measured
 
 
 def test_explain_needs_no_tuning_and_marks_unmeasured(script, capsys):
-    assert cli.main(["explain", script]) == 0
+    assert cli.main(["explain", "--device", "planned", script]) == 0
     out = capsys.readouterr().out
     assert "(roofline), measured -" in out and "0 new measurements" in out
 

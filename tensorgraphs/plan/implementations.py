@@ -1,17 +1,17 @@
-"""The kernel registry: dedicated implementations of composites, each checked against its reference.
+"""The implementation registry: dedicated kernels of composites, each checked against its reference.
 
-A `Kernel` declares the composite it implements (by name, from
+An `Implementation` declares the composite it implements (by name, from
 `tensorgraphs.graph.composite.REGISTRY`), the kernel backend it runs on, the
 dtypes it accepts, a shape predicate, and the callable. A `KernelBackend` says
 how data gets to and from it; its COPY in and out are themselves measured
 kernels (`<backend>.copy_in`, `<backend>.copy_out`), so a kernel on another
 device costs what its copies cost. Other backends add kernels with
-`register_kernel_backend` and `register_kernel`: table entries, nothing else.
+`register_kernel_backend` and `register_implementation`: table entries, nothing else.
 
 Before a kernel may be chosen it is run on random inputs of the shapes it
 accepts and compared with the composite's reference decomposition (evaluated
 by the numpy reference interpreter); a kernel that disagrees is rejected with
-the composite, shapes and error in the message. `register_kernel` checks at
+the composite, shapes and error in the message. `register_implementation` checks at
 once (so a user's wrong kernel fails where it is registered); the built-in
 tables check lazily, the first time a kernel is about to be chosen.
 """
@@ -40,7 +40,7 @@ from tensorgraphs.plan.signature import Signature, TensorSpec, signature_of
 from tensorgraphs.runtime.buffer import Buffer
 
 
-class KernelRejected(TGError, ValueError):
+class ImplementationRejected(TGError, ValueError):
     """A kernel disagrees with the reference decomposition of the composite it claims to implement."""
 
 
@@ -87,7 +87,7 @@ def _always(sig: Signature) -> bool:
 
 
 @dataclass(frozen=True, eq=False)
-class Kernel:
+class Implementation:
     """`fn(*native_inputs, **params)` computes composite `composite` on backend `backend`."""
 
     name: str
@@ -113,16 +113,16 @@ class Kernel:
         return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
     def __repr__(self) -> str:
-        return f"Kernel({self.name})"
+        return f"Implementation({self.name})"
 
 
-def call_kernel(kernel: Kernel, arrays: list[np.ndarray], sig: Signature) -> np.ndarray:
+def call_implementation(kernel: Implementation, arrays: list[np.ndarray], sig: Signature) -> np.ndarray:
     """Run `kernel` on numpy inputs through its backend; the result as the output dtype's numpy storage."""
     backend = KERNEL_BACKENDS[kernel.backend]
     out = kernel.fn(*(backend.to_native(a) for a in arrays), **dict(sig.params))
     result = np.asarray(backend.to_numpy(out), dtype=sig.output.dtype.storage)
     if result.shape != sig.output.shape:
-        raise KernelRejected(f"kernel {kernel.name!r} returned shape {result.shape} for {sig}")
+        raise ImplementationRejected(f"kernel {kernel.name!r} returned shape {result.shape} for {sig}")
     return result
 
 
@@ -211,7 +211,7 @@ def _sample_node(composite_name: str, sample: Sample, dtype: DType, rng: np.rand
     return make_node(composite, tuple(sources), params, out_dtype, tuple(out_shape))
 
 
-def _mismatch(kernel: Kernel, sig: Signature, expected: np.ndarray, got: np.ndarray) -> str | None:
+def _mismatch(kernel: Implementation, sig: Signature, expected: np.ndarray, got: np.ndarray) -> str | None:
     """None when `got` matches `expected` within the dtype's tolerance, else what is wrong."""
     rtol, atol = TOLERANCES.get(sig.output.dtype.name, (0.0, 0.0))
     expected64, got64 = expected.astype(np.float64), got.astype(np.float64)
@@ -224,10 +224,10 @@ def _mismatch(kernel: Kernel, sig: Signature, expected: np.ndarray, got: np.ndar
             f"against the reference decomposition (tolerance rtol={rtol:g}, atol={atol:g})")
 
 
-def verify_kernel(kernel: Kernel) -> None:
-    """Raise `KernelRejected` unless the kernel matches the reference on every sample it accepts."""
+def verify_implementation(kernel: Implementation) -> None:
+    """Raise `ImplementationRejected` unless the kernel matches the reference on every sample it accepts."""
     if kernel.composite not in REGISTRY:
-        raise KernelRejected(f"kernel {kernel.name!r}: no composite named {kernel.composite!r} is registered "
+        raise ImplementationRejected(f"kernel {kernel.name!r}: no composite named {kernel.composite!r} is registered "
                              f"(known: {', '.join(sorted(REGISTRY))})")
     samples = kernel.samples or VERIFY_SAMPLES.get(kernel.composite, ())
     rng = np.random.default_rng(zlib.crc32(kernel.name.encode()))
@@ -241,36 +241,37 @@ def verify_kernel(kernel: Kernel) -> None:
             expected = REFERENCE.evaluate([node])[0]
             try:
                 with np.errstate(all="ignore"):
-                    got = call_kernel(kernel, [s.arg.data for s in node.src], sig)
+                    got = call_implementation(kernel, [s.arg.data for s in node.src], sig)
             except Exception as error:  # noqa: BLE001 - any failure of a user's kernel is a rejection
                 message = f"kernel {kernel.name!r} failed on {sig}: {type(error).__name__}: {error}"
-                raise KernelRejected(message) from error
+                raise ImplementationRejected(message) from error
             problem = _mismatch(kernel, sig, expected, got)
             if problem:
-                raise KernelRejected(problem)
+                raise ImplementationRejected(problem)
             checked += 1
     if not checked:
-        raise KernelRejected(f"kernel {kernel.name!r}: none of the verification samples of {kernel.composite!r} "
-                             "fit its dtypes and shape constraints; pass samples=(Sample(...),)")
+        raise ImplementationRejected(f"kernel {kernel.name!r}: none of the verification samples of "
+                                     f"{kernel.composite!r} fit its dtypes and shape constraints; "
+                                     "pass samples=(Sample(...),)")
 
 
-class KernelRegistry:
+class ImplementationRegistry:
     """Kernels by composite name. Verified kernels may be chosen; rejected ones are kept out, with the reason."""
 
     def __init__(self) -> None:
-        self._by_composite: dict[str, list[Kernel]] = {}
-        self._by_name: dict[str, Kernel] = {}
+        self._by_composite: dict[str, list[Implementation]] = {}
+        self._by_name: dict[str, Implementation] = {}
         self._verified: set[str] = set()
         self.rejected: dict[str, str] = {}
 
-    def register(self, kernel: Kernel, verify: bool = True) -> Kernel:
+    def register(self, kernel: Implementation, verify: bool = True) -> Implementation:
         if kernel.backend not in KERNEL_BACKENDS:
-            raise KernelRejected(f"kernel {kernel.name!r}: unknown kernel backend {kernel.backend!r} "
+            raise ImplementationRejected(f"kernel {kernel.name!r}: unknown kernel backend {kernel.backend!r} "
                                  f"(known: {', '.join(sorted(KERNEL_BACKENDS))})")
         if kernel.name in self._by_name:
             raise ValueError(f"a kernel named {kernel.name!r} is already registered")
         if verify:
-            verify_kernel(kernel)
+            verify_implementation(kernel)
             self._verified.add(kernel.name)
         self._by_name[kernel.name] = kernel
         self._by_composite.setdefault(kernel.composite, []).append(kernel)
@@ -282,24 +283,24 @@ class KernelRegistry:
         self._verified.discard(name)
         self.rejected.pop(name, None)
 
-    def get(self, name: str) -> Kernel:
+    def get(self, name: str) -> Implementation:
         return self._by_name[name]
 
-    def candidates(self, sig: Signature, backends: frozenset[str] | None = None) -> list[Kernel]:
+    def candidates(self, sig: Signature, backends: frozenset[str] | None = None) -> list[Implementation]:
         """Kernels that could compute `sig` on an available backend (verification still pending for some)."""
         return [k for k in self._by_composite.get(sig.name, ())
                 if k.name not in self.rejected and (backends is None or k.backend in backends)
                 and k.applies_to(sig) and KERNEL_BACKENDS[k.backend].is_available()]
 
-    def ensure_verified(self, kernel: Kernel) -> bool:
+    def ensure_verified(self, kernel: Implementation) -> bool:
         """Verify a kernel registered lazily; a failure keeps it out from now on, with a warning."""
         if kernel.name in self._verified:
             return True
         if kernel.name in self.rejected:
             return False
         try:
-            verify_kernel(kernel)
-        except KernelRejected as error:
+            verify_implementation(kernel)
+        except ImplementationRejected as error:
             self.rejected[kernel.name] = str(error)
             warnings.warn(str(error), RuntimeWarning, stacklevel=3)
             return False
@@ -310,9 +311,9 @@ class KernelRegistry:
         return iter(list(self._by_name.values()))
 
 
-KERNELS = KernelRegistry()
+IMPLEMENTATIONS = ImplementationRegistry()
 
 
-def register_kernel(kernel: Kernel, verify: bool = True) -> Kernel:
+def register_implementation(kernel: Implementation, verify: bool = True) -> Implementation:
     """Add a kernel to the global registry, checked against its composite's reference now (unless verify=False)."""
-    return KERNELS.register(kernel, verify)
+    return IMPLEMENTATIONS.register(kernel, verify)

@@ -1,0 +1,267 @@
+"""The compiled path's choices: which implementation of each composite a compiled program runs.
+
+The scheduler asks `route_of(node)` for every composite it meets. A composite's candidates are its rows in
+`CANDIDATES` (registered by whoever can lower them: `schedule.extern` registers the GEMM library and the BLAS
+kernel for `matmul`) plus its decomposition (lowered loops, fused with their neighbours), always last. With one
+applicable candidate there is nothing to decide. Otherwise the choice is per `Signature` (the composite with
+its inputs anonymous, so identical layers are planned once), the candidate with the smallest
+
+1. measured time: its row in the kernel database (kernel id `compiled.<composite>.<candidate>`), else
+2. predicted time (`CostModel.predict`): a regression over the candidate's other measured shapes, or, with
+   none, the roofline times the candidate's `prior` (so a machine with no measurements gets the table's order).
+
+Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at most `MEASURE_LIMIT`
+signatures per process), so compiling stays fast by default: a measurement compiles the composite alone with
+the candidate forced (`forced`) and times the program, so it measures exactly what would run. A candidate's
+`applies` must depend on the node's signature only (dtypes, shapes, parameters): choices are cached by it.
+A compiled program remembers the routes it was built with (`routes_taken`) and is rebuilt when one changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from tensorgraphs.graph.composite import is_composite
+from tensorgraphs.graph.node import Node
+from tensorgraphs.kerneldb import KernelDB, default_db, device_fingerprint
+from tensorgraphs.plan.cost import NOMINAL_PEAKS, CostModel, Estimate
+from tensorgraphs.plan.measure import random_array, time_samples
+from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
+
+DECOMPOSE = "decompose"
+MEASURE_LIMIT = 64
+"""Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
+CHOICE_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way a compiled program can run a composite: `applies(node)` says whether it can run this node;
+    `prior` is its time as a multiple of the roofline, assumed until it is measured."""
+
+    name: str
+    applies: Callable[[Node], bool]
+    prior: float = 1.0
+
+
+def _always(node: Node) -> bool:
+    return True
+
+
+DECOMPOSITION = Candidate(DECOMPOSE, _always, prior=4.0)
+CANDIDATES: dict[str, list[Candidate]] = {}
+"""Composite name -> its dedicated candidates (the decomposition is implied)."""
+
+
+def register_candidates(composite: str, *candidates: Candidate) -> None:
+    """Add candidates of `composite` (a name registered twice is replaced: re-imports stay idempotent)."""
+    table = CANDIDATES.setdefault(composite, [])
+    for candidate in candidates:
+        table[:] = [c for c in table if c.name != candidate.name] + [candidate]
+
+
+def candidates_of(node: Node) -> list[Candidate]:
+    """The candidates that can run `node`, the decomposition last."""
+    return [c for c in CANDIDATES.get(node.op.name, ()) if c.applies(node)] + [DECOMPOSITION]
+
+
+def kernel_id(sig: Signature, candidate: str) -> str:
+    """The kernel database's name for `candidate` running composite `sig.name` in a compiled program."""
+    return f"compiled.{sig.name}.{candidate}"
+
+
+@functools.cache
+def code_hash() -> str:
+    """Identifies the code that generates compiled programs (scheduler, codegen, native kernels, compiler):
+    measurements taken with other code don't count."""
+    from tensorgraphs.kernels.gemm.build import compiler_version
+
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.blake2b(compiler_version().encode(), digest_size=6)
+    for folder in ("schedule", "codegen", "kernels", "backends"):
+        for source in sorted((package / folder).rglob("*")):
+            if source.suffix in (".py", ".c", ".h"):
+                digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Option:
+    """A candidate of one signature: its predicted time (the cost model's fit or the prior; not its row for this
+    signature alone) and its measured time, if any."""
+
+    candidate: str
+    predicted: Estimate
+    measured: float | None
+
+    @property
+    def seconds(self) -> float:
+        return self.predicted.seconds if self.measured is None else self.measured
+
+
+# ---------------------------------------------------------------------------
+# Who asked: the compiled function being traced, and collectors (`tg tune`, `tg explain`)
+# ---------------------------------------------------------------------------
+
+_FORCED: contextvars.ContextVar[tuple[tuple[Signature, str], ...]] = contextvars.ContextVar("forced", default=())
+_LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("planning_for", default="eager graphs")
+_COLLECTORS: list[dict[str, dict[Signature, Node]]] = []
+
+
+@contextlib.contextmanager
+def forced(routes: dict[Signature, str]) -> Iterator[None]:
+    """Programs built inside run each signature in `routes` by the candidate named there."""
+    token = _FORCED.set((*_FORCED.get(), *routes.items()))
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+@contextlib.contextmanager
+def planning_for(label: str) -> Iterator[None]:
+    """Composites planned inside belong to `label` (a compiled function) in what collectors record."""
+    token = _LABEL.set(label)
+    try:
+        yield
+    finally:
+        _LABEL.reset(token)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
+    """Records every composite planned inside: label -> {signature: a node of it}, in first-seen order."""
+    found: dict[str, dict[Signature, Node]] = {}
+    _COLLECTORS.append(found)
+    try:
+        yield found
+    finally:
+        _COLLECTORS[:] = [c for c in _COLLECTORS if c is not found]  # by identity: equal dicts are others
+
+
+# ---------------------------------------------------------------------------
+# The planner of the compiled path
+# ---------------------------------------------------------------------------
+
+
+def tuning_enabled() -> bool:
+    """TG_TUNE=1: measure a composite's candidates the first time a program needs its choice."""
+    return os.environ.get("TG_TUNE", "0") not in ("", "0")
+
+
+class CompiledPlanner:
+    """Chooses among a composite's candidates by measured or predicted time (see the module docstring)."""
+
+    def __init__(self, db: KernelDB | None = None, fingerprint: str | None = None) -> None:
+        db = db if db is not None else default_db()
+        fingerprint = fingerprint or device_fingerprint()
+        self.cost_model = CostModel(db, fingerprint, peaks=db.device_peaks(fingerprint) or NOMINAL_PEAKS)
+        self.measured_signatures = 0  # by TG_TUNE=1, bounded by MEASURE_LIMIT
+        self._chosen: dict[Signature, str] = {}
+        self._generation = db.generation
+
+    def route(self, node: Node) -> str:
+        """The candidate that runs composite `node` (recorded by any collector)."""
+        sig = signature_of(node)
+        for found in _COLLECTORS:
+            found.setdefault(_LABEL.get(), {}).setdefault(sig, node)
+        if (route := dict(_FORCED.get()).get(sig)) is not None:
+            return route
+        candidates = candidates_of(node)
+        if len(candidates) == 1:
+            return candidates[0].name
+        if self._generation != self.cost_model.db.generation:  # new measurements: choices may change
+            self._chosen.clear()
+            self._generation = self.cost_model.db.generation
+        if sig not in self._chosen:
+            if tuning_enabled() and self.measured_signatures < MEASURE_LIMIT and self.unmeasured(node):
+                self.measure(node)
+            if len(self._chosen) >= CHOICE_CACHE_SIZE:
+                self._chosen.clear()
+            self._chosen[sig] = min(self.options(node), key=lambda o: o.seconds).candidate
+        return self._chosen[sig]
+
+    def options(self, node: Node) -> list[Option]:
+        """Every candidate of `node`, in table order (ties go to the earlier)."""
+        sig, model = signature_of(node), self.cost_model
+        options = []
+        for candidate in candidates_of(node):
+            name = kernel_id(sig, candidate.name)
+            predicted = model.predict(name, code_hash(), sig)
+            if predicted.source == "roofline":
+                predicted = Estimate(predicted.seconds * candidate.prior, "prior")
+            row = model.measured(name, code_hash(), sig)
+            options.append(Option(candidate.name, predicted, None if row is None else row.median))
+        return options
+
+    def unmeasured(self, node: Node) -> list[Candidate]:
+        sig = signature_of(node)
+        return [c for c in candidates_of(node)
+                if self.cost_model.measured(kernel_id(sig, c.name), code_hash(), sig) is None]
+
+    def measure(self, node: Node, budget: float = 0.05) -> int:
+        """Time each unmeasured candidate of `node` as a program of its own and store the rows; how many."""
+        sig = signature_of(node)
+        self.measured_signatures += 1
+        done = 0
+        for candidate in self.unmeasured(node):
+            samples = time_candidate(sig, candidate.name, budget)
+            self.cost_model.db.record(self.cost_model.fingerprint, kernel_id(sig, candidate.name), code_hash(),
+                                      sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, samples)
+            done += 1
+        return done
+
+
+def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
+    """Seconds per run of a program computing `sig` alone, its composite run by `candidate`."""
+    from tensorgraphs.backends.cpu import Program
+    from tensorgraphs.schedule.fusion import schedule_kernels
+
+    node = placeholder_node(sig)
+    inputs = list(node.src)
+    rng = np.random.default_rng(0)
+    arrays = [random_array(spec, rng) for spec in sig.inputs]
+    with forced({sig: candidate}):
+        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs)
+    with np.errstate(all="ignore"):
+        return time_samples(lambda: program.run(arrays), budget=budget)
+
+
+_PLANNERS: dict[int, CompiledPlanner] = {}
+
+
+def compiled_planner(db: KernelDB | None = None) -> CompiledPlanner:
+    """The planner over the default kernel database (one per database, so `TG_CACHE_DIR` changes take effect)."""
+    db = db if db is not None else default_db()
+    if id(db) not in _PLANNERS:
+        _PLANNERS[id(db)] = CompiledPlanner(db)
+    return _PLANNERS[id(db)]
+
+
+def routes_taken(collected: dict[str, dict[Signature, Node]]) -> tuple[tuple[Signature, str], ...]:
+    """The route of every composite `collecting` saw while a program was built: what a cached program assumes."""
+    planner = compiled_planner()
+    return tuple((sig, planner.route(node)) for found in collected.values() for sig, node in found.items())
+
+
+def still_taken(routes: tuple[tuple[Signature, str], ...]) -> bool:
+    """Whether a program built with `routes` still runs what the planner chooses (measurements may have changed
+    a choice); asking records the composites again for any collector, as building the program did."""
+    planner = compiled_planner()
+    return all(planner.route(placeholder_node(sig)) == route for sig, route in routes)
+
+
+def route_of(node: Node) -> str:
+    """How the compiled path runs composite `node`: a candidate's name, or DECOMPOSE."""
+    if not is_composite(node):
+        raise ValueError(f"route_of: {node.op.name} is a primitive, not a composite")
+    return compiled_planner().route(node)
