@@ -41,6 +41,7 @@ from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.plan.choices import collecting, routes_taken, still_taken
+from tensorgraphs.runtime.buffer import data_address
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -138,6 +139,7 @@ class Program:
         self._input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
         self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
+        self._binding = _Binding(self._slots, self._in_place_slots)
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
         self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
 
@@ -170,19 +172,19 @@ class Program:
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
-            arrays = self._arrays(inputs)
+            arrays, pointers = self._binding.bind(inputs)
             if KERNEL_OBSERVERS:
-                self._run_timed(arrays)
+                self._run_timed(pointers)
             else:
-                _check_status(self._interruptible(self._entry, _pointers(arrays)))
+                _check_status(self._interruptible(self._entry, pointers))
             return [arrays[i] for i in self._outputs]
 
-    def _run_timed(self, arrays: list[np.ndarray]) -> None:
+    def _run_timed(self, pointers: Any) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
         library, seconds = self._timed
         ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
         start = time.perf_counter()
-        _check_status(library.tg_program(_pointers(arrays)))
+        _check_status(library.tg_program(pointers))
         for kernel, spent in zip(self.kernels, seconds):
             _report(kernel.name, start, spent, *kernel_work(kernel))
             start += spent
@@ -213,11 +215,11 @@ class Program:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
         with self._running:
             library, seconds = self._timed
-            arrays = self._arrays(inputs)
+            _, pointers = self._binding.bind(inputs)
             runs = []
             for _ in range(repeat):
                 ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
-                _check_status(library.tg_program(_pointers(arrays)))
+                _check_status(library.tg_program(pointers))
                 runs.append(list(seconds))
             return [(kernel.name, float(np.median([run[i] for run in runs]))) for i, kernel in enumerate(self.kernels)]
 
@@ -264,21 +266,63 @@ class Program:
                       for i, p in partner.items()}
             return [newest.get(i, arrays[i]) for i in self._outputs]
 
-    def _arrays(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """One array per slot; an output updated in place is its input's array (the caller's to overwrite)."""
-        arrays = [self._array(slot, inputs) if i not in self._in_place_slots else None
-                  for i, slot in enumerate(self._slots)]
-        for output_slot, input_slot in self._in_place_slots.items():
-            arrays[output_slot] = arrays[input_slot]
-        return arrays
 
-    def _array(self, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
-        if slot.role == "input":
-            return _contiguous(inputs[slot.position], slot.dtype)
-        if slot.role == "captured":
-            assert slot.array is not None
-            return slot.array
-        return _aligned_empty(slot.shape, slot.dtype)
+class _Binding:
+    """Binds a program's slots to arrays for one run, and their addresses to the pointer table it is called with.
+
+    Binding is per-call Python work on every slot (hundreds in a training step), so the addresses of captured
+    arrays are looked up once, and the small outputs of a run share one allocation at precomputed offsets: one
+    allocation and arithmetic addresses instead of an allocation and an address lookup each. Outputs below
+    `OWN_ALLOCATION_BYTES` (a loss, a step count) get their own, so keeping one does not keep a run's block.
+    An output updated in place is its input's array (the caller's to overwrite)."""
+
+    OWN_ALLOCATION_BYTES = 64
+
+    def __init__(self, slots: list[_Slot], in_place: dict[int, int]) -> None:
+        self.slots, self.in_place = slots, in_place
+        self.static = np.zeros(max(len(slots), 1), np.uintp)
+        self.inputs: list[tuple[int, int, np.dtype]] = []
+        self.separate: list[int] = []
+        shared: list[tuple[int, int]] = []
+        shared_bytes = 0
+        for i, slot in enumerate(slots):
+            nbytes = math.prod(slot.shape) * slot.dtype.itemsize
+            if slot.role == "captured":
+                assert slot.array is not None
+                self.static[i] = slot.array.ctypes.data
+            elif slot.role == "input":
+                self.inputs.append((i, slot.position, slot.dtype))
+            elif i in in_place:
+                continue
+            elif self.OWN_ALLOCATION_BYTES <= nbytes and _is_small(nbytes):
+                shared.append((i, shared_bytes))
+                shared_bytes += -(-nbytes // CACHE_LINE) * CACHE_LINE
+            else:
+                self.separate.append(i)
+        self.shared, self.shared_bytes = shared, shared_bytes
+        self.shared_slots = np.array([i for i, _ in shared], np.intp)
+        self.shared_offsets = np.array([offset for _, offset in shared], np.uintp)
+
+    def bind(self, inputs: list[np.ndarray]) -> tuple[list[np.ndarray | None], Any]:
+        """The run's array per slot, and the pointer table (`void **`) to call the program with."""
+        arrays: list[np.ndarray | None] = [slot.array for slot in self.slots]
+        pointers = self.static.copy()
+        for i, position, dtype in self.inputs:
+            arrays[i] = array = _contiguous(inputs[position], dtype)
+            pointers[i] = data_address(array)
+        if self.shared:
+            block = np.empty(self.shared_bytes + CACHE_LINE, np.uint8)
+            start = -data_address(block) % CACHE_LINE
+            for i, offset in self.shared:
+                slot = self.slots[i]
+                arrays[i] = np.ndarray(slot.shape, slot.dtype, block, start + offset)
+            pointers[self.shared_slots] = self.shared_offsets + np.uintp(data_address(block) + start)
+        for i in self.separate:
+            arrays[i] = array = _aligned_empty(self.slots[i].shape, self.slots[i].dtype)
+            pointers[i] = data_address(array)
+        for output_slot, input_slot in self.in_place.items():
+            arrays[output_slot], pointers[output_slot] = arrays[input_slot], pointers[input_slot]
+        return arrays, pointers.ctypes.data_as(ctypes.POINTER(ctypes.c_void_p))
 
 
 class BlockPool:
@@ -313,7 +357,7 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     whole lines (a large numpy allocation starts 16 bytes past one), and its `.base` is its memory block. Small
     outputs (below both sizes: never streamed) are plain allocations, as a program can return hundreds of them."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes + CACHE_LINE < min(POOLED_BYTES, STREAM_MIN_BYTES):
+    if _is_small(nbytes):
         return np.empty(shape, dtype)
     block = OUTPUT_BLOCKS.take(nbytes + CACHE_LINE)
     start = -block.ctypes.data % CACHE_LINE
@@ -326,8 +370,13 @@ def _elements_touched(roots: list[Node], known: Collection[Node]) -> int:
     return sum(node.size + sum(s.size for s in node.src) for node in toposort(roots, stop=stop) if not stop(node))
 
 
+def _is_small(nbytes: int) -> bool:
+    """Below both the pooled and the streamed sizes: a plain allocation, never written by streaming stores."""
+    return nbytes + CACHE_LINE < min(POOLED_BYTES, STREAM_MIN_BYTES)
+
+
 def _pointers(arrays: list[np.ndarray]) -> Any:
-    return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+    return (ctypes.c_void_p * max(len(arrays), 1))(*[data_address(a) for a in arrays])
 
 
 def _check_status(status: int) -> None:

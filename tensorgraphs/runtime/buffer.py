@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Any, Callable
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from tensorgraphs.dtypes import DType
 
 HOST = "host"
 """The device of buffers in the Python process's memory."""
+
+
+def data_address(array: np.ndarray) -> int:
+    """The address of a C-contiguous array's data, through the buffer protocol (a fraction of `.ctypes`'s cost,
+    which matters for hundreds of arrays per call); read-only and empty arrays, which it refuses, take `.ctypes`."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError):
+        return array.ctypes.data
+
+
+def byte_span(array: np.ndarray) -> tuple[int, int]:
+    """[first, last + 1) bytes `array` can touch."""
+    if array.flags.c_contiguous:
+        start = data_address(array)
+        return start, start + array.nbytes
+    return byte_bounds(array)
 
 
 class Buffer:

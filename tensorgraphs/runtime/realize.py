@@ -29,7 +29,7 @@ from tensorgraphs.graph.node import Node, structure, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.rewrite.engine import rewriting_key
-from tensorgraphs.runtime.buffer import HOST, Buffer
+from tensorgraphs.runtime.buffer import HOST, Buffer, byte_span
 from tensorgraphs.runtime.tracing import refuse_placeholders, refuse_values
 
 
@@ -204,14 +204,26 @@ def prepare(roots: list[Node], inputs: list[Node]) -> Executable:
 def owned(values: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """`values` (an executable's results for `inputs`) where each shares memory with no input and no other value,
     so a tensor may hold it as its own: a result that is an input or a view of one (an interpreted graph returns
-    those), or shares memory with an earlier result, is copied."""
+    those) is copied, and of results overlapping in one allocation all but one. Disjoint parts of one allocation
+    (a compiled program's small outputs share one) are distinct memory."""
     taken = {id(_memory_of(a)) for a in inputs}
-    result = []
-    for value in values:
-        memory = id(_memory_of(value))
-        result.append(value.copy() if memory in taken else value)
-        taken.add(memory)
-    return result
+    by_owner: dict[int, list[int]] = {}
+    for index, value in enumerate(values):
+        by_owner.setdefault(id(_memory_of(value)), []).append(index)
+    copied: set[int] = set()
+    for owner, indices in by_owner.items():
+        if owner in taken:
+            copied.update(indices)
+        elif len(indices) > 1:
+            end = None
+            spans = {i: byte_span(values[i]) for i in indices}
+            for index in sorted(indices, key=lambda i: (spans[i][0], i)):  # same start: the earlier result stays
+                start, stop = spans[index]
+                if end is not None and start < end:
+                    copied.add(index)
+                else:
+                    end = stop
+    return [value.copy() if index in copied else value for index, value in enumerate(values)]
 
 
 def _memory_of(array: np.ndarray) -> Any:

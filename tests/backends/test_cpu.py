@@ -362,3 +362,27 @@ def test_ctrl_c_stops_a_native_call_and_the_program_runs_again(tmp_path: pathlib
         child.kill()
     assert output.splitlines() == ["interrupted", "after [1000.0, 1000.0]", "interrupted outside"]
     assert child.returncode == 0
+
+
+def test_small_outputs_share_one_block_and_tiny_ones_are_kept_apart() -> None:
+    """A run's small outputs are views of one allocation (one allocation per run, not per output); an output
+    below `_Binding.OWN_ALLOCATION_BYTES` (a loss) has its own, so keeping it keeps no block of a step."""
+    from tensorgraphs.backends.cpu import Program
+    from tensorgraphs.runtime.realize import placeholder
+    from tensorgraphs.schedule.fusion import schedule_kernels
+
+    x, y = placeholder(tg.float32, (16, 8)), placeholder(tg.float32, (16, 8))
+    tx, ty = Tensor(x), Tensor(y)
+    roots = [(tx + ty).node, (tx * ty).node, (tx - ty).sum().node, (tx * 2.0).node]
+    program = Program(schedule_kernels(roots, {x, y}.__contains__), [x, y])
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((16, 8)).astype(np.float32) for _ in range(2))
+    total, product, difference, doubled = program.run([a, b])
+
+    np.testing.assert_allclose(total, a + b)
+    np.testing.assert_allclose(product, a * b)
+    np.testing.assert_allclose(difference, (a - b).sum(), rtol=1e-5)
+    np.testing.assert_allclose(doubled, a * 2)
+    assert total.base is not None and total.base is product.base is doubled.base
+    assert not np.shares_memory(difference, total.base)
+    assert all(array.ctypes.data % 64 == 0 for array in (total, product, doubled))

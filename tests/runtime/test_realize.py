@@ -101,3 +101,12 @@ def test_owned_copies_results_that_share_memory_with_inputs_or_each_other() -> N
     assert not any(np.shares_memory(v, a) for v in values[:2])
     assert values[2] is fresh and not np.shares_memory(values[3], fresh)
     np.testing.assert_array_equal(values[1], np.arange(1.0, 6.0))
+
+
+def test_owned_keeps_disjoint_parts_of_one_allocation_and_copies_overlapping_ones() -> None:
+    block = np.arange(12.0)
+    parts = [block[0:4], block[4:8], block[8:12], block[6:10], block[8:12]]
+    values = realization.owned(parts, [np.zeros(2)])
+    assert all(values[i] is parts[i] for i in range(3))
+    assert all(not np.shares_memory(values[i], block) for i in (3, 4))
+    np.testing.assert_array_equal(np.concatenate(values), np.concatenate(parts))
