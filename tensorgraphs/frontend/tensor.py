@@ -295,6 +295,19 @@ def _held(array: np.ndarray, dtype: DType) -> Node:
     return host_buffer(np.asarray(array, dtype=dtype.storage, order="C"), dtype)
 
 
+def values_of(tensors: Sequence[Tensor]) -> list[np.ndarray]:
+    """`[t._value() for t in tensors]` for many tensors at once (an optimizer step reads hundreds): held buffers are
+    read directly and the rest realized together, as one graph."""
+    if tracing.traces_recording:
+        return [t._value() for t in tensors]
+    nodes = [t.node for t in tensors]
+    held_nodes = [n for n in nodes if n.op is Op.BUFFER]
+    tracing.refuse_placeholders("realize", held_nodes)
+    pending = list(dict.fromkeys(n for n in nodes if n.op is not Op.BUFFER))
+    computed = dict(zip(pending, realize(pending))) if pending else {}
+    return [(n.arg.data if n.op is Op.BUFFER else computed[n]).astype(n.dtype.storage, copy=False) for n in nodes]
+
+
 def held(array: np.ndarray, dtype: DType) -> Tensor:
     """A tensor holding `array` itself, which nothing else may hold (see `realize.owned`)."""
     return Tensor(_held(array, dtype))

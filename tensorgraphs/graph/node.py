@@ -57,8 +57,12 @@ class Node:
     @classmethod
     def _made(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any) -> Node:
         node = object.__new__(cls)
-        for name, value in (("op", op), ("dtype", dtype), ("shape", shape), ("src", src), ("arg", arg)):
-            object.__setattr__(node, name, value)
+        setattr_ = object.__setattr__  # past the immutability guard
+        setattr_(node, "op", op)
+        setattr_(node, "dtype", dtype)
+        setattr_(node, "shape", shape)
+        setattr_(node, "src", src)
+        setattr_(node, "arg", arg)
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -139,8 +143,13 @@ def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
 # ---------------------------------------------------------------------------
 
 
+_PLAIN_INTS = {int}
+
+
 def _checked_shape(shape: Any) -> Shape:
     """A shape as a tuple of non-negative Python ints (numpy ints would leak into every later shape)."""
+    if type(shape) is tuple and (not shape or (set(map(type, shape)) == _PLAIN_INTS and min(shape) >= 0)):
+        return shape  # the common case, checked without a Python-level loop
     checked = tuple(int(s) for s in shape)
     assert all(s >= 0 for s in checked), f"negative size in shape {checked}"
     return checked

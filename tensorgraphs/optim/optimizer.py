@@ -20,7 +20,7 @@ import numpy as np
 
 from tensorgraphs.dtypes import DType, float32
 from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
-from tensorgraphs.frontend.tensor import Tensor, live_buffer
+from tensorgraphs.frontend.tensor import Tensor, live_buffer, values_of
 from tensorgraphs.graph.node import Node
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import cached_executable, owned, placeholder, realize
@@ -164,24 +164,25 @@ class Optimizer:
         if not entries:
             return
         tensors = [t for _, param, state in entries for t in (param, param.grad, *_tensors(state))]
-        run, outputs = cached_executable(("optimizer step", self._layout(entries)),
+        run, outputs = cached_executable(("optimizer step", self._layout(entries, tensors)),
                                          lambda: self._step_graph(entries, tensors))
-        arrays = [*(t._value() for t in tensors), *(np.asarray(group["lr"], np.float32) for group in self.param_groups)]
+        arrays = [*values_of(tensors), *(np.asarray(group["lr"], np.float32) for group in self.param_groups)]
         for (index, key, dtype), value in zip(outputs, owned(run(arrays), arrays)):
             _, param, state = entries[index]
             target = param if key == "param" else _state_target(state, key, value.shape, dtype)
             target._hold(value)
 
-    def _layout(self, entries: list[Entry]) -> Hashable:
-        """What the step's graph depends on besides the arrays' values (see the module docstring)."""
+    def _layout(self, entries: list[Entry], tensors: list[Tensor]) -> Hashable:
+        """What the step's graph over `tensors` (each entry's parameter, gradient and state tensors) depends on
+        besides the arrays' values (see the module docstring)."""
         groups = {id(group): index for index, group in enumerate(self.param_groups)}
         hyper = tuple(tuple((k, repr(v)) for k, v in sorted(group.items()) if k not in ("params", "lr"))
                       for group in self.param_groups)
-        per_param = tuple((groups[id(group)], param.dtype, param.shape, param.grad.dtype,
-                           tuple((k, (v.dtype, v.shape) if isinstance(v, Tensor) else repr(v))
-                                 for k, v in state.items()))
-                          for group, param, state in entries)
-        return type(self), hyper, per_param
+        per_param = tuple((groups[id(group)], tuple((k, None if isinstance(v, Tensor) else repr(v))
+                                                    for k, v in state.items()))
+                          for group, _, state in entries)
+        nodes = [t.node for t in tensors]
+        return type(self), hyper, per_param, tuple((n.dtype, n.shape) for n in nodes)
 
     def _step_graph(self, entries: list[Entry],
                     tensors: list[Tensor]) -> tuple[list[Node], list[Node], list[tuple[int, str, DType]]]:
