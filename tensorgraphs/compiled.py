@@ -45,6 +45,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
+from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
@@ -265,6 +266,8 @@ class CompiledFunction:
                 states, roots = _effects(effects, [t.node for t in outputs], placeholders, arguments)
             finally:
                 effects.restore()
+                for _, before in effects.assigned.values():  # the writes were only traced: not in-place writes
+                    overwritten.pop(before, None)
         results = roots[:len(outputs)]
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or (s.kind == "grad" and s.tensor.grad is not None)}

@@ -153,3 +153,23 @@ def test_building_twice_gives_the_same_source_and_header(tmp_path: Path, where: 
         subprocess.run([sys.executable, "-c", REBUILD, str(second)], check=True)
     for name in ("mlp.c", "mlp.h", "example.c", "mlp.safetensors"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_a_step_traced_for_export_then_compiled_anew_still_trains(tmp_path: Path) -> None:
+    """Tracing writes the parameters only in the trace: a later trace's backward must not see them as written (a
+    layer norm's gradient reads its weight: it raised "modified by an inplace operation")."""
+    tg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 4))
+    optimizer = tg.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = tg.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x, y = tg.randn(8, 16), tg.randint(0, 4, (8,))
+    exported = tg.export(train_step, (x, y), tmp_path, name="sgd")
+    expected = tg.compile(train_step)(x, y).numpy()
+    np.testing.assert_array_equal(run_c(exported, [[x.numpy(), y.numpy(), np.float32(0.1)]])[0][0][0], expected)
