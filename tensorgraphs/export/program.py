@@ -88,7 +88,8 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
         if isinstance(read, (_Argument, _NumberArgument)):
             fed[index] = (read.position, argument_names[read.position])
         elif isinstance(read, _Live):
-            fed[index] = (len(args) + trace.live_order.index(index), getattr(read.read, "__name__", "live"))
+            live_name = getattr(read.read, "__name__", "")
+            fed[index] = (len(args) + trace.live_order.index(index), live_name if live_name.isidentifier() else "live")
         else:
             source = trace.sources.get(index)
             name = _held_name(source, tensor_names)
@@ -100,7 +101,7 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
     order = sorted(fed, key=lambda i: fed[i][0])
     input_of = {index: k for k, index in enumerate(order)}
     inputs = [ArraySpec(name, trace.inputs[i].dtype, trace.inputs[i].shape)
-              for i, name in zip(order, unique([fed[i][1] if fed[i][1].isidentifier() else "live" for i in order]))]
+              for i, name in zip(order, unique([fed[i][1] for i in order]))]
 
     tensor_names_list, tensor_values, tensor_dtypes = [], [], []
     tensor_of: dict[int, int] = {}
