@@ -20,13 +20,14 @@ from pathlib import Path
 
 from tensorgraphs.codegen import compiler
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels import attention
 from tensorgraphs.kernels.gemm import build as kernel_build
 
 OPTIMIZATIONS = ("-O0", "-O1", "-O2", "-O3")
 TARGETS = ("native", "x86-64-v3", "x86-64-v4")
-KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.SOURCES), "attention": (attention.SOURCE_DIR,
-                                                                                  attention.SOURCES)}
+KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, ("gemm.c",)), "attention": (attention.SOURCE_DIR,
+                                                                                   attention.SOURCES)}
+"""The sources defining what generated programs call (tg_gemm_f32, not the conv2d kernel beside it)."""
 AVX512_LIBRARIES = ("gemm",)
 """Kernel libraries written with AVX-512 intrinsics: they build only for targets that have it."""
 
@@ -83,23 +84,37 @@ def build_library(directory: Path, prefix: str, libraries: tuple[str, ...], symb
              kind=ArgumentError)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as scratch:
         work = Path(scratch)
-        compiles = [[options.cc, *options.flags(compiler.FLAGS), "-c", f"{prefix}.c", "-o", str(work / "program.o")]]
-        for library in libraries:
-            source_dir, sources = KERNEL_SOURCES[library]
-            compiles += [[options.cc, *options.flags(kernel_build.FLAGS), "-c", str(source_dir / source), "-o",
-                          str(work / f"{library}-{Path(source).stem}.o")] for source in sources]
-        _run_all(compiles, directory, options.verbose)
+        program = work / "program.o"
+        _run_all([[options.cc, *options.flags(compiler.FLAGS), "-c", f"{prefix}.c", "-o", str(program)]], directory,
+                 options.verbose)
+        objects = [str(program), *(str(kernel_object(library, source, options)) for library in libraries
+                                   for source in KERNEL_SOURCES[library][1])]
         combined = work / f"{prefix}.o"
-        objects = [command[-1] for command in compiles]
         _run_all([[options.cc, "-r", "-nostdlib", "-o", str(combined), *objects]], directory, options.verbose)
         _run_all([["objcopy", *(f"--keep-global-symbol={s}" for s in symbols), str(combined)]], directory,
                  options.verbose)
         archive, shared = work / f"lib{prefix}.a", work / f"lib{prefix}.so"
         _run_all([["ar", "rcsD", str(archive), str(combined)],
-                  [options.cc, "-shared", "-o", str(shared), str(combined), *options.link_flags()]],
+                  [options.cc, "-shared", "-Wl,--no-undefined", "-o", str(shared), str(combined),
+                   *options.link_flags()]],
                  directory, options.verbose)
         for built in (archive, shared):
             os.replace(built, directory / built.name)
+
+
+def kernel_object(library: str, source: str, options: BuildOptions) -> Path:
+    """The object file of one kernel library source for this build's flags, compiled once and cached beside the
+    kernel libraries (keyed by compiler, flags and the library's sources)."""
+    source_dir = KERNEL_SOURCES[library][0]
+    flags = tuple(options.flags(kernel_build.FLAGS))
+    key = (options.cc, kernel_build.compiler_version(options.cc), *flags)
+    cached = kernel_build.library_path(f"export-{library}-{Path(source).stem}", (source,), key, (), source_dir)
+
+    def build(temporary: str) -> None:
+        command = [options.cc, *flags, "-c", str(source_dir / source), "-o", temporary]
+        _run_all([command], source_dir, options.verbose)
+
+    return compiler.cached_library(cached.with_suffix(".o"), build)
 
 
 def _run_all(commands: list[list[str]], cwd: Path, verbose: bool) -> None:
