@@ -110,5 +110,6 @@ from tensorgraphs.profiler import install_from_environment as _install_profiler,
 _install_profiler()
 from tensorgraphs.compiled import CompiledFunction  # noqa: E402  (trace once, replay compiled)
 from tensorgraphs.nn.compiled_module import CompiledModule, compile  # noqa: E402
+from tensorgraphs.export import export  # noqa: E402  (a compiled program as a C library)
 
 __getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

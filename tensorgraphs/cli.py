@@ -1,10 +1,14 @@
-"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`."""
+"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`, `tg tune`, `tg explain`, `tg build`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 # `tg example NAME` runs this module of tensorgraphs.examples
 EXAMPLES = {"digits": "digits_mlp", "cnn": "cnn"}
@@ -75,6 +79,67 @@ def _explain(args: argparse.Namespace) -> int:
     return run_explain(args.script, args.script_args, args.device)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Errors as one line on stderr and exit status 2, as a C compiler reports a bad option."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, _, dims = text.rpartition("=")
+    try:
+        return name, tuple(int(d) for d in dims.split("x")) if dims else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIMS (such as input=1x3x32x32)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="tg build", description="Compile a model into a standalone C library: "
+                            "DIR/NAME.h, libNAME.so, libNAME.a, NAME.c, NAME.safetensors and example.c.")
+    parser.add_argument("model", type=Path, help="an ONNX model (.onnx), or a Python file defining `model` and "
+                        "`example_args`")
+    parser.add_argument("--name", required=True, help="the library's name, prefixing every C symbol")
+    parser.add_argument("-o", dest="directory", type=Path, required=True, help="the directory to write into")
+    parser.add_argument("-O", dest="optimization", choices=("0", "1", "2", "3"), default="3",
+                        help="the C compiler's optimization level (-O3 by default)")
+    parser.add_argument("--target", choices=("native", "x86-64-v3", "x86-64-v4"), default="native",
+                        help="the CPU to compile for (-march)")
+    parser.add_argument("--cc", help="the C compiler (default: $TG_CC or gcc)")
+    parser.add_argument("-v", dest="verbose", action="store_true", help="print the commands run")
+    parser.add_argument("--embed-weights", action="store_true", help="put the weights inside the library")
+    parser.add_argument("--no-openmp", action="store_true", help="one thread, no OpenMP runtime to link")
+    parser.add_argument("--shape", type=_shape, action="append", default=[], metavar="INPUT=DIMS",
+                        help="sizes of an ONNX input's symbolic dims, such as input=8x3x32x32 (default 1)")
+    return parser
+
+
+def _build(args: argparse.Namespace) -> int:
+    options = build_parser().parse_args(args.rest)
+    if not options.model.is_file():
+        print(f"tg build: error: {options.model}: no such file", file=sys.stderr)
+        return 2
+    if options.target == "x86-64-v3":
+        os.environ["TG_GEMM"] = "0"  # the GEMM library needs AVX-512: matrix products as generated loops
+    from tensorgraphs.errors import ArgumentError, TGError
+    from tensorgraphs.export import BuildOptions, export
+    from tensorgraphs.export.sources import load_source
+
+    try:
+        source = load_source(options.model, dict(options.shape))
+        built = export(source.model, source.example_args, options.directory, options.name,
+                       embed_weights=options.embed_weights, input_names=source.input_names,
+                       options=BuildOptions(f"-O{options.optimization}", options.target, options.cc or BuildOptions.cc,
+                                            not options.no_openmp, options.verbose))
+    except TGError as error:  # one line, without the "(at file:line)" of a Python caller
+        print(f"tg build: error: {re.sub(r' [(]at [^()]*[)]$', '', str(error).splitlines()[0])}", file=sys.stderr)
+        return 2 if isinstance(error, ArgumentError) else 1
+    sizes = ", ".join(f"{path.name} ({path.stat().st_size // 1024} KiB)" for path in built.files.values()
+                      if path.exists())
+    print(f"built {options.name} in {built.build_seconds:.1f} s: {sizes}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tg", description="tensorgraphs: a deep-learning compiler")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -100,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("script", help="Python script to run (as __main__)")
         command.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
         command.set_defaults(run=run)
+    build = commands.add_parser("build", add_help=False, help="compile a model into a C library (`tg build --help`)")
+    build.set_defaults(run=_build)
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in ("demo", "train", "example"):
+    if rest and args.command not in ("demo", "train", "example", "build"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     return args.run(args)

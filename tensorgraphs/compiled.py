@@ -36,7 +36,7 @@ import functools
 import sys
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
@@ -45,6 +45,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
+from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
@@ -86,6 +87,7 @@ class _Trace:
     fixed_numbers: tuple[tuple[int, int | float], ...] = ()  # (position, value): number arguments used as values
     results_graph: differentiable.ResultGraph | None = None  # for results autograd can differentiate
     compile_seconds: float = 0.0
+    sources: dict[int, tracing.Captured] = field(default_factory=dict)  # input -> the tensor read (for tg.export)
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
@@ -266,6 +268,8 @@ class CompiledFunction:
                 states, roots = _effects(effects, [t.node for t in outputs], placeholders, arguments)
             finally:
                 effects.restore()
+                for _, before in effects.assigned.values():  # the writes were only traced: not in-place writes
+                    overwritten.pop(before, None)
         results = roots[:len(outputs)]
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or (s.kind == "grad" and s.tensor.grad is not None)}
@@ -279,6 +283,7 @@ class CompiledFunction:
         program, inputs = CPU.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
         _refuse_earlier_placeholders(inputs, captured, {*placeholders, *numbers})
         readers: list[Reader] = []
+        sources: dict[int, tracing.Captured] = {}
         for index, node in enumerate(inputs):
             if node in placeholders:
                 readers.append(_Argument(placeholders[node]))
@@ -287,10 +292,12 @@ class CompiledFunction:
             elif node in state_inputs:
                 state = state_inputs[node]
                 state.input_index = index
+                sources[index] = _source(state)
                 in_place = state.output_index in program.updated_in_place
                 readers.append(_overwritable_value(state) if in_place else _current_value(_source(state), node))
             elif node in captured:
                 readers.append(_current_value(captured[node], node))
+                sources[index] = captured[node]
             elif node in known and node.op is not Op.BUFFER:
                 readers.append(_fixed(known[node]))
             elif node.arg.live is not None:
@@ -312,8 +319,7 @@ class CompiledFunction:
             results_graph = differentiable.ResultGraph.build(results, sources)
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
                       grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
-                      fixed_numbers,
-                      results_graph)
+                      fixed_numbers, results_graph, sources=sources)
 
 
 def _leaf_sources(inputs: list[Node], placeholders: Mapping[Node, int], numbers: Mapping[Node, int],

@@ -82,6 +82,30 @@ class _Slot:
     array: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class SlotLayout:
+    """One pointer of `tg_program`'s buffer array, for callers without Python (`tg.export`): a program input
+    (`position`), a constant the program holds (`array`), a temporary in the arena (`offset`), or an output."""
+
+    role: str  # "input", "constant", "temp" or "output"
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    position: int = -1
+    offset: int = -1
+    array: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ProgramLayout:
+    """How to call `tg_program` without this module: its slots, the slot holding each output, and the output slots
+    written over an input slot's array (`Program.updated_in_place`)."""
+
+    slots: list[SlotLayout]
+    outputs: list[int]
+    in_place: dict[int, int]  # output slot -> input slot
+    arena_bytes: int
+
+
 class Program:
     """A compiled schedule: `run(inputs)` returns the roots' values (one native call).
 
@@ -163,6 +187,17 @@ class Program:
             self.kernels[k] = memory.read_through_output(self.kernels[k], donor, target)
             updated[output] = position
         return updated
+
+    def layout(self) -> ProgramLayout:
+        slots = []
+        for name, slot in zip(self._buffer_names, self._slots):
+            if name in self.memory.offsets:
+                slots.append(SlotLayout("temp", slot.dtype, slot.shape, offset=self.memory.offsets[name]))
+            elif slot.role == "captured":
+                slots.append(SlotLayout("constant", slot.dtype, slot.shape, array=slot.array))
+            else:
+                slots.append(SlotLayout(slot.role, slot.dtype, slot.shape, position=slot.position))
+        return ProgramLayout(slots, list(self._outputs), dict(self._in_place_slots), self.memory.arena_bytes)
 
     @property
     def kernel_count(self) -> int:

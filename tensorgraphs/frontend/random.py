@@ -118,10 +118,13 @@ def _key_buffer(generator: Generator | None) -> Tensor:
     """The next call's (key0, key1, counter_high) as a uint32 buffer, not constants: a compiled program reads
     the next key at every call (so each call draws new numbers), instead of the one it was traced with."""
     stream = default_generator if generator is None else generator
-    next_key = lambda: np.asarray(stream.next_key(), np.uint32)  # noqa: E731
+
+    def random_key() -> np.ndarray:  # an exported program takes it as an input of this name
+        return np.asarray(stream.next_key(), np.uint32)
+
     if tracing.active() is None:
-        return Tensor.from_numpy(next_key(), dtypes.uint32)
-    return live_buffer(np.zeros(3, np.uint32), next_key, dtypes.uint32)  # no key drawn while tracing
+        return Tensor.from_numpy(random_key(), dtypes.uint32)
+    return live_buffer(np.zeros(3, np.uint32), random_key, dtypes.uint32)  # no key drawn while tracing
 
 
 def random_bits(shape: tuple[int, ...], generator: Generator | None = None) -> Tensor:

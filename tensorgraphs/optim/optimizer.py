@@ -39,9 +39,12 @@ def state_buffer(shape: tuple[int, ...], dtype: DType, fill: float = 0.0) -> Ten
 
 def live_scalar(read: Callable[[], float]) -> Tensor:
     """A hyperparameter a scheduler changes (lr) as a 0-d input buffer, not a constant baked into the graph;
-    a compiled step calls `read` for its value at every call."""
-    value = lambda: np.asarray(read(), dtype=np.float32)  # noqa: E731
-    return live_buffer(value(), value, float32)
+    a compiled step calls `read` for its value at every call (an exported step takes it as its input `lr`)."""
+
+    def lr() -> np.ndarray:
+        return np.asarray(read(), dtype=np.float32)
+
+    return live_buffer(lr(), lr, float32)
 
 
 def clear_grad(param: Tensor, set_to_none: bool = True) -> None:

@@ -1,0 +1,171 @@
+"""What an exported program is made of: the arrays its caller passes and receives, the tensors its context
+holds (weights, optimizer state, constants: the safetensors file), and where each pointer of `tg_program`'s
+buffer array comes from at a call.
+
+A traced program's inputs are split by what feeds them in Python: an argument, a number argument or a live
+value (the learning rate, a random key) becomes an input of the C call; everything else (parameters, state,
+captured constants) becomes a tensor of the context, loaded once. A state the call updates is written into a
+spare buffer and swapped with its tensor after the call, or over the tensor itself where the program updates it
+in place; state outputs nothing reads again (gradients left after the step) go to context scratch memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tensorgraphs import dtypes
+from tensorgraphs.backends.cpu import ProgramLayout
+from tensorgraphs.codegen.c_renderer import uses_attention, uses_gemm
+from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
+from tensorgraphs.errors import UnsupportedError, fail
+from tensorgraphs.export.names import unique
+from tensorgraphs.runtime.tracing import Captured
+
+SAFETENSORS_DTYPES = {
+    np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+    np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16", np.dtype(np.int8): "I8",
+    np.dtype(np.uint8): "U8", np.dtype(np.uint32): "U32",
+}
+"""The file encoding of each storage type (bool is stored as U8, bfloat16 as the F32 holding its values)."""
+
+Source = tuple[str, int]
+"""Where a slot's pointer comes from: ("input", i), ("output", j), ("tensor", t), ("spare", t) (the tensor's
+second buffer), ("scratch", s) or ("arena", byte offset)."""
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    name: str
+    dtype: dtypes.DType
+    shape: tuple[int, ...]
+
+    @property
+    def storage(self) -> np.dtype:
+        return np.dtype(self.dtype.storage)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.storage.itemsize
+
+    @property
+    def file_dtype(self) -> str:
+        return SAFETENSORS_DTYPES[self.storage]
+
+
+@dataclass(frozen=True)
+class ExportedProgram:
+    source: str  # the C translation unit defining `int tg_program(void **buffers)`
+    inputs: list[ArraySpec]
+    outputs: list[ArraySpec]
+    tensors: list[ArraySpec]  # held by each context: the safetensors file's entries, in order
+    values: list[np.ndarray]  # the tensors' values at export time
+    scratch: list[ArraySpec]  # outputs the context holds but does not save
+    slots: list[Source]
+    copies: list[tuple[str, int, int]]  # after a call: ("output" | "tensor", index, slot) copied from the slot
+    swaps: list[int]  # tensors whose new value is in their spare buffer after a call
+    arena_bytes: int
+    libraries: tuple[str, ...]  # kernel libraries the program calls: "gemm", "attention"
+
+
+def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
+             tensor_names: Mapping[int, str]) -> ExportedProgram:
+    """The exported form of `trace` (traced on `args`), naming arguments by `argument_names` and the tensors it
+    reads by `tensor_names` (id of the tensor -> name)."""
+    if any(state.kind == "argument" for state in trace.states):
+        fail("export", "the function writes into its arguments in place, which a C library cannot hand back: return "
+             "the new value instead", kind=UnsupportedError)
+    program = trace.program
+    layout: ProgramLayout = program.layout()
+    values = _argument_values(args)
+    fed: dict[int, tuple[int, str]] = {}  # program input -> (order key, name) of the C input feeding it
+    held: dict[int, tuple[str, np.ndarray]] = {}  # program input -> (name, value) of the context tensor
+    constants = unnamed = 0
+    for index, read in enumerate(trace.readers):
+        if isinstance(read, (_Argument, _NumberArgument)):
+            fed[index] = (read.position, argument_names[read.position])
+        elif isinstance(read, _Live):
+            live_name = getattr(read.read, "__name__", "")
+            fed[index] = (len(args) + trace.live_order.index(index), live_name if live_name.isidentifier() else "live")
+        else:
+            source = trace.sources.get(index)
+            name = _held_name(source, tensor_names)
+            if name is None and source is not None:
+                name, unnamed = f"tensor.{unnamed}", unnamed + 1
+            elif name is None:
+                name, constants = f"constant.{constants}", constants + 1
+            held[index] = (name, np.asarray(read(values)))
+    order = sorted(fed, key=lambda i: fed[i][0])
+    input_of = {index: k for k, index in enumerate(order)}
+    inputs = [ArraySpec(name, trace.inputs[i].dtype, trace.inputs[i].shape)
+              for i, name in zip(order, unique([fed[i][1] for i in order]))]
+
+    tensor_names_list, tensor_values, tensor_dtypes = [], [], []
+    tensor_of: dict[int, int] = {}
+    for index, (name, value) in held.items():
+        tensor_of[index] = len(tensor_values)
+        tensor_names_list.append(name)
+        tensor_values.append(value)
+        tensor_dtypes.append(trace.inputs[index].dtype)
+    slots: list[Source] = []
+    for slot in layout.slots:
+        if slot.role == "input":
+            p = slot.position
+            slots.append(("input", input_of[p]) if p in input_of else ("tensor", tensor_of[p]))
+        elif slot.role == "constant":
+            assert slot.array is not None
+            slots.append(("tensor", len(tensor_values)))
+            tensor_names_list.append(f"constant.{constants}")
+            constants += 1
+            tensor_values.append(slot.array)
+            tensor_dtypes.append(dtypes.from_numpy_dtype(slot.dtype))
+        elif slot.role == "temp":
+            slots.append(("arena", slot.offset))
+        else:
+            slots.append(("pending", -1))
+    tensors = [ArraySpec(name, dtype, tuple(value.shape)) for name, dtype, value
+               in zip(unique(tensor_names_list), tensor_dtypes, tensor_values)]
+
+    results = len(trace.result_dtypes)
+    updates = {state.output_index: tensor_of[state.input_index] for state in trace.states
+               if state.output_index is not None and state.input_index is not None}
+    scratch: list[ArraySpec] = []
+    swaps: list[int] = []
+    for slot_index, slot in enumerate(layout.slots):
+        if slot.role != "output":
+            continue
+        outputs = [j for j, s in enumerate(layout.outputs) if s == slot_index]
+        updated = [updates[j] for j in outputs if j in updates]
+        if slot_index in layout.in_place:
+            slots[slot_index] = slots[layout.in_place[slot_index]]
+        elif updated and updated[0] not in swaps:
+            slots[slot_index] = ("spare", updated[0])
+            swaps.append(updated[0])
+        elif any(j < results for j in outputs):
+            slots[slot_index] = ("output", min(outputs))
+        else:
+            slots[slot_index] = ("scratch", len(scratch))
+            scratch.append(ArraySpec(f"scratch.{len(scratch)}", dtypes.from_numpy_dtype(slot.dtype), slot.shape))
+    copies = [("output", j, layout.outputs[j]) for j in range(results) if slots[layout.outputs[j]] != ("output", j)]
+    copies += [("tensor", t, layout.outputs[j]) for j, t in updates.items()
+               if slots[layout.outputs[j]] not in (("spare", t), ("tensor", t))]
+    output_names = ["output"] if results == 1 else [f"output.{j}" for j in range(results)]
+    outputs = [ArraySpec(name, dtype, layout.slots[layout.outputs[j]].shape)
+               for j, (name, dtype) in enumerate(zip(output_names, trace.result_dtypes))]
+    libraries = (("gemm",) if uses_gemm(program.kernels) else ()) + (
+        ("attention",) if uses_attention(program.kernels) else ())
+    return ExportedProgram(program.source, inputs, outputs, tensors, tensor_values, scratch, slots, copies, swaps,
+                           layout.arena_bytes, libraries)
+
+
+def _held_name(source: Captured | None, names: Mapping[int, str]) -> str | None:
+    """The name of the tensor (or gradient) a program input is read from, when it has one."""
+    if source is None:
+        return None
+    if source.grad_of is not None:
+        owner = names.get(id(source.grad_of))
+        return None if owner is None else f"{owner}.grad"
+    return names.get(id(source.tensor)) if source.tensor is not None else None

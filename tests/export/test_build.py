@@ -1,0 +1,73 @@
+"""The library build: only the API is exported, only libc, libm and OpenMP are linked (or no OpenMP at all), and
+options are checked before anything runs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from c_harness import run_c
+
+import tensorgraphs as tg
+from tensorgraphs.export import BuildOptions, c_api
+from tensorgraphs.schedule.extern import gemm_enabled
+
+
+def mlp() -> tg.nn.Module:
+    tg.manual_seed(0)
+    return tg.nn.Sequential(tg.nn.Linear(16, 32), tg.nn.GELU(), tg.nn.Linear(32, 4))
+
+
+def defined_globals(library: Path) -> set[str]:
+    listed = subprocess.run(["nm", "-g", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in listed.stdout.splitlines() if len(line.split()) == 3}
+
+
+def needed(library: Path) -> set[str]:
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    return {line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="needs binutils")
+@pytest.mark.parametrize("openmp", [True, False])
+def test_only_the_api_is_exported_and_only_libc_libm_openmp_linked(tmp_path: Path, openmp: bool) -> None:
+    model, x = mlp(), tg.randn(8, 16)
+    exported = tg.export(model, (x,), tmp_path, name="net", options=BuildOptions(openmp=openmp))
+    assert exported.program.libraries == (("gemm",) if gemm_enabled() else ())  # inside, its symbols local
+    api = set(c_api.exported_symbols("net"))
+    assert defined_globals(exported.files["static"]) == api
+    assert defined_globals(exported.files["shared"]) == api
+    allowed = {"libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"} | ({"libgomp.so.1"} if openmp else set())
+    assert needed(exported.files["shared"]) <= allowed
+    assert ("libgomp.so.1" in needed(exported.files["shared"])) == openmp
+    got = run_c(exported, [[x.numpy()]], openmp=openmp)[0][0][0]
+    np.testing.assert_array_equal(got, tg.compile(model)(x).detach().numpy())
+
+
+def test_verbose_prints_every_command(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    tg.export(mlp(), (tg.randn(8, 16),), tmp_path, name="loud", options=BuildOptions(optimization="-O2",
+                                                                                        verbose=True))
+    commands = capfd.readouterr().err.splitlines()
+    assert any(c.startswith("gcc ") and " -O2 " in c and "-c loud.c" in c for c in commands)
+    assert any(c.startswith("objcopy --keep-global-symbol=loud_create") for c in commands)
+    assert not any(" -O3 " in c for c in commands)
+
+
+@pytest.mark.parametrize("options, message", [
+    (BuildOptions(optimization="-O9"), "optimization must be one of"),
+    (BuildOptions(target="pentium"), "target must be one of"),
+    (BuildOptions(cc="no-such-compiler-here"), "needs 'no-such-compiler-here'"),
+])
+def test_bad_options_are_refused_before_building(tmp_path: Path, options: BuildOptions, message: str) -> None:
+    with pytest.raises(tg.ArgumentError, match=message):
+        tg.export(mlp(), (tg.randn(8, 16),), tmp_path, name="mlp", options=options)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not gemm_enabled(), reason="the GEMM library does not run here")
+def test_a_target_without_avx512_refuses_the_gemm_library(tmp_path: Path) -> None:
+    with pytest.raises(tg.ArgumentError, match="x86-64-v3 cannot run"):
+        tg.export(mlp(), (tg.randn(8, 16),), tmp_path, name="mlp", options=BuildOptions(target="x86-64-v3"))

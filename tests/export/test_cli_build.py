@@ -1,0 +1,101 @@
+"""`tg build`: a compiler-like command line over tg.export (one-line errors; exit status 2 for bad usage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from c_harness import run_c
+
+import tensorgraphs as tg
+from tensorgraphs.cli import main
+from tensorgraphs.export.program import ArraySpec
+
+MODEL = """
+import tensorgraphs as tg
+tg.manual_seed(0)
+model = tg.nn.Sequential(tg.nn.Linear(16, 8), tg.nn.ReLU())
+example_args = (tg.randn(4, 16),)
+"""
+
+
+def status_of(arguments: list[str]) -> int:
+    try:
+        return main(arguments)
+    except SystemExit as exit:
+        return int(exit.code or 0)
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return path
+
+
+def test_build_writes_the_library(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    assert status_of(["build", str(model_file), "--name", "net", "-o", str(out), "-O2", "-v", "--embed-weights"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("built net in ")
+    assert " -O2 " in captured.err and "objcopy" in captured.err
+    for name in ("net.h", "net.c", "libnet.a", "libnet.so", "net.safetensors", "example.c"):
+        assert (out / name).is_file(), name
+    assert "net_embedded_weights" in (out / "net.c").read_text()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--name", "net", "-o", "OUT", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--name", "net", "-o", "OUT", "-O7"], "argument -O: invalid choice: '7'"),
+    (["--name", "net", "-o", "OUT", "--target", "i386"], "argument --target: invalid choice"),
+    (["-o", "OUT"], "the following arguments are required: --name"),
+    (["--name", "9net", "-o", "OUT"], "name '9net' cannot prefix C symbols"),
+    (["--name", "net", "-o", "OUT", "--shape", "x=2xq"], "is not NAME=DIMS"),
+])
+def test_bad_usage_is_one_line_and_status_2(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                             arguments: list[str], message: str) -> None:
+    arguments = [a.replace("OUT", str(tmp_path / "out")) for a in arguments]
+    assert status_of(["build", str(model_file), *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("tg build: error: ") and message in error, error
+
+
+def test_a_missing_model_file_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert status_of(["build", str(tmp_path / "absent.onnx"), "--name", "net", "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"tg build: error: {tmp_path / 'absent.onnx'}: no such file\n"
+
+
+def onnx_model(path: Path) -> None:
+    """relu(x @ w + b) @ v with a symbolic batch dim: a model ONNX Runtime runs as the reference."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((16, 32), np.float32), "b": rng.standard_normal(32, np.float32),
+               "v": rng.standard_normal((32, 4), np.float32)}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+         helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "v"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(array, name) for name, array in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path) -> None:
+    pytest.importorskip("tensorgraphs.onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    model = tmp_path / "mlp.onnx"
+    onnx_model(model)
+    out = tmp_path / "out"
+    assert status_of(["build", str(model), "--name", "onnxmlp", "-o", str(out), "--shape", "x=8x16"]) == 0
+    x = np.random.default_rng(1).standard_normal((8, 16), np.float32)
+    built = SimpleNamespace(files={"header": out / "onnxmlp.h", "weights": out / "onnxmlp.safetensors"},
+                            program=SimpleNamespace(inputs=[ArraySpec("x", tg.float32, (8, 16))],
+                                                    outputs=[ArraySpec("output", tg.float32, (8, 4))]))
+    assert "0 \"x\" float32 [8, 16]" in built.files["header"].read_text()
+    got = run_c(built, [[x]])[0][0][0]
+    (expected,) = onnxruntime.InferenceSession(str(model)).run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
