@@ -20,7 +20,10 @@ from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_
 LIBRARY = "tg_gemm"
 SOURCES = ("gemm.c", "conv.c")
 HEADER = SOURCE_DIR / "gemm.h"
-C_FUNCTIONS = {"matmul": "tg_gemm_f32", "conv2d": "tg_conv2d_f32"}
+C_FUNCTIONS = {"matmul": "tg_gemm_f32", "matmul_bf16": "tg_gemm_bf16", "conv2d": "tg_conv2d_f32"}
+GEMM_FUNCTIONS = {"float32": "matmul", "bfloat16": "matmul_bf16"}
+"""The product kernel (a key of C_FUNCTIONS) of each dtype: a bfloat16 product reads float32 arrays, rounds the
+operands to bfloat16 while packing them, sums in float32 and rounds the result (gemm.h)."""
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu_tanh": 2}
 STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", -3: "out of memory"}
 
@@ -52,7 +55,7 @@ def library_path() -> Path:
 def _functions() -> dict[str, Callable[..., int]]:
     library = load_library(LIBRARY, SOURCES)
     functions = {}
-    for name, argtypes in (("matmul", GEMM_ARGTYPES), ("conv2d", CONV_ARGTYPES)):
+    for name, argtypes in (("matmul", GEMM_ARGTYPES), ("matmul_bf16", GEMM_ARGTYPES), ("conv2d", CONV_ARGTYPES)):
         function = getattr(library, C_FUNCTIONS[name])
         function.argtypes, function.restype = argtypes, ctypes.c_int
         functions[name] = function
@@ -206,14 +209,21 @@ def call_gemm(function: Callable[..., int], a: np.ndarray, b: np.ndarray, **epil
     return bind_gemm(function, a, b, **epilogue)()
 
 
-def matmul(a: np.ndarray, b: np.ndarray, **epilogue: object) -> np.ndarray:
-    """The generated GEMM on numpy float32 arrays; see `bind_gemm` for the epilogue arguments."""
-    return call_gemm(_functions()["matmul"], a, b, **epilogue)
+def _gemm_function(dtype: str) -> Callable[..., int]:
+    if dtype not in GEMM_FUNCTIONS:
+        fail("matmul", f"dtype must be one of {sorted(GEMM_FUNCTIONS)}, got {dtype!r}", ArgumentError)
+    return _functions()[GEMM_FUNCTIONS[dtype]]
 
 
-def bind_matmul(a: np.ndarray, b: np.ndarray, **epilogue: object) -> Callable[[], np.ndarray]:
+def matmul(a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", **epilogue: object) -> np.ndarray:
+    """The generated GEMM on numpy float32 arrays, as a float32 or a bfloat16 product (`GEMM_FUNCTIONS`); see
+    `bind_gemm` for the epilogue arguments."""
+    return call_gemm(_gemm_function(dtype), a, b, **epilogue)
+
+
+def bind_matmul(a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", **epilogue: object) -> Callable[[], np.ndarray]:
     """`matmul` with its arguments converted once (see `bind_gemm`)."""
-    return bind_gemm(_functions()["matmul"], a, b, **epilogue)
+    return bind_gemm(_gemm_function(dtype), a, b, **epilogue)
 
 
 def _pair(op: str, name: str, value: int | tuple[int, int]) -> tuple[int, int]:

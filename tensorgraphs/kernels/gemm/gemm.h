@@ -31,6 +31,19 @@ int tg_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
                 const float *residual, int64_t residual_bs, int64_t residual_rs,
                 int32_t activation, int32_t a_prologue, int32_t b_prologue);
 
+/* The same contract as a bfloat16 product: each operand element is rounded to bfloat16 (nearest, ties to even)
+ * while it is packed, after its prologue, so float32 operands (master weights) need no bfloat16 copy; products
+ * are summed in float32 by VDPBF16PS (AVX-512 BF16, which treats subnormal bfloat16 inputs as zero), and the
+ * result is rounded to bfloat16 after the epilogue and stored as float32, as tensorgraphs stores bfloat16. */
+int tg_gemm_bf16(int64_t batch, int64_t m, int64_t n, int64_t k,
+                 const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
+                 const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
+                 float *c, int64_t c_bs, int64_t c_rs,
+                 float alpha,
+                 const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
+                 const float *residual, int64_t residual_bs, int64_t residual_rs,
+                 int32_t activation, int32_t a_prologue, int32_t b_prologue);
+
 /* The same contract on OpenBLAS's sgemm (blas.c, a separate library linked against scipy-openblas32). */
 int tg_blas_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
