@@ -365,14 +365,14 @@ def assert_bf16_product(actual: np.ndarray, exact: np.ndarray, bound: np.ndarray
 
 @pytest.mark.parametrize(("m", "n", "k"), [*ODD_SHAPES, (2, 3, 2), (64, 64, 64), (130, 260, 801)])
 @pytest.mark.parametrize("layout", ["plain", "transposed", "strided"])
-def test_products_of_float32_operands_rounded_while_packed(m, n, k, layout):
+def test_bf16_products_of_float32_operands_rounded_while_packed(m, n, k, layout):
     """Operands that are not bfloat16 values are rounded on every packing path (odd K included: the last pair
     is padded with zero)."""
     a, b = operands(m, n, k, layout, 3)
     assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16"), *oracle(a, b), k, f"{layout} {m}x{n}x{k}")
 
 
-def test_bfloat16_operands_give_the_float32_sum_of_exact_products():
+def test_bf16_operands_give_the_float32_sum_of_exact_products():
     """Small integers: every product and partial sum is exact in float32, so the result is exact."""
     rng = np.random.default_rng(0)
     a, b = rng.integers(-8, 9, (37, 300)).astype(np.float32), rng.integers(-8, 9, (300, 45)).astype(np.float32)
@@ -381,14 +381,14 @@ def test_bfloat16_operands_give_the_float32_sum_of_exact_products():
 
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 40, 70), (3, 70, 50)), ((4, 1, 33, 20), (5, 20, 17))])
-def test_batched_and_broadcast_batches(a_shape, b_shape):
+def test_bf16_batched_and_broadcast_batches(a_shape, b_shape):
     a, b = random(a_shape, 5), random(b_shape, 6)
     exact, bound = oracle(a, b)
     assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16"), exact, bound, a_shape[-1], f"{a_shape} @ {b_shape}")
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600), (20, 300, 40)])
-def test_epilogue_then_one_rounding(m, n, k):
+def test_bf16_epilogue_then_one_rounding(m, n, k):
     """alpha, bias, activation and residual apply to the float32 sum; the result is rounded once, last."""
     a, b = random((2, m, k), 13), random((k, n), 14)
     arguments = dict(bias=random((n,), 15), residual=random((2, m, n), 16), activation="gelu_tanh", alpha=-0.5)
@@ -398,19 +398,19 @@ def test_epilogue_then_one_rounding(m, n, k):
 
 
 @pytest.mark.parametrize("operand", ["a", "b"])
-def test_prologue_applies_before_rounding(operand):
+def test_bf16_prologue_applies_before_rounding(operand):
     a, b = random((50, 90), 7), random((90, 40), 8)
     prologue = {f"{operand}_prologue": "gelu_tanh"}
     assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16", **prologue), *oracle(a, b, **prologue), 90, operand)
 
 
-def test_nan_and_inf_propagate():
+def test_bf16_nan_and_inf_propagate():
     special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -3.0], np.float32)
     a, b = special[:, None], np.ones((1, 17), np.float32)
     expected = bf16(special[:, None] * np.ones((1, 17), np.float32))
     np.testing.assert_array_equal(gemm.matmul(a, b, dtype="bfloat16"), expected)
 
 
-def test_unknown_dtype_raises():
+def test_gemm_unknown_dtype_raises():
     with pytest.raises(ArgumentError, match="dtype must be one of"):
         gemm.matmul(random((2, 2), 0), random((2, 2), 1), dtype="float16")

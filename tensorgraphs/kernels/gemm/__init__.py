@@ -221,7 +221,9 @@ def matmul(a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", **epilogue: 
     return call_gemm(_gemm_function(dtype), a, b, **epilogue)
 
 
-def bind_matmul(a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", **epilogue: object) -> Callable[[], np.ndarray]:
+def bind_matmul(
+    a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", **epilogue: object
+) -> Callable[[], np.ndarray]:
     """`matmul` with its arguments converted once (see `bind_gemm`)."""
     return bind_gemm(_gemm_function(dtype), a, b, **epilogue)
 
