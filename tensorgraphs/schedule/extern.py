@@ -54,12 +54,12 @@ from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
 
 def runs_as_gemm(node: Node) -> bool:
-    """Whether `node` is a float32 matrix product the GEMM library computes on this machine."""
-    if not is_composite(node) or node.op.name != "matmul" or node.dtype != dtypes.float32:
+    """Whether `node` is a float32 or bfloat16 matrix product the GEMM library computes on this machine."""
+    if not is_composite(node) or node.op.name != "matmul" or node.dtype.name not in gemm.GEMM_FUNCTIONS:
         return False
     a, b = node.src
     shapes_fit = a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]  # batch dims fold into one (contiguous)
-    return shapes_fit and a.dtype == b.dtype == dtypes.float32 and min(a.shape + b.shape[-1:]) > 0 and gemm_enabled()
+    return shapes_fit and a.dtype == b.dtype == node.dtype and min(a.shape + b.shape[-1:]) > 0 and gemm_enabled()
 
 
 def gemm_enabled() -> bool:
@@ -109,11 +109,17 @@ def _leading_slice_start(view: Node) -> int | None:
     return start * math.prod(inner)
 
 
+def _rounds_to_bfloat16(node: Node) -> bool:
+    """A cast of float32 to bfloat16: read by a bfloat16 product as its float32 source, since the library rounds
+    operands to bfloat16 while packing them (so float32 master weights need no bfloat16 copy)."""
+    return node.op is Op.CAST and node.dtype == dtypes.bfloat16 and node.src[0].dtype == dtypes.float32
+
+
 def _contiguous_chain(view: Node) -> list[Node]:
-    """`view` and the reshapes and slices of the leading dim under it (each a contiguous block of its source),
-    down to the node whose buffer holds its elements (last)."""
+    """`view` and the reshapes and slices of the leading dim under it (each a contiguous block of its source), and
+    casts to bfloat16 (see `_rounds_to_bfloat16`), down to the node whose buffer holds its elements (last)."""
     chain = [view]
-    while chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None:
+    while chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None or _rounds_to_bfloat16(chain[-1]):
         chain.append(chain[-1].src[0])
     return chain
 
@@ -485,11 +491,11 @@ class GemmLowering(LibraryCallLowering):
         batch = math.prod(a.shape[:-2])
         (a_base, a_offset, a_prologue), (b_base, b_offset, b_prologue) = gemm_operand(a), gemm_operand(b)
         a_name, b_name, c_name = self.buffers[a_base], self.buffers[b_base], self.buffers[self.node]
-        params = {name: KernelParam(name, dtypes.float32, source.size, False)
+        params = {name: KernelParam(name, source.dtype, source.size, False)
                   for name, source in ((a_name, a_base), (b_name, b_base), *((self.buffers[o], o) for o in operands))}
-        params[c_name] = KernelParam(c_name, dtypes.float32, self.node.size, True)
+        params[c_name] = KernelParam(c_name, self.node.dtype, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
-                        (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue)
+                        (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue, self.node.dtype)
         return Kernel(self.name, list(params.values()), [call])
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:

@@ -15,6 +15,7 @@ from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, normalize_dim
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.nn.functional.arguments import finish_inplace, require_float
@@ -248,6 +249,7 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:
     return ew.mul(a, ew.sigmoid(b))
 
 
+@autocast_op(LOWER)
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
     """leaky_relu with a learned slope: one for all channels, or one per channel (dim 1)."""
     if weight.numel() != 1 and (input.ndim < 2 or weight.shape != (input.shape[1],)):

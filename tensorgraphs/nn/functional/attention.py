@@ -11,6 +11,7 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, broadcast_shapes, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
@@ -100,6 +101,7 @@ SCALED_DOT_PRODUCT_ATTENTION = register(
 )
 
 
+@autocast_op(LOWER)
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:

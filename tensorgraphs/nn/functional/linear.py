@@ -7,10 +7,12 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg, random
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.nn.functional.arguments import finish_inplace, require_float, require_same_dtype
 
 
+@autocast_op(LOWER)
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias, with weight of shape (out_features, in_features) or (in_features,)."""
     if weight.ndim not in (1, 2):
