@@ -505,7 +505,7 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
             *(gemm.ACTIVATIONS[name] for name in (epilogue.activation, call.a_prologue, call.b_prologue))]
-    function = gemm.C_FUNCTIONS[gemm.GEMM_FUNCTIONS[call.dtype.name]]
+    function = gemm.C_FUNCTIONS[gemm.GEMM_FUNCTIONS[call.operands.name, call.dtype.name]]
     return f"(void){function}({', '.join(map(str, args))});"
 
 

@@ -208,13 +208,15 @@ class GemmCall:
     b_offset: int = 0
     a_prologue: str = "none"
     b_prologue: str = "none"
-    dtype: DType = dtypes.float32  # of the product: a bfloat16 one rounds its operands while packing (gemm.h)
+    dtype: DType = dtypes.float32  # of the product: a bfloat16 one rounds its result to bfloat16
+    operands: DType = dtypes.float32  # bfloat16: the library rounds the operands so while packing them (gemm.h)
 
     def __repr__(self) -> str:
         a, b = (f"{prologue}({_at_offset(name, offset)})" if prologue != "none" else _at_offset(name, offset)
                 for name, offset, prologue in ((self.a, self.a_offset, self.a_prologue),
                                                (self.b, self.b_offset, self.b_prologue)))
-        kind = "gemm" if self.dtype == dtypes.float32 else f"gemm.{self.dtype.name}"
+        kind = "gemm" if self.operands == dtypes.float32 else f"gemm.{self.operands.name}"
+        kind += "" if self.dtype == self.operands else f"->{self.dtype.name}"
         sizes = f"{self.batch}x{self.m}x{self.n}x{self.k}"
         product = f"{kind}[{sizes}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
         epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"

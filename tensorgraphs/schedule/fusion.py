@@ -62,7 +62,7 @@ from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, ru
 from tensorgraphs.schedule.extern import (
     GemmLowering,
     fuse_epilogues,
-    operand_base,
+    gemm_operand_bases,
     runs_as_gemm,
     transposed_product,
 )
@@ -112,7 +112,7 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
             elif runs_as_gemm(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
-                forced.update(operand_base(s) for s in memo[node].src if not is_input(operand_base(s)))
+                forced.update(base for base in gemm_operand_bases(memo[node]) if not is_input(base))
             elif runs_as_fused_attention(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])

@@ -411,6 +411,19 @@ def test_bf16_nan_and_inf_propagate():
     np.testing.assert_array_equal(gemm.matmul(a, b, dtype="bfloat16"), expected)
 
 
+def test_bf16_operands_with_a_float32_result_are_not_rounded_at_the_end():
+    """Small integers whose sums need more than bfloat16's 8 bits: exact in float32, so the unrounded result is
+    the exact product."""
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(-8, 9, (30, 200)).astype(np.float32), rng.integers(-8, 9, (200, 20)).astype(np.float32)
+    exact = a.astype(np.float64) @ b
+    assert not np.array_equal(exact, bf16(exact))
+    np.testing.assert_array_equal(gemm.matmul(a, b, dtype="bfloat16", result="float32"), exact)
+    a, b = random((33, 300), 2), random((300, 17), 3)
+    unrounded = gemm.matmul(a, b, dtype="bfloat16", result="float32")
+    np.testing.assert_array_equal(bf16(unrounded), gemm.matmul(a, b, dtype="bfloat16"))
+
+
 def test_gemm_unknown_dtype_raises():
-    with pytest.raises(ArgumentError, match="dtype must be one of"):
+    with pytest.raises(ArgumentError, match="must be one of"):
         gemm.matmul(random((2, 2), 0), random((2, 2), 1), dtype="float16")

@@ -491,12 +491,17 @@ int tg_gemm_f32(TG_GEMM_PARAMS) {
     return status ? status : tg_run_gemm_batch(&g);
 }
 
-int tg_gemm_bf16(TG_GEMM_PARAMS) {
+/* A bfloat16 product: operands rounded while packed, the result rounded after the epilogue (`rounded`) or not. */
+static int gemm_bf16(int rounded, TG_GEMM_PARAMS) {
     gemm_batch g;
     int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
-    g.bf16 = g.ep.round_bf16 = 1;
+    g.bf16 = 1, g.ep.round_bf16 = rounded;
     return status ? status : tg_run_gemm_batch(&g);
 }
+
+int tg_gemm_bf16(TG_GEMM_PARAMS) { return gemm_bf16(1, TG_GEMM_ARGS); }
+
+int tg_gemm_bf16_f32(TG_GEMM_PARAMS) { return gemm_bf16(0, TG_GEMM_ARGS); }
 
 void tg_gemm_config(int64_t out[5]) {
     out[0] = TG_MR;

@@ -44,6 +44,16 @@ int tg_gemm_bf16(int64_t batch, int64_t m, int64_t n, int64_t k,
                  const float *residual, int64_t residual_bs, int64_t residual_rs,
                  int32_t activation, int32_t a_prologue, int32_t b_prologue);
 
+/* tg_gemm_bf16 with the result left in float32 (not rounded): a float32 product of bfloat16 values. */
+int tg_gemm_bf16_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
+                     const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
+                     const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
+                     float *c, int64_t c_bs, int64_t c_rs,
+                     float alpha,
+                     const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
+                     const float *residual, int64_t residual_bs, int64_t residual_rs,
+                     int32_t activation, int32_t a_prologue, int32_t b_prologue);
+
 /* The same contract on OpenBLAS's sgemm (blas.c, a separate library linked against scipy-openblas32). */
 int tg_blas_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
                      const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,

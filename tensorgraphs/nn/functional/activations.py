@@ -97,12 +97,17 @@ def _gelu_decomposition(x: Tensor, *, approximate: str) -> Tensor:
     """x * Phi(x) exactly (erf), or with the tanh approximation.
 
     The tanh form uses the identity 0.5 * (1 + tanh(u)) = sigmoid(2u): one exp2 and one division per
-    element instead of tanh's expm1, and no cancellation in 1 + tanh(u) for negative u.
+    element instead of tanh's expm1, and no cancellation in 1 + tanh(u) for negative u. float16/bfloat16 are
+    computed in float32 and rounded once (so is the gradient), as torch does on the cpu.
     """
-    if approximate == "tanh":
-        inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), GELU_TANH_COEFF)), math.sqrt(2.0 / math.pi))
-        return ew.mul(x, ew.sigmoid(ew.mul(inner, 2.0)))
-    return ew.mul(ew.mul(x, 0.5), ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+    def exact(x: Tensor) -> Tensor:
+        if approximate == "tanh":
+            inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), GELU_TANH_COEFF)), math.sqrt(2.0 / math.pi))
+            return ew.mul(x, ew.sigmoid(ew.mul(inner, 2.0)))
+        return ew.mul(ew.mul(x, 0.5), ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+    return ew.in_float32_for_halves(exact, x)
 
 
 GELU = register(Composite("gelu", _same_as_input, _gelu_decomposition))
