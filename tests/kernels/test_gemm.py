@@ -288,7 +288,7 @@ def test_a_c_program_links_and_calls_the_kernel(kernel, tmp_path):
         pytest.skip("no scipy-openblas32")
     library = gemm.library_path() if kernel == "generated" else blas.library_path()
     function = gemm.C_FUNCTIONS["matmul"] if kernel == "generated" else blas.C_FUNCTION
-    assert f"int {function}(" in gemm.HEADER.read_text()
+    assert f"tg_gemm_fn {function};" in gemm.HEADER.read_text()
     (tmp_path / "caller.c").write_text(C_CALLER)
     command = [
         "gcc",
