@@ -1,7 +1,7 @@
 """Benchmark: one Adam training step of tg against torch eager and torch.compile, each system in its own process.
 
     .venv/bin/python bench/train.py [--models enc1,enc2,enc4,mlp] [--steps 10] [--no-torch-compile]
-                                    [--tg-device compiled|planned|cpu]
+                                    [--tg-device compiled|planned|cpu] [--no-autocast]
 
 Models (issue 8 item 7): the pre-LN transformer encoder (d_model 256, 4 heads, ffn 1024, GELU-tanh, seq 128,
 batch 8, MSE loss to a random target) at 1, 2 and 4 layers, and the MLP 784-1024-1024-10 (cross entropy,
@@ -12,6 +12,9 @@ Each (system, model) pair runs in a fresh subprocess (`--worker SYSTEM MODEL`, J
 warm-up; compile time is the first step minus the median step (the first step includes tracing/compiling).
 tg runs twice on a fresh compile cache: "cold" compiles with gcc, "warm" finds the compiled code (the
 step times are the warm run's). The tg step is `tg.compile` of the whole step (forward, backward, Adam).
+The autocast columns run every system again with the forward pass and loss under
+`autocast("cpu", dtype=bfloat16)` (tg.autocast / torch.autocast; weights and Adam stay float32), and give
+tg's float32 step time over its bfloat16 one.
 A tg step slower than SLOW_STEP_S gets fewer timed steps, so the default run stays within a few minutes.
 """
 
@@ -37,6 +40,7 @@ WARMUP_STEPS = 2
 SLOW_STEP_S = 3.0
 SLOW_TIMED_STEPS = 3
 SYSTEMS = ("tg", "eager", "compile")
+BF16 = "-bf16"  # a system name with this suffix runs under bfloat16 autocast
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def build_model(nn: object, F: object, spec: ModelSpec) -> object:
     return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
 
 
-def torch_step(spec: ModelSpec, compiled: bool) -> Callable[[], None]:
+def torch_step(spec: ModelSpec, compiled: bool, autocast: bool) -> Callable[[], None]:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -87,7 +91,8 @@ def torch_step(spec: ModelSpec, compiled: bool) -> Callable[[], None]:
     loss_fn = F.mse_loss if spec.layers else F.cross_entropy
 
     def forward_backward() -> torch.Tensor:
-        loss = loss_fn(model(inputs), targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(model(inputs), targets)
         loss.backward()
         return loss
 
@@ -101,7 +106,7 @@ def torch_step(spec: ModelSpec, compiled: bool) -> Callable[[], None]:
     return step
 
 
-def tg_training_step(spec: ModelSpec) -> tuple[Callable[..., object], object, object]:
+def tg_training_step(spec: ModelSpec, autocast: bool = False) -> tuple[Callable[..., object], object, object]:
     """The step as a plain function of (inputs, targets), and the data."""
     import tensorgraphs as tg
     import tensorgraphs.nn.functional as F
@@ -115,7 +120,8 @@ def tg_training_step(spec: ModelSpec) -> tuple[Callable[..., object], object, ob
 
     def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
         optimizer.zero_grad()
-        loss = loss_fn(model(x), y)
+        with tg.autocast("cpu", dtype=tg.bfloat16, enabled=autocast):
+            loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
         return loss
@@ -123,10 +129,10 @@ def tg_training_step(spec: ModelSpec) -> tuple[Callable[..., object], object, ob
     return step, inputs, targets
 
 
-def tg_step(spec: ModelSpec, device: str) -> Callable[[], None]:
+def tg_step(spec: ModelSpec, device: str, autocast: bool) -> Callable[[], None]:
     import tensorgraphs as tg
 
-    step, inputs, targets = tg_training_step(spec)
+    step, inputs, targets = tg_training_step(spec, autocast)
     if device == "compiled":  # the whole step as one program, replayed per call with the batch as arguments
         compiled = tg.compile(step)
         return lambda: compiled(inputs, targets)
@@ -138,14 +144,14 @@ def tg_step(spec: ModelSpec, device: str) -> Callable[[], None]:
     return lazy_step
 
 
-def print_kernel_times(model: str, top: int) -> None:
+def print_kernel_times(model: str, top: int, autocast: bool) -> None:
     """The compiled step's slowest kernels (median of 5 timed runs) and their share of the step."""
     import tensorgraphs as tg
 
-    step, inputs, targets = tg_training_step(MODELS[model])
+    step, inputs, targets = tg_training_step(MODELS[model], autocast)
     times = tg.compile(step).kernel_times(inputs, targets)
     total = sum(seconds for _, seconds in times)
-    print(f"{model}: {len(times)} kernels, {total * 1e3:.1f} ms in kernels")
+    print(f"{model}{' bfloat16 autocast' if autocast else ''}: {len(times)} kernels, {total * 1e3:.1f} ms in kernels")
     for name, seconds in sorted(times, key=lambda item: -item[1])[:top]:
         print(f"  {seconds * 1e3:7.2f} ms {seconds / total:6.1%}  {name}")
 
@@ -169,8 +175,10 @@ def time_steps(step: Callable[[], None], steps: int) -> dict[str, float]:
 
 
 def worker(system: str, model: str, steps: int, tg_device: str) -> None:
-    spec = MODELS[model]
-    step = tg_step(spec, tg_device) if system == "tg" else torch_step(spec, compiled=system == "compile")
+    spec, autocast = MODELS[model], system.endswith(BF16)
+    system = system.removesuffix(BF16)
+    step = (tg_step(spec, tg_device, autocast) if system == "tg" else
+            torch_step(spec, compiled=system == "compile", autocast=autocast))
     result = time_steps(step, steps)
     result["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(json.dumps(result))
@@ -187,12 +195,12 @@ def run_worker(system: str, model: str, steps: int, tg_device: str,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_tg_cold_then_warm(model: str, steps: int, tg_device: str) -> dict[str, float] | str:
+def run_tg_cold_then_warm(system: str, model: str, steps: int, tg_device: str) -> dict[str, float] | str:
     """tg twice on a fresh compile cache: the first run compiles cold (gcc), the second finds the compiled code
     (the warm compile is tracing, rewriting, scheduling and loading); the step times are the second run's."""
     with tempfile.TemporaryDirectory() as cache:
-        cold = run_worker("tg", model, steps, tg_device, {"TG_CACHE_DIR": cache})
-        warm = run_worker("tg", model, steps, tg_device, {"TG_CACHE_DIR": cache})
+        cold = run_worker(system, model, steps, tg_device, {"TG_CACHE_DIR": cache})
+        warm = run_worker(system, model, steps, tg_device, {"TG_CACHE_DIR": cache})
     if isinstance(cold, str) or isinstance(warm, str):
         return cold if isinstance(cold, str) else warm
     return {**warm, "cold_compile_s": cold["compile_s"]}
@@ -203,6 +211,16 @@ COLUMNS = (("tg ms", "tg", "ms", "{:.1f}"), ("torch eager ms", "eager", "ms", "{
            ("tg warm compile s", "tg", "compile_s", "{:.2f}"),
            ("torch.compile s", "compile", "compile_s", "{:.1f}"), ("tg RSS MiB", "tg", "rss_mib", "{:.0f}"),
            ("eager RSS MiB", "eager", "rss_mib", "{:.0f}"))
+AUTOCAST_COLUMNS = (("tg bf16 ms", "tg-bf16", "ms", "{:.1f}"), ("torch eager bf16 ms", "eager-bf16", "ms", "{:.1f}"),
+                    ("torch.compile bf16 ms", "compile-bf16", "ms", "{:.1f}"))
+
+
+def speedup(results: dict[str, dict[str, float] | str]) -> str:
+    """tg's float32 step time over its bfloat16 autocast one."""
+    f32, bf16 = results.get("tg"), results.get("tg" + BF16)
+    if not isinstance(f32, dict) or not isinstance(bf16, dict):
+        return "-"
+    return f"{f32['ms'] / bf16['ms']:.2f}x"
 
 
 def cell(result: dict[str, float] | str | None, key: str, fmt: str) -> str:
@@ -218,6 +236,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run, after warm-up")
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (the slowest part)")
+    parser.add_argument("--no-autocast", action="store_true", help="skip the bfloat16 autocast columns")
     parser.add_argument("--tg-device", default="compiled",
                         help="compiled (tg.compile of the whole step) or a device for lazy steps (planned, cpu, numpy)")
     parser.add_argument("--kernels", type=int, metavar="N", help="print the N slowest kernels of each tg step and exit")
@@ -228,20 +247,24 @@ def main() -> None:
         return
     if args.kernels:
         for model in args.models.split(","):
-            print_kernel_times(model, args.kernels)
+            for autocast in (False,) if args.no_autocast else (False, True):
+                print_kernel_times(model, args.kernels, autocast)
         return
     systems = [system for system in SYSTEMS if not (args.no_torch_compile and system == "compile")]
-    header = ["model", *(title for title, *_ in COLUMNS)]
+    columns = COLUMNS if args.no_autocast else COLUMNS + AUTOCAST_COLUMNS
+    systems += [] if args.no_autocast else [system + BF16 for system in systems]
+    header = ["model", *(title for title, *_ in columns), *([] if args.no_autocast else ["tg f32/bf16"])]
     print(f"tg device {args.tg_device}, {args.steps} timed steps after {WARMUP_STEPS} warm-up (fewer for slow tg)")
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     errors = []
     for model in args.models.split(","):
-        results = {system: run_tg_cold_then_warm(model, args.steps, args.tg_device) if system == "tg" else
-                   run_worker(system, model, args.steps, args.tg_device) for system in systems}
+        results = {system: run_tg_cold_then_warm(system, model, args.steps, args.tg_device)
+                   if system.startswith("tg") else run_worker(system, model, args.steps, args.tg_device)
+                   for system in systems}
         errors += [f"{model} {system}: {result}" for system, result in results.items() if isinstance(result, str)]
-        print(" | ".join([model, *(cell(results.get(system), key, fmt) for _, system, key, fmt in COLUMNS)]),
-              flush=True)
+        cells = [cell(results.get(system), key, fmt) for _, system, key, fmt in columns]
+        print(" | ".join([model, *cells, *([] if args.no_autocast else [speedup(results)])]), flush=True)
     for error in errors:
         print("error", error)
 

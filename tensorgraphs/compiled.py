@@ -3,7 +3,7 @@
 
 The first call with a given signature (each tensor argument's dtype, shape and
 requires_grad, each number argument's type, every other argument's value, the
-keywords used, the grad mode) runs `fn` on placeholders, building its graph,
+keywords used, the grad mode, the autocast region) runs `fn` on placeholders, building its graph,
 and compiles that graph for the cpu backend. Later calls bind the new arrays
 to the same program: no Python runs per op or per kernel, one native call per
 step. Python numbers are program inputs too,
@@ -44,6 +44,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
+from tensorgraphs.frontend.autocast import AutocastState, autocast_state
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
@@ -88,6 +89,7 @@ class _Trace:
     results_graph: differentiable.ResultGraph | None = None  # for results autograd can differentiate
     compile_seconds: float = 0.0
     sources: dict[int, tracing.Captured] = field(default_factory=dict)  # input -> the tensor read (for tg.export)
+    autocast: AutocastState = AutocastState()  # the autocast region traced in (it decides which ops cast)
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
@@ -96,8 +98,9 @@ class _Trace:
     def holds(self, args: tuple[Any, ...]) -> bool:
         """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
         module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), grad mode must be
-        as it was, and a number argument the function used as a value (a shape, a branch) must have that value."""
-        return (self.grad_enabled == is_grad_enabled()
+        as it was, and so must autocast, and a number argument the function used as a value (a shape, a branch) must
+        have that value."""
+        return (self.grad_enabled == is_grad_enabled() and self.autocast == autocast_state()
                 and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
                 and all(module.training == training for module, training in self.modes)
                 and all(args[position] == value for position, value in self.fixed_numbers))
@@ -319,7 +322,7 @@ class CompiledFunction:
             results_graph = differentiable.ResultGraph.build(results, sources)
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
                       grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
-                      fixed_numbers, results_graph, sources=sources)
+                      fixed_numbers, results_graph, sources=sources, autocast=autocast_state())
 
 
 def _leaf_sources(inputs: list[Node], placeholders: Mapping[Node, int], numbers: Mapping[Node, int],

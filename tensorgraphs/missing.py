@@ -17,6 +17,8 @@ TORCH_NAMESPACE = {
     "tensorgraphs.optim": "torch.optim",
     "tensorgraphs.data": "torch.utils.data",
     "tensorgraphs.cuda": "torch.cuda",
+    "tensorgraphs.amp": "torch.amp",
+    "tensorgraphs.cpu": "torch.cpu",
     "Tensor": "torch.Tensor",
 }
 """tensorgraphs namespace -> the torch namespace whose names it mirrors."""

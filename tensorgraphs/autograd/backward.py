@@ -7,6 +7,7 @@ from typing import Sequence
 
 from tensorgraphs.autograd.rules import GRAD_RULES
 from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
+from tensorgraphs.frontend.autocast import autocast_suspended
 from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
 from tensorgraphs.graph.composite import decompose, is_composite, params_of
@@ -24,7 +25,13 @@ from tensorgraphs.runtime.realize import (
 
 
 def vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
-    """Gradients of sum(root * root_grad) with respect to each node in `wrt` (None if unconnected)."""
+    """Gradients of sum(root * root_grad) with respect to each node in `wrt` (None if unconnected). As in torch,
+    autocast does not reach the backward pass: each gradient takes the dtype of the forward value it is for."""
+    with autocast_suspended():
+        return _vjp(roots, root_grads, wrt)
+
+
+def _vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
     targets = set(wrt)
     order = toposort(list(roots))
     relevant: set[Node] = set()

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from tensorgraphs import dtypes
 from tensorgraphs.codegen.index import Expr, Var
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.ops import Op
@@ -183,9 +184,10 @@ class GemmEpilogue:
 
 @dataclass(frozen=True)
 class GemmCall:
-    """c = epilogue(a_prologue(a) @ b_prologue(b)) by the GEMM library (`tensorgraphs.kernels.gemm`), float32;
-    `a` and `b` start `a_offset`/`b_offset` elements into their buffers; a prologue is an activation
-    (`gemm.ACTIVATIONS`) the library applies to the operand while packing it.
+    """c = epilogue(a_prologue(a) @ b_prologue(b)) by the GEMM library (`tensorgraphs.kernels.gemm`), a float32 or
+    a bfloat16 product (`dtype`; every array is float32); `a` and `b` start `a_offset`/`b_offset` elements into
+    their buffers; a prologue is an activation (`gemm.ACTIVATIONS`) the library applies to the operand while
+    packing it.
 
     Strides are in elements: `a_strides`/`b_strides` are (batch, row, column), `c_strides` (batch, row); a
     batch stride of 0 broadcasts, a transposed operand is its swapped row/column strides (gemm.h).
@@ -206,13 +208,18 @@ class GemmCall:
     b_offset: int = 0
     a_prologue: str = "none"
     b_prologue: str = "none"
-    function: str = "tg_gemm_f32"  # the library's C function (one of schedule.extern.GEMM_FUNCTIONS)
+    function: str = "tg_gemm_f32"  # the library's C function (schedule.extern.gemm_function)
+    dtype: DType = dtypes.float32  # of the product: a bfloat16 one rounds its result to bfloat16
+    operands: DType = dtypes.float32  # bfloat16: the library rounds the operands so while packing them (gemm.h)
 
     def __repr__(self) -> str:
         a, b = (f"{prologue}({_at_offset(name, offset)})" if prologue != "none" else _at_offset(name, offset)
                 for name, offset, prologue in ((self.a, self.a_offset, self.a_prologue),
                                                (self.b, self.b_offset, self.b_prologue)))
-        product = f"gemm[{self.batch}x{self.m}x{self.n}x{self.k}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
+        kind = "gemm" if self.operands == dtypes.float32 else f"gemm.{self.operands.name}"
+        kind += "" if self.dtype == self.operands else f"->{self.dtype.name}"
+        sizes = f"{self.batch}x{self.m}x{self.n}x{self.k}"
+        product = f"{kind}[{sizes}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
         epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"
         library = "" if self.function == "tg_gemm_f32" else f" by {self.function}"
         return f"{self.c}{list(self.c_strides)} = {product}{epilogue}{library}"

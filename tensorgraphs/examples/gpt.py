@@ -147,12 +147,15 @@ def batch_at(tokens: np.ndarray, batch_size: int, block_size: int, seed: int, st
 # -- training ----------------------------------------------------------------------------------------------------
 
 
-def make_train_step(model: GPT, optimizer: tg.optim.Optimizer, compiled: bool) -> Callable[..., tg.Tensor]:
-    """One optimizer step on a batch, returning the loss; `compiled`: the whole step as one native program."""
+def make_train_step(model: GPT, optimizer: tg.optim.Optimizer, compiled: bool,
+                    autocast: bool = False) -> Callable[..., tg.Tensor]:
+    """One optimizer step on a batch, returning the loss; `compiled`: the whole step as one native program;
+    `autocast`: the forward pass under `tg.autocast("cpu", dtype=tg.bfloat16)` (weights and AdamW stay float32)."""
 
     def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
         optimizer.zero_grad()
-        loss = language_model_loss(model, x, y)
+        with tg.autocast("cpu", dtype=tg.bfloat16, enabled=autocast):
+            loss = language_model_loss(model, x, y)
         loss.backward()
         optimizer.step()
         return loss
@@ -284,6 +287,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"(default {DEFAULT_DEVICE})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the whole training step (forward, backward, AdamW) into one native program")
+    parser.add_argument("--autocast", action="store_true",
+                        help="train in mixed precision: matrix products in bfloat16 (tg.autocast), weights float32")
     parser.add_argument("--checkpoint", type=Path, default=Path("gpt-checkpoint.safetensors"))
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     parser.add_argument("--sample-length", type=int, default=300)
@@ -300,7 +305,7 @@ def train(model: GPT, optimizer: tg.optim.Optimizer, corpus: CharCorpus, args: a
     entropy = corpus.unigram_entropy()
     result = {"unigram_entropy": entropy, "train_loss": math.nan, "val_loss": math.nan, "seconds_per_step": math.nan}
     progress = Progress(start, args.steps, args.batch_size * args.block_size)
-    train_step = make_train_step(model, optimizer, args.compile)
+    train_step = make_train_step(model, optimizer, args.compile, args.autocast)
     began = time.perf_counter()
     for step in range(start, args.steps):
         x, y = batch_at(corpus.train, args.batch_size, args.block_size, args.seed, step)

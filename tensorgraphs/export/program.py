@@ -18,11 +18,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.backends.cpu import ProgramLayout
-from tensorgraphs.codegen.c_renderer import uses_attention, uses_gemm
+from tensorgraphs.backends.cpu import Program, ProgramLayout
+from tensorgraphs.codegen.c_renderer import library_functions
 from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
 from tensorgraphs.errors import UnsupportedError, fail
 from tensorgraphs.export.names import unique
+from tensorgraphs.kernels import attention, gemm
 from tensorgraphs.runtime.tracing import Captured
 
 SAFETENSORS_DTYPES = {
@@ -155,10 +156,27 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
     output_names = ["output"] if results == 1 else [f"output.{j}" for j in range(results)]
     outputs = [ArraySpec(name, dtype, layout.slots[layout.outputs[j]].shape)
                for j, (name, dtype) in enumerate(zip(output_names, trace.result_dtypes))]
-    libraries = (("gemm",) if uses_gemm(program.kernels) else ()) + (
-        ("attention",) if uses_attention(program.kernels) else ())
+    libraries = _kernel_libraries(program)
     return ExportedProgram(program.source, inputs, outputs, tensors, tensor_values, scratch, slots, copies, swaps,
                            layout.arena_bytes, libraries)
+
+
+EXPORTABLE_FUNCTIONS = {**dict.fromkeys(gemm.C_FUNCTIONS.values(), "gemm"),
+                        **dict.fromkeys(attention.C_FUNCTIONS.values(), "attention")}
+"""The native functions an exported library contains (by their kernel library's name in `build.KERNEL_SOURCES`)."""
+
+
+def _kernel_libraries(program: Program) -> tuple[str, ...]:
+    """The kernel libraries the program calls; one it cannot contain (the BLAS kernel, which links OpenBLAS) is
+    refused with what to do."""
+    functions = library_functions(program.kernels)
+    foreign = sorted(functions - EXPORTABLE_FUNCTIONS.keys())
+    if foreign:
+        fail("export", f"the program calls {', '.join(foreign)}, which an exported library cannot contain (it links "
+             "only libc, libm and OpenMP): the kernel database measured it fastest here; export with a cache dir "
+             "without those measurements (TG_CACHE_DIR) or without scipy-openblas32 installed",
+             kind=UnsupportedError)
+    return tuple(sorted({EXPORTABLE_FUNCTIONS[f] for f in functions}))
 
 
 def _held_name(source: Captured | None, names: Mapping[int, str]) -> str | None:

@@ -11,6 +11,7 @@ from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, Unsupport
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import LOWER, OPAQUE, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, broadcast_shapes, cast, expand_to
 from tensorgraphs.graph.composite import Composite, register
 
@@ -20,9 +21,12 @@ def _matmul_infer(a: Tensor, b: Tensor) -> tuple:
 
 
 def _matmul_decomposition(a: Tensor, b: Tensor) -> Tensor:
-    """(..., M, K) @ (..., K, N): broadcast to (..., M, N, K), multiply, sum over K."""
-    products = ew.mul(mv.unsqueeze(a, -2), mv.unsqueeze(mv.mT(b), -3))
-    return rd.sum(products, -1, dtype=a.dtype)
+    """(..., M, K) @ (..., K, N): broadcast to (..., M, N, K), multiply, sum over K. float16/bfloat16 operands are
+    multiplied and summed in float32 (their products are exact there) and the sum rounded once, as torch does on
+    the cpu and the GEMM library's bfloat16 kernel does."""
+    wide = dtypes.float32 if a.dtype in (dtypes.float16, dtypes.bfloat16) else a.dtype
+    products = ew.mul(mv.unsqueeze(cast(a, wide), -2), mv.unsqueeze(mv.mT(cast(b, wide)), -3))
+    return cast(rd.sum(products, -1, dtype=wide), a.dtype)
 
 
 def _matmul_grad(out: Tensor, grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -37,6 +41,7 @@ def _batched_matmul(a: Tensor, b: Tensor) -> Tensor:
     return apply_composite(MATMUL, a, b)
 
 
+@autocast_op(LOWER)
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """torch.matmul: 1-D operands are promoted and squeezed; batch dims broadcast."""
     for t in (a, b):
@@ -67,18 +72,21 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
+@autocast_op(LOWER)
 def mm(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim != 2 or b.ndim != 2:
         fail("mm", f"expected 2-D tensors, got shapes {a.shape} and {b.shape}")
     return matmul(a, b)
 
 
+@autocast_op(LOWER)
 def bmm(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
         fail("bmm", f"expected 3-D tensors with equal batch size, got shapes {a.shape} and {b.shape}")
     return matmul(a, b)
 
 
+@autocast_op(OPAQUE)
 def dot(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim != 1 or b.ndim != 1 or a.shape != b.shape:
         fail("dot", f"expected two 1-D tensors of equal size, got shapes {a.shape} and {b.shape}")
@@ -89,6 +97,7 @@ def outer(a: Tensor, b: Tensor) -> Tensor:
     return ew.mul(mv.unsqueeze(a, 1), mv.unsqueeze(b, 0))
 
 
+@autocast_op(LOWER, applies=lambda equation, *operands: len(operands) > 1)
 def einsum(equation: str, *operands: Any) -> Tensor:
     """Align every operand on one index order, multiply (broadcasting), sum the contracted indices."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):

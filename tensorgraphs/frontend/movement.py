@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, DTypeError, IndexingError, ShapeError, UnsupportedError, fail
 from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend.autocast import FLOAT32, autocast_op
 from tensorgraphs.frontend.checks import dims_arg, int_arg, ints_arg, size_arg
 from tensorgraphs.frontend.tensor import (
     Tensor,
@@ -297,6 +298,7 @@ def pad_dim(x: Tensor, dim: int, before: int, after: int, value: Any = 0) -> Ten
     return ew.where(inside, padded, Tensor(g.const(value, x.dtype)))  # the value takes x's dtype, as in torch
 
 
+@autocast_op(FLOAT32, applies=lambda x, pad, mode="constant", value=None: mode in ("reflect", "replicate"))
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
     """torch.nn.functional.pad: `pad` lists (left, right) pairs starting from the last dim."""
     pad = ints_arg("pad", "pad", pad)

@@ -10,6 +10,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import DTypeError, ShapeError, fail
 from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend.autocast import FLOAT32, autocast_op
 from tensorgraphs.frontend.tensor import (
     Tensor,
     apply,
@@ -134,6 +135,7 @@ def min(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     return MinMax(amin(x, dim, keepdim), argmin(x, dim, keepdim))
 
 
+@autocast_op(FLOAT32)
 def prod(x: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """Pairwise product tree: exact for integers, NaN and zeros propagate, gradients flow through MULs."""
     out_dtype = _accumulation_dtype(x, dtype)

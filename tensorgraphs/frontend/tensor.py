@@ -17,6 +17,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, DTypeError, ShapeError, fail
+from tensorgraphs.frontend.autocast import autocast_suspended
 from tensorgraphs.frontend.checks import dims_arg, int_arg
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.graph import composite as composites
@@ -239,7 +240,9 @@ class Tensor:
     # Operators and methods are attached by tensorgraphs.frontend.methods.
 
 
-composites.use_values(Tensor, lambda tensor: tensor.node)  # decomposition bodies are written with Tensors
+# decomposition bodies are written with Tensors, and a decomposition is the same whether or not it is built in an
+# autocast region
+composites.use_values(Tensor, lambda tensor: tensor.node, autocast_suspended)
 
 
 def link_view(x: Tensor, out: Tensor) -> None:

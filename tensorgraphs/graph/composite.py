@@ -10,8 +10,9 @@ gradients); the front end says once how a node becomes such a value
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.node import Node, Shape
@@ -67,13 +68,15 @@ def is_composite(node: Node) -> bool:
 
 _wrap: Callable[[Node], Any] = lambda node: node  # noqa: E731 - until a front end registers its values
 _unwrap: Callable[[Any], Node] = lambda value: value  # noqa: E731
+_body_context: Callable[[], ContextManager[Any]] = contextlib.nullcontext
 
 
-def use_values(wrap: Callable[[Node], Any], unwrap: Callable[[Any], Node]) -> None:
+def use_values(wrap: Callable[[Node], Any], unwrap: Callable[[Any], Node],
+               body_context: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
     """Decomposition bodies (and user rules) take and return the values `wrap` makes of nodes (`unwrap` gives the
-    node back)."""
-    global _wrap, _unwrap
-    _wrap, _unwrap = wrap, unwrap
+    node back), and run inside `body_context()` (the front end's modes that must not reach them: autocast)."""
+    global _wrap, _unwrap, _body_context
+    _wrap, _unwrap, _body_context = wrap, unwrap, body_context
 
 
 def as_value(node: Node) -> Any:
@@ -88,7 +91,8 @@ def as_node(value: Any) -> Node:
 def decompose(node: Node) -> Node:
     """The reference decomposition of one composite node, one level deep."""
     assert is_composite(node), node
-    out = as_node(node.op.decompose(*map(as_value, node.src), **params_of(node)))
+    with _body_context():
+        out = as_node(node.op.decompose(*map(as_value, node.src), **params_of(node)))
     assert out.shape == node.shape and out.dtype is node.dtype, (
         f"decomposition of {node.op.name} gives {out.dtype.name}{out.shape}, expected {node.dtype.name}{node.shape}"
     )

@@ -22,10 +22,8 @@ class NativeLibrary:
 _GEMM = NativeLibrary(gemm.HEADER, gemm.library_path)
 _ATTENTION = NativeLibrary(attention.HEADER, attention.library_path)
 LIBRARIES: dict[str, NativeLibrary] = {
-    gemm.C_FUNCTIONS["matmul"]: _GEMM,
-    gemm.C_FUNCTIONS["conv2d"]: _GEMM,
+    **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path),
-    attention.C_FUNCTIONS["forward"]: _ATTENTION,
-    attention.C_FUNCTIONS["backward"]: _ATTENTION,
+    **dict.fromkeys(attention.C_FUNCTIONS.values(), _ATTENTION),
 }
 """C function -> the native library providing it."""

@@ -56,12 +56,18 @@ from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
 
 def _product_fits(node: Node) -> bool:
-    """Whether a library can compute `node`: a float32 matrix product whose batch dims fold into one."""
-    if not is_composite(node) or node.op.name != "matmul" or node.dtype != dtypes.float32:
+    """Whether the GEMM library can compute `node`: a float32 or bfloat16 matrix product (`gemm.GEMM_FUNCTIONS`)
+    whose batch dims fold into one."""
+    if not is_composite(node) or node.op.name != "matmul" or (node.dtype.name,) * 2 not in gemm.GEMM_FUNCTIONS:
         return False
     a, b = node.src
     shapes_fit = a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]  # batch dims fold into one (contiguous)
-    return shapes_fit and a.dtype == b.dtype == dtypes.float32 and min(a.shape + b.shape[-1:]) > 0
+    return shapes_fit and a.dtype == b.dtype == node.dtype and min(a.shape + b.shape[-1:]) > 0
+
+
+def _float32_product(node: Node) -> bool:
+    """A product of float32 values (the BLAS kernel's only kind)."""
+    return node.dtype == dtypes.float32 and operand_dtype(node) == dtypes.float32
 
 
 def gemm_enabled() -> bool:
@@ -69,27 +75,30 @@ def gemm_enabled() -> bool:
     return os.environ.get("TG_GEMM", "1") != "0" and gemm.available()
 
 
-GEMM_FUNCTIONS = {"gemm": gemm.C_FUNCTIONS["matmul"], "blas": blas.C_FUNCTION}
-"""The C function of each library candidate of a product (all take tg_gemm_f32's arguments, gemm.h)."""
-
 PRODUCT_CANDIDATES = (
     Candidate("gemm", lambda node: gemm_enabled() and _product_fits(node), prior=1.0),
-    Candidate("blas", lambda node: gemm_enabled() and blas.available() and _product_fits(node), prior=1.2),
+    Candidate("blas", lambda node: gemm_enabled() and blas.available() and _product_fits(node)
+              and _float32_product(node), prior=1.2),
 )
 register_candidates("matmul", *PRODUCT_CANDIDATES)
+GEMM_ROUTES = frozenset(c.name for c in PRODUCT_CANDIDATES)
+"""The library candidates of a product (all take tg_gemm_f32's arguments, gemm.h)."""
 
 
 def runs_as_gemm(node: Node) -> bool:
-    """Whether `node` is a matrix product the planner runs by a GEMM library (`GEMM_FUNCTIONS`)."""
-    return is_composite(node) and node.op.name == "matmul" and route_of(node) in GEMM_FUNCTIONS
+    """Whether `node` is a matrix product the planner runs by a GEMM library (`GEMM_ROUTES`)."""
+    return is_composite(node) and node.op.name == "matmul" and route_of(node) in GEMM_ROUTES
 
 
 def gemm_function(node: Node) -> str:
-    """The C function computing product `node` (a `matmul` or a `GEMM_EPILOGUE`: its product's choice)."""
+    """The C function computing product `node` (a `matmul` or a `GEMM_EPILOGUE`: its product's choice): the BLAS
+    kernel, or the GEMM library's kernel for its operand and result dtypes."""
     if node.op is GEMM_EPILOGUE:
         a, b = node.src[:2]
         node = make_node(REGISTRY["matmul"], (a, b), {}, node.dtype, a.shape[:-1] + b.shape[-1:])
-    return GEMM_FUNCTIONS[route_of(node)]
+    if route_of(node) == "blas":
+        return blas.C_FUNCTION
+    return gemm.C_FUNCTIONS[gemm.GEMM_FUNCTIONS[operand_dtype(node).name, node.dtype.name]]
 
 
 def _swaps_last_two(node: Node) -> bool:
@@ -134,19 +143,34 @@ def _leading_slice_start(view: Node) -> int | None:
     return start * math.prod(inner)
 
 
-def _contiguous_chain(view: Node) -> list[Node]:
-    """`view` and the reshapes and slices of the leading dim under it (each a contiguous block of its source),
-    down to the node whose buffer holds its elements (last)."""
+def _widens_bfloat16(node: Node) -> bool:
+    """A cast of bfloat16 to float32: its buffer holds the same floats (bfloat16 is stored as float32)."""
+    return node.op is Op.CAST and node.dtype == dtypes.float32 and node.src[0].dtype == dtypes.bfloat16
+
+
+def _rounds_to_bfloat16(node: Node) -> bool:
+    """A cast of float32 to bfloat16: a product that rounds its operands to bfloat16 while packing them reads it as
+    its float32 source (so float32 master weights need no bfloat16 copy)."""
+    return node.op is Op.CAST and node.dtype == dtypes.bfloat16 and node.src[0].dtype == dtypes.float32
+
+
+def _contiguous_chain(view: Node, rounding: bool = False) -> list[Node]:
+    """`view` and the reshapes and slices of the leading dim under it (each a contiguous block of its source), casts
+    that widen bfloat16, and with `rounding` (the reader rounds to bfloat16) casts to bfloat16, down to the node
+    whose buffer holds its elements (last)."""
     chain = [view]
-    while chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None:
+    while (chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None or _widens_bfloat16(chain[-1])
+           or (rounding and _rounds_to_bfloat16(chain[-1]))):
         chain.append(chain[-1].src[0])
     return chain
 
 
-def _view_chain(view: Node) -> list[Node]:
+def _view_chain(view: Node, rounding: bool = False) -> list[Node]:
     """`view` and the views under it down to the node whose buffer holds its elements (last): a swap of the
-    last two axes, then reshapes and slices of the leading dim (see the module docstring)."""
-    return [view, *_contiguous_chain(view.src[0])] if _swaps_last_two(view) else _contiguous_chain(view)
+    last two axes, then reshapes, slices of the leading dim and casts (see `_contiguous_chain`)."""
+    if _swaps_last_two(view):
+        return [view, *_contiguous_chain(view.src[0], rounding)]
+    return _contiguous_chain(view, rounding)
 
 
 def _storage_and_offset(chain: list[Node]) -> tuple[Node, int]:
@@ -154,14 +178,27 @@ def _storage_and_offset(chain: list[Node]) -> tuple[Node, int]:
     return storage, sum(_leading_slice_start(node) or 0 for node in views)
 
 
-def operand_storage(view: Node) -> tuple[Node, int]:
-    """The node whose buffer holds `view`'s elements, and the element offset where they start there."""
-    return _storage_and_offset(_view_chain(view))
+def operand_dtype(product: Node) -> dtypes.DType:
+    """What the library rounds a product's operands to while packing them: bfloat16 for a bfloat16 product, and
+    for a float32 product of bfloat16 values (each operand a widened bfloat16 node under its views), which sums
+    the same exact products in float32 (a float16/bfloat16 linear is one: torch's addmm rounds once, at the end);
+    float32 otherwise."""
+    if product.dtype == dtypes.bfloat16:
+        return dtypes.bfloat16
+    widened = all(any(map(_widens_bfloat16, _view_chain(operand))) for operand in product.src[:2])
+    return dtypes.bfloat16 if widened else dtypes.float32
 
 
-def operand_base(view: Node) -> Node:
-    """The node whose buffer holds `view`'s elements."""
-    return operand_storage(view)[0]
+def operand_storage(view: Node, rounding: bool = False) -> tuple[Node, int]:
+    """The node whose buffer holds `view`'s elements (`rounding`: as read by a product that rounds its operands to
+    bfloat16), and the element offset where they start there."""
+    return _storage_and_offset(_view_chain(view, rounding))
+
+
+def gemm_operand_bases(product: Node) -> list[Node]:
+    """The nodes whose buffers a product reads its operands from."""
+    rounding = operand_dtype(product) == dtypes.bfloat16
+    return [operand_storage(operand, rounding)[0] for operand in product.src[:2]]
 
 
 def operand_strides(view: Node) -> tuple[int, int, int]:
@@ -450,7 +487,7 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
     read_whole = set()  # bias and residual operands
     for product in filter(_is_product, order):
         for operand in product.src[:2]:
-            *views, storage = _view_chain(operand)
+            *views, storage = _view_chain(operand, operand_dtype(product) == dtypes.bfloat16)
             readers[storage] |= {product, *views}
         read_whole.update(product.src[2:])
 
@@ -480,9 +517,10 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
     return [rebuilt[r] for r in roots], kept
 
 
-def gemm_operand(view: Node) -> tuple[Node, int, str]:
-    """The node whose buffer a product reads for operand `view`, the element offset there, and the prologue."""
-    storage, offset = operand_storage(view)
+def gemm_operand(view: Node, rounding: bool) -> tuple[Node, int, str]:
+    """The node whose buffer a product reads for operand `view` (`rounding`: the product rounds its operands to
+    bfloat16), the element offset there, and the prologue."""
+    storage, offset = operand_storage(view, rounding)
     if storage.op is GEMM_PROLOGUE:
         return storage.src[0], offset, dict(storage.arg)["activation"]
     return storage, offset, "none"
@@ -508,14 +546,17 @@ class GemmLowering(LibraryCallLowering):
         *_, m, k = a.shape
         n = b.shape[-1]
         batch = math.prod(a.shape[:-2])
-        (a_base, a_offset, a_prologue), (b_base, b_offset, b_prologue) = gemm_operand(a), gemm_operand(b)
+        operands_dtype = operand_dtype(self.node)
+        rounding = operands_dtype == dtypes.bfloat16
+        (a_base, a_offset, a_prologue), (b_base, b_offset, b_prologue) = gemm_operand(a, rounding), gemm_operand(
+            b, rounding)
         a_name, b_name, c_name = self.buffers[a_base], self.buffers[b_base], self.buffers[self.node]
-        params = {name: KernelParam(name, dtypes.float32, source.size, False)
+        params = {name: KernelParam(name, source.dtype, source.size, False)
                   for name, source in ((a_name, a_base), (b_name, b_base), *((self.buffers[o], o) for o in operands))}
-        params[c_name] = KernelParam(c_name, dtypes.float32, self.node.size, True)
+        params[c_name] = KernelParam(c_name, self.node.dtype, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
                         (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue,
-                        gemm_function(self.node))
+                        gemm_function(self.node), self.node.dtype, operands_dtype)
         return Kernel(self.name, list(params.values()), [call])
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:

@@ -64,7 +64,7 @@ from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, ru
 from tensorgraphs.schedule.extern import (
     GemmLowering,
     fuse_epilogues,
-    operand_base,
+    gemm_operand_bases,
     transposed_product,
 )
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
@@ -133,10 +133,10 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
 
 def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
     """The buffers a library call on `node` reads its operands from: the fused attention kernel reads strided
-    views in place, a GEMM the base of each operand's transpose."""
+    views in place, a GEMM where its operands are stored (`gemm_operand_bases`)."""
     if runs_as_fused_attention(node):
         return operand_bases(node, is_input)
-    return [operand_base(s) for s in node.src]
+    return gemm_operand_bases(node)
 
 
 def split_full_reduction(node: Node, forced: set[Node]) -> Node:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, ShapeError
 from tensorgraphs.kernels import blas, gemm
 
@@ -287,7 +288,7 @@ def test_a_c_program_links_and_calls_the_kernel(kernel, tmp_path):
         pytest.skip("no scipy-openblas32")
     library = gemm.library_path() if kernel == "generated" else blas.library_path()
     function = gemm.C_FUNCTIONS["matmul"] if kernel == "generated" else blas.C_FUNCTION
-    assert f"int {function}(" in gemm.HEADER.read_text()
+    assert f"tg_gemm_fn {function};" in gemm.HEADER.read_text()
     (tmp_path / "caller.c").write_text(C_CALLER)
     command = [
         "gcc",
@@ -318,3 +319,111 @@ def test_concurrent_calls_from_python_threads(matmul):
         results = list(pool.map(lambda pair: matmul(*pair), pairs))
     for (a, b), result in zip(pairs, results, strict=True):
         assert_close(result, reference(a, b), 70, "concurrent")
+
+
+# ---------------------------------------------------------------------------
+# bfloat16 products
+# ---------------------------------------------------------------------------
+
+# The bfloat16 GEMM (`gemm.matmul(..., dtype="bfloat16")`, VDPBF16PS) against a numpy oracle that rounds the
+# (prologue-activated) operands to bfloat16, multiplies in float64 and rounds the epilogue's result to bfloat16.
+#
+# Tolerance: the kernel's products of bfloat16 values are exact in float32, its sum of K of them is within
+# K * 2^-24 * sum|a||b| of the exact one (float32 summation), and the result is then rounded to bfloat16 (half an
+# ulp: 2^-9 relative). So every element is within 2^-8 |exact| + K * 2^-23 * sum|a||b| of the oracle, and almost
+# every element equals the oracle rounded to bfloat16 (they differ only where the float32 sum and the exact one
+# round to different sides of a bfloat16 boundary). A kernel that did not round its float32 operands would miss
+# that: its operands differ from the oracle's by up to 2^-9 relative each, so most results would round differently.
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    return dtypes.round_to_storage(np.asarray(x, np.float32), dtypes.bfloat16)
+
+
+def oracle(a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none", b_prologue="none"
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The exact bfloat16 product (float64, before the final rounding) and sum |a||b| for the tolerance."""
+    activated = lambda x, name: TORCH_ACTIVATIONS[name](torch.from_numpy(np.asarray(x, np.float32))).numpy()
+    a64, b64 = (bf16(activated(x, name)).astype(np.float64) for x, name in ((a, a_prologue), (b, b_prologue)))
+    bound = np.abs(alpha) * (np.abs(a64) @ np.abs(b64))
+    y = alpha * (a64 @ b64)
+    if bias is not None:
+        y = y + bias
+    y = TORCH_ACTIVATIONS[activation](torch.from_numpy(y)).numpy()
+    return (y + residual if residual is not None else y), bound
+
+
+def assert_bf16_product(actual: np.ndarray, exact: np.ndarray, bound: np.ndarray, k: int, context: str) -> None:
+    assert actual.shape == exact.shape, context
+    np.testing.assert_array_equal(actual, bf16(actual), err_msg=f"{context}: results are not bfloat16 values")
+    tolerance = 2.0**-8 * np.abs(exact) + k * 2.0**-23 * bound + 1e-30
+    excess = np.abs(actual - exact) - tolerance
+    assert excess.max(initial=-1) <= 0, f"{context}: off by {excess.max()} beyond the tolerance"
+    same = np.mean(actual == bf16(exact))
+    assert same >= 0.9, f"{context}: only {same:.0%} of the results are the exact product rounded"
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [*ODD_SHAPES, (2, 3, 2), (64, 64, 64), (130, 260, 801)])
+@pytest.mark.parametrize("layout", ["plain", "transposed", "strided"])
+def test_bf16_products_of_float32_operands_rounded_while_packed(m, n, k, layout):
+    """Operands that are not bfloat16 values are rounded on every packing path (odd K included: the last pair
+    is padded with zero)."""
+    a, b = operands(m, n, k, layout, 3)
+    assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16"), *oracle(a, b), k, f"{layout} {m}x{n}x{k}")
+
+
+def test_bf16_operands_give_the_float32_sum_of_exact_products():
+    """Small integers: every product and partial sum is exact in float32, so the result is exact."""
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-8, 9, (37, 300)).astype(np.float32), rng.integers(-8, 9, (300, 45)).astype(np.float32)
+    expected = bf16(a.astype(np.float64) @ b)
+    np.testing.assert_array_equal(gemm.matmul(a, b, dtype="bfloat16"), expected)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 40, 70), (3, 70, 50)), ((4, 1, 33, 20), (5, 20, 17))])
+def test_bf16_batched_and_broadcast_batches(a_shape, b_shape):
+    a, b = random(a_shape, 5), random(b_shape, 6)
+    exact, bound = oracle(a, b)
+    assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16"), exact, bound, a_shape[-1], f"{a_shape} @ {b_shape}")
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600), (20, 300, 40)])
+def test_bf16_epilogue_then_one_rounding(m, n, k):
+    """alpha, bias, activation and residual apply to the float32 sum; the result is rounded once, last."""
+    a, b = random((2, m, k), 13), random((k, n), 14)
+    arguments = dict(bias=random((n,), 15), residual=random((2, m, n), 16), activation="gelu_tanh", alpha=-0.5)
+    exact, bound = oracle(a, b, **arguments)
+    bound = bound + np.abs(arguments["residual"]) + np.abs(arguments["bias"])
+    assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16", **arguments), exact, bound, k, f"{m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_bf16_prologue_applies_before_rounding(operand):
+    a, b = random((50, 90), 7), random((90, 40), 8)
+    prologue = {f"{operand}_prologue": "gelu_tanh"}
+    assert_bf16_product(gemm.matmul(a, b, dtype="bfloat16", **prologue), *oracle(a, b, **prologue), 90, operand)
+
+
+def test_bf16_nan_and_inf_propagate():
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -3.0], np.float32)
+    a, b = special[:, None], np.ones((1, 17), np.float32)
+    expected = bf16(special[:, None] * np.ones((1, 17), np.float32))
+    np.testing.assert_array_equal(gemm.matmul(a, b, dtype="bfloat16"), expected)
+
+
+def test_bf16_operands_with_a_float32_result_are_not_rounded_at_the_end():
+    """Small integers whose sums need more than bfloat16's 8 bits: exact in float32, so the unrounded result is
+    the exact product."""
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(-8, 9, (30, 200)).astype(np.float32), rng.integers(-8, 9, (200, 20)).astype(np.float32)
+    exact = a.astype(np.float64) @ b
+    assert not np.array_equal(exact, bf16(exact))
+    np.testing.assert_array_equal(gemm.matmul(a, b, dtype="bfloat16", result="float32"), exact)
+    a, b = random((33, 300), 2), random((300, 17), 3)
+    unrounded = gemm.matmul(a, b, dtype="bfloat16", result="float32")
+    np.testing.assert_array_equal(bf16(unrounded), gemm.matmul(a, b, dtype="bfloat16"))
+
+
+def test_gemm_unknown_dtype_raises():
+    with pytest.raises(ArgumentError, match="must be one of"):
+        gemm.matmul(random((2, 2), 0), random((2, 2), 1), dtype="float16")

@@ -13,11 +13,11 @@ import tensorgraphs as tg
 from tensorgraphs import cli
 from tensorgraphs.codegen.loop_ir import GemmCall, walk
 from tensorgraphs.kerneldb import default_db
-from tensorgraphs.kernels import blas
+from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan import choices
 from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, code_hash, compiled_planner, kernel_id
 from tensorgraphs.plan.signature import Signature, TensorSpec, placeholder_node
-from tensorgraphs.schedule.extern import GEMM_FUNCTIONS, gemm_enabled
+from tensorgraphs.schedule.extern import GEMM_ROUTES, gemm_enabled
 
 needs_gemm = pytest.mark.skipif(not gemm_enabled(), reason="the GEMM library does not run on this machine")
 
@@ -70,6 +70,9 @@ def _record(sig: Signature, seconds: dict[str, float]) -> None:
                                      sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, [value])
 
 
+C_FUNCTION_OF = {"gemm": gemm.C_FUNCTIONS["matmul"], "blas": blas.C_FUNCTION}
+
+
 def _gemm_calls(fn: tg.CompiledFunction) -> list[GemmCall]:
     (trace,) = [t for traces in fn.traces.values() for t in traces]
     return [s for kernel in trace.program.kernels for s in walk(kernel.body) if isinstance(s, GemmCall)]
@@ -111,7 +114,7 @@ def test_a_decomposition_chosen_in_the_database_is_what_runs(timed):
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 9)).astype(np.float32)
     sig = _matmul((5, 7), (7, 9))
-    _record(sig, {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_FUNCTIONS}})
+    _record(sig, {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_ROUTES}})
     product = tg.compile(lambda a, b: a @ b)
     out = product(tg.tensor(x), tg.tensor(w))
     assert _gemm_calls(product) == [] and timed == []
@@ -126,10 +129,10 @@ def test_the_library_chosen_in_the_database_is_what_runs(library):
     rng = np.random.default_rng(2)
     x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in [(6, 8), (8, 10), (10,)])
     sig = _matmul((6, 8), (8, 10))
-    _record(sig, {name: 1e-9 if name == library else 1.0 for name in [*GEMM_FUNCTIONS, DECOMPOSE]})
+    _record(sig, {name: 1e-9 if name == library else 1.0 for name in [*GEMM_ROUTES, DECOMPOSE]})
     linear = tg.compile(lambda a, b, c: (a @ b + c).relu())
     out = linear(tg.tensor(x), tg.tensor(w), tg.tensor(bias))
-    assert [call.function for call in _gemm_calls(linear)] == [GEMM_FUNCTIONS[library]]  # epilogue fused
+    assert [call.function for call in _gemm_calls(linear)] == [C_FUNCTION_OF[library]]  # epilogue fused
     np.testing.assert_allclose(out.numpy(), np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-5)
 
 
@@ -138,7 +141,7 @@ def test_compiling_predicts_without_measuring_and_follows_the_table_order(timed)
     x = tg.tensor(np.ones((4, 3), np.float32))
     product = tg.compile(lambda a: a @ a.T)
     product(x)
-    assert timed == [] and [c.function for c in _gemm_calls(product)] == [GEMM_FUNCTIONS["gemm"]]
+    assert timed == [] and [c.function for c in _gemm_calls(product)] == [C_FUNCTION_OF["gemm"]]
 
 
 @needs_gemm
@@ -159,7 +162,7 @@ def test_a_cached_program_is_rebuilt_when_a_measurement_changes_the_choice():
     before = tg.compile(lambda a: a @ a.T)
     before(x)
     assert _gemm_calls(before)
-    _record(_matmul((4, 3), (3, 4)), {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_FUNCTIONS}})
+    _record(_matmul((4, 3), (3, 4)), {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_ROUTES}})
     after = tg.compile(lambda a: a @ a.T)  # the same graph structure: the cached program would use the GEMM
     np.testing.assert_allclose(after(x).numpy(), x.numpy() @ x.numpy().T)
     assert _gemm_calls(after) == []

@@ -79,6 +79,25 @@ def test_other_dtypes_keep_the_loops() -> None:
         np.testing.assert_allclose(result.numpy(), x @ x.T)
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 7, 33), (33, 65, 7), (40, 128, 96)])
+def test_bfloat16_product_reads_float32_operands_in_place(m: int, k: int, n: int) -> None:
+    """x.bfloat16() @ w.bfloat16().T (what autocast builds for a linear): one bfloat16 GEMM call that reads both
+    float32 inputs, since the library rounds operands while packing; the result is torch's bfloat16 product
+    (float32 sums of exact products, rounded once), to one bfloat16 rounding of summation-order differences."""
+    rng = np.random.default_rng(m + k + n)
+    x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
+    expected = (torch.from_numpy(x).bfloat16() @ torch.from_numpy(w).bfloat16().T).float().numpy()
+    with tg.device("cpu"):
+        result = tg.tensor(x).bfloat16() @ tg.tensor(w).bfloat16().T
+        schedule = schedule_kernels([result.node])
+        ((call, kernel),) = [(s, k) for k in schedule.kernels for s in k.body if isinstance(s, GemmCall)]
+        assert call.dtype is tg.bfloat16 and len(schedule.kernels) == 1
+        role = {spec.name: spec.role for spec in schedule.buffers}
+        assert all(role[b.name] == "input" for b in kernel.buffers if not b.writes)
+        assert "tg_gemm_bf16(" in _program_source(result)
+        np.testing.assert_allclose(result.float().numpy(), expected, rtol=2**-7, atol=k * 2**-20)
+
+
 # ---------------------------------------------------------------------------
 # Epilogues fused into the call (schedule.extern.fuse_epilogues)
 # ---------------------------------------------------------------------------

@@ -20,7 +20,13 @@ from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_
 LIBRARY = "tg_gemm"
 SOURCES = ("gemm.c", "conv.c")
 HEADER = SOURCE_DIR / "gemm.h"
-C_FUNCTIONS = {"matmul": "tg_gemm_f32", "conv2d": "tg_conv2d_f32"}
+C_FUNCTIONS = {"matmul": "tg_gemm_f32", "matmul_bf16": "tg_gemm_bf16", "matmul_bf16_f32": "tg_gemm_bf16_f32",
+               "conv2d": "tg_conv2d_f32"}
+GEMM_FUNCTIONS = {("float32", "float32"): "matmul", ("bfloat16", "bfloat16"): "matmul_bf16",
+                  ("bfloat16", "float32"): "matmul_bf16_f32"}
+"""The product kernel (a key of C_FUNCTIONS) by (operand dtype, result dtype). Every array is float32: bfloat16
+operands are rounded to bfloat16 while packing, their exact products summed in float32, and a bfloat16 result is
+rounded after the epilogue (gemm.h)."""
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu_tanh": 2}
 STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", -3: "out of memory"}
 
@@ -52,7 +58,7 @@ def library_path() -> Path:
 def _functions() -> dict[str, Callable[..., int]]:
     library = load_library(LIBRARY, SOURCES)
     functions = {}
-    for name, argtypes in (("matmul", GEMM_ARGTYPES), ("conv2d", CONV_ARGTYPES)):
+    for name, argtypes in (*((name, GEMM_ARGTYPES) for name in GEMM_FUNCTIONS.values()), ("conv2d", CONV_ARGTYPES)):
         function = getattr(library, C_FUNCTIONS[name])
         function.argtypes, function.restype = argtypes, ctypes.c_int
         functions[name] = function
@@ -206,14 +212,25 @@ def call_gemm(function: Callable[..., int], a: np.ndarray, b: np.ndarray, **epil
     return bind_gemm(function, a, b, **epilogue)()
 
 
-def matmul(a: np.ndarray, b: np.ndarray, **epilogue: object) -> np.ndarray:
-    """The generated GEMM on numpy float32 arrays; see `bind_gemm` for the epilogue arguments."""
-    return call_gemm(_functions()["matmul"], a, b, **epilogue)
+def _gemm_function(dtype: str, result: str | None) -> Callable[..., int]:
+    key = (dtype, dtype if result is None else result)
+    if key not in GEMM_FUNCTIONS:
+        fail("matmul", f"(dtype, result) must be one of {sorted(GEMM_FUNCTIONS)}, got {key}", ArgumentError)
+    return _functions()[GEMM_FUNCTIONS[key]]
 
 
-def bind_matmul(a: np.ndarray, b: np.ndarray, **epilogue: object) -> Callable[[], np.ndarray]:
+def matmul(a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", result: str | None = None,
+           **epilogue: object) -> np.ndarray:
+    """The generated GEMM on numpy float32 arrays: operands rounded to `dtype`, the result to `result` (`dtype` if
+    None; see `GEMM_FUNCTIONS`); see `bind_gemm` for the epilogue arguments."""
+    return call_gemm(_gemm_function(dtype, result), a, b, **epilogue)
+
+
+def bind_matmul(
+    a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", result: str | None = None, **epilogue: object
+) -> Callable[[], np.ndarray]:
     """`matmul` with its arguments converted once (see `bind_gemm`)."""
-    return bind_gemm(_functions()["matmul"], a, b, **epilogue)
+    return bind_gemm(_gemm_function(dtype, result), a, b, **epilogue)
 
 
 def _pair(op: str, name: str, value: int | tuple[int, int]) -> tuple[int, int]:

@@ -14,7 +14,20 @@ typedef struct {
     int64_t bias_rs, bias_cs;
     const float *residual; /* residual(i, j) = residual[i*residual_rs + j]; NULL for none */
     int64_t residual_rs;
+    int32_t round_bf16;    /* 1: the result is rounded to bfloat16 last (a bfloat16 product, stored as float32) */
 } tg_epilogue;
+
+/* x rounded to the nearest bfloat16 (ties to even) as float32 bits whose low half is zero; a NaN stays a NaN
+ * (quieted: a payload in the low half alone would otherwise round to infinity). Integer arithmetic, so
+ * subnormals round as the reference backend's `round_to_storage` does (VCVTNEPS2BF16 flushes them). */
+static inline __attribute__((always_inline)) __m512i tg_bf16_bits(__m512 x) {
+    __m512i bits = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
+    return _mm512_and_si512(rounded, _mm512_set1_epi32((int32_t)0xFFFF0000));
+}
 
 static inline __attribute__((always_inline)) __m512 tg_exp2_ps(__m512 t) {
     /* Clamping keeps the polynomial finite; scalef turns |n| > 127 into 0 or inf exactly. */
@@ -58,7 +71,7 @@ static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, 
     }
     x = tg_activate_ps(x, ep->activation);
     if (ep->residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col));
-    return x;
+    return ep->round_bf16 ? _mm512_castsi512_ps(tg_bf16_bits(x)) : x;
 }
 
 static inline __mmask16 tg_tail_mask(int64_t remaining) {

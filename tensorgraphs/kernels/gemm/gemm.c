@@ -2,7 +2,8 @@
  * A blocks (MC x KC) are packed by the thread that computes them, B panels (KC x NC) by each thread or by the
  * team together (see tg_run_gemm_batch), each then activated in place by its operand's prologue (while it is
  * still in cache); the TG_MR x TG_NR micro-kernel keeps its accumulators in zmm registers and applies the fused
- * epilogue before the last store. */
+ * epilogue before the last store. A bfloat16 product (tg_gemm_bf16) runs the same driver: each packed block, once
+ * activated, is rewritten in place as bfloat16 pairs, and the micro-kernel sums them by VDPBF16PS. */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -119,17 +120,29 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
         for (int64_t jj = 0; jj < TG_NR; jj++) dst[k * TG_NR + jj] = jj < nr ? s[k * rs + jj * cs] : 0.0f;
 }
 
+/* ---------------------------------------------------------------- bfloat16 pairs */
+
+/* A packed block of `rows` rows of `width` floats (k-major: row k holds every column's element k) rewritten in
+ * place as (rows + 1) / 2 rows of bfloat16 pairs: 32-bit word j of row p holds element 2p of column j in its low
+ * half and element 2p + 1 in its high half (zero past an odd last row), the operand layout of VDPBF16PS. Row p is
+ * written after rows 2p and 2p + 1 are read, so no row is overwritten before it is used. */
+static void pair_rows_in_place(float *x, int64_t rows, int64_t width) {
+    for (int64_t p = 0; p < (rows + 1) / 2; p++)
+        for (int64_t j = 0; j < width; j += 16) {
+            __mmask16 mask = tg_tail_mask(width - j);
+            __m512i low = tg_bf16_bits(_mm512_maskz_loadu_ps(mask, x + 2 * p * width + j));
+            __m512i high = 2 * p + 1 < rows ? tg_bf16_bits(_mm512_maskz_loadu_ps(mask, x + (2 * p + 1) * width + j))
+                                            : _mm512_setzero_si512();
+            __m512i pairs = _mm512_or_si512(high, _mm512_srli_epi32(low, 16));
+            _mm512_mask_storeu_ps(x + p * width + j, mask, _mm512_castsi512_ps(pairs));
+        }
+}
+
 /* ---------------------------------------------------------------- micro-kernel */
 
-/* c[0:m_valid, 0:n_valid] (+)= a_panel (TG_MR x kc) @ b_panel (kc x 16*nv of TG_NR); the epilogue (if any) runs
- * on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv` is a
- * compile-time constant after inlining, so the accumulators stay in zmm registers. */
-TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, int64_t kc, const float *restrict a, const float *restrict b,
-                                           float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
-                                           const tg_epilogue *ep, int64_t row0, int64_t col0) {
-    __m512 acc[TG_MR][TG_NV];
-    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
-        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+/* acc += a_panel (TG_MR x kc) @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA. */
+TG_ALWAYS_INLINE void accumulate_f32(const int nv, int64_t kc, const float *restrict a, const float *restrict b,
+                                     __m512 acc[TG_MR][TG_NV]) {
     for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(b + v * 16);
@@ -140,6 +153,38 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, int64_t kc, const float
         a += TG_MR;
         b += TG_NR;
     }
+}
+
+/* The same on panels of bfloat16 pairs (pair_rows_in_place): one VDPBF16PS adds two products per lane. A pair is
+ * broadcast as the float whose bits it is (a load, no arithmetic), so the panels stay float arrays. */
+TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *restrict a, const float *restrict b,
+                                      __m512 acc[TG_MR][TG_NV]) {
+    for (int64_t p = 0; p < (kc + 1) / 2; p++) {
+        __m512bh bv[TG_NV];
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = (__m512bh)_mm512_load_si512(b + v * 16);
+        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+            __m512bh ai = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(a[i]));
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]);
+        }
+        a += TG_MR;
+        b += TG_NR;
+    }
+}
+
+/* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
+ * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv` and
+ * `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. */
+TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t kc, const float *restrict a,
+                                           const float *restrict b, float *c, int64_t c_rs, int64_t m_valid,
+                                           int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
+                                           int64_t col0) {
+    __m512 acc[TG_MR][TG_NV];
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+    if (bf16)
+        accumulate_bf16(nv, kc, a, b, acc);
+    else
+        accumulate_f32(nv, kc, a, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
@@ -155,11 +200,13 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, int64_t kc, const float
 }
 
 /* The tile computes only the 16-wide column vectors it needs: a narrow last panel costs what it holds. */
-static void micro_kernel(int64_t kc, const float *restrict a, const float *restrict b, float *c, int64_t c_rs,
-                         int64_t m_valid, int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
-                         int64_t col0) {
+static void micro_kernel(int bf16, int64_t kc, const float *restrict a, const float *restrict b, float *c,
+                         int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate, const tg_epilogue *ep,
+                         int64_t row0, int64_t col0) {
     int64_t vectors = ceil_div(n_valid, 16);
-#define TG_TILE(nv) micro_kernel_vectors(nv, kc, a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)
+#define TG_TILE(nv)                                                                                              \
+    (bf16 ? micro_kernel_vectors(nv, 1, kc, a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)        \
+          : micro_kernel_vectors(nv, 0, kc, a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0))
     if (vectors >= TG_NV) TG_TILE(TG_NV);
 #if TG_NV > 1
     else if (vectors == 1) TG_TILE(1);
@@ -185,7 +232,7 @@ typedef struct {
     float *c;
     int64_t c_rs;
     tg_epilogue ep;
-    int32_t a_prologue, b_prologue;
+    int32_t a_prologue, b_prologue, bf16;
     /* Columns tail_col..tail_col+tail_n (< one vector, relative to column 0), computed for rows tail_row_lo..
      * tail_row_hi only, with the A blocks packed for the band (see run_band). */
     int64_t tail_col, tail_n, tail_row_lo, tail_row_hi;
@@ -194,10 +241,22 @@ typedef struct {
 static gemm_problem problem_at(const gemm_batch *g, int64_t index) {
     gemm_problem p = {g->m, g->n, g->k, g->a + index * g->a_bs, g->a_rs, g->a_cs, g->b + index * g->b_bs,
                       &g->b_src, 0, g->c + index * g->c_bs, g->c_rs, g->ep, g->a_prologue, g->b_prologue,
-                      0, 0, 0, 0};
+                      g->bf16, 0, 0, 0, 0};
     if (p.ep.bias) p.ep.bias += index * g->bias_bs;
     if (p.ep.residual) p.ep.residual += index * g->residual_bs;
     return p;
+}
+
+/* A packed B panel (kc x TG_NR) made ready for the micro-kernel: its prologue applied, then paired for bf16. */
+static void finish_b_panel(const gemm_problem *p, float *panel, int64_t kc) {
+    tg_activate_in_place(panel, TG_NR * kc, p->b_prologue);
+    if (p->bf16) pair_rows_in_place(panel, kc, TG_NR);
+}
+
+/* The same for a packed block of A: ceil(mc / TG_MR) micro-panels of kc x TG_MR. */
+static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int64_t kc) {
+    tg_activate_in_place(block, ceil_div(mc, TG_MR) * TG_MR * kc, p->a_prologue);
+    for (int64_t ir = 0; p->bf16 && ir < mc; ir += TG_MR) pair_rows_in_place(block + ir * kc, kc, TG_MR);
 }
 
 /* Row block size: at most TG_MC, and a count of blocks that divides evenly among the threads. */
@@ -231,13 +290,13 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
             for (int64_t panel; (panel = claim(&work->next[0][parity], nthreads)) < panels;) {
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + jc + panel * TG_NR,
                                min_i64(TG_NR, nc - panel * TG_NR), b_pack + panel * TG_NR * kc);
-                tg_activate_in_place(b_pack + panel * TG_NR * kc, TG_NR * kc, p->b_prologue);
+                finish_b_panel(p, b_pack + panel * TG_NR * kc, kc);
             }
             float *tail_pack = b_pack + panels * TG_NR * kc;
             int tail = jc == 0 && p->tail_n > 0;
             if (tail) {
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + p->tail_col, p->tail_n, tail_pack);
-                tg_activate_in_place(tail_pack, TG_NR * kc, p->b_prologue);
+                finish_b_panel(p, tail_pack, kc);
             }
             if (nthreads > 1) {
 #pragma omp barrier
@@ -250,18 +309,18 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                 int64_t ic = block * mc, mcur = min_i64(mc, p->m - ic);
                 if (block != packed_block) {
                     pack_a(p->a + ic * p->a_rs + pc * p->a_cs, p->a_rs, p->a_cs, mcur, kc, a_pack);
-                    tg_activate_in_place(a_pack, ceil_div(mcur, TG_MR) * TG_MR * kc, p->a_prologue);
+                    finish_a_block(p, a_pack, mcur, kc);
                 }
                 packed_block = block;
                 for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
                     int64_t jr = jc + panel * TG_NR;
                     for (int64_t ir = 0; ir < mcur; ir += TG_MR)
-                        micro_kernel(kc, a_pack + ir * kc, b_pack + panel * TG_NR * kc, p->c + (ic + ir) * p->c_rs + jr,
+                        micro_kernel(p->bf16, kc, a_pack + ir * kc, b_pack + panel * TG_NR * kc, p->c + (ic + ir) * p->c_rs + jr,
                                      p->c_rs, mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
-                        micro_kernel(kc, a_pack + ir * kc, tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col, p->c_rs,
+                        micro_kernel(p->bf16, kc, a_pack + ir * kc, tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col, p->c_rs,
                                      min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep, ic + ir,
                                      p->tail_col);
             }
@@ -431,6 +490,18 @@ int tg_gemm_f32(TG_GEMM_PARAMS) {
     int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
     return status ? status : tg_run_gemm_batch(&g);
 }
+
+/* A bfloat16 product: operands rounded while packed, the result rounded after the epilogue (`rounded`) or not. */
+static int gemm_bf16(int rounded, TG_GEMM_PARAMS) {
+    gemm_batch g;
+    int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
+    g.bf16 = 1, g.ep.round_bf16 = rounded;
+    return status ? status : tg_run_gemm_batch(&g);
+}
+
+int tg_gemm_bf16(TG_GEMM_PARAMS) { return gemm_bf16(1, TG_GEMM_ARGS); }
+
+int tg_gemm_bf16_f32(TG_GEMM_PARAMS) { return gemm_bf16(0, TG_GEMM_ARGS); }
 
 void tg_gemm_config(int64_t out[5]) {
     out[0] = TG_MR;

@@ -22,24 +22,30 @@
 enum tg_activation { TG_ACT_NONE = 0, TG_ACT_RELU = 1, TG_ACT_GELU_TANH = 2 };
 enum tg_gemm_status { TG_GEMM_OK = 0, TG_GEMM_BAD_STRIDE = -1, TG_GEMM_BAD_ACTIVATION = -2, TG_GEMM_NO_MEMORY = -3 };
 
-int tg_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
-                const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
-                const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
-                float *c, int64_t c_bs, int64_t c_rs,
-                float alpha,
-                const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
-                const float *residual, int64_t residual_bs, int64_t residual_rs,
-                int32_t activation, int32_t a_prologue, int32_t b_prologue);
+/* The signature every product kernel shares. */
+typedef int tg_gemm_fn(int64_t batch, int64_t m, int64_t n, int64_t k,
+                       const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
+                       const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
+                       float *c, int64_t c_bs, int64_t c_rs,
+                       float alpha,
+                       const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
+                       const float *residual, int64_t residual_bs, int64_t residual_rs,
+                       int32_t activation, int32_t a_prologue, int32_t b_prologue);
 
-/* The same contract on OpenBLAS's sgemm (blas.c, a separate library linked against scipy-openblas32). */
-int tg_blas_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
-                     const float *a, int64_t a_bs, int64_t a_rs, int64_t a_cs,
-                     const float *b, int64_t b_bs, int64_t b_rs, int64_t b_cs,
-                     float *c, int64_t c_bs, int64_t c_rs,
-                     float alpha,
-                     const float *bias, int64_t bias_bs, int64_t bias_rs, int64_t bias_cs,
-                     const float *residual, int64_t residual_bs, int64_t residual_rs,
-                     int32_t activation, int32_t a_prologue, int32_t b_prologue);
+/* float32 operands and result. */
+tg_gemm_fn tg_gemm_f32;
+
+/* The same contract as a bfloat16 product: each operand element is rounded to bfloat16 (nearest, ties to even)
+ * while it is packed, after its prologue, so float32 operands (master weights) need no bfloat16 copy; products
+ * are summed in float32 by VDPBF16PS (AVX-512 BF16, which treats subnormal bfloat16 inputs as zero), and the
+ * result is rounded to bfloat16 after the epilogue and stored as float32, as tensorgraphs stores bfloat16. */
+tg_gemm_fn tg_gemm_bf16;
+
+/* tg_gemm_bf16 with the result left in float32 (not rounded): a float32 product of bfloat16 values. */
+tg_gemm_fn tg_gemm_bf16_f32;
+
+/* The float32 contract on OpenBLAS's sgemm (blas.c, a separate library linked against scipy-openblas32). */
+tg_gemm_fn tg_blas_gemm_f32;
 
 /* conv2d in NCHW (PyTorch layout, groups = 1): x (n, cin, h, w), weight (cout, cin, kh, kw), bias (cout) or
  * NULL, out (n, cout, oh, ow) contiguous, with the same epilogue (alpha, activation, residual shaped like out). */

@@ -53,6 +53,7 @@ typedef struct {
     int64_t bias_bs, residual_bs;
     tg_epilogue ep;
     int32_t a_prologue, b_prologue; /* enum tg_activation, applied to each packed block of A / B */
+    int32_t bf16;                   /* 1: packed blocks become bfloat16 pairs, products by VDPBF16PS (gemm.c) */
 } gemm_batch;
 
 /* tg_gemm_f32's parameter list (gemm.h), shared by every kernel with its signature. */

@@ -15,6 +15,7 @@ from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, normalize_dim
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.nn.functional.arguments import finish_inplace, require_float
@@ -96,12 +97,17 @@ def _gelu_decomposition(x: Tensor, *, approximate: str) -> Tensor:
     """x * Phi(x) exactly (erf), or with the tanh approximation.
 
     The tanh form uses the identity 0.5 * (1 + tanh(u)) = sigmoid(2u): one exp2 and one division per
-    element instead of tanh's expm1, and no cancellation in 1 + tanh(u) for negative u.
+    element instead of tanh's expm1, and no cancellation in 1 + tanh(u) for negative u. float16/bfloat16 are
+    computed in float32 and rounded once (so is the gradient), as torch does on the cpu.
     """
-    if approximate == "tanh":
-        inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), GELU_TANH_COEFF)), math.sqrt(2.0 / math.pi))
-        return ew.mul(x, ew.sigmoid(ew.mul(inner, 2.0)))
-    return ew.mul(ew.mul(x, 0.5), ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+    def exact(x: Tensor) -> Tensor:
+        if approximate == "tanh":
+            inner = ew.mul(ew.add(x, ew.mul(ew.mul(ew.mul(x, x), x), GELU_TANH_COEFF)), math.sqrt(2.0 / math.pi))
+            return ew.mul(x, ew.sigmoid(ew.mul(inner, 2.0)))
+        return ew.mul(ew.mul(x, 0.5), ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+    return ew.in_float32_for_halves(exact, x)
 
 
 GELU = register(Composite("gelu", _same_as_input, _gelu_decomposition))
@@ -248,6 +254,7 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:
     return ew.mul(a, ew.sigmoid(b))
 
 
+@autocast_op(LOWER)
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
     """leaky_relu with a learned slope: one for all channels, or one per channel (dim 1)."""
     if weight.numel() != 1 and (input.ndim < 2 or weight.shape != (input.shape[1],)):

@@ -11,7 +11,8 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
-from tensorgraphs.frontend.tensor import Tensor, apply_composite, broadcast_shapes, expand_to
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
+from tensorgraphs.frontend.tensor import Tensor, apply_composite, broadcast_shapes, cast, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.nn.functional.activations import softmax
@@ -100,6 +101,7 @@ SCALED_DOT_PRODUCT_ATTENTION = register(
 )
 
 
+@autocast_op(LOWER)
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
@@ -131,7 +133,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if scale is None else float(scale)
     if dropout_p:
         return _attention_decomposition(q, k, v, *masks, is_causal=is_causal, scale=scale, dropout_p=dropout_p)
-    return apply_composite(SCALED_DOT_PRODUCT_ATTENTION, q, k, v, *masks, is_causal=is_causal, scale=scale)
+
+    def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        wide = [cast(m, q.dtype) if m.dtype.is_floating_point else m for m in masks]
+        return apply_composite(SCALED_DOT_PRODUCT_ATTENTION, q, k, v, *wide, is_causal=is_causal, scale=scale)
+
+    # float16/bfloat16: scores, softmax and the weighted sum in float32, the result rounded once, as torch's fused
+    # attention on the cpu (which rounds only the weights before their product with v)
+    return ew.in_float32_for_halves(attention, q, k, v)
 
 
 def _checked_mask(op: str, mask: Tensor, q: Tensor, k: Tensor, is_causal: bool) -> Tensor:

@@ -15,6 +15,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.nn.functional.arguments import require_float, require_same_dtype, tuple_of
@@ -152,11 +153,13 @@ def conv2d_composite(op: str, x: Tensor, weight: Tensor, stride: tuple, pads: Pa
     return apply_composite(CONV2D, x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups)
 
 
+@autocast_op(LOWER)
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
            padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
     return conv_nd("conv1d", input, weight, bias, stride, padding, dilation, groups, 1)
 
 
+@autocast_op(LOWER)
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
            padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
     return conv_nd("conv2d", input, weight, bias, stride, padding, dilation, groups, 2)
@@ -172,6 +175,7 @@ def _zero_dilate(x: Tensor, dim: int, factor: int) -> Tensor:
     return mv.shrink_dim(merged, dim, 0, (size - 1) * factor + 1)
 
 
+@autocast_op(LOWER)
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
                      padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, groups: int = 1,
                      dilation: int | Sequence[int] = 1) -> Tensor:
@@ -208,6 +212,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     return out if input.ndim == 4 else mv.squeeze(out, 0)
 
 
+@autocast_op(LOWER)
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
                      padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, groups: int = 1,
                      dilation: int | Sequence[int] = 1) -> Tensor:

@@ -7,10 +7,12 @@ from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg, random
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, cast
 from tensorgraphs.nn.functional.arguments import finish_inplace, require_float, require_same_dtype
 
 
+@autocast_op(LOWER)
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias, with weight of shape (out_features, in_features) or (in_features,)."""
     if weight.ndim not in (1, 2):
@@ -19,8 +21,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         fail("linear", f"input {input.shape} and weight {weight.shape} do not fit: the input's last dim must equal "
              f"in_features = {weight.shape[-1]}")
     require_same_dtype("linear", input=input, weight=weight, bias=bias)
-    out = linalg.matmul(input, mv.mT(weight) if weight.ndim == 2 else weight)
-    return out if bias is None else ew.add(out, bias)
+
+    def affine(x: Tensor, w: Tensor, *b: Tensor) -> Tensor:
+        out = linalg.matmul(x, mv.mT(w) if w.ndim == 2 else w)
+        return ew.add(out, *b) if b else out
+
+    # float16/bfloat16: the product and the bias are summed in float32 and rounded once, as torch's addmm on the cpu
+    return ew.in_float32_for_halves(affine, input, weight, *(() if bias is None else (bias,)))
 
 
 def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

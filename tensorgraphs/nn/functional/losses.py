@@ -9,6 +9,7 @@ from tensorgraphs.errors import ArgumentError, DTypeError, fail, warn
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import FLOAT32, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
@@ -51,6 +52,7 @@ def _pointwise_loss(op: str, loss: Tensor, input: Tensor, weight: Tensor | None,
     return ew.div(rd.sum(weighted), rd.sum(weight)) if reduction == "mean" else reduce_loss(op, weighted, reduction)
 
 
+@autocast_op(FLOAT32)
 def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
              reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
     _warn_if_broadcast("mse_loss", input, target)
@@ -59,6 +61,7 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
     return _pointwise_loss("mse_loss", loss, input, weight, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
             reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
     _warn_if_broadcast("l1_loss", input, target)
@@ -66,6 +69,7 @@ def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, red
     return _pointwise_loss("l1_loss", loss, input, weight, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
                    reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """0.5 * d^2 / beta where |d| < beta, |d| - 0.5 * beta elsewhere; beta = 0 is the L1 loss."""
@@ -82,6 +86,7 @@ def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = No
     return reduce_loss("smooth_l1_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
                weight: Tensor | None = None) -> Tensor:
     """0.5 * d^2 where |d| < delta, delta * (|d| - 0.5 * delta) elsewhere: smooth_l1_loss scaled by delta."""
@@ -98,6 +103,7 @@ def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: fl
     return reduce_loss("huber_loss", loss, reduction)
 
 
+@autocast_op(FLOAT32)
 def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,
                      size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None,
                      reduction: str = "mean") -> Tensor:
@@ -118,6 +124,7 @@ def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full
 # ---------------------------------------------------------------------------
 
 
+@autocast_op(FLOAT32)
 def soft_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
                      reduction: str = "mean") -> Tensor:
     """log(1 + exp(-t * x)), as torch computes it."""
@@ -125,6 +132,7 @@ def soft_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = 
     return reduce_loss("soft_margin_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
                         size_average: bool | None = None, reduce: bool | None = None,
                         reduction: str = "mean") -> Tensor:
@@ -136,6 +144,7 @@ def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: 
     return reduce_loss("margin_ranking_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, size_average: bool | None = None,
                          reduce: bool | None = None, reduction: str = "mean") -> Tensor:
     """x where t = 1, max(0, margin - x) where t = -1 (both where t is neither, as torch)."""
@@ -241,6 +250,7 @@ def _class_weights(input: Tensor, weight: Tensor | None) -> Tensor:
     return Tensor(g.const(1.0, input.dtype, (input.shape[_class_dim(input)],))) if weight is None else weight
 
 
+@autocast_op(FLOAT32)
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
              ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
     """-input[target] per target, from log-probabilities; ignore_index targets count neither loss nor weight."""
@@ -253,6 +263,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
     return _weighted_reduction(loss, target_weight, reduction)
 
 
+@autocast_op(FLOAT32)
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
                   ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
@@ -287,6 +298,7 @@ def _cross_entropy_probabilities(input: Tensor, target: Tensor, weight: Tensor |
     return reduce_loss("cross_entropy", loss, reduction)
 
 
+@autocast_op(FLOAT32)
 def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
                       size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
     """Per sample: the mean over classes j != y of max(0, margin - x[y] + x[j])^p, times weight[y]."""
@@ -320,6 +332,7 @@ def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | 
     return reduce_loss("multilabel_soft_margin_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
                           size_average: bool | None = None, reduce: bool | None = None,
                           reduction: str = "mean") -> Tensor:
@@ -332,6 +345,7 @@ def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin
     return reduce_loss("cosine_embedding_loss", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
                         eps: float = 1e-6, swap: bool = False, size_average: bool | None = None,
                         reduce: bool | None = None, reduction: str = "mean") -> Tensor:
@@ -359,6 +373,7 @@ def _check_same_shape(op: str, input: Tensor, target: Tensor) -> None:
              "supported; please ensure they have the same size", kind=ArgumentError)
 
 
+@autocast_op(FLOAT32)
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                          size_average: bool | None = None, reduce: bool | None = None,
                          reduction: str = "mean") -> Tensor:
@@ -373,6 +388,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     return reduce_loss("binary_cross_entropy", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
                                      size_average: bool | None = None, reduce: bool | None = None,
                                      reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
@@ -386,6 +402,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tens
     return reduce_loss("binary_cross_entropy_with_logits", loss, legacy_reduction(size_average, reduce, reduction))
 
 
+@autocast_op(FLOAT32)
 def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
            reduction: str = "mean", log_target: bool = False) -> Tensor:
     """target * (log(target) - input) pointwise, input being log-probabilities (0 where target is 0);

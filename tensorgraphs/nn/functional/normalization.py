@@ -12,6 +12,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.autocast import FLOAT32, autocast_op
 from tensorgraphs.frontend.checks import ints_arg
 from tensorgraphs.frontend.tensor import Tensor, apply_composite
 from tensorgraphs.graph import node as g
@@ -161,6 +162,7 @@ def instance_norm(input: Tensor, running_mean: Tensor | None = None, running_var
     return _affine(ew.mul(ew.sub(input, mean), ew.rsqrt(ew.add(variance, eps))), weight, bias)
 
 
+@autocast_op(FLOAT32)
 def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
     """x / (k + alpha * mean of x^2 over the `size` neighbouring channels)^beta, the window zero-padded at the
     channel ends and always divided by `size`, as torch."""
