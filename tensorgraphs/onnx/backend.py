@@ -13,6 +13,7 @@ from onnx.backend.base import Backend, BackendRep
 from tensorgraphs.errors import UnsupportedError, fail
 from tensorgraphs.frontend.grad_mode import no_grad
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.onnx.dtypes import numpy_dtype
 from tensorgraphs.onnx.module import OnnxModule, load
 from tensorgraphs.runtime.realize import device, realize
 
@@ -31,7 +32,9 @@ class TensorgraphsRep(BackendRep):
             outputs = self.module(*arrays)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
             values = realize([t.node for t in outputs])
-        return tuple(np.asarray(v).copy() for v in values)
+        declared = [numpy_dtype(o.type.tensor_type.elem_type) for o in self.module.model.graph.output]
+        return tuple(np.asarray(v).astype(d) if v.dtype != d else np.asarray(v).copy()
+                     for v, d in zip(values, declared))
 
 
 def _ordered(module: OnnxModule, inputs: Any) -> list[Any]:

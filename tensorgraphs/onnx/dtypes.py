@@ -24,6 +24,10 @@ _TG_DTYPES: dict[int, DType] = {
     TensorType.DOUBLE: dtypes.float64,
 }
 _ELEMENT_TYPES = {dtype: element for element, dtype in _TG_DTYPES.items()}
+_TG_DTYPES.update({TensorType.UINT16: dtypes.int32, TensorType.UINT32: dtypes.int64, TensorType.UINT64: dtypes.int64})
+"""Unsigned types tensorgraphs lacks are computed in a wider signed one (uint64 in int64: its values must stay
+below 2**63); the backend gives results in the declared type (the low bits: sums and products wrap as they
+would in the unsigned type)."""
 
 
 def type_name(element_type: int) -> str:

@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 
 from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.onnx import functions
 from tensorgraphs.onnx import ops as _ops  # noqa: F401  (fills the table of lowerings)
-from tensorgraphs.onnx.lowering import STANDARD_DOMAINS, OnnxNode, Value, evaluate, lowering_for
+from tensorgraphs.onnx.lowering import STANDARD_DOMAINS, OnnxNode, Value, evaluate, has_lowering, lowering_for
 
 
 class Opsets:
@@ -27,9 +28,10 @@ class Opsets:
 
 
 def check_supported(graph: onnx.GraphProto, opsets: Opsets) -> None:
-    """Fail before running anything when a node (in any subgraph too) has no lowering."""
+    """Fail before running anything when a node (in any subgraph too) has neither a lowering nor a function."""
     for node in graph.node:
-        lowering_for(node, opsets.of(node.domain))
+        if not has_lowering(node) and functions.schema(node, opsets.of(node.domain)) is None:
+            lowering_for(node, opsets.of(node.domain))
         for attribute in node.attribute:
             for subgraph in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
                 check_supported(subgraph, opsets)
@@ -47,8 +49,13 @@ def run_graph(graph: onnx.GraphProto, values: MutableMapping[str, Value], opsets
 
 def run_node(proto: onnx.NodeProto, values: MutableMapping[str, Value], opsets: Opsets) -> None:
     node = OnnxNode(proto, opsets.of(proto.domain), (values, opsets))
-    rule = lowering_for(proto, node.opset)
     inputs = [_input(name, values, node) for name in proto.input]
+    if not has_lowering(proto):
+        expanded = functions.expand(proto, node.opset, inputs)
+        if expanded is not None:
+            run_graph(expanded.graph, values, Opsets(expanded.opset_import))
+            return
+    rule = lowering_for(proto, node.opset)
     if rule.fold and all(value is None or isinstance(value, np.ndarray) for value in inputs):
         results = evaluate(_as_tuple(rule.lower(node, *inputs), node))
     else:

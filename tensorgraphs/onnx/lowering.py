@@ -133,6 +133,10 @@ def is_known(value: Value | None) -> bool:
     return value is None or isinstance(value, np.ndarray)
 
 
+def has_lowering(node: onnx.NodeProto) -> bool:
+    return node.domain in STANDARD_DOMAINS and node.op_type in LOWERINGS
+
+
 def lowering_for(node: onnx.NodeProto, opset: int) -> LoweringRule:
     """The rule for `node`, or an error naming the op, its domain and opset and the node."""
     rule = LOWERINGS.get(node.op_type) if node.domain in STANDARD_DOMAINS else None

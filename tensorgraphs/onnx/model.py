@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import onnx
+import onnx.inliner
 
 from tensorgraphs.errors import ArgumentError, ArgumentTypeError, UnsupportedError, fail
 from tensorgraphs.onnx.importer import Opsets, check_supported
@@ -28,7 +29,7 @@ def read_model(model: Any) -> onnx.ModelProto:
     if not isinstance(model, onnx.ModelProto):
         fail(OP, f"expected a path or an onnx.ModelProto, got {type(model).__name__}", kind=ArgumentTypeError)
     _check(model)
-    return model
+    return onnx.inliner.inline_local_functions(model) if model.functions else model
 
 
 def _check(model: onnx.ModelProto) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, ShapeError, fail
 from tensorgraphs.frontend.tensor import Tensor, as_tensor
 from tensorgraphs.nn.module import Module
@@ -66,7 +67,7 @@ def _input(proto: onnx.ValueInfoProto, arg: Any) -> Tensor:
         fail("onnx model", f"input {proto.name!r} is a {kind}; only tensor inputs are supported", kind=ArgumentError)
     declared = proto.type.tensor_type
     dtype = tg_dtype(declared.elem_type, f"input {proto.name!r}")
-    value = arg if isinstance(arg, Tensor) else as_tensor(np.asarray(arg), dtype)
+    value = arg if isinstance(arg, Tensor) else as_tensor(host_array(proto.name, arg, dtype), dtype)
     if value.dtype is not dtype:
         fail("onnx model", f"input {proto.name!r} must be {dtype}, got {value.dtype}", kind=ArgumentError)
     if declared.HasField("shape"):
@@ -76,6 +77,18 @@ def _input(proto: onnx.ValueInfoProto, arg: Any) -> Tensor:
             fail("onnx model", f"input {proto.name!r} must have shape {shown}, got {tuple(value.shape)}",
                  kind=ShapeError)
     return value
+
+
+def host_array(name: str, arg: Any, dtype: DType) -> np.ndarray:
+    """`arg` as a numpy array tensorgraphs takes: 8-bit-exponent floats (ml_dtypes' bfloat16) as float32; an
+    unsigned type computed in a wider signed one must fit it."""
+    array = np.asarray(arg)
+    if array.dtype.kind == "V" or array.dtype.name == "bfloat16":
+        return array.astype(np.float32)
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(dtype.storage).max:
+        fail("onnx model", f"input {name!r}: values above {np.iinfo(dtype.storage).max} do not fit {dtype}, in "
+             f"which tensorgraphs computes {array.dtype}", kind=ArgumentError)
+    return array
 
 
 def load(model: Any) -> OnnxModule:

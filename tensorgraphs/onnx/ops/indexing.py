@@ -125,7 +125,7 @@ def cum_sum(node: OnnxNode, x: Value, axis: Value) -> Tensor:
     dim = axis_of(int(scalar(axis)), x.ndim)
     reverse, exclusive = node.attr("reverse", 0), node.attr("exclusive", 0)
     source = tg.flip(x, dim) if reverse else x
-    out = tg.cumsum(source, dim)
+    out = tg.cumsum(source, dim).to(x.dtype)
     if exclusive:
         out = tg.sub(out, source)
     return tg.flip(out, dim) if reverse else out

@@ -62,8 +62,10 @@ def reduce(node: OnnxNode, x: Value, axes: Value | None = None) -> Tensor:
     return out
 
 
-def _empty_value(value: float, x: Tensor) -> float | int:
+def _empty_value(value: float, x: Tensor) -> float | int | bool:
     if x.dtype.is_floating_point or math.isnan(value):
         return value
+    if x.dtype.is_bool:
+        return value > 0
     info = np.iinfo(x.dtype.storage)
     return info.min if value < 0 else info.max if math.isinf(value) else int(value)
