@@ -34,6 +34,7 @@ class Outcome:
     name: str
     status: str  # "pass", "fail", "skip", "crash", "timeout"
     message: str = ""
+    seconds: float = 0.0
 
 
 def backend_tests() -> dict[str, unittest.TestCase]:
@@ -71,14 +72,25 @@ def core_node_tests() -> set[str]:
 
 def _run_one(test: unittest.TestCase) -> Outcome:
     result = unittest.TestResult()
+    start = time.perf_counter()
     test.run(result)
+    seconds = round(time.perf_counter() - start, 3)
     name = test._testMethodName
     if result.errors or result.failures:
         (_, trace), = (result.errors or result.failures)[:1]
-        return Outcome(name, "fail", trace.strip().splitlines()[-1][:500])
+        return Outcome(name, "fail", _reason(trace), seconds)
     if result.skipped:
-        return Outcome(name, "skip", result.skipped[0][1][:200])
-    return Outcome(name, "pass")
+        return Outcome(name, "skip", result.skipped[0][1][:200], seconds)
+    return Outcome(name, "pass", "", seconds)
+
+
+def _reason(trace: str) -> str:
+    """The line of a traceback that says what went wrong: the exception, or numpy's mismatch summary."""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("Mismatched elements", "(shapes", "x and y nan location mismatch")):
+            return line[:300]
+    return lines[-1][:500]
 
 
 def worker() -> None:

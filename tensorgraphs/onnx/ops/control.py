@@ -50,3 +50,32 @@ def loop(node: OnnxNode, trip_count: Value | None, condition: Value | None, *car
 
 def _empty(proto: onnx.ValueInfoProto) -> np.ndarray:
     return np.zeros((0,), numpy_dtype(proto.type.tensor_type.elem_type))
+
+
+@lowers("Scan", fold=False)
+def scan(node: OnnxNode, *inputs: Value) -> tuple:
+    """Unrolled over the scan axis: the body maps (states, one slice of each scan input) to (new states, one
+    slice of each scan output); the slices are stacked (reversed where a direction is 1)."""
+    if node.opset < 9:
+        node.fail("Scan before opset 9 (with sequence_lens and a batch axis) is not supported")
+    count = node.attr("num_scan_inputs")
+    states, sequences = [tensor(v) for v in inputs[:-count]], [tensor(v) for v in inputs[-count:]]
+    in_axes = [a % s.ndim for a, s in zip(node.attr("scan_input_axes") or [0] * count, sequences)]
+    in_directions = node.attr("scan_input_directions") or [0] * count
+    length = sequences[0].shape[in_axes[0]]
+    slices: list[list[Value]] = []
+    for step in range(length):
+        parts = [tg.squeeze(tg.narrow(s, a, length - 1 - step if d else step, 1), a) for s, a, d in
+                 zip(sequences, in_axes, in_directions)]
+        outputs = _run(node, "body", [*states, *parts])
+        states = [tensor(v) for v in outputs[:len(states)]]
+        slices.append(outputs[len(states):])
+    produced = len(slices[0]) if slices else 0
+    out_axes = node.attr("scan_output_axes") or [0] * produced
+    out_directions = node.attr("scan_output_directions") or [0] * produced
+    stacked = []
+    for i in range(produced):
+        parts = [tensor(s[i]) for s in slices]
+        parts = parts[::-1] if out_directions[i] else parts
+        stacked.append(tg.stack(parts, dim=out_axes[i] % (parts[0].ndim + 1)))
+    return (*states, *stacked)

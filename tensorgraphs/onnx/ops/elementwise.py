@@ -66,8 +66,19 @@ def pow(node: OnnxNode, base: Value, exponent: Value) -> Tensor:
 
 @lowers("BitShift")
 def bit_shift(node: OnnxNode, x: Value, shift: Value) -> Tensor:
-    shifted = tg.bitwise_left_shift if node.attr("direction") == "LEFT" else tg.bitwise_right_shift
-    return shifted(tensor(x), tensor(shift))
+    """Shifts outside [0, width) give 0 (or -1 for a negative value shifted right); left shifts wrap,
+    computed in int64 for narrower types."""
+    x, shift = tensor(x), tensor(shift)
+    width = x.dtype.bits
+    inside = tg.logical_and(shift >= 0, shift < width)
+    bounded = tg.where(inside, shift, tg.zeros_like(shift))
+    if node.attr("direction") == "LEFT":
+        wide = x if width == 64 else x.to(tg.int64)
+        moved = tg.bitwise_left_shift(wide, bounded.to(wide.dtype)).to(x.dtype)
+        return tg.where(inside, moved, tg.zeros_like(moved))
+    moved = tg.bitwise_right_shift(x, bounded)
+    beyond = tg.where(x < 0, tg.full_like(x, -1), tg.zeros_like(x))
+    return tg.where(inside, moved, beyond)
 
 
 @lowers("IsInf")

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 import tensorgraphs as tg
+from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.onnx.lowering import OnnxNode, Value, known, lowers, scalar, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
@@ -119,15 +120,17 @@ def top_k(node: OnnxNode, x: Value, k: Value | None = None) -> tuple[Tensor, Ten
     return values, positions.to(tg.int64)
 
 
-@lowers("CumSum")
-def cum_sum(node: OnnxNode, x: Value, axis: Value) -> Tensor:
+@lowers("CumSum", "CumProd")
+def cumulative(node: OnnxNode, x: Value, axis: Value) -> Tensor:
+    """Inclusive or exclusive (the identity shifted in), forward or reverse."""
     x = tensor(x)
     dim = axis_of(int(scalar(axis)), x.ndim)
     reverse, exclusive = node.attr("reverse", 0), node.attr("exclusive", 0)
     source = tg.flip(x, dim) if reverse else x
-    out = tg.cumsum(source, dim).to(x.dtype)
     if exclusive:
-        out = tg.sub(out, source)
+        identity = 0 if node.op_type == "CumSum" else 1
+        source = mv.pad_dim(mv.shrink_dim(source, dim, 0, source.shape[dim] - 1), dim, 1, 0, identity)
+    out = (tg.cumsum if node.op_type == "CumSum" else tg.cumprod)(source, dim).to(x.dtype)
     return tg.flip(out, dim) if reverse else out
 
 

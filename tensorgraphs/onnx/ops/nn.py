@@ -313,7 +313,7 @@ def lp_normalization(node: OnnxNode, x: Value) -> Tensor:
     axis = axis_of(node.attr("axis", -1), x.ndim)
     p = node.attr("p", 2)
     norm = tg.sum(tg.abs(x), axis, keepdim=True) if p == 1 else tg.sqrt(tg.sum(tg.mul(x, x), axis, keepdim=True))
-    return tg.div(x, norm)
+    return tg.where(norm == 0, tg.zeros_like(x), tg.div(x, norm))
 
 
 @lowers("MeanVarianceNormalization")

@@ -24,8 +24,8 @@ def source_coordinates(mode: str, size: int, out: int, scale: float, roi: tuple[
         return offset + (o + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (o + 0.5) / scale - 0.5 if out > 1 else np.zeros(out)
-    if mode == "align_corners":
-        return o * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+    if mode == "align_corners":  # the scaled size before rounding, as the reference does
+        return o * (size - 1) / (size * scale - 1) if out > 1 else np.zeros(out)
     if mode == "asymmetric":
         return o / scale
     if mode == "tf_crop_and_resize":

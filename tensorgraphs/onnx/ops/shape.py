@@ -225,7 +225,8 @@ def depth_to_space(node: OnnxNode, x: Value) -> Tensor:
 def space_to_depth(node: OnnxNode, x: Value) -> Tensor:
     n, c, h, w = x.shape
     b = node.attr("blocksize")
-    out = tg.permute(tg.reshape(tensor(x), (n, c, h // b, b, w // b, b)), (0, 3, 5, 1, 2, 4))
+    order = (0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)
+    out = tg.permute(tg.reshape(tensor(x), (n, c, h // b, b, w // b, b)), order)
     return tg.reshape(out, (n, c * b * b, h // b, w // b))
 
 
