@@ -1,3 +1,3 @@
 """The lowerings, by family; importing this package fills `tensorgraphs.onnx.lowering.LOWERINGS`."""
 
-from tensorgraphs.onnx.ops import control, elementwise, indexing, nn, quantize, reduce, resize, shape  # noqa: F401
+from tensorgraphs.onnx.ops import control, elementwise, indexing, nn, quantize, reduce, resize, rnn, shape  # noqa: F401

@@ -36,18 +36,49 @@ def gather_elements(node: OnnxNode, x: Value, index: Value) -> Tensor:
     return tg.gather(x, axis, wrapped(index, x.shape[axis]))
 
 
+COMBINE = {"mul": (tg.mul, 1), "max": (tg.maximum, -np.inf), "min": (tg.minimum, np.inf)}
+"""Scatter reductions other than add: how two values combine, and the value that changes nothing."""
+
+
 @lowers("ScatterElements", "Scatter")
 def scatter_elements(node: OnnxNode, x: Value, index: Value, updates: Value) -> Tensor:
     x = tensor(x)
     axis = axis_of(node.attr("axis", 0), x.ndim)
+    if node.attr("reduction", "none") in COMBINE:
+        positions = list(np.indices(index.shape))
+        positions[axis] = np.where(known(index) < 0, known(index) + x.shape[axis], known(index))
+        return _scatter_combined(node, x, np.ravel_multi_index(positions, x.shape).reshape(-1), tensor(updates))
     return _scatter(node, x, axis, wrapped(index, x.shape[axis]), tensor(updates))
+
+
+def _scatter_combined(node: OnnxNode, x: Tensor, targets: np.ndarray, updates: Tensor) -> Tensor:
+    """x with each flat position in `targets` (known) combined with its updates (flattened in the same order):
+    the updates of each position are gathered into a row padded with the identity, reduced, then combined."""
+    combine, identity = COMBINE[node.attr("reduction")]
+    flat = tg.reshape(x, (-1,))
+    positions, groups = np.unique(targets, return_inverse=True)
+    order = np.argsort(groups, kind="stable")
+    counts = np.bincount(groups, minlength=len(positions))
+    width = int(counts.max()) if counts.size else 0
+    table = np.full((len(positions), width), targets.size, np.int64)  # the padding slot holds the identity
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    for row, (start, count) in enumerate(zip(starts, counts)):
+        table[row, :count] = order[start:start + count]
+    padded = tg.cat([tg.reshape(updates, (-1,)).to(x.dtype), tg.full((1,), identity, dtype=x.dtype)])
+    rows = tg.reshape(tg.index_select(padded, 0, tensor(table.reshape(-1))), table.shape)
+    reduced = rows[:, 0]
+    for column in range(1, width):
+        reduced = combine(reduced, rows[:, column])
+    combined = combine(tg.index_select(flat, 0, tensor(positions.astype(np.int64))), reduced)
+    slot = np.full(flat.shape[0], len(positions), np.int64)
+    slot[positions] = np.arange(len(positions))
+    placed = tg.index_select(tg.cat([combined, tg.zeros((1,), dtype=x.dtype)]), 0, tensor(slot))
+    return tg.reshape(tg.where(tensor(slot < len(positions)), placed, flat), x.shape)
 
 
 def _scatter(node: OnnxNode, x: Tensor, axis: int, index: Tensor, updates: Tensor) -> Tensor:
     """x with `updates` written (reduction "none") or added at `index` along `axis`."""
     reduction = node.attr("reduction", "none")
-    if reduction not in ("none", "add"):
-        node.fail(f"reduction {reduction!r} is not supported (none and add are)")
     added = tg.scatter_add(tg.zeros_like(x), axis, index, updates)
     if reduction == "add":
         return tg.add(x, added)
@@ -64,6 +95,8 @@ def _linear(index: Tensor, dims: tuple[int, ...]) -> Tensor:
 
 @lowers("ScatterND")
 def scatter_nd(node: OnnxNode, x: Value, index: Value, updates: Value) -> Tensor:
+    if node.attr("reduction", "none") in COMBINE:
+        return _scatter_nd_combined(node, tensor(x), known(index), tensor(updates))
     x, index, updates = tensor(x), tensor(index), tensor(updates)
     k = index.shape[-1]
     rows = tg.reshape(x, (math.prod(x.shape[:k]), -1)) if k else tg.reshape(x, (1, -1))
@@ -71,6 +104,15 @@ def scatter_nd(node: OnnxNode, x: Value, index: Value, updates: Value) -> Tensor
     values = tg.reshape(updates, (positions.shape[0], rows.shape[1]))
     out = _scatter(node, rows, 0, tg.broadcast_to(positions, values.shape), values)
     return tg.reshape(out, x.shape)
+
+
+def _scatter_nd_combined(node: OnnxNode, x: Tensor, index: np.ndarray, updates: Tensor) -> Tensor:
+    k = index.shape[-1]
+    dims = np.asarray(x.shape[:k])
+    rows = np.ravel_multi_index(tuple(np.moveaxis(np.where(index < 0, index + dims, index), -1, 0)), x.shape[:k])
+    inner = math.prod(x.shape[k:])
+    targets = (rows.reshape(-1, 1) * inner + np.arange(inner)).reshape(-1)
+    return _scatter_combined(node, x, targets, updates)
 
 
 @lowers("GatherND")
