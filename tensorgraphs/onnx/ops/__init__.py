@@ -1,3 +1,15 @@
 """The lowerings, by family; importing this package fills `tensorgraphs.onnx.lowering.LOWERINGS`."""
 
-from tensorgraphs.onnx.ops import control, elementwise, indexing, nn, quantize, reduce, resize, rnn, shape  # noqa: F401
+from tensorgraphs.onnx.ops import (  # noqa: F401
+    control,
+    detection,
+    elementwise,
+    grid_sample,
+    indexing,
+    nn,
+    quantize,
+    reduce,
+    resize,
+    rnn,
+    shape,
+)
