@@ -12,4 +12,5 @@ from tensorgraphs.onnx.ops import (  # noqa: F401
     resize,
     rnn,
     shape,
+    signal,
 )

@@ -205,6 +205,12 @@ def cast(node: OnnxNode, x: Value) -> Value:
     return x.astype(numpy_dtype(to)) if isinstance(x, np.ndarray) else tensor(x).to(dtype)
 
 
+@lowers("BitCast")
+def bit_cast(node: OnnxNode, x: Value) -> np.ndarray:
+    """The same bits as another type of the same width: a view of a known value (no op reinterprets bits)."""
+    return known(x).view(numpy_dtype(node.attr("to")))
+
+
 @lowers("CastLike")
 def cast_like(node: OnnxNode, x: Value, like: Value) -> Tensor:
     return tensor(x).to(tensor(like).dtype)
