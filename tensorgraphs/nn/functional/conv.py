@@ -165,7 +165,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: in
     return conv_nd("conv2d", input, weight, bias, stride, padding, dilation, groups, 2)
 
 
-def _zero_dilate(x: Tensor, dim: int, factor: int) -> Tensor:
+def zero_dilate(x: Tensor, dim: int, factor: int) -> Tensor:
     """Insert factor - 1 zeros between neighbours along `dim`: size s becomes (s - 1) * factor + 1."""
     if factor == 1:
         return x
@@ -200,7 +200,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
             fail(op, f"output padding {output_padding} must be smaller than either stride {stride} or dilation "
                  f"{dilation}", kind=ArgumentError)
     for i in range(2):
-        x = _zero_dilate(x, 2 + i, stride[i])
+        x = zero_dilate(x, 2 + i, stride[i])
     reach = [d * (k - 1) for k, d in zip(kernel, dilation)]
     x = pad_spatial(x, tuple((r - p, r - p + o) for r, p, o in zip(reach, padding, output_padding)))
     out_per_group = weight.shape[1]
@@ -263,7 +263,7 @@ def fold(input: Tensor, output_size: int | Sequence[int], kernel_size: int | Seq
         for j in range(kernel[1]):
             block = blocks[..., i, j, :, :]
             for axis in range(2):
-                block = _zero_dilate(block, block.ndim - 2 + axis, stride_[axis])
+                block = zero_dilate(block, block.ndim - 2 + axis, stride_[axis])
             start = (i * dilation_[0], j * dilation_[1])
             placed = pad_spatial(block, tuple((b, n - b - e) for b, n, e in zip(start, padded, block.shape[-2:])))
             out = placed if out is None else ew.add(out, placed)

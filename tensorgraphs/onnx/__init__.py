@@ -1,0 +1,27 @@
+"""ONNX in and out: `load` turns a model into a `tg.nn.Module`; `backend` is the standard `onnx.backend` interface.
+
+Importing this package does not import onnx: each entry point imports it when called, so tensorgraphs works
+where onnx is not installed (it comes with the `onnx` extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tensorgraphs.onnx.module import OnnxModule
+
+
+def load(model: Any) -> OnnxModule:
+    """A path to a .onnx file (external data next to it is read) or a ModelProto, as a `tg.nn.Module` whose forward
+    takes the graph's inputs in order and returns a Tensor (one output) or a tuple; see `tensorgraphs.onnx.module`."""
+    from tensorgraphs.onnx.module import load as load_module
+
+    return load_module(model)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("backend", "module", "importer"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
