@@ -31,12 +31,21 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, render_program, uses_attention, uses_gemm
+from tensorgraphs.codegen.c_renderer import (
+    CACHE_LINE,
+    STREAM_MIN_BYTES,
+    TG_HOST_FAILED,
+    render_program,
+    uses_attention,
+    uses_gemm,
+    uses_host_calls,
+)
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.runtime import host_calls
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -87,7 +96,7 @@ class Program:
         self._buffer_names = [b.name for b in schedule.buffers]
         self._link = (link_library(gemm.library_path()) if uses_gemm(self.kernels) else ()) + (
             link_library(attention.library_path()) if uses_attention(self.kernels) else ())
-        library = load(source, self._link)
+        library = self._load(source)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int
@@ -141,6 +150,12 @@ class Program:
             updated[output] = position
         return updated
 
+    def _load(self, source: str) -> ctypes.CDLL:
+        library = load(source, self._link)
+        if uses_host_calls(self.kernels):
+            host_calls.bind(library)
+        return library
+
     @property
     def kernel_count(self) -> int:
         return len(self.kernels)
@@ -172,7 +187,7 @@ class Program:
     def kernel_seconds(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
         with self._running:
-            library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+            library = self._load(render_program(self.kernels, self._buffer_names, timed=True))
             seconds = (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
             arrays = self._arrays(inputs)
             runs = []
@@ -292,6 +307,8 @@ def _pointers(arrays: list[np.ndarray]) -> Any:
 
 
 def _check_status(status: int) -> None:
+    if status == TG_HOST_FAILED:
+        host_calls.raise_failure()
     if status:
         raise IndexError("gather/scatter_add: an index is out of bounds for the dimension it indexes")
 

@@ -272,10 +272,29 @@ class AttentionCall:
         return f"{written} = attention{sizes}({', '.join(operands)}; {flags})"
 
 
-LIBRARY_CALLS = (GemmCall, AttentionCall)
-"""Statements that call a hand-written kernel library: a whole kernel's work, never a cheap elementwise pass."""
+@dataclass(frozen=True)
+class HostCall:
+    """`output` = `function`(`source`), both contiguous arrays of `size` elements, computed by a function of the
+    running process that the program calls back (`runtime.host_calls`: a collective across processes). `after`
+    is read by nothing: a buffer the call must wait for (the previous collective, so every process issues them
+    in the same order). A failing function stops the program (`TG_HOST_FAILED`)."""
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall
+    function: str
+    source: str
+    output: str
+    size: int
+    after: str | None = None
+
+    def __repr__(self) -> str:
+        after = f", after {self.after}" if self.after else ""
+        return f"{self.output}[{self.size}] = host {self.function}({self.source}{after})"
+
+
+LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall)
+"""Statements that call a hand-written kernel library or the host: a whole kernel's work, never a cheap
+elementwise pass (nor one to run twice)."""
+
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall | HostCall
 
 
 @dataclass
@@ -330,6 +349,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     GemmEpilogue: ("bias", "residual"),
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
+    HostCall: ("source", "output", "after"),
 }
 """The fields of loop IR statements that name a buffer."""
 
