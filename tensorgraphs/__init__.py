@@ -95,7 +95,7 @@ from tensorgraphs.runtime.realize import default_device, device, set_default_dev
 from tensorgraphs import rewrite  # noqa: E402
 from tensorgraphs.graph.show import show  # noqa: E402
 from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
-from tensorgraphs import cuda, data, optim, utils  # noqa: E402
+from tensorgraphs import cuda, data, distributed, optim, utils  # noqa: E402
 from tensorgraphs.serialization import load, save  # noqa: E402
 
 half, double, long, short = float16, float64, int64, int16
