@@ -11,13 +11,12 @@ import tensorgraphs.distributed as dist
 pytest.importorskip("torch.distributed")
 
 
-def test_collectives_on_every_kind_of_tensor(run_ranks) -> None:
-    ranks = [rank.results for rank in run_ranks("collectives")]
+def test_collectives_on_every_kind_of_tensor(group_results) -> None:
+    ranks = group_results("collectives")
     import torch
 
     bf16_sum = (torch.tensor([1.0, 1 / 3], dtype=torch.bfloat16) * 2).float().numpy()  # what torch reduces to
     for rank, results in enumerate(ranks):
-        assert results is not None
         np.testing.assert_array_equal(results["lazy"], [3, 6, 9])
         np.testing.assert_array_equal(results["own"], [2, 4, 6])
         assert results["own_in_place"], "a tensor's own contiguous buffer is reduced where it is"
@@ -33,9 +32,8 @@ def test_collectives_on_every_kind_of_tensor(run_ranks) -> None:
     np.testing.assert_array_equal(ranks[0]["weight"], ranks[1]["weight"])
 
 
-def test_no_sync_accumulates_locally_then_averages(run_ranks) -> None:
-    first, second = (rank.results for rank in run_ranks("no-sync"))
-    assert first is not None and second is not None
+def test_no_sync_accumulates_locally_then_averages(group_results) -> None:
+    first, second = group_results("no-sync")
     names = [key.partition("/")[2] for key in first if key.startswith("single/")]
     for name in names:
         assert not np.allclose(first[f"local/{name}"], second[f"local/{name}"]), name  # not averaged inside

@@ -13,9 +13,8 @@ def relative_error(value: np.ndarray, expected: np.ndarray) -> float:
     return float(np.linalg.norm(value - expected) / np.linalg.norm(expected))
 
 
-def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_torch_ddp(run_ranks) -> None:
-    first, second = (rank.results for rank in run_ranks("train"))
-    assert first is not None and second is not None
+def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_torch_ddp(group_results) -> None:
+    first, second = group_results("train")
     names = [key.partition("/")[2] for key in first if key.startswith("single/")]
     assert len(names) == 4
     for way in ("eager", "compiled"):

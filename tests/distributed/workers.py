@@ -194,10 +194,14 @@ def train_every_way() -> dict[str, np.ndarray]:
 TWO_BUCKETS_MB = HIDDEN * FEATURES * 4 / 2**20
 """A bucket cap the first layer's weight fills alone: the MLP's gradients are averaged in two buckets."""
 
+def everything() -> dict[str, np.ndarray]:
+    """The collectives, no_sync and the training, in one process group (starting one costs seconds)."""
+    parts = {"collectives": collectives, "no-sync": accumulate_without_sync, "train": train_every_way}
+    return {f"{part}:{key}": value for part, run in parts.items() for key, value in run().items()}
+
+
 SCENARIOS = {
-    "collectives": collectives,
-    "no-sync": accumulate_without_sync,
-    "train": train_every_way,
+    "everything": everything,
     "crash-eager": lambda: train_tg(compiled=False, distributed=True, crash_after=2),
     "crash-compiled": lambda: train_tg(compiled=True, distributed=True, crash_after=2),
 }
