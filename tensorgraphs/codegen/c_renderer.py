@@ -346,7 +346,7 @@ class KernelRenderer:
             return [pad + attention_call(stmt, self.array)]
         if isinstance(stmt, HostCall):
             self.uses_status = True
-            return [pad + host_call(stmt, self.array, self.element_dtype[stmt.source])]
+            return [pad + line for line in host_call(stmt, self.array, self.element_dtype[stmt.output])]
         if isinstance(stmt, Local):
             self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
             return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}] __attribute__((aligned({CACHE_LINE})));"]
@@ -551,15 +551,18 @@ HOST_ENTRY = f"""
 /* Host calls: the runtime points tg_host at its dispatcher before the program runs; nonzero means the host
    function failed, and the program stops before its next kernel. */
 #define TG_HOST_FAILED ({TG_HOST_FAILED})
-extern int (*tg_host)(const char *function, const char *dtype, const void *source, void *output, int64_t size);
+extern int (*tg_host)(const char *function, const char *dtype, int64_t count, const void *const *sources,
+                      const int64_t *sizes, void *output);
 """
 
 
-def host_call(call: HostCall, array: dict[str, str], dtype: DType) -> str:
+def host_call(call: HostCall, array: dict[str, str], dtype: DType) -> list[str]:
     """The call back into the host; `dtype` is the arrays' (numpy's spelling, so the host can view them)."""
-    args = [f'"{call.function}"', f'"{np.dtype(dtype.storage).str}"', array[call.source], array[call.output],
-            call.size]
-    return f"if (tg_host({', '.join(map(str, args))})) *status = TG_HOST_FAILED;"
+    count = len(call.sources)
+    args = [f'"{call.function}"', f'"{np.dtype(dtype.storage).str}"', count, "sources", "sizes", array[call.output]]
+    return ["{", f"    const void *const sources[{count}] = {{{', '.join(array[s] for s in call.sources)}}};",
+            f"    const int64_t sizes[{count}] = {{{', '.join(map(str, call.sizes))}}};",
+            f"    if (tg_host({', '.join(map(str, args))})) *status = TG_HOST_FAILED;", "}"]
 
 
 def uses_host_calls(kernels: list[Kernel]) -> bool:
@@ -601,8 +604,8 @@ def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = Fals
         if any(isinstance(stmt, HostCall) for stmt in kernel.body):
             calls.append("    if (status) return status;")
     clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
-    host = ["int (*tg_host)(const char *, const char *, const void *, void *, int64_t);"] if uses_host_calls(
-        kernels) else []
+    host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
+            ] if uses_host_calls(kernels) else []
     entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
              *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
     return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"

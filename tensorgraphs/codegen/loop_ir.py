@@ -274,20 +274,21 @@ class AttentionCall:
 
 @dataclass(frozen=True)
 class HostCall:
-    """`output` = `function`(`source`), both contiguous arrays of `size` elements, computed by a function of the
-    running process that the program calls back (`runtime.host_calls`: a collective across processes). `after`
-    is read by nothing: a buffer the call must wait for (the previous collective, so every process issues them
-    in the same order). A failing function stops the program (`TG_HOST_FAILED`)."""
+    """`output` = `function`(`sources`), computed by a function of the running process that the program calls
+    back (`runtime.host_calls`: a collective across processes); each source is a contiguous array of its
+    `sizes` entry, the output a vector of their total size. `after` is read by nothing: a buffer the call must
+    wait for (the previous collective, so every process issues them in the same order). A failing function
+    stops the program (`TG_HOST_FAILED`)."""
 
     function: str
-    source: str
+    sources: tuple[str, ...]
+    sizes: tuple[int, ...]
     output: str
-    size: int
     after: str | None = None
 
     def __repr__(self) -> str:
         after = f", after {self.after}" if self.after else ""
-        return f"{self.output}[{self.size}] = host {self.function}({self.source}{after})"
+        return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after})"
 
 
 LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall)
@@ -349,7 +350,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     GemmEpilogue: ("bias", "residual"),
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
-    HostCall: ("source", "output", "after"),
+    HostCall: ("output", "after"),
 }
 """The fields of loop IR statements that name a buffer."""
 
@@ -361,6 +362,8 @@ def rename_buffer(stmt: Any, old: str, new: str) -> Any:
     changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}
     if isinstance(stmt, GemmCall):
         changes["epilogue"] = rename_buffer(stmt.epilogue, old, new)
+    if isinstance(stmt, HostCall) and old in stmt.sources:
+        changes["sources"] = tuple(new if name == old else name for name in stmt.sources)
     if isinstance(stmt, AttentionCall):
         changes.update({name: rename_buffer(operand, old, new) for name in ("q", "k", "v", "mask", "dout")
                         if (operand := getattr(stmt, name)) is not None})

@@ -12,10 +12,14 @@ ALL_REDUCE_MEAN = "distributed.all_reduce_mean"
 """The host function's name: the output is the mean of the source over the default process group."""
 
 
-def all_reduce_mean(source: np.ndarray, output: np.ndarray) -> None:
-    """`output` = the mean over the ranks of `source`. As torch's default hook: divided by the world size first,
-    then summed (for a power-of-two world size both are exact, so the order never shows)."""
-    np.divide(source, get_world_size(), out=output)
+def all_reduce_mean(sources: list[np.ndarray], output: np.ndarray) -> None:
+    """`output` = the mean over the ranks of the (flat) `sources` one after the other: torch's bucket, copied
+    into one array. As torch's default hook, divided by the world size first, then summed (for a power-of-two
+    world size both are exact, so the order never shows)."""
+    world, start = get_world_size(), 0
+    for source in sources:  # copied and divided in one pass
+        np.divide(source, world, out=output[start:start + source.size])
+        start += source.size
     reduce_array(output)
 
 

@@ -1,7 +1,7 @@
 """Functions of this process that compiled programs call back (`graph.host_call` nodes).
 
 A program calling the host gets `tg_host` pointed at one dispatcher (`bind`), which finds the function by name
-and hands it the source and output arrays as numpy views of the program's memory (no copy). An exception in
+and hands it the source arrays and the output array as numpy views of the program's memory (no copy). An exception in
 the function is kept and the program stops with TG_HOST_FAILED; `raise_failure` raises it where the program was
 called, so a collective whose peer died fails that call with its own error.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-HostFunction = Callable[[np.ndarray, np.ndarray], None]
-"""Writes the output array (same dtype and size) from the source array."""
+HostFunction = Callable[[list[np.ndarray], np.ndarray], None]
+"""Writes the output vector (of the sources' dtype and total size) from the source arrays (flat)."""
 
 HOST_FUNCTIONS: dict[str, HostFunction] = {}
 _failure = threading.local()
@@ -31,18 +31,19 @@ def _view(address: int | None, dtype: np.dtype, size: int) -> np.ndarray:
     return np.frombuffer((ctypes.c_char * (size * dtype.itemsize)).from_address(address), dtype)
 
 
-def _dispatch(function: bytes, dtype: bytes, source: int | None, output: int | None, size: int) -> int:
+def _dispatch(function: bytes, dtype: bytes, count: int, sources: Any, sizes: Any, output: int | None) -> int:
     try:
         kind = np.dtype(dtype.decode())
-        HOST_FUNCTIONS[function.decode()](_view(source, kind, size), _view(output, kind, size))
+        arrays = [_view(sources[i], kind, sizes[i]) for i in range(count)]
+        HOST_FUNCTIONS[function.decode()](arrays, _view(output, kind, sum(sizes[i] for i in range(count))))
         return 0
     except BaseException as error:  # noqa: B036 - kept and raised where the program was called
         _failure.error = error
         return 1
 
 
-_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                              ctypes.c_int64)
+_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64,
+                              ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p)
 _ENTRY = _SIGNATURE(_dispatch)
 
 

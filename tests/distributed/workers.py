@@ -76,8 +76,8 @@ def train_tg(compiled: bool, distributed: bool, crash_after: int | None = None,
 
 
 def host_call_positions(kernels: list) -> dict[str, np.ndarray]:
-    """Per host call of the compiled step: its kernel's position, the last kernel writing what it reads and the
-    first kernel reading what it writes."""
+    """Per host call of the compiled step: its kernel's position, the last kernel writing one of its sources and
+    the first kernel reading what it writes."""
     from tensorgraphs.codegen.loop_ir import HostCall
 
     calls, producers, consumers = [], [], []
@@ -87,7 +87,7 @@ def host_call_positions(kernels: list) -> dict[str, np.ndarray]:
             continue
         calls.append(position)
         producers.append(max(i for i, k in enumerate(kernels[:position])
-                             if any(b.writes and b.name == call.source for b in k.buffers)))
+                             if any(b.writes and b.name in call.sources for b in k.buffers)))
         consumers.append(min(i for i, k in enumerate(kernels) if i > position
                              and any(not b.writes and b.name == call.output for b in k.buffers)))
     return {"host_calls": np.array(calls), "producers": np.array(producers), "consumers": np.array(consumers)}

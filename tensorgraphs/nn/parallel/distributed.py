@@ -3,9 +3,10 @@
 At wrap, every rank takes rank 0's parameters and buffers. Each backward() then averages the gradients over
 the ranks, bucket by bucket (torch's buckets: parameters in reverse registration order, at most
 `bucket_cap_mb` each), as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
-hook). A bucket is averaged as one flat array (`distributed.gradients.ALL_REDUCE_MEAN`): in eager code at once;
-inside a function `tg.compile` traces, as a `host_call` node of the graph, so the compiled step calls the
-collective between the backward kernels producing the bucket and the optimizer kernels reading it. Every rank
+hook). A bucket's gradients are copied into one flat array and averaged there
+(`distributed.gradients.ALL_REDUCE_MEAN`): in eager code at once; inside a function `tg.compile` traces, as a
+`host_call` node of the graph reading the gradients, so the compiled step calls the collective between the
+backward kernels producing the bucket and the optimizer kernels reading it. Every rank
 issues the collectives in the same order: each waits for the previous one (its `after` source), so no
 schedule can reorder them.
 """
@@ -133,16 +134,15 @@ class DistributedDataParallel(Module):
         """Replace each gradient of `bucket` by its mean over the ranks."""
         grads = [p.grad for p in bucket.params]
         if tracing.active() is not None:
-            flat = movement.cat([movement.reshape(g, (-1,)) for g in grads])
-            reduced = host_call(ALL_REDUCE_MEAN, flat.node, self._last_reduced)
+            reduced = host_call(ALL_REDUCE_MEAN, [g.node for g in grads], self._last_reduced)
             self._last_reduced = reduced
             averaged = Tensor(reduced)
             parts = [movement.reshape(movement.narrow(averaged, 0, start, p.numel()), p.shape)
                      for p, start in zip(bucket.params, _offsets(bucket.params))]
         else:
-            flat_array = np.concatenate([np.ravel(g._value()) for g in grads])
-            all_reduce_mean(flat_array, flat_array)
-            parts = [Tensor(host_buffer(flat_array[start:start + p.numel()].reshape(p.shape), p.dtype))
+            flat = np.empty(sum(p.numel() for p in bucket.params), bucket.params[0].dtype.storage)
+            all_reduce_mean([np.ravel(g._value()) for g in grads], flat)
+            parts = [Tensor(host_buffer(flat[start:start + p.numel()].reshape(p.shape), p.dtype))
                      for p, start in zip(bucket.params, _offsets(bucket.params))]
         for param, part in zip(bucket.params, parts):
             param.grad = part
