@@ -95,7 +95,7 @@ from tensorgraphs.runtime.realize import default_device, device, set_default_dev
 from tensorgraphs import rewrite  # noqa: E402
 from tensorgraphs.graph.show import show  # noqa: E402
 from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
-from tensorgraphs import amp, cpu, cuda, data, onnx, optim, utils  # noqa: E402  (onnx imports onnx only when used)
+from tensorgraphs import amp, cpu, cuda, data, distributed, onnx, optim, utils  # noqa: E402  (onnx: lazily)
 from tensorgraphs.amp import GradScaler, autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402
 from tensorgraphs.serialization import load, save  # noqa: E402
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Sequence
 
+from tensorgraphs.autograd.hooks import run_post_accumulate_grad_hooks
 from tensorgraphs.autograd.rules import GRAD_RULES
 from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import autocast_suspended
@@ -138,9 +139,11 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
         _freed[id(output)] = output
     trace = tracing.active()
     if trace is not None:  # compiled: the gradients stay graphs the program computes
-        for leaf, total in _gradient_totals(output.node, seed, _grad_leaves(output.node)).items():
+        totals = _gradient_totals(output.node, seed, _grad_leaves(output.node))
+        for leaf, total in totals.items():
             trace.note_grad(leaf)
             leaf.grad = Tensor(total.node)
+        run_post_accumulate_grad_hooks(totals)
         return
     key, inputs = structure([output.node, seed], lambda n: n.op is Op.BUFFER)
     tracing.refuse_placeholders("backward", inputs)
@@ -155,6 +158,7 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
     realized_values(default_device())[output.node] = values[0]  # a later `loss.item()` reuses it
     for index, value in zip(updated, values[1:]):
         leaves[index].grad = held(value, leaves[index].dtype)
+    run_post_accumulate_grad_hooks(leaves[index] for index in updated)
 
 
 def check_versions(output: Node) -> None:

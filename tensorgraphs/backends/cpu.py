@@ -33,7 +33,14 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, library_functions, render_program
+from tensorgraphs.codegen.c_renderer import (
+    CACHE_LINE,
+    STREAM_MIN_BYTES,
+    TG_HOST_FAILED,
+    library_functions,
+    render_program,
+    uses_host_calls,
+)
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
@@ -41,6 +48,7 @@ from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.plan.choices import collecting, routes_taken, still_taken
+from tensorgraphs.runtime import host_calls
 from tensorgraphs.runtime.buffer import data_address
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
@@ -132,7 +140,7 @@ class Program:
         self._buffer_names = [b.name for b in schedule.buffers]
         libraries = sorted({LIBRARIES[function].path() for function in library_functions(self.kernels)})
         self._link = tuple(flag for library in libraries for flag in link_library(library))
-        library = load(source, self._link)
+        library = self._load(source)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int
@@ -199,6 +207,12 @@ class Program:
                 slots.append(SlotLayout(slot.role, slot.dtype, slot.shape, position=slot.position))
         return ProgramLayout(slots, list(self._outputs), dict(self._in_place_slots), self.memory.arena_bytes)
 
+    def _load(self, source: str) -> ctypes.CDLL:
+        library = load(source, self._link)
+        if uses_host_calls(self.kernels):
+            host_calls.bind(library)
+        return library
+
     @property
     def kernel_count(self) -> int:
         return len(self.kernels)
@@ -227,7 +241,7 @@ class Program:
     @functools.cached_property
     def _timed(self) -> tuple[Any, Any]:
         """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
-        library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+        library = self._load(render_program(self.kernels, self._buffer_names, timed=True))
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
@@ -415,6 +429,8 @@ def _pointers(arrays: list[np.ndarray]) -> Any:
 
 
 def _check_status(status: int) -> None:
+    if status == TG_HOST_FAILED:
+        host_calls.raise_failure()
     if status:
         raise IndexError("gather/scatter_add: an index is out of bounds for the dimension it indexes")
 

@@ -33,6 +33,7 @@ from tensorgraphs.codegen.loop_ir import (
     Accumulate,
     AttentionCall,
     GemmCall,
+    HostCall,
     Kernel,
     Let,
     Lit,
@@ -343,6 +344,9 @@ class KernelRenderer:
             return [pad + gemm_call(stmt, self.array)]
         if isinstance(stmt, AttentionCall):
             return [pad + attention_call(stmt, self.array)]
+        if isinstance(stmt, HostCall):
+            self.uses_status = True
+            return [pad + line for line in host_call(stmt, self.array, self.element_dtype[stmt.output])]
         if isinstance(stmt, Local):
             self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
             return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}] __attribute__((aligned({CACHE_LINE})));"]
@@ -542,6 +546,33 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
     return f"(void){attention.C_FUNCTIONS['forward']}({', '.join(map(str, args))});"
 
 
+TG_HOST_FAILED = -2
+"""What `tg_program` and `tg_steps` return when a host call's function failed (`runtime.host_calls` keeps the
+error)."""
+
+HOST_ENTRY = f"""
+/* Host calls: the runtime points tg_host at its dispatcher before the program runs; nonzero means the host
+   function failed, and the program stops before its next kernel. */
+#define TG_HOST_FAILED ({TG_HOST_FAILED})
+extern int (*tg_host)(const char *function, const char *dtype, int64_t count, const void *const *sources,
+                      const int64_t *sizes, void *output);
+"""
+
+
+def host_call(call: HostCall, array: dict[str, str], dtype: DType) -> list[str]:
+    """The call back into the host; `dtype` is the arrays' (numpy's spelling, so the host can view them)."""
+    count = len(call.sources)
+    args = [f'"{call.function}"', f'"{np.dtype(dtype.storage).str}"', count, "sources", "sizes", array[call.output]]
+    return ["{", f"    const void *const sources[{count}] = {{{', '.join(array[s] for s in call.sources)}}};",
+            f"    const int64_t sizes[{count}] = {{{', '.join(map(str, call.sizes))}}};",
+            f"    if (tg_host({', '.join(map(str, args))})) *status = TG_HOST_FAILED;", "}"]
+
+
+def uses_host_calls(kernels: list[Kernel]) -> bool:
+    """Whether the program calls back into the host (the runtime then binds `tg_host`)."""
+    return any(isinstance(stmt, HostCall) for kernel in kernels for stmt in kernel.body)
+
+
 def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
     """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
     (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
@@ -555,6 +586,7 @@ def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = Fals
     """
     headers = sorted({LIBRARIES[function].header for function in library_functions(kernels)})
     includes = "".join(f'#include "{header}"\n' for header in headers)
+    includes += HOST_ENTRY if uses_host_calls(kernels) else ""
     parts = [PREAMBLE + includes + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
     declarations = []
     calls = []
@@ -572,9 +604,13 @@ def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = Fals
         call = f"    {name}({', '.join(args)});"
         calls.extend(_timed(call, index) if timed else [call])
         calls.append("    if (tg_interrupted) return TG_INTERRUPTED;")
+        if any(isinstance(stmt, HostCall) for stmt in kernel.body):
+            calls.append("    if (status) return status;")
     clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
-    entry = [*declarations, *clock, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;", *calls,
-             "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
+    host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
+            ] if uses_host_calls(kernels) else []
+    entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
+             *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
     return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
 
 

@@ -281,10 +281,30 @@ class AttentionCall:
         return f"{written} = attention{sizes}({', '.join(operands)}; {flags})"
 
 
-LIBRARY_CALLS = (GemmCall, AttentionCall)
-"""Statements that call a hand-written kernel library: a whole kernel's work, never a cheap elementwise pass."""
+@dataclass(frozen=True)
+class HostCall:
+    """`output` = `function`(`sources`), computed by a function of the running process that the program calls
+    back (`runtime.host_calls`: a collective across processes); each source is a contiguous array of its
+    `sizes` entry, the output a vector of their total size. `after` is read by nothing: a buffer the call must
+    wait for (the previous collective, so every process issues them in the same order). A failing function
+    stops the program (`TG_HOST_FAILED`)."""
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall
+    function: str
+    sources: tuple[str, ...]
+    sizes: tuple[int, ...]
+    output: str
+    after: str | None = None
+
+    def __repr__(self) -> str:
+        after = f", after {self.after}" if self.after else ""
+        return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after})"
+
+
+LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall)
+"""Statements that call a hand-written kernel library or the host: a whole kernel's work, never a cheap
+elementwise pass (nor one to run twice)."""
+
+Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall | HostCall
 
 
 @dataclass
@@ -339,6 +359,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     GemmEpilogue: ("bias", "residual"),
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
+    HostCall: ("output", "after"),
 }
 """The fields of loop IR statements that name a buffer."""
 
@@ -350,6 +371,8 @@ def rename_buffer(stmt: Any, old: str, new: str) -> Any:
     changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}
     if isinstance(stmt, GemmCall):
         changes["epilogue"] = rename_buffer(stmt.epilogue, old, new)
+    if isinstance(stmt, HostCall) and old in stmt.sources:
+        changes["sources"] = tuple(new if name == old else name for name in stmt.sources)
     if isinstance(stmt, AttentionCall):
         changes.update({name: rename_buffer(operand, old, new) for name in ("q", "k", "v", "mask", "dout")
                         if (operand := getattr(stmt, name)) is not None})

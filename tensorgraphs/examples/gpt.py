@@ -5,7 +5,9 @@ embeddings, pre-LayerNorm transformer blocks with causal self-attention, a final
 linear head. Training uses AdamW, reports validation loss against the text's unigram entropy (what
 a model that ignores context achieves), saves a checkpoint (model, optimizer and step) that
 `--resume` continues from, and ends with a sample. Run with `tg train` or
-`python -m tensorgraphs.examples.gpt`; `--help` lists the settings.
+`python -m tensorgraphs.examples.gpt`; `--help` lists the settings. `--nproc N` trains data-parallel on N
+processes of this machine (torchrun, DistributedDataParallel): each takes `--batch-size` rows of a global
+batch N times as large, and rank 0 reports, evaluates, checkpoints and samples.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ import numpy as np
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs import nn
+from tensorgraphs.distributed import launch
 
 TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
 # The training step is compiled whole (0.076 s/step for the default config on this 2-core machine, after a
@@ -136,18 +140,20 @@ class CharCorpus:
         return float(-log_probs[self.val].mean())
 
 
-def batch_at(tokens: np.ndarray, batch_size: int, block_size: int, seed: int, step: int) -> tuple[tg.Tensor, tg.Tensor]:
+def batch_at(tokens: np.ndarray, batch_size: int, block_size: int, seed: int, step: int, rank: int = 0,
+             world: int = 1) -> tuple[tg.Tensor, tg.Tensor]:
     """Random windows and their next-character targets; a function of (seed, step), so a resumed run sees the
-    same batches as an uninterrupted one."""
-    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - block_size - 1, batch_size)
-    windows = np.stack([tokens[s:s + block_size + 1] for s in starts])
+    same batches as an uninterrupted one. Rank `rank` of `world` takes its `batch_size` rows of the global batch
+    of `world * batch_size`."""
+    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - block_size - 1, batch_size * world)
+    windows = np.stack([tokens[s:s + block_size + 1] for s in starts[rank * batch_size:(rank + 1) * batch_size]])
     return tg.Tensor.from_numpy(windows[:, :-1].copy()), tg.Tensor.from_numpy(windows[:, 1:].copy())
 
 
 # -- training ----------------------------------------------------------------------------------------------------
 
 
-def make_train_step(model: GPT, optimizer: tg.optim.Optimizer, compiled: bool,
+def make_train_step(model: nn.Module, optimizer: tg.optim.Optimizer, compiled: bool,
                     autocast: bool = False) -> Callable[..., tg.Tensor]:
     """One optimizer step on a batch, returning the loss; `compiled`: the whole step as one native program;
     `autocast`: the forward pass under `tg.autocast("cpu", dtype=tg.bfloat16)` (weights and AdamW stay float32)."""
@@ -296,26 +302,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--blas-threads", type=int, default=1, help="OpenBLAS threads (0: leave as configured)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--text", type=Path, default=TEXT_PATH, help="UTF-8 text to train on")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="processes training data-parallel on this machine (torchrun; each takes --batch-size "
+                             "rows, so the global batch is NPROC times larger)")
     return parser.parse_args(argv)
 
 
 def train(model: GPT, optimizer: tg.optim.Optimizer, corpus: CharCorpus, args: argparse.Namespace,
           start: int) -> dict[str, float]:
-    """Steps start..args.steps with a progress bar and periodic validation; returns the last losses and timing."""
+    """Steps start..args.steps with a progress bar and periodic validation; returns the last losses and timing.
+    Under a launcher each process is one rank of a data-parallel run, and only rank 0 reports and evaluates."""
+    rank, world = (tg.distributed.get_rank(), tg.distributed.get_world_size()) if launch.under_launcher() else (0, 1)
+    trained = tg.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     entropy = corpus.unigram_entropy()
     result = {"unigram_entropy": entropy, "train_loss": math.nan, "val_loss": math.nan, "seconds_per_step": math.nan}
-    progress = Progress(start, args.steps, args.batch_size * args.block_size)
-    train_step = make_train_step(model, optimizer, args.compile, args.autocast)
+    progress = Progress(start, args.steps, args.batch_size * args.block_size * world) if rank == 0 else None
+    train_step = make_train_step(trained, optimizer, args.compile, args.autocast)
     began = time.perf_counter()
     for step in range(start, args.steps):
-        x, y = batch_at(corpus.train, args.batch_size, args.block_size, args.seed, step)
+        x, y = batch_at(corpus.train, args.batch_size, args.block_size, args.seed, step, rank, world)
         result["train_loss"] = train_step(x, y).item()
+        if progress is None:
+            continue
         progress.update(step, result["train_loss"])
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             result["val_loss"] = evaluate(model, corpus.val, args)
             progress.write(f"step {step + 1}: train loss {result['train_loss']:.3f}, "
                            f"val loss {result['val_loss']:.3f} (unigram entropy {entropy:.3f})")
-    progress.close()
+    if progress is not None:
+        progress.close()
     if args.steps > start:
         result["seconds_per_step"] = (time.perf_counter() - began) / (args.steps - start)
     return result
@@ -323,18 +338,52 @@ def train(model: GPT, optimizer: tg.optim.Optimizer, corpus: CharCorpus, args: a
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
+    if args.nproc > 1 and not launch.under_launcher():
+        raise SystemExit(launch.run_on_processes(args.nproc, "tensorgraphs.examples.gpt",
+                                                 launch.without_option(sys.argv[1:] if argv is None else argv,
+                                                                       "--nproc")))
     if args.blas_threads:
         use_blas_threads(args.blas_threads)
+    if not launch.under_launcher():
+        return run(args)
+    tg.distributed.init_process_group("gloo")
+    try:
+        return run(args) if tg.distributed.get_rank() == 0 else _train_quietly(args)
+    finally:
+        tg.distributed.destroy_process_group()
+
+
+def _train_quietly(args: argparse.Namespace) -> dict[str, float]:
+    """A rank other than 0: it trains its share and reports nothing (rank 0 prints, checkpoints and samples)."""
     corpus = CharCorpus.load(args.text)
+    model, optimizer, start = build(args, corpus)
+    with tg.device(args.device):
+        return train(model, optimizer, corpus, args, start)
+
+
+def build(args: argparse.Namespace, corpus: CharCorpus) -> tuple[GPT, tg.optim.Optimizer, int]:
+    """The model and optimizer (from the checkpoint with --resume) and the step to start from."""
     config = GPTConfig(len(corpus.chars), args.block_size, args.n_layer, args.n_head, args.n_embd)
     tg.manual_seed(args.seed)
     model = GPT(config)
     optimizer = tg.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = load_checkpoint(args.checkpoint, model, optimizer) if args.resume else 0
+    return model, optimizer, start
+
+
+def run(args: argparse.Namespace) -> dict[str, float]:
+    """Train with reports, then checkpoint and sample."""
+    corpus = CharCorpus.load(args.text)
+    model, optimizer, start = build(args, corpus)
+    config = model.config
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.text.name}: {len(corpus.train):,} train / {len(corpus.val):,} val chars, vocab {len(corpus.chars)}; "
           f"unigram entropy {corpus.unigram_entropy():.3f} nats/char")
     print(f"GPT with {n_params:,} parameters ({config}) on device {args.device}, steps {start}..{args.steps}")
+    if launch.under_launcher():
+        world = tg.distributed.get_world_size()
+        print(f"data-parallel on {world} processes: {args.batch_size} rows each, global batch "
+              f"{args.batch_size * world}")
     began = time.perf_counter()
     with tg.device(args.device):
         result = train(model, optimizer, corpus, args, start)

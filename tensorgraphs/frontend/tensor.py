@@ -231,6 +231,12 @@ class Tensor:
 
         backward(self, gradient, retain_graph, create_graph)
 
+    def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Any:
+        """torch's: `hook(self)` runs after each backward() that accumulates into this leaf's `.grad`."""
+        from tensorgraphs.autograd.hooks import register_post_accumulate_grad_hook
+
+        return register_post_accumulate_grad_hook(self, hook)
+
     def _hold(self, array: np.ndarray) -> None:
         """`assign` of an array nothing else holds (see `realize.owned`), kept as it is: no copy, no fresh pages."""
         self.node = _held(array, self.dtype)

@@ -1,7 +1,7 @@
 """Neural-network building blocks with PyTorch's names: `tg.nn.Linear`, `tg.nn.functional`, `tg.nn.init`, ..."""
 
 from tensorgraphs import missing as _missing
-from tensorgraphs.nn import functional, init, utils
+from tensorgraphs.nn import functional, init, parallel, utils
 from tensorgraphs.nn.activation import (
     ELU,
     GELU,
@@ -61,7 +61,7 @@ __all__ = [
     "MaxPool2d", "Mish", "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "NLLLoss", "Parameter",
     "RMSNorm", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss",
     "Softmax", "Softplus", "Softsign", "Tanh", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
-    "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "utils",
+    "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "parallel", "utils",
 ]
 
 __getattr__ = _missing.module_getattr(__name__, globals())  # missing torch names: "not implemented yet"

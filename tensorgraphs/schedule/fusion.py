@@ -6,8 +6,9 @@ Steps, each a plain function:
    (recursively), except those the planner (`plan.choices.route_of`) runs otherwise: float32
    matrix products a GEMM library runs (`schedule.extern`: kept whole, their operands and
    result materialized), attentions the fused attention kernel runs (`schedule.attention`:
-   likewise, its operands read in place through strided views) and scans (cumsum, cumprod:
-   kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`); large full
+   likewise, its operands read in place through strided views); scans (cumsum, cumprod:
+   kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`) and host
+   calls (`graph.host_call`: kept whole, their sources and result materialized; one call back); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
    product's elementwise consumers that the GEMM applies itself (bias, activation, residual,
    scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
@@ -57,6 +58,7 @@ from typing import Callable
 
 from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Local, Reduce, Store, TransposeLocal, walk
 from tensorgraphs.graph.composite import decompose, is_composite
+from tensorgraphs.graph.host_call import runs_as_host_call
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.plan.choices import DECOMPOSE, route_of
@@ -67,6 +69,7 @@ from tensorgraphs.schedule.extern import (
     gemm_operand_bases,
     transposed_product,
 )
+from tensorgraphs.schedule.host_call import HostCallLowering
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
 
 IsInput = Callable[[Node], bool]
@@ -113,6 +116,9 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
             elif runs_as_scan(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
+            elif runs_as_host_call(node):
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
+                forced.update(s for s in (memo[node], *memo[node].src) if not is_input(s))
             elif is_composite(node) and route_of(node) != DECOMPOSE:  # a native library runs it
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
@@ -166,7 +172,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     materialized |= too_deep_to_inline(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
-    lowered: dict[Node, Lowering | GemmLowering | AttentionLowering] = {}
+    lowered: dict[Node, Lowering | GemmLowering | AttentionLowering | HostCallLowering] = {}
     added = set(materialized)
     while True:
         buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
@@ -176,6 +182,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
             previous = lowered.get(n)
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
                 lower = (AttentionLowering if runs_as_fused_attention(n) else
+                         HostCallLowering if runs_as_host_call(n) else
                          GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]

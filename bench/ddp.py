@@ -1,0 +1,194 @@
+"""Benchmark: data-parallel scaling of the 2-layer encoder step, tg's DistributedDataParallel beside torch's.
+
+    .venv/bin/python bench/ddp.py [--layers 2] [--steps 10] [--nproc 2]
+
+For each system (tg: `tg.compile` of the whole step with DistributedDataParallel, its bucket all-reduces inside
+the compiled program; torch: eager with torch's DDP) one process with one thread, then `--nproc` processes
+with one thread each (gloo on localhost, every rank its own batch of bench/train.py's size, so the global batch
+grows with the processes). Each run is fresh processes (`--worker`, JSON on stdout). Reported: the median step,
+the CPU time of the process per step (all its threads: where the step is much longer, it waited for a core),
+global samples per second, the scaling over one process, and the time per step spent in gradient all-reduces
+(tg: inside its host calls, waiting for the slower rank included; torch: from issuing each bucket's
+asynchronous all-reduce, overlapped with the rest of its backward, to its completion). The model, data and
+Adam settings are bench/train.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from train import LR, SEED, ModelSpec, build_model, make_data  # noqa: E402
+
+WARMUP_STEPS = 2
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class StepClock:
+    """Seconds spent in gradient all-reduces since the last `take()`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            start = time.perf_counter()
+            result = function(*args)
+            self.seconds += time.perf_counter() - start
+            return result
+
+        return run
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[], None]:
+    import tensorgraphs as tg
+    import tensorgraphs.nn.functional as F
+    from tensorgraphs import nn
+    from tensorgraphs.distributed import ALL_REDUCE_MEAN
+    from tensorgraphs.runtime.host_calls import HOST_FUNCTIONS, register_host_function
+
+    register_host_function(ALL_REDUCE_MEAN, clock.timed(HOST_FUNCTIONS[ALL_REDUCE_MEAN]))
+    tg.manual_seed(SEED)
+    model = build_model(nn, F, spec)
+    net = tg.nn.parallel.DistributedDataParallel(model) if distributed else model
+    optimizer = tg.optim.Adam(model.parameters(), lr=LR)
+    inputs, targets = (tg.from_numpy(array) for array in make_data(spec))
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return lambda: step(inputs, targets)
+
+
+def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[], None]:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    model = build_model(nn, F, spec)
+    net = model
+    if distributed:
+        net = nn.parallel.DistributedDataParallel(model)
+
+        def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202 - torch checks the annotation is GradBucket
+            """torch's default hook (divide, then an asynchronous all-reduce), timed from issue to completion."""
+            start = time.perf_counter()
+            tensor = bucket.buffer().div_(dist.get_world_size())
+
+            def done(future: torch.futures.Future) -> torch.Tensor:
+                clock.seconds += time.perf_counter() - start
+                return future.value()[0]
+
+            return dist.all_reduce(tensor, async_op=True).get_future().then(done)
+
+        net.register_comm_hook(None, timed_all_reduce)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    inputs, targets = (torch.from_numpy(array) for array in make_data(spec))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.mse_loss(net(inputs), targets).backward()
+        optimizer.step()
+
+    return step
+
+
+def worker(system: str, layers: int, steps: int, distributed: bool) -> None:
+    if distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    clock = StepClock()
+    spec = ModelSpec(layers, 8)
+    step = (tg_step if system == "tg" else torch_step)(spec, distributed, clock)
+    for _ in range(WARMUP_STEPS):
+        step()
+    times, cpu_times, reduces = [], [], []
+    for _ in range(steps):
+        clock.take()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        step()
+        times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+        reduces.append(clock.take())
+    print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu_times),
+                      "all_reduce_s": statistics.median(reduces), "batch": spec.batch}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(system: str, nproc: int, layers: int, steps: int) -> dict[str, float] | str:
+    """`nproc` fresh processes of one thread each; the slowest rank's figures (the step waits for it anyway)."""
+    command = [sys.executable, __file__, "--worker", system, "--layers", str(layers), "--steps", str(steps)]
+    env = {**os.environ, **ONE_THREAD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(nproc)}
+    if nproc > 1:
+        command.append("--distributed")
+    processes = [subprocess.Popen(command, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for rank in range(nproc)]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=900)
+        if process.returncode != 0:
+            return (err.strip().splitlines() or [f"exit {process.returncode}"])[-1][:80]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    slowest = max(results, key=lambda r: r["step_s"])
+    return {**slowest, "samples_s": nproc * slowest["batch"] / slowest["step_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2, help="encoder layers (bench/train.py's encoder)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
+    parser.add_argument("--nproc", type=int, default=2, help="processes of the data-parallel runs")
+    parser.add_argument("--systems", default="tg,torch", help="comma-separated: tg, torch")
+    parser.add_argument("--worker", choices=("tg", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--distributed", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.layers, args.steps, args.distributed)
+        return
+    print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps")
+    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | all-reduce ms/step |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for system in args.systems.split(","):
+        single = run(system, 1, args.layers, args.steps)
+        parallel = run(system, args.nproc, args.layers, args.steps)
+        for nproc, result in ((1, single), (args.nproc, parallel)):
+            if isinstance(result, str):
+                print(f"| {system} | {nproc} | error: {result} | | | | |")
+                continue
+            scaling = (f"{result['samples_s'] / single['samples_s']:.2f}x" if not isinstance(single, str) else "-")
+            reduce = f"{result['all_reduce_s'] * 1e3:.1f}" if nproc > 1 else "-"
+            print(f"| {system} | {nproc} | {result['step_s'] * 1e3:.1f} | {result['cpu_s'] * 1e3:.1f} | "
+                  f"{result['samples_s']:.1f} | {scaling} | {reduce} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""torch.nn.parallel's names: `DistributedDataParallel` (needs torch.distributed: `tensorgraphs[distributed]`)."""
+
+from tensorgraphs.nn.parallel.distributed import DistributedDataParallel
+
+__all__ = ["DistributedDataParallel"]

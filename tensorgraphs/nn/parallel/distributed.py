@@ -1,0 +1,169 @@
+"""`DistributedDataParallel`: torch's data-parallel wrapper, on `tg.distributed` (gloo).
+
+At wrap, every rank takes rank 0's parameters and buffers. Each backward() then averages the gradients over
+the ranks, bucket by bucket (torch's buckets: parameters in reverse registration order, at most
+`bucket_cap_mb` each), as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
+hook). A bucket's gradients are copied into one flat array and averaged there
+(`distributed.gradients.ALL_REDUCE_MEAN`): in eager code at once; inside a function `tg.compile` traces, as a
+`host_call` node of the graph reading the gradients, so the compiled step calls the collective between the
+backward kernels producing the bucket and the optimizer kernels reading it. Every rank
+issues the collectives in the same order: each waits for the previous one (its `after` source), so no
+schedule can reorder them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from tensorgraphs.distributed import ALL_REDUCE_MEAN, broadcast, is_initialized
+from tensorgraphs.distributed.gradients import all_reduce_mean
+from tensorgraphs.errors import AutogradError, UnsupportedError, fail
+from tensorgraphs.frontend import movement
+from tensorgraphs.frontend.grad_mode import no_grad
+from tensorgraphs.frontend.tensor import Tensor, host_buffer
+from tensorgraphs.graph.host_call import host_call
+from tensorgraphs.graph.node import Node
+from tensorgraphs.nn.module import Module
+from tensorgraphs.nn.parameter import Parameter
+from tensorgraphs.runtime import tracing
+
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+
+@dataclass
+class _Bucket:
+    """Parameters whose gradients are averaged together, as one flat array, in this order."""
+
+    params: list[Parameter]
+    ready: set[int] = field(default_factory=set)  # ids of those accumulated since the bucket was last averaged
+
+
+def assign_buckets(params: list[Parameter], cap_bytes: float) -> list[_Bucket]:
+    """torch's assignment: parameters in reverse order (gradients of the last layers are ready first in torch's
+    backward), a new bucket when the next would pass `cap_bytes` or has another dtype."""
+    buckets: list[_Bucket] = []
+    size = 0
+    for param in reversed(params):
+        nbytes = param.numel() * param.dtype.itemsize
+        if not buckets or size + nbytes > cap_bytes or buckets[-1].params[0].dtype is not param.dtype:
+            buckets.append(_Bucket([]))
+            size = 0
+        buckets[-1].params.append(param)
+        size += nbytes
+    return buckets
+
+
+class DistributedDataParallel(Module):
+    """torch.nn.parallel.DistributedDataParallel for tg modules on CPU (gloo); see the module docstring.
+
+    `bucket_cap_mb` (default 25) bounds a bucket; `broadcast_buffers` broadcasts rank 0's module buffers before
+    each forward (in eager code); `no_sync()` skips the averaging (gradients accumulate locally until a backward
+    outside it). Every parameter that requires grad must get a gradient in each backward (torch's default,
+    `find_unused_parameters=False`).
+    """
+
+    def __init__(self, module: Module, device_ids: Any = None, output_device: Any = None, dim: int = 0,
+                 broadcast_buffers: bool = True, process_group: Any = None, bucket_cap_mb: float | None = None,
+                 find_unused_parameters: bool = False) -> None:
+        super().__init__()
+        if not is_initialized():
+            fail("DistributedDataParallel", "the default process group is not initialized: call "
+                 "tg.distributed.init_process_group('gloo') first", kind=UnsupportedError)
+        if device_ids not in (None, []) or output_device is not None or dim != 0 or process_group is not None:
+            fail("DistributedDataParallel", "device_ids, output_device, dim and process_group are not supported: "
+                 "tensorgraphs runs on the CPU of each process, over the default group", kind=UnsupportedError)
+        if find_unused_parameters:
+            fail("DistributedDataParallel", "find_unused_parameters=True is not supported: every parameter that "
+                 "requires grad must get a gradient in each backward", kind=UnsupportedError)
+        self.module = module
+        self.broadcast_buffers = broadcast_buffers
+        self.bucket_cap_mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        self.require_backward_grad_sync = True
+        with no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                broadcast(tensor, src=0)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self._buckets = assign_buckets(params, self.bucket_cap_mb * 2**20)
+        self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
+        self._last_reduced: Node | None = None  # while tracing: the previous collective of this backward
+        for param in params:
+            param.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._require_finished_reduction()
+        self._last_reduced = None
+        if self.broadcast_buffers and any(True for _ in self.module.buffers()):
+            if tracing.active() is not None:
+                fail("DistributedDataParallel", "broadcast_buffers=True cannot run inside tg.compile (the broadcast "
+                     "is not part of compiled programs yet): pass broadcast_buffers=False", kind=UnsupportedError)
+            with no_grad():
+                for buffer in self.module.buffers():
+                    broadcast(buffer, src=0)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients without averaging them; the first backward after it
+        averages what has accumulated."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Elements per bucket, in the order they are averaged."""
+        return [sum(p.numel() for p in bucket.params) for bucket in self._buckets]
+
+    def _gradient_ready(self, param: Tensor) -> None:
+        if not self.require_backward_grad_sync:
+            return
+        bucket = self._bucket_of[id(param)]
+        bucket.ready.add(id(param))
+        if len(bucket.ready) == len(bucket.params):
+            bucket.ready.clear()
+            self._average(bucket)
+
+    def _average(self, bucket: _Bucket) -> None:
+        """Replace each gradient of `bucket` by its mean over the ranks."""
+        grads = [p.grad for p in bucket.params]
+        if tracing.active() is not None:
+            reduced = host_call(ALL_REDUCE_MEAN, [g.node for g in grads], self._last_reduced)
+            self._last_reduced = reduced
+            averaged = Tensor(reduced)
+            parts = [movement.reshape(movement.narrow(averaged, 0, start, p.numel()), p.shape)
+                     for p, start in zip(bucket.params, _offsets(bucket.params))]
+        else:
+            flat = np.empty(sum(p.numel() for p in bucket.params), bucket.params[0].dtype.storage)
+            all_reduce_mean([np.ravel(g._value()) for g in grads], flat)
+            parts = [Tensor(host_buffer(flat[start:start + p.numel()].reshape(p.shape), p.dtype))
+                     for p, start in zip(bucket.params, _offsets(bucket.params))]
+        for param, part in zip(bucket.params, parts):
+            param.grad = part
+
+    def _require_finished_reduction(self) -> None:
+        """torch's check: a backward that left a bucket partly accumulated had parameters without gradients, whose
+        bucket was then never averaged (ranks would step with different gradients)."""
+        waiting = [bucket for bucket in self._buckets if bucket.ready]
+        if not waiting:
+            return
+        names = {id(p): name for name, p in self.module.named_parameters()}
+        missing = [names.get(id(p), "?") for bucket in waiting for p in bucket.params if id(p) not in bucket.ready]
+        for bucket in waiting:
+            bucket.ready.clear()
+        fail("DistributedDataParallel", "Expected to have finished reduction in the prior iteration before starting "
+             f"a new one: parameters {missing} received no gradient, so their bucket was never averaged across "
+             "ranks; make every parameter take part in the loss (find_unused_parameters is not supported)",
+             kind=AutogradError)
+
+
+def _offsets(params: list[Parameter]) -> list[int]:
+    sizes = [p.numel() for p in params]
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+

@@ -1,0 +1,63 @@
+"""Host calls (`graph.host_call`): one kernel calling a function of this process between the kernels producing
+its source and those reading its result; a failing function stops the program with its own error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorgraphs as tg
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.codegen.loop_ir import HostCall
+from tensorgraphs.graph.host_call import host_call
+from tensorgraphs.runtime.host_calls import register_host_function
+
+CALLS: list[np.ndarray] = []
+
+
+def record_and_negate(sources: list[np.ndarray], output: np.ndarray) -> None:
+    CALLS.append([source.copy() for source in sources])
+    np.negative(np.concatenate(sources), out=output)
+
+
+def refuse(sources: list[np.ndarray], output: np.ndarray) -> None:
+    raise ConnectionError("peer went away")
+
+
+register_host_function("test.negate", record_and_negate)
+register_host_function("test.refuse", refuse)
+
+
+def program(function: str, x: np.ndarray):  # noqa: ANN201
+    """[negate(2x + 1, x[::-1, :] - 1), then negate(3 * that)] + 1; x is 2-D."""
+    t = tg.tensor(x)
+    first = host_call(function, [(t * 2 + 1).node, (t.flip(0) - 1).node])
+    second = host_call(function, [(tg.Tensor(first) * 3).node], after=first)
+    return CPU.program([(tg.Tensor(second) + 1).node])
+
+
+def test_the_program_calls_the_host_between_producer_and_consumer() -> None:
+    x = np.arange(100_000, dtype=np.float32).reshape(100, 1000)
+    compiled, inputs = program("test.negate", x)
+    CALLS.clear()
+    (result,) = compiled.run([n.arg.data for n in inputs])
+    np.testing.assert_array_equal(CALLS[0][0], (x * 2 + 1).ravel())
+    np.testing.assert_array_equal(CALLS[0][1], (x[::-1] - 1).ravel())
+    first = -np.concatenate([(x * 2 + 1).ravel(), (x[::-1] - 1).ravel()])
+    np.testing.assert_array_equal(CALLS[1][0], first * 3)
+    np.testing.assert_array_equal(result, -(first * 3) + 1)
+    calls = [k for k, kernel in enumerate(compiled.kernels) if any(isinstance(s, HostCall) for s in kernel.body)]
+    assert len(calls) == 2 and calls[0] < calls[1]
+    assert [s.after for s in compiled.kernels[calls[1]].body] != [None]  # waits for the first
+
+
+def test_a_failing_host_function_stops_the_program_with_its_error() -> None:
+    compiled, inputs = program("test.refuse", np.ones((2, 5), np.float32))
+    with pytest.raises(ConnectionError, match="peer went away"):
+        compiled.run([n.arg.data for n in inputs])
+
+
+def test_host_calls_have_no_decomposition() -> None:
+    node = host_call("test.negate", [tg.ones(3).node])
+    with tg.device("numpy"), pytest.raises(tg.UnsupportedError, match="only inside a compiled program"):
+        tg.Tensor(node).numpy()
