@@ -16,8 +16,6 @@ PACKAGE = Path(tensorgraphs.__file__).parent
 ENGINE = ("graph", "rewrite", "plan", "schedule", "codegen", "backends", "autograd", "memory")
 FRONT_ENDS = ("tensorgraphs.frontend", "tensorgraphs.nn")
 NOT_YET = {
-    "autograd/rules.py": "gradient rules are written with Tensor ops",
-    "autograd/backward.py": "Tensor.backward's eager replay lives here",
     "schedule/extern.py": "GEMM epilogue templates are traced from nn.functional",
 }
 

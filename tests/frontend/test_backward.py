@@ -305,7 +305,7 @@ def test_detach_then_requires_grad_makes_an_independent_leaf() -> None:
 @pytest.fixture
 def gradient_graphs_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the gradient graphs eager backward builds (a fresh cache, so the count starts at zero)."""
-    from tensorgraphs.autograd import backward as backward_module
+    from tensorgraphs.frontend import backward as backward_module
     from tensorgraphs.runtime import realize
 
     monkeypatch.setattr(realize, "_executables", type(realize._executables)())
