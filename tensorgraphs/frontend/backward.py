@@ -80,7 +80,7 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
         fail("backward", "element 0 of tensors does not require grad and does not have a grad_fn",
              kind=ArgumentError)
     if create_graph:
-        fail("backward", "create_graph=True is not supported; use tg.autograd.grad(..., create_graph=True)",
+        fail("backward", "create_graph=True is not supported; use tg.grad(..., create_graph=True)",
              kind=UnsupportedError)
     if _freed.get(id(output)) is output:
         fail("backward", "Trying to backward through the graph a second time (or directly access saved tensors "

@@ -87,6 +87,13 @@ def test_backward_of_tensor_without_grad_raises() -> None:
         tg.ones(3).sum().backward()
 
 
+def test_backward_with_create_graph_names_the_function_that_does_it() -> None:
+    """The advice names tg.grad (torch.autograd.grad's name here; there is no tg.autograd.grad)."""
+    x = tg.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(tg.UnsupportedError, match=r"use tg\.grad\(\.\.\., create_graph=True\)"):
+        (x * x).sum().backward(create_graph=True)
+
+
 def test_detach_stops_gradient_and_keeps_value() -> None:
     x = tg.tensor([1.0, 2.0, 3.0], requires_grad=True)
     frozen = x.detach()
