@@ -7,7 +7,7 @@
 
 from tensorgraphs import dtypes
 from tensorgraphs import missing as _missing
-from tensorgraphs.autograd.backward import grad
+from tensorgraphs.frontend.backward import grad
 from tensorgraphs.dtypes import (
     bfloat16,
     bool_ as bool,

@@ -227,7 +227,7 @@ class Tensor:
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
                  create_graph: bool = False) -> None:
-        from tensorgraphs.autograd.backward import backward
+        from tensorgraphs.frontend.backward import backward
 
         backward(self, gradient, retain_graph, create_graph)
 

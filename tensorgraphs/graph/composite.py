@@ -79,6 +79,11 @@ def use_values(wrap: Callable[[Node], Any], unwrap: Callable[[Any], Node],
     _wrap, _unwrap, _body_context = wrap, unwrap, body_context
 
 
+def body_context() -> ContextManager[Any]:
+    """The context engine code runs value-written bodies in (decompositions, gradient rules): see `use_values`."""
+    return _body_context()
+
+
 def as_value(node: Node) -> Any:
     """`node` as the front end's value (a Tensor), for bodies written with its API."""
     return _wrap(node)
@@ -91,7 +96,7 @@ def as_node(value: Any) -> Node:
 def decompose(node: Node) -> Node:
     """The reference decomposition of one composite node, one level deep."""
     assert is_composite(node), node
-    with _body_context():
+    with body_context():
         out = as_node(node.op.decompose(*map(as_value, node.src), **params_of(node)))
     assert out.shape == node.shape and out.dtype is node.dtype, (
         f"decomposition of {node.op.name} gives {out.dtype.name}{out.shape}, expected {node.dtype.name}{node.shape}"

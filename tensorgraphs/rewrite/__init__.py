@@ -41,7 +41,8 @@ RULESETS.update(canonical=CANONICAL, fast_math=FAST_MATH, decompose=DECOMPOSE, u
 
 __all__ = ["CANONICAL", "DECOMPOSE", "FAST_MATH", "RULESETS", "Pattern", "Rule", "RuleSet", "RewriteError",
            "active_rulesets", "const", "graph_pattern", "keep", "live_nodes", "named_ruleset", "node_digest", "op",
-           "optimize", "pattern_of", "register", "rewrite", "rule", "structural_hash", "unregister", "using", "var"]
+           "optimize", "pattern_of", "pattern_variable", "register", "rewrite", "rule", "structural_hash", "unregister",
+           "using", "var"]
 
 
 def pattern_of(fn: Callable[..., Any]) -> Pattern:
@@ -52,11 +53,15 @@ def pattern_of(fn: Callable[..., Any]) -> Pattern:
     for elementwise expressions: views traced on 0-d placeholders would match 0-d shapes only.
     """
     names = list(inspect.signature(fn).parameters)
-    placeholders = {name: g.buffer(Buffer(HOST, dtypes.float32, (), np.zeros((), np.float32)), dtypes.float32, ())
-                    for name in names}
+    placeholders = {name: pattern_variable() for name in names}
     traced = optimize([as_node(fn(**{name: as_value(p) for name, p in placeholders.items()}))], ["canonical"])[0]
     variables = {placeholders[name]: var(name) for name in names}
     return graph_pattern(traced, variables, lambda node: const(node.arg) if node.op is Op.CONST else None)
+
+
+def pattern_variable() -> Node:
+    """A fresh 0-d float32 BUFFER: what a pattern variable is while its template graph is built."""
+    return g.buffer(Buffer(HOST, dtypes.float32, (), np.zeros((), np.float32)), dtypes.float32, ())
 
 
 def graph_pattern(template: Node, variables: dict[Node, Pattern],

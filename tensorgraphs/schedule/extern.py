@@ -14,9 +14,9 @@ Elementwise consumers the library applies on its registers before the store
 (gemm.h: c = activation(alpha * (a @ b) + bias) + residual) are fused into the
 call by `fuse_epilogues`, so `gelu(linear(x, w, b))` is one kernel. Each
 `EpilogueRule` is a pattern over the primitive graph and the stage of the
-epilogue it fills; activations are matched against the frontend's own
-definitions (`_activations`, traced and decomposed as the scheduler decomposes
-them; constants match through broadcasts, commutative operands either way). A
+epilogue it fills; activations are matched against their graphs (`ACTIVATIONS`:
+relu's primitives, the registered gelu composite, decomposed as the scheduler
+decomposes them; constants match through broadcasts, commutative operands either way). A
 rule fuses only when the value it consumes is needed nowhere else (a training
 step keeps the pre-activation for the backward pass: bias fuses, the activation
 does not), and only operands that are buffers anyway (inputs, other products,
@@ -42,16 +42,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, KernelParam
-from tensorgraphs.graph.composite import REGISTRY, Composite, is_composite, make_node
+from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
-from tensorgraphs.rewrite import graph_pattern
+from tensorgraphs.rewrite import graph_pattern, optimize, pattern_variable
 from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
 
@@ -216,27 +215,32 @@ def operand_strides(view: Node) -> tuple[int, int, int]:
 # ---------------------------------------------------------------------------
 
 
-def _activations() -> dict[str, Callable[[Any], Any]]:
-    """The library's activations (`gemm.ACTIVATIONS`) as the frontend defines them."""
-    from tensorgraphs.nn import functional as F
+def _relu(x: Node) -> Node:
+    """max(x, 0) keeping NaN, in the primitives the front end's relu is made of: where(x < 0 or x == 0, 0, x)."""
+    zero = g.const(0.0, x.dtype, x.shape)
+    equal = g.binary(Op.XOR, g.binary(Op.CMPNE, x, zero), g.const(True, dtypes.bool_, x.shape))
+    return g.where(g.binary(Op.OR, g.binary(Op.CMPLT, x, zero), equal), zero, x)
 
-    return {"relu": F.relu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+def _gelu_tanh(x: Node) -> Node:
+    return make_node(REGISTRY["gelu"], (x,), {"approximate": "tanh"}, x.dtype, x.shape)
+
+
+ACTIVATIONS: dict[str, Callable[[Node], Node]] = {"relu": _relu, "gelu_tanh": _gelu_tanh}
+"""The library's activations (`gemm.ACTIVATIONS`) as graphs: relu is no composite, so its primitives; gelu the
+registered composite."""
 
 
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
                             bias_offset: int, activation: str, residual: bool) -> Any:
     """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
-    from tensorgraphs.frontend import elementwise as ew
-    from tensorgraphs.frontend import linalg
-    from tensorgraphs.frontend import movement as mv
-
     given = iter(operands)
-    out = mv.reshape(ew.mul(linalg.matmul(a, b), alpha), shape)
+    out = ((a @ b) * alpha).reshape(shape)
     if bias:
-        out = ew.add(out, mv.narrow(mv.reshape(next(given), (-1,)), 0, bias_offset, shape[-1]))
+        out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1])
     if activation != "none":
-        out = _activations()[activation](out)
-    return ew.add(out, mv.reshape(next(given), shape)) if residual else out
+        out = as_value(ACTIVATIONS[activation](as_node(out)))
+    return out + next(given).reshape(shape) if residual else out
 
 
 GEMM_EPILOGUE = Composite("matmul_epilogue", lambda a, b, *_, shape, **params: (a.dtype, shape),
@@ -312,17 +316,14 @@ def _row_vector(node: Node) -> bool:
 
 
 @functools.cache
-def _activation_templates() -> tuple[tuple[str, Node, Node], ...]:
-    """(name, placeholder, definition) per activation: each traced on a 0-d placeholder and decomposed to
+def activation_templates() -> tuple[tuple[str, Node, Node], ...]:
+    """(name, placeholder, definition) per activation: each built on a 0-d placeholder and decomposed to
     primitives, as the scheduler decomposes the graph (rewrite canonicalization only reorders commutative
     operands and turns broadcast constants into constants, which the patterns see through)."""
-    from tensorgraphs.frontend.tensor import Tensor
-    from tensorgraphs.rewrite import optimize
-
     templates = []
-    for name, activation in _activations().items():
-        placeholder = Tensor.from_numpy(np.float32(0.0))
-        templates.append((name, placeholder.node, optimize([activation(placeholder).node], ["decompose"])[0]))
+    for name, activation in ACTIVATIONS.items():
+        placeholder = pattern_variable()
+        templates.append((name, placeholder, optimize([activation(placeholder)], ["decompose"])[0]))
     return tuple(templates)
 
 
@@ -359,7 +360,7 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
         EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)), _setting_bias),
         EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
     ]
-    for name, placeholder, template in _activation_templates():
+    for name, placeholder, template in activation_templates():
         rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
                                   _setting("activation", lambda _, name=name: name)))
     return rules
@@ -464,7 +465,7 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
 
 
 def _prologue_decomposition(x: Any, *, activation: str) -> Any:
-    return _activations()[activation](x)
+    return as_value(ACTIVATIONS[activation](as_node(x)))
 
 
 GEMM_PROLOGUE = Composite("matmul_prologue", lambda x, **_: (x.dtype, x.shape), _prologue_decomposition)
@@ -495,7 +496,7 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
         return x.dtype == dtypes.float32 and (is_leaf(x) or x in materialized)
 
     patterns = [(name, _template_pattern(template, placeholder, var("x", where=buffered)))
-                for name, placeholder, template in _activation_templates()]
+                for name, placeholder, template in activation_templates()]
     activated: dict[Node, tuple[str, Node]] = {}  # storage -> (activation, x)
     for storage, reading in readers.items():
         views = {node for node in reading if not _is_product(node)}

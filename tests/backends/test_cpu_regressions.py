@@ -12,7 +12,7 @@ import torch
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.autograd.backward import vjp
+from tensorgraphs.autograd.vjp import vjp
 from tensorgraphs.codegen.c_renderer import render_program
 from tensorgraphs.graph import node
 from tensorgraphs.schedule.fusion import schedule_kernels

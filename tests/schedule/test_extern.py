@@ -15,6 +15,7 @@ from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
+from tensorgraphs.rewrite import optimize
 from tensorgraphs.schedule import extern
 from tensorgraphs.schedule.extern import GEMM_EPILOGUE, GEMM_PROLOGUE, fuse_epilogues
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels, to_primitive
@@ -109,6 +110,15 @@ def _floats(shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 def _gemm_calls(schedule: Schedule) -> list[GemmCall]:
     return [stmt for kernel in schedule.kernels for stmt in kernel.body if isinstance(stmt, GemmCall)]
+
+
+@pytest.mark.parametrize("name", list(extern.ACTIVATIONS))
+def test_activation_templates_are_the_front_end_activations_decomposed(name: str) -> None:
+    """The library's activations are matched by the graphs of `extern.ACTIVATIONS`: they must be what the front
+    end builds for relu and gelu(approximate="tanh"), or the call would silently stop fusing them."""
+    front_end = {"relu": F.relu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
+    ((placeholder, template),) = [(p, t) for n, p, t in extern.activation_templates() if n == name]
+    assert optimize([front_end(tg.Tensor(placeholder)).node], ["decompose"]) == [template]
 
 
 EPILOGUE_CASES = {  # name: (function of tg or torch tensors and their F module, operand shapes, the epilogue)

@@ -1,4 +1,8 @@
-"""Reverse-mode autodiff over nodes: `vjp` builds gradient graphs; `backward` and `grad` use it."""
+"""`Tensor.backward` and `tg.grad`: gradients of Tensors, built by autograd's `vjp` over their nodes.
+
+The front end's part of differentiation: which leaves own which buffers, `.grad` accumulation, torch's checks
+(a freed graph, values overwritten in place), and eager backward's replay of one cached gradient program.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,11 @@ import weakref
 from typing import Sequence
 
 from tensorgraphs.autograd.hooks import run_post_accumulate_grad_hooks
-from tensorgraphs.autograd.rules import GRAD_RULES
+from tensorgraphs.autograd.vjp import input_grads, vjp
 from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
-from tensorgraphs.frontend.autocast import autocast_suspended
+from tensorgraphs.frontend import gradient_rules  # noqa: F401  (registers the primitives' gradient rules)
 from tensorgraphs.frontend.inplace_ops import overwritten
 from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
-from tensorgraphs.graph.composite import decompose, is_composite, params_of
 from tensorgraphs.graph.node import Node, const, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
@@ -23,55 +26,6 @@ from tensorgraphs.runtime.realize import (
     placeholder,
     realized_values,
 )
-
-
-def vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
-    """Gradients of sum(root * root_grad) with respect to each node in `wrt` (None if unconnected). As in torch,
-    autocast does not reach the backward pass: each gradient takes the dtype of the forward value it is for."""
-    with autocast_suspended():
-        return _vjp(roots, root_grads, wrt)
-
-
-def _vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
-    targets = set(wrt)
-    order = toposort(list(roots))
-    relevant: set[Node] = set()
-    for node in order:
-        if node.dtype.is_floating_point and (node in targets or any(s in relevant for s in node.src)):
-            relevant.add(node)
-    grads: dict[Node, Tensor] = {}
-    for root, root_grad in zip(roots, root_grads):
-        _accumulate(grads, root, Tensor(root_grad))
-    for node in reversed(order):
-        if node not in grads or node not in relevant or not node.src:
-            continue
-        for src, src_grad in zip(node.src, _input_grads(node, grads[node])):
-            if src_grad is not None and src in relevant:
-                _accumulate(grads, src, src_grad)
-    return [grads[w].node if w in grads else None for w in wrt]
-
-
-def _accumulate(grads: dict[Node, Tensor], node: Node, grad: Tensor) -> None:
-    assert grad.shape == node.shape, f"gradient of {node} has shape {grad.shape}"
-    previous = grads.get(node)
-    grads[node] = grad if previous is None else previous + grad
-
-
-def _input_grads(node: Node, grad: Tensor) -> tuple[Tensor | None, ...]:
-    inputs = [Tensor(s) for s in node.src]
-    if is_composite(node):
-        if node.op.grad is not None:
-            return node.op.grad(Tensor(node), grad, *inputs, **params_of(node))
-
-        # a node read at two positions (attention(x, x, x)) gets its whole gradient once, not once per position
-        distinct = list(dict.fromkeys(node.src))
-        total = dict(zip(distinct, vjp([decompose(node)], [grad.node], distinct)))
-        first = {src: position for position, src in reversed(list(enumerate(node.src)))}
-        return tuple(None if total[s] is None or first[s] != i else Tensor(total[s]) for i, s in enumerate(node.src))
-    rule = GRAD_RULES.get(node.op)
-    if rule is None:
-        return (None,) * len(node.src)
-    return rule(Tensor(node), grad, *inputs)
 
 
 def _seed_gradient(output: Tensor, gradient: Tensor | None, op: str) -> Node:
@@ -127,7 +81,7 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
         fail("backward", "element 0 of tensors does not require grad and does not have a grad_fn",
              kind=ArgumentError)
     if create_graph:
-        fail("backward", "create_graph=True is not supported; use tg.autograd.grad(..., create_graph=True)",
+        fail("backward", "create_graph=True is not supported; use tg.grad(..., create_graph=True)",
              kind=UnsupportedError)
     if _freed.get(id(output)) is output:
         fail("backward", "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -188,7 +142,7 @@ def check_versions(output: Node) -> None:
 def _values_read(node: Node, forward: set[Node], relevant: set[Node]) -> set[Node]:
     """The values of the forward graph that `node`'s gradient rule reads for its `relevant` inputs."""
     seed = placeholder(node.dtype, node.shape)
-    grads = _input_grads(node, Tensor(seed))
+    grads = input_grads(node, Tensor(seed))
     stack = [gr.node for gr, src in zip(grads, node.src) if gr is not None and src in relevant]
     seen: set[Node] = set()
     found: set[Node] = set()

@@ -87,6 +87,13 @@ def test_backward_of_tensor_without_grad_raises() -> None:
         tg.ones(3).sum().backward()
 
 
+def test_backward_with_create_graph_names_the_function_that_does_it() -> None:
+    """The advice names tg.grad (torch.autograd.grad's name here; there is no tg.autograd.grad)."""
+    x = tg.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(tg.UnsupportedError, match=r"use tg\.grad\(\.\.\., create_graph=True\)"):
+        (x * x).sum().backward(create_graph=True)
+
+
 def test_detach_stops_gradient_and_keeps_value() -> None:
     x = tg.tensor([1.0, 2.0, 3.0], requires_grad=True)
     frozen = x.detach()
@@ -305,7 +312,7 @@ def test_detach_then_requires_grad_makes_an_independent_leaf() -> None:
 @pytest.fixture
 def gradient_graphs_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the gradient graphs eager backward builds (a fresh cache, so the count starts at zero)."""
-    from tensorgraphs.autograd import backward as backward_module
+    from tensorgraphs.frontend import backward as backward_module
     from tensorgraphs.runtime import realize
 
     monkeypatch.setattr(realize, "_executables", type(realize._executables)())

@@ -1,0 +1,98 @@
+"""One gradient rule per differentiable primitive, written with Tensor ops and registered into autograd's table.
+
+A rule gets the node's output, the incoming gradient and the node's inputs
+(all as Tensors) and returns one gradient per input, or None where no
+gradient flows (`tensorgraphs.autograd.rules`). They are Tensor code, so they
+live in the front end, which registers them as it registers decomposition
+bodies; autograd calls them through the same value hook (`as_value`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tensorgraphs.autograd.rules import register
+from tensorgraphs.frontend import elementwise as ew
+from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend.tensor import Tensor, apply, cast, expand_to, full_like_node
+from tensorgraphs.graph import node as g
+from tensorgraphs.graph.ops import Op
+
+
+def _unbroadcast_sum(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum `grad` over the axes where `shape` has size 1 but grad does not (EXPAND's transpose)."""
+    axes = tuple(i for i, (s, t) in enumerate(zip(shape, grad.shape)) if s != t)
+    return apply(Op.REDUCE_SUM, grad, arg=axes) if axes else grad
+
+
+def _max_grad(out: Tensor, grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """As PyTorch's maximum: ties split the gradient evenly; an operand gets all of it unless it is
+    strictly smaller (so next to a NaN both operands do)."""
+
+    def share(x: Tensor, y: Tensor) -> Tensor:
+        return cast(ew.where(ew.lt(x, y), 0.0, ew.where(ew.eq(x, y), 0.5, 1.0)), grad.dtype)
+
+    return ew.mul(grad, share(a, b)), ew.mul(grad, share(b, a))
+
+
+def _reduce_max_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
+    """The gradient is shared evenly among the elements equal to the maximum."""
+    hits = cast(ew.eq(x, expand_to(out, x.shape)), grad.dtype)
+    count = apply(Op.REDUCE_SUM, hits, arg=out.node.arg)
+    return (ew.mul(hits, expand_to(ew.div(grad, count), x.shape)),)
+
+
+def _pad_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
+    bounds = tuple((before, before + s) for (before, _), s in zip(out.node.arg, x.shape))
+    return (apply(Op.SHRINK, grad, arg=bounds),)
+
+
+def _shrink_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
+    widths = tuple((b, s - e) for (b, e), s in zip(out.node.arg, x.shape))
+    return (apply(Op.PAD, grad, arg=widths),)
+
+
+def _permute_grad(out: Tensor, grad: Tensor, x: Tensor) -> tuple[Tensor]:
+    order = out.node.arg
+    inverse = tuple(order.index(i) for i in range(len(order)))
+    return (apply(Op.PERMUTE, grad, arg=inverse),)
+
+
+def _gather_grad(out: Tensor, grad: Tensor, x: Tensor, index: Tensor) -> tuple[Tensor, None]:
+    zeros = Tensor(g.const(0, grad.dtype, x.shape))
+    return apply(Op.SCATTER_ADD, zeros, index, grad, arg=out.node.arg), None
+
+
+def _scatter_add_grad(out: Tensor, grad: Tensor, base: Tensor, index: Tensor, values: Tensor) -> tuple:
+    return grad, None, apply(Op.GATHER, grad, index, arg=out.node.arg)
+
+
+def _where_grad(out: Tensor, grad: Tensor, cond: Tensor, a: Tensor, b: Tensor) -> tuple:
+    zero = full_like_node(0, grad)
+    return None, ew.where(cond, grad, zero), ew.where(cond, zero, grad)
+
+
+register({
+    Op.EXP2: lambda out, grad, x: (ew.mul(grad, ew.mul(out, math.log(2.0))),),
+    Op.LOG2: lambda out, grad, x: (ew.div(grad, ew.mul(x, math.log(2.0))),),
+    Op.SIN: lambda out, grad, x: (ew.mul(grad, ew.cos(x)),),
+    Op.SQRT: lambda out, grad, x: (ew.div(grad, ew.mul(out, 2.0)),),
+    Op.CAST: lambda out, grad, x: (cast(grad, x.dtype) if x.dtype.is_floating_point else None,),
+    Op.ADD: lambda out, grad, a, b: (grad, grad),
+    Op.MUL: lambda out, grad, a, b: (ew.mul(grad, b), ew.mul(grad, a)),
+    Op.DIV: lambda out, grad, a, b: (ew.div(grad, b), ew.neg(ew.div(ew.mul(grad, out), b))),
+    Op.MAX: _max_grad,
+    Op.WHERE: _where_grad,
+    Op.REDUCE_SUM: lambda out, grad, x: (expand_to(grad, x.shape),),
+    Op.REDUCE_MAX: _reduce_max_grad,
+    Op.RESHAPE: lambda out, grad, x: (apply(Op.RESHAPE, grad, arg=x.shape),),
+    Op.PERMUTE: _permute_grad,
+    Op.EXPAND: lambda out, grad, x: (_unbroadcast_sum(grad, x.shape),),
+    Op.PAD: _pad_grad,
+    Op.SHRINK: _shrink_grad,
+    Op.FLIP: lambda out, grad, x: (mv.flip(grad, out.node.arg),),
+    Op.GATHER: _gather_grad,
+    Op.SCATTER_ADD: _scatter_add_grad,
+    Op.ASSIGN: lambda out, grad, target, value: (None, grad),
+    Op.COPY: lambda out, grad, x: (grad,),
+})
