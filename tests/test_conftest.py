@@ -42,3 +42,12 @@ def test_count_calls_counts_each_function_by_name(count_calls: CallCounter) -> N
 def test_an_unmarked_test_names_no_device(device_under_test: str | None) -> None:
     assert device_under_test is None
 
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """pytest's default import mode imports test files by basename (their folders have no __init__.py): two
+    test_x.py in different folders make one of them an import error."""
+    from pathlib import Path
+
+    names = Counter(path.name for path in Path(__file__).parent.rglob("test_*.py"))
+    assert [name for name, count in names.items() if count > 1] == []
