@@ -56,7 +56,7 @@ def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | 
     options = (options or BuildOptions()).check()
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
-    trace = compiled._trace_for(args, {})
+    trace = compiled.traced(*args)
     found = names.holders(compiled.fn) if holders is None else dict(holders)
     arguments = list(input_names) if input_names is not None else names.argument_names(compiled.fn, len(args))
     if len(arguments) != len(args):
