@@ -21,6 +21,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.export import c_api, names, weights
 from tensorgraphs.export.build import BuildOptions, build_library
 from tensorgraphs.export.program import ExportedProgram, describe
+from tensorgraphs.nn.compiled_module import CompiledModule
 from tensorgraphs.nn.module import Module
 from tensorgraphs.optim.optimizer import Optimizer
 
@@ -41,8 +42,9 @@ def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | 
            embed_weights: bool = False, options: BuildOptions | None = None,
            holders: Mapping[str, Module | Optimizer] | None = None,
            input_names: list[str] | None = None) -> Exported:
-    """Write `fn` (a function `tg.compile` can compile, or a module), traced on `example_args` (a tuple of
-    arguments, or one tensor), as a C library named `name` into `directory` (created if missing).
+    """Write `fn` (a function `tg.compile` can compile, a module, or what `tg.compile` returned), traced on
+    `example_args` (a tuple of arguments, or one tensor), as a C library named `name` into `directory` (created
+    if missing).
 
     The library's inputs are the tensor and number arguments the program reads, then its live values (`lr`,
     `random_key`); its outputs are `fn`'s results. Tensors it reads otherwise (parameters, optimizer state) are
@@ -55,6 +57,8 @@ def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | 
     prefix = names.check_prefix(name)
     options = (options or BuildOptions()).check()
     args = example_args if isinstance(example_args, tuple) else (example_args,)
+    if isinstance(fn, CompiledModule):  # tg.compile(model): the module it compiles
+        fn = fn._orig_mod
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
     trace = compiled.traced(*args)
     found = names.holders(compiled.fn) if holders is None else dict(holders)
