@@ -238,7 +238,8 @@ def _api(p: str, program: ExportedProgram, memory: _Memory, embedded: bool) -> s
         target = f"outputs[{index}]" if kind == "output" else f"ctx->tensor[{index}]"
         nbytes = (program.outputs[index] if kind == "output" else program.tensors[index]).nbytes
         copies.append(f"    if (buffers[{slot}] != {target}) memcpy({target}, buffers[{slot}], {nbytes});")
-    swaps = [f"    {p}_swap(&ctx->tensor[{t}], &ctx->spare[{t}]);" for t in program.swaps]
+    swaps = [f"    kept = ctx->tensor[{t}], ctx->tensor[{t}] = ctx->spare[{t}], ctx->spare[{t}] = kept;"
+             for t in program.swaps]
     spares = [f"    ctx->spare[{t}] = ctx->memory + {offset};" for t, offset in memory.spares.items()]
     open_weights = [
         "    if (!weights_path) {",
@@ -277,12 +278,6 @@ def _api(p: str, program: ExportedProgram, memory: _Memory, embedded: bool) -> s
         f"const char *{p}_last_error(void) {{ return {p}_error; }}",
         "",
         *accessors,
-        "",
-        f"static void {p}_swap(unsigned char **a, unsigned char **b) {{",
-        "    unsigned char *kept = *a;",
-        "    *a = *b;",
-        "    *b = kept;",
-        "}",
         "",
         "/* The context's memory block, page-aligned; a large one on transparent huge pages (fewer TLB misses over",
         "   a working set of megabytes), as the Python process maps its arenas. */",
@@ -370,7 +365,7 @@ def _api(p: str, program: ExportedProgram, memory: _Memory, embedded: bool) -> s
         "        return status;",
         "    }",
         *copies,
-        *swaps,
+        *(["    unsigned char *kept;  /* each state's new value becomes its tensor */", *swaps] if swaps else []),
         "    return 0;",
         "}",
         "",

@@ -98,6 +98,8 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
             elif name is None:
                 name, constants = f"constant.{constants}", constants + 1
             held[index] = (name, np.asarray(read(values)))
+    rank = {name: k for k, name in enumerate(tensor_names.values())}  # the modules' own order (state_dict's)
+    held = dict(sorted(held.items(), key=lambda item: rank.get(item[1][0], len(rank))))
     order = sorted(fed, key=lambda i: fed[i][0])
     input_of = {index: k for k, index in enumerate(order)}
     inputs = [ArraySpec(name, trace.inputs[i].dtype, trace.inputs[i].shape)
