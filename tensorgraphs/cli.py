@@ -129,6 +129,7 @@ def _build(args: argparse.Namespace) -> int:
         source = load_source(options.model, dict(options.shape))
         built = export(source.model, source.example_args, options.directory, options.name,
                        embed_weights=options.embed_weights, input_names=source.input_names,
+                       output_names=source.output_names,
                        options=BuildOptions(f"-O{options.optimization}", options.target, options.cc or BuildOptions.cc,
                                             not options.no_openmp, options.verbose))
     except TGError as error:  # one line, without the "(at file:line)" of a Python caller

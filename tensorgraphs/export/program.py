@@ -21,7 +21,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import ProgramLayout
 from tensorgraphs.codegen.c_renderer import uses_attention, uses_gemm
 from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
-from tensorgraphs.errors import UnsupportedError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.export.names import unique
 from tensorgraphs.runtime.tracing import Captured
 
@@ -71,10 +71,10 @@ class ExportedProgram:
     libraries: tuple[str, ...]  # kernel libraries the program calls: "gemm", "attention"
 
 
-def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
-             tensor_names: Mapping[int, str]) -> ExportedProgram:
-    """The exported form of `trace` (traced on `args`), naming arguments by `argument_names` and the tensors it
-    reads by `tensor_names` (id of the tensor -> name)."""
+def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str], tensor_names: Mapping[int, str],
+             output_names: list[str] | None = None) -> ExportedProgram:
+    """The exported form of `trace` (traced on `args`), naming arguments by `argument_names`, the tensors it
+    reads by `tensor_names` (id of the tensor -> name) and its results by `output_names`."""
     if any(state.kind == "argument" for state in trace.states):
         fail("export", "the function writes into its arguments in place, which a C library cannot hand back: return "
              "the new value instead", kind=UnsupportedError)
@@ -154,9 +154,12 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
     copies = [("output", j, layout.outputs[j]) for j in range(results) if slots[layout.outputs[j]] != ("output", j)]
     copies += [("tensor", t, layout.outputs[j]) for j, t in updates.items()
                if slots[layout.outputs[j]] not in (("spare", t), ("tensor", t))]
-    output_names = ["output"] if results == 1 else [f"output.{j}" for j in range(results)]
+    if output_names is None:
+        output_names = ["output"] if results == 1 else [f"output.{j}" for j in range(results)]
+    elif len(output_names) != results:
+        fail("export", f"{len(output_names)} output names for {results} results", kind=ArgumentError)
     outputs = [ArraySpec(name, dtype, layout.slots[layout.outputs[j]].shape)
-               for j, (name, dtype) in enumerate(zip(output_names, trace.result_dtypes))]
+               for j, (name, dtype) in enumerate(zip(unique(output_names), trace.result_dtypes))]
     libraries = (("gemm",) if uses_gemm(program.kernels) else ()) + (
         ("attention",) if uses_attention(program.kernels) else ())
     return ExportedProgram(program.source, inputs, outputs, tensors, tensor_values, scratch, slots, copies, swaps,

@@ -94,8 +94,9 @@ def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path)
     x = np.random.default_rng(1).standard_normal((8, 16), np.float32)
     built = SimpleNamespace(files={"header": out / "onnxmlp.h", "weights": out / "onnxmlp.safetensors"},
                             program=SimpleNamespace(inputs=[ArraySpec("x", tg.float32, (8, 16))],
-                                                    outputs=[ArraySpec("output", tg.float32, (8, 4))]))
-    assert "0 \"x\" float32 [8, 16]" in built.files["header"].read_text()
+                                                    outputs=[ArraySpec("y", tg.float32, (8, 4))]))
+    header = built.files["header"].read_text()
+    assert '0 "x" float32 [8, 16]' in header and '0 "y" float32 [8, 4]' in header
     got = run_c(built, [[x]])[0][0][0]
     (expected,) = onnxruntime.InferenceSession(str(model)).run(None, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
