@@ -1,13 +1,15 @@
 """Benchmark: exported C libraries (tg.export) called from a C program vs the same compiled program called from
 Python, per model; with the library's size and its build time.
 
-    .venv/bin/python bench/export.py [--models mlp,cnn,gpt,gpt_step] [--repeats 200]
+    .venv/bin/python bench/export.py [--models mlp,cnn,gpt,gpt_step] [--repeats 200] [--rounds 3]
 
 Each model is exported (tg.export: trace, the Python program compiled or taken from the cache, the library
 built; "build s" is all of it), then called `repeats` times after 10 warm-up calls on the same inputs: from C by a
 harness linked against libNAME.a (clock_gettime around each NAME_run), from Python by the tg.compile'd function
-(around each call, results as numpy arrays). Times are medians. Both see GOMP_SPINCOUNT=3000, the setting the
-Python process gives itself (codegen/compiler.py). gpt_step is a whole AdamW training step of the shipped GPT.
+(around each call, results as numpy arrays). Times are medians; C and Python alternate `rounds` times and the
+best median of each is shown. Both see GOMP_SPINCOUNT=3000, the setting the
+Python process gives itself (codegen/compiler.py), and the same OMP_NUM_THREADS (set it to 1 for one-thread
+figures, steadier on a busy machine). gpt_step is a whole AdamW training step of the shipped GPT.
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def python_microseconds(compiled: Any, args: tuple[Any, ...], repeats: int) -> f
     return statistics.median(times) * 1e6
 
 
-def c_microseconds(exported: Exported, args: tuple[Any, ...], repeats: int) -> float:
+def c_harness(exported: Exported, args: tuple[Any, ...]) -> Callable[[int], float]:
+    """The C harness built against the library, with the inputs written for it: repeats -> median µs."""
     directory = exported.files["header"].parent
     prefix = exported.files["header"].stem
     (directory / "bench.c").write_text(HARNESS.replace("NAME", prefix))
@@ -145,17 +148,24 @@ def c_microseconds(exported: Exported, args: tuple[Any, ...], repeats: int) -> f
     lr = [np.float32(1e-3)] * (len(exported.program.inputs) - len(values))  # the training step's live input
     (directory / "inputs.bin").write_bytes(b"".join(np.ascontiguousarray(v, spec.storage).tobytes() for v, spec
                                                     in zip([*values, *lr], exported.program.inputs)))
-    result = subprocess.run(["./bench", "inputs.bin", str(WARMUP), str(repeats)], cwd=directory, check=True,
-                            capture_output=True, text=True, env={**os.environ, **ENVIRONMENT})
-    return float(result.stdout)
+
+    def run(repeats: int) -> float:
+        result = subprocess.run(["./bench", "inputs.bin", str(WARMUP), str(repeats)], cwd=directory, check=True,
+                                capture_output=True, text=True, env={**os.environ, **ENVIRONMENT})
+        return float(result.stdout)
+
+    return run
 
 
-def row(name: str, repeats: int, directory: Path) -> list[str]:
+def row(name: str, repeats: int, rounds: int, directory: Path) -> list[str]:
     model, args = MODELS[name]()
     compiled = tg.CompiledFunction(model)
     exported = tg.export(compiled, args, directory / name, name=name)
-    python = python_microseconds(compiled, args, repeats)
-    c = c_microseconds(exported, args, repeats)
+    c_run = c_harness(exported, args)
+    c, python = float("inf"), float("inf")
+    for _ in range(rounds):  # alternating, the best median of each: a busy machine slows either at random
+        c = min(c, c_run(repeats))
+        python = min(python, python_microseconds(compiled, args, repeats))
     kib = {kind: exported.files[kind].stat().st_size / 1024 for kind in ("shared", "static", "weights")}
     return [name, f"{c:,.0f}", f"{python:,.0f}", f"{c / python:.2f}", f"{kib['shared']:,.0f}", f"{kib['static']:,.0f}",
             f"{kib['weights']:,.0f}", f"{exported.build_seconds:.1f}"]
@@ -165,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
@@ -172,7 +183,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="tg-bench-export-") as directory:
         for name in args.models.split(","):
-            rows.append(row(name, args.repeats, Path(directory)))
+            rows.append(row(name, args.repeats, args.rounds, Path(directory)))
             print(" | ".join(rows[-1]), file=sys.stderr)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for line in [header, ["-" * w for w in widths], *rows]:
