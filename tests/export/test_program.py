@@ -36,3 +36,14 @@ def test_numbers_random_keys_and_results_that_are_inputs_or_parameters(tmp_path:
         np.testing.assert_array_equal(have, want)
     other_key = run_c(exported, [[x.numpy(), np.float64(2.5), key + 1]])[0][0][0]
     assert not np.array_equal(other_key, got[0])
+
+
+def test_an_index_out_of_bounds_fails_the_call_with_a_message(tmp_path: Path) -> None:
+    tg.manual_seed(0)
+    embedding = nn.Embedding(10, 4)
+    idx = np.array([[1, 2, 3]])
+    exported = tg.export(embedding, (tg.tensor(idx),), tmp_path, name="lookup")
+    got = run_c(exported, [[idx]])[0][0][0]
+    np.testing.assert_array_equal(got, embedding.weight.detach().numpy()[idx])
+    error = run_c(exported, [[np.array([[1, 12, 3]])]], failing=True)
+    assert "lookup_run: an index (of a gather or scatter) is out of bounds" in error
