@@ -129,12 +129,13 @@ def _build(args: argparse.Namespace) -> int:
         source = load_source(options.model, dict(options.shape))
         built = export(source.model, source.example_args, options.directory, options.name,
                        embed_weights=options.embed_weights, input_names=source.input_names,
+                       output_names=source.output_names,
                        options=BuildOptions(f"-O{options.optimization}", options.target, options.cc or BuildOptions.cc,
                                             not options.no_openmp, options.verbose))
     except TGError as error:  # one line, without the "(at file:line)" of a Python caller
         print(f"tg build: error: {re.sub(r' [(]at [^()]*[)]$', '', str(error).splitlines()[0])}", file=sys.stderr)
         return 2 if isinstance(error, ArgumentError) else 1
-    sizes = ", ".join(f"{path.name} ({path.stat().st_size // 1024} KiB)" for path in built.files.values()
+    sizes = ", ".join(f"{path.name} ({path.stat().st_size / 1024:.1f} KiB)" for path in built.files.values()
                       if path.exists())
     print(f"built {options.name} in {built.build_seconds:.1f} s: {sizes}")
     return 0

@@ -202,6 +202,11 @@ class CompiledFunction:
         outputs = trace.program.run_steps(inputs, count, fed, carried)
         return self._finish(trace, outputs)
 
+    def traced(self, *args: Any, **kwargs: Any) -> _Trace:
+        """The trace (and compiled program) a call with these arguments runs, traced now if new, not run (tg.export
+        writes it out)."""
+        return self._trace_for(args, kwargs)
+
     def _trace_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
         keywords = tuple(kwargs)
         labels = [f"argument {i}" for i in range(len(args))] + [f"keyword argument {k!r}" for k in keywords]

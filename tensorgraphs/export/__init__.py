@@ -21,6 +21,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.export import c_api, names, weights
 from tensorgraphs.export.build import BuildOptions, build_library
 from tensorgraphs.export.program import ExportedProgram, describe
+from tensorgraphs.nn.compiled_module import CompiledModule
 from tensorgraphs.nn.module import Module
 from tensorgraphs.optim.optimizer import Optimizer
 
@@ -40,28 +41,31 @@ class Exported:
 def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | Path, name: str, *,
            embed_weights: bool = False, options: BuildOptions | None = None,
            holders: Mapping[str, Module | Optimizer] | None = None,
-           input_names: list[str] | None = None) -> Exported:
-    """Write `fn` (a function `tg.compile` can compile, or a module), traced on `example_args` (a tuple of
-    arguments, or one tensor), as a C library named `name` into `directory` (created if missing).
+           input_names: list[str] | None = None, output_names: list[str] | None = None) -> Exported:
+    """Write `fn` (a function `tg.compile` can compile, a module, or what `tg.compile` returned), traced on
+    `example_args` (a tuple of arguments, or one tensor), as a C library named `name` into `directory` (created
+    if missing).
 
     The library's inputs are the tensor and number arguments the program reads, then its live values (`lr`,
     `random_key`); its outputs are `fn`'s results. Tensors it reads otherwise (parameters, optimizer state) are
     held by each context and named after the modules and optimizers `fn` reaches (`holders` overrides which:
-    {"model": model, "opt": optimizer}); `input_names` names the arguments (default: `fn`'s parameter names).
-    `embed_weights` puts the weights inside the library
-    (`NAME_create(NULL)`); `options` sets the compiler, -O, -march, OpenMP and verbosity.
+    {"model": model, "opt": optimizer}); `input_names` names the arguments (default: `fn`'s parameter names),
+    `output_names` the results (default: output, or output.0, output.1, ...). `embed_weights` puts the weights
+    inside the library (`NAME_create(NULL)`); `options` sets the compiler, -O, -march, OpenMP and verbosity.
     """
     started = time.perf_counter()
     prefix = names.check_prefix(name)
     options = (options or BuildOptions()).check()
     args = example_args if isinstance(example_args, tuple) else (example_args,)
+    if isinstance(fn, CompiledModule):  # tg.compile(model): the module it compiles
+        fn = fn._orig_mod
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
-    trace = compiled._trace_for(args, {})
+    trace = compiled.traced(*args)
     found = names.holders(compiled.fn) if holders is None else dict(holders)
     arguments = list(input_names) if input_names is not None else names.argument_names(compiled.fn, len(args))
     if len(arguments) != len(args):
         fail("export", f"{len(arguments)} input names for {len(args)} arguments", kind=ArgumentError)
-    program = describe(trace, args, arguments, names.tensor_names(found))
+    program = describe(trace, args, arguments, names.tensor_names(found), output_names)
     for spec in program.tensors:
         if len(spec.name.encode()) >= 1000:
             fail("export", f"tensor name {spec.name[:40]!r}... is longer than the library's reader takes "

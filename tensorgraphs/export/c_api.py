@@ -17,9 +17,11 @@ from tensorgraphs.export.names import c_string
 from tensorgraphs.export.program import ArraySpec, ExportedProgram
 from tensorgraphs.export.weights import header as file_header
 from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.memory.arena import HUGE_PAGE_BYTES
 
 ALIGNMENT = 64
 READER = (Path(__file__).parent / "safetensors_reader.c").read_text()
+CONTEXT = (Path(__file__).parent / "context.c").read_text()  # NAME: the library's prefix
 API_FUNCTIONS = ("create", "last_error", "num_inputs", "num_outputs", "input_rank", "input_shape", "input_name",
                  "input_dtype", "input_bytes", "output_rank", "output_shape", "output_name", "output_dtype",
                  "output_bytes", "run", "save", "destroy")
@@ -43,11 +45,13 @@ def _aligned(size: int) -> int:
 
 
 class _Memory:
-    """Byte offsets of everything a context holds, in one aligned block: tensors, spare buffers, scratch, arena."""
+    """Byte offsets of everything a context holds, in one page-aligned block: tensors, spare buffers, scratch,
+    arena (each on a cache line)."""
 
     def __init__(self, program: ExportedProgram) -> None:
         self.size = 0
         self.tensors = [self._take(t.nbytes) for t in program.tensors]
+        self.size = max(self.size, ALIGNMENT)  # a spare buffer's offset is never 0 (0 says: none)
         self.spares = {t: self._take(program.tensors[t].nbytes) for t in program.swaps}
         self.scratch = [self._take(s.nbytes) for s in program.scratch]
         self.arena = self._take(program.arena_bytes)
@@ -148,11 +152,14 @@ def render_source(prefix: str, program: ExportedProgram, embedded: bool) -> str:
         "#include <stdarg.h>",
         "#include <stdio.h>",
         "#include <stdlib.h>",
+        "#include <sys/mman.h>",
         "",
         READER,
         _tables(p, program, memory),
         _embedded(p) if embedded else "",
-        _api(p, program, memory, embedded),
+        "\n".join(_accessors(p, program)),
+        CONTEXT.replace("NAME", p),
+        "\n".join(_run(p, program, memory)),
     ]
     return "\n".join(parts)
 
@@ -171,6 +178,7 @@ def _tables(p: str, program: ExportedProgram, memory: _Memory) -> str:
                f"{s.nbytes}}}," for t, s in enumerate(tensors)]
     count = max(len(tensors), 1)
     header = file_header(tensors)
+    spares = [str(memory.spares.get(t, 0)) for t in range(len(tensors))]
     return "\n".join([
         f"typedef struct {{ const char *name; const char *dtype; int rank; const int64_t *shape; size_t bytes; }} "
         f"{p}_array;",
@@ -185,16 +193,12 @@ def _tables(p: str, program: ExportedProgram, memory: _Memory) -> str:
         *(entries or ["    {0},"]),
         "};",
         f"static const size_t {p}_tensor_offsets[{count}] = {{{', '.join(map(str, memory.tensors)) or '0'}}};",
+        f"static const size_t {p}_spare_offsets[{count}] = {{{', '.join(spares) or '0'}}};  /* 0: none */",
         f"#define {p}_MEMORY_BYTES {memory.size}",
         f"#define {p}_ARENA_OFFSET {memory.arena}",
+        f"#define {p}_HUGE_PAGE_BYTES {HUGE_PAGE_BYTES}",
         f"/* The file header {p}_save writes ({len(header)} bytes). */",
         f"static const char {p}_file_header[] = {c_string(header.decode())};",
-        "",
-        f"struct {p}_ctx {{",
-        "    unsigned char *memory;",
-        f"    unsigned char *tensor[{count}];",
-        f"    unsigned char *spare[{count}];",
-        "};",
         "",
     ])
 
@@ -202,6 +206,7 @@ def _tables(p: str, program: ExportedProgram, memory: _Memory) -> str:
 def _embedded(p: str) -> str:
     return "\n".join([
         f"/* The weights, {p}.safetensors as it was exported, inside the library (read by the assembler). */",
+        f"#define {p}_EMBEDDED_WEIGHTS 1",
         '__asm__(".section .rodata\\n.balign 64\\n"',
         f'        "{p}_embedded_weights:\\n.incbin \\"{p}.safetensors\\"\\n{p}_embedded_weights_end:\\n.previous");',
         f'extern const unsigned char {p}_embedded_weights[] __attribute__((visibility("hidden")));',
@@ -227,33 +232,11 @@ def _slot_assignment(p: str, program: ExportedProgram, slot: int, source: tuple[
     return f"    buffers[{slot}] = {pointer};{comment}"
 
 
-def _api(p: str, program: ExportedProgram, memory: _Memory, embedded: bool) -> str:
-    n_in, n_out = len(program.inputs), len(program.outputs)
-    slots = [_slot_assignment(p, program, i, source, memory) for i, source in enumerate(program.slots)]
-    copies = []
-    for kind, index, slot in program.copies:
-        target = f"outputs[{index}]" if kind == "output" else f"ctx->tensor[{index}]"
-        nbytes = (program.outputs[index] if kind == "output" else program.tensors[index]).nbytes
-        copies.append(f"    if (buffers[{slot}] != {target}) memcpy({target}, buffers[{slot}], {nbytes});")
-    swaps = [f"    {p}_swap(&ctx->tensor[{t}], &ctx->spare[{t}]);" for t in program.swaps]
-    spares = [f"    ctx->spare[{t}] = ctx->memory + {offset};" for t, offset in memory.spares.items()]
-    open_weights = [
-        "    if (!weights_path) {",
-        *([f"        loaded = {p}_load(ctx, {p}_embedded_weights,",
-           f"                          (size_t)({p}_embedded_weights_end - {p}_embedded_weights), \"(embedded)\");"]
-          if embedded else [f'        {p}_fail("{p}_create: this library has no embedded weights: pass the path of '
-                            f'{p}.safetensors");']),
-        "    } else {",
-        "        size_t size = 0;",
-        f"        unsigned char *file = {p}_read_file(weights_path, &size);",
-        f"        loaded = file && {p}_load(ctx, file, size, weights_path);",
-        "        free(file);",
-        "    }",
-    ]
-    accessors = []
-    for kind, count in (("input", n_in), ("output", n_out)):
+def _accessors(p: str, program: ExportedProgram) -> list[str]:
+    lines = []
+    for kind, count in (("input", len(program.inputs)), ("output", len(program.outputs))):
         table, valid = f"{p}_{kind}s", f"i >= 0 && i < {count}"
-        accessors += [
+        lines += [
             f"int {p}_num_{kind}s(void) {{ return {count}; }}",
             f"int {p}_{kind}_rank(int i) {{ return {valid} ? {table}[i].rank : -1; }}",
             f"const int64_t *{p}_{kind}_shape(int i) {{ return {valid} ? {table}[i].shape : NULL; }}",
@@ -261,90 +244,24 @@ def _api(p: str, program: ExportedProgram, memory: _Memory, embedded: bool) -> s
             f"const char *{p}_{kind}_dtype(int i) {{ return {valid} ? {table}[i].dtype : NULL; }}",
             f"size_t {p}_{kind}_bytes(int i) {{ return {valid} ? {table}[i].bytes : 0; }}",
         ]
-    return "\n".join([
-        f"static _Thread_local char {p}_error[1024];",
-        "",
-        f"static void {p}_fail(const char *format, ...) {{",
-        "    va_list args;",
-        "    va_start(args, format);",
-        f"    vsnprintf({p}_error, sizeof {p}_error, format, args);",
-        "    va_end(args);",
-        "}",
-        "",
-        f"const char *{p}_last_error(void) {{ return {p}_error; }}",
-        "",
-        *accessors,
-        "",
-        f"static void {p}_swap(unsigned char **a, unsigned char **b) {{",
-        "    unsigned char *kept = *a;",
-        "    *a = *b;",
-        "    *b = kept;",
-        "}",
-        "",
-        "/* The whole file in memory (NULL with the error set when it cannot be read). */",
-        f"static unsigned char *{p}_read_file(const char *path, size_t *size) {{",
-        '    FILE *f = fopen(path, "rb");',
-        "    long length = -1;",
-        "    if (f && fseek(f, 0, SEEK_END) == 0) length = ftell(f);",
-        "    unsigned char *data = length >= 0 ? malloc((size_t)length + 1) : NULL;",
-        "    if (data && (fseek(f, 0, SEEK_SET) != 0 || fread(data, 1, (size_t)length, f) != (size_t)length)) {",
-        "        free(data);",
-        "        data = NULL;",
-        "    }",
-        "    if (f) fclose(f);",
-        f'    if (!data) {p}_fail("{p}_create: cannot read the weights file \'%s\'", path);',
-        "    *size = data ? (size_t)length : 0;",
-        "    return data;",
-        "}",
-        "",
-        f"static int {p}_load({p}_ctx *ctx, const unsigned char *file, size_t size, const char *where) {{",
-        "    char reason[768];",
-        f"    void *destinations[{max(len(program.tensors), 1)}];",
-        f"    for (int t = 0; t < {p}_TENSORS; t++) destinations[t] = ctx->tensor[t];",
-        f"    int failed = tg_st_load(file, size, {p}_tensors, {p}_TENSORS, destinations, reason, sizeof reason);",
-        "    if (!failed) return 1;",
-        f'    {p}_fail("{p}_create: the weights \'%s\' do not fit this library: %s", where, reason);',
-        "    return 0;",
-        "}",
-        "",
-        f"{p}_ctx *{p}_create(const char *weights_path) {{",
-        f"    {p}_ctx *ctx = calloc(1, sizeof *ctx);",
-        f"    unsigned char *memory = aligned_alloc({ALIGNMENT}, {p}_MEMORY_BYTES);",
-        "    if (!ctx || !memory) {",
-        "        free(ctx);",
-        "        free(memory);",
-        f'        {p}_fail("{p}_create: out of memory ({p}_MEMORY_BYTES bytes)");',
-        "        return NULL;",
-        "    }",
-        "    ctx->memory = memory;",
-        f"    for (int t = 0; t < {p}_TENSORS; t++) ctx->tensor[t] = memory + {p}_tensor_offsets[t];",
-        *spares,
-        "    int loaded = 0;",
-        *open_weights,
-        "    if (!loaded) {",
-        f"        {p}_destroy(ctx);",
-        "        return NULL;",
-        "    }",
-        "    return ctx;",
-        "}",
-        "",
+    return lines
+
+
+def _run(p: str, program: ExportedProgram, memory: _Memory) -> list[str]:
+    """NAME_run: the buffer array filled from the call and the context, one `tg_program`, then the copies of
+    outputs sharing a slot and the swaps of replaced state."""
+    copies = []
+    for kind, index, slot in program.copies:
+        target = f"outputs[{index}]" if kind == "output" else f"ctx->tensor[{index}]"
+        nbytes = (program.outputs[index] if kind == "output" else program.tensors[index]).nbytes
+        copies.append(f"    if (buffers[{slot}] != {target}) memcpy({target}, buffers[{slot}], {nbytes});")
+    swaps = [f"    kept = ctx->tensor[{t}], ctx->tensor[{t}] = ctx->spare[{t}], ctx->spare[{t}] = kept;"
+             for t in program.swaps]
+    return [
         f"int {p}_run({p}_ctx *ctx, const void *const *inputs, void *const *outputs) {{",
-        "    if (!ctx) {",
-        f'        {p}_fail("{p}_run: the context is NULL");',
-        "        return -1;",
-        "    }",
-        f"    for (int i = 0; i < {n_in}; i++)",
-        f"        if (!inputs || (!inputs[i] && {p}_inputs[i].bytes)) {{",
-        f'            {p}_fail("{p}_run: input %d (%s) is NULL", i, {p}_inputs[i].name);',
-        "            return -1;",
-        "        }",
-        f"    for (int j = 0; j < {n_out}; j++)",
-        f"        if (!outputs || (!outputs[j] && {p}_outputs[j].bytes)) {{",
-        f'            {p}_fail("{p}_run: output %d (%s) is NULL", j, {p}_outputs[j].name);',
-        "            return -1;",
-        "        }",
+        f"    if ({p}_check_call(ctx, inputs, outputs)) return -1;",
         f"    void *buffers[{max(len(program.slots), 1)}];",
-        *slots,
+        *[_slot_assignment(p, program, i, source, memory) for i, source in enumerate(program.slots)],
         "    int status = tg_program(buffers);",
         "    if (status) {",
         f'        {p}_fail("{p}_run: an index (of a gather or scatter) is out of bounds of the dimension it '
@@ -352,48 +269,11 @@ def _api(p: str, program: ExportedProgram, memory: _Memory, embedded: bool) -> s
         "        return status;",
         "    }",
         *copies,
-        *swaps,
+        *(["    unsigned char *kept;  /* each state's new value becomes its tensor */", *swaps] if swaps else []),
         "    return 0;",
         "}",
         "",
-        f"int {p}_save(const {p}_ctx *ctx, const char *path) {{",
-        "    if (!ctx || !path) {",
-        f'        {p}_fail("{p}_save: the context or the path is NULL");',
-        "        return -1;",
-        "    }",
-        "    size_t length = strlen(path);",
-        "    char *temporary = malloc(length + 5);",
-        "    FILE *f = NULL;",
-        "    if (temporary) {",
-        "        memcpy(temporary, path, length);",
-        '        memcpy(temporary + length, ".tmp", 5);',
-        '        f = fopen(temporary, "wb");',
-        "    }",
-        "    int ok = f != NULL;",
-        f"    const uint64_t header = sizeof {p}_file_header - 1;",
-        "    unsigned char size[8];",
-        "    for (int k = 0; k < 8; k++) size[k] = (unsigned char)(header >> (8 * k));",
-        "    ok = ok && fwrite(size, 1, 8, f) == 8;",
-        f"    ok = ok && fwrite({p}_file_header, 1, header, f) == header;",
-        f"    for (int t = 0; ok && t < {p}_TENSORS; t++)",
-        f"        ok = fwrite(ctx->tensor[t], 1, {p}_tensors[t].bytes, f) == {p}_tensors[t].bytes;",
-        "    if (f) ok = fclose(f) == 0 && ok;",
-        "    ok = ok && rename(temporary, path) == 0;",
-        "    if (!ok) {",
-        "        if (f) remove(temporary);",
-        f'        {p}_fail("{p}_save: cannot write \'%s\'", path);',
-        "    }",
-        "    free(temporary);",
-        "    return ok ? 0 : -1;",
-        "}",
-        "",
-        f"void {p}_destroy({p}_ctx *ctx) {{",
-        "    if (!ctx) return;",
-        "    free(ctx->memory);",
-        "    free(ctx);",
-        "}",
-        "",
-    ])
+    ]
 
 
 def build_command(prefix: str, openmp: bool) -> str:

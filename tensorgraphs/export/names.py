@@ -17,12 +17,13 @@ from tensorgraphs.nn.module import Module
 from tensorgraphs.optim.optimizer import Optimizer
 
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,:;#@+-=<>()[]{}/")
+_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n"}
 _PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,39}")
 
 
 def c_string(text: str) -> str:
     """`text` (as UTF-8) as a C string literal."""
-    return '"' + "".join(chr(b) if b in _SAFE else f"\\{b:03o}" for b in text.encode()) + '"'
+    return '"' + "".join(chr(b) if b in _SAFE else _ESCAPES.get(b, f"\\{b:03o}") for b in text.encode()) + '"'
 
 
 def check_prefix(name: str) -> str:

@@ -21,7 +21,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import Program, ProgramLayout
 from tensorgraphs.codegen.c_renderer import library_functions
 from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
-from tensorgraphs.errors import UnsupportedError, fail
+from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.export.names import unique
 from tensorgraphs.kernels import attention, gemm
 from tensorgraphs.runtime.tracing import Captured
@@ -72,18 +72,40 @@ class ExportedProgram:
     libraries: tuple[str, ...]  # kernel libraries the program calls: "gemm", "attention"
 
 
-def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
-             tensor_names: Mapping[int, str]) -> ExportedProgram:
-    """The exported form of `trace` (traced on `args`), naming arguments by `argument_names` and the tensors it
-    reads by `tensor_names` (id of the tensor -> name)."""
+def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str], tensor_names: Mapping[int, str],
+             output_names: list[str] | None = None) -> ExportedProgram:
+    """The exported form of `trace` (traced on `args`), naming arguments by `argument_names`, the tensors it
+    reads by `tensor_names` (id of the tensor -> name) and its results by `output_names`."""
     if any(state.kind == "argument" for state in trace.states):
         fail("export", "the function writes into its arguments in place, which a C library cannot hand back: return "
              "the new value instead", kind=UnsupportedError)
+    results = len(trace.result_dtypes)
+    if output_names is None:
+        output_names = ["output"] if results == 1 else [f"output.{j}" for j in range(results)]
+    elif len(output_names) != results:
+        fail("export", f"{len(output_names)} output names for {results} results", kind=ArgumentError)
     program = trace.program
-    layout: ProgramLayout = program.layout()
+    layout = program.layout()
+    inputs, input_of, held = _split_inputs(trace, args, argument_names, tensor_names)
+    tensor_of = {index: t for t, index in enumerate(held)}  # program input -> the context tensor feeding it
+    tensors, values, slots = _context_tensors(trace, layout, held, input_of, tensor_of)
+    updates = {state.output_index: tensor_of[state.input_index] for state in trace.states
+               if state.output_index is not None and state.input_index is not None}
+    scratch, swaps, copies = _place_outputs(layout, slots, updates, results)
+    outputs = [ArraySpec(name, dtype, layout.slots[layout.outputs[j]].shape)
+               for j, (name, dtype) in enumerate(zip(unique(output_names), trace.result_dtypes))]
+    libraries = _kernel_libraries(program)
+    return ExportedProgram(program.source, inputs, outputs, tensors, values, scratch, slots, copies, swaps,
+                           layout.arena_bytes, libraries)
+
+
+def _split_inputs(trace: _Trace, args: tuple[Any, ...], argument_names: list[str], tensor_names: Mapping[int, str]
+                  ) -> tuple[list[ArraySpec], dict[int, int], dict[int, tuple[str, np.ndarray]]]:
+    """The C call's inputs (arguments in order, then live values), which C input feeds each program input, and
+    the program inputs the context holds instead, as (name, value), in the modules' own order (state_dict's)."""
     values = _argument_values(args)
     fed: dict[int, tuple[int, str]] = {}  # program input -> (order key, name) of the C input feeding it
-    held: dict[int, tuple[str, np.ndarray]] = {}  # program input -> (name, value) of the context tensor
+    held: dict[int, tuple[str, np.ndarray]] = {}
     constants = unnamed = 0
     for index, read in enumerate(trace.readers):
         if isinstance(read, (_Argument, _NumberArgument)):
@@ -99,18 +121,22 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
             elif name is None:
                 name, constants = f"constant.{constants}", constants + 1
             held[index] = (name, np.asarray(read(values)))
+    rank = {name: k for k, name in enumerate(tensor_names.values())}
+    held = dict(sorted(held.items(), key=lambda item: rank.get(item[1][0], len(rank))))
     order = sorted(fed, key=lambda i: fed[i][0])
-    input_of = {index: k for k, index in enumerate(order)}
     inputs = [ArraySpec(name, trace.inputs[i].dtype, trace.inputs[i].shape)
               for i, name in zip(order, unique([fed[i][1] for i in order]))]
+    return inputs, {index: k for k, index in enumerate(order)}, held
 
-    tensor_names_list, tensor_values, tensor_dtypes = [], [], []
-    tensor_of: dict[int, int] = {}
-    for index, (name, value) in held.items():
-        tensor_of[index] = len(tensor_values)
-        tensor_names_list.append(name)
-        tensor_values.append(value)
-        tensor_dtypes.append(trace.inputs[index].dtype)
+
+def _context_tensors(trace: _Trace, layout: ProgramLayout, held: dict[int, tuple[str, np.ndarray]],
+                     input_of: dict[int, int], tensor_of: dict[int, int]
+                     ) -> tuple[list[ArraySpec], list[np.ndarray], list[Source]]:
+    """The tensors a context holds (the held inputs, then the constants the program holds) with their values, and
+    the sources of every slot but the outputs' (("pending", -1) until `_place_outputs`)."""
+    names = [name for name, _ in held.values()]
+    values = [value for _, value in held.values()]
+    types = [trace.inputs[index].dtype for index in held]
     slots: list[Source] = []
     for slot in layout.slots:
         if slot.role == "input":
@@ -118,21 +144,24 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
             slots.append(("input", input_of[p]) if p in input_of else ("tensor", tensor_of[p]))
         elif slot.role == "constant":
             assert slot.array is not None
-            slots.append(("tensor", len(tensor_values)))
-            tensor_names_list.append(f"constant.{constants}")
-            constants += 1
-            tensor_values.append(slot.array)
-            tensor_dtypes.append(dtypes.from_numpy_dtype(slot.dtype))
+            slots.append(("tensor", len(values)))
+            names.append(f"constant.{sum(n.startswith('constant.') for n in names)}")
+            values.append(slot.array)
+            types.append(dtypes.from_numpy_dtype(slot.dtype))
         elif slot.role == "temp":
             slots.append(("arena", slot.offset))
         else:
             slots.append(("pending", -1))
-    tensors = [ArraySpec(name, dtype, tuple(value.shape)) for name, dtype, value
-               in zip(unique(tensor_names_list), tensor_dtypes, tensor_values)]
+    tensors = [ArraySpec(name, dtype, tuple(value.shape)) for name, dtype, value in zip(unique(names), types, values)]
+    return tensors, values, slots
 
-    results = len(trace.result_dtypes)
-    updates = {state.output_index: tensor_of[state.input_index] for state in trace.states
-               if state.output_index is not None and state.input_index is not None}
+
+def _place_outputs(layout: ProgramLayout, slots: list[Source], updates: dict[int, int],
+                   results: int) -> tuple[list[ArraySpec], list[int], list[tuple[str, int, int]]]:
+    """Fill in the output slots' sources: over the input where the program updates it in place, else a state's
+    spare buffer, else the caller's output, else context scratch. Returns the scratch arrays, the tensors to swap
+    with their spares after a call, and the copies after a call for outputs that share a slot with another.
+    `updates`: output index -> the context tensor that output is the new value of."""
     scratch: list[ArraySpec] = []
     swaps: list[int] = []
     for slot_index, slot in enumerate(layout.slots):
@@ -153,12 +182,7 @@ def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str],
     copies = [("output", j, layout.outputs[j]) for j in range(results) if slots[layout.outputs[j]] != ("output", j)]
     copies += [("tensor", t, layout.outputs[j]) for j, t in updates.items()
                if slots[layout.outputs[j]] not in (("spare", t), ("tensor", t))]
-    output_names = ["output"] if results == 1 else [f"output.{j}" for j in range(results)]
-    outputs = [ArraySpec(name, dtype, layout.slots[layout.outputs[j]].shape)
-               for j, (name, dtype) in enumerate(zip(output_names, trace.result_dtypes))]
-    libraries = _kernel_libraries(program)
-    return ExportedProgram(program.source, inputs, outputs, tensors, tensor_values, scratch, slots, copies, swaps,
-                           layout.arena_bytes, libraries)
+    return scratch, swaps, copies
 
 
 EXPORTABLE_FUNCTIONS = {**dict.fromkeys(gemm.C_FUNCTIONS.values(), "gemm"),

@@ -19,6 +19,7 @@ class BuildSource:
     model: Any  # a Module or a function tg.compile takes
     example_args: tuple[Any, ...]
     input_names: list[str] | None  # None: the function's parameter names
+    output_names: list[str] | None = None  # None: output, output.0, ...
 
 
 def load_source(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> BuildSource:
@@ -48,7 +49,7 @@ def load_source(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> BuildSourc
         fail("build", f"--shape names {sorted(unknown)}, which are not inputs of the model "
              f"({', '.join(i.name for i in inputs)})", kind=ArgumentError)
     args = tuple(_zeros(i, shapes.get(i.name), onnx) for i in inputs)
-    return BuildSource(module, args, [i.name for i in inputs])
+    return BuildSource(module, args, [i.name for i in inputs], [o.name for o in graph.output])
 
 
 def _zeros(value: Any, shape: tuple[int, ...] | None, onnx: Any) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,10 +91,11 @@ def compile_c(source: str, directory: Path, executable: str, libraries: list[str
 
 
 def run_c(exported: Exported, *runs: list[list[np.ndarray]], weights: str | None = "",
-          saved: Path | None = None, openmp: bool = True) -> list[list[list[np.ndarray]]]:
+          saved: Path | None = None, openmp: bool = True, failing: bool = False) -> Any:
     """Per run (a list of steps, each the inputs of one call), the library's outputs at each step, from the C
     harness: each run on a context and a thread of its own, all at once. `weights`: a file, "" for the exported
-    one, None for the embedded weights; `saved`: where the first run's context saves its tensors at the end."""
+    one, None for the embedded weights; `saved`: where the first run's context saves its tensors at the end;
+    `failing`: the harness must fail, and its error output is returned."""
     directory = exported.files["header"].parent
     prefix = exported.files["header"].stem
     harness = directory / f"harness_{prefix}"
@@ -108,6 +110,9 @@ def run_c(exported: Exported, *runs: list[list[np.ndarray]], weights: str | None
     path = "-" if weights is None else (weights or str(exported.files["weights"]))
     command = [str(harness), path, str(saved or "-"), str(len(runs[0])), *files]
     result = subprocess.run(command, capture_output=True, text=True)
+    if failing:
+        assert result.returncode != 0
+        return result.stderr
     assert result.returncode == 0, result.stderr
     return [_outputs(exported, Path(received).read_bytes(), len(steps)) for steps, received in zip(runs, files[1::2])]
 

@@ -67,35 +67,48 @@ def test_a_missing_model_file_is_one_line_and_status_2(tmp_path: Path, capsys: p
     assert capsys.readouterr().err == f"tg build: error: {tmp_path / 'absent.onnx'}: no such file\n"
 
 
-def onnx_model(path: Path) -> None:
-    """relu(x @ w + b) @ v with a symbolic batch dim: a model ONNX Runtime runs as the reference."""
+def onnx_model(path: Path, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An ONNX model ONNX Runtime runs as the reference, with a symbolic batch dim; returns its input and output
+    shapes at batch 8. "mlp": relu(x @ w + b) @ v; "cnn": conv 3x3, relu, max pool 2x2, flatten, gemm."""
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = {"w": rng.standard_normal((16, 32), np.float32), "b": rng.standard_normal(32, np.float32),
-               "v": rng.standard_normal((32, 4), np.float32)}
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
-         helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "v"], ["y"])],
-        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        [numpy_helper.from_array(array, name) for name, array in weights.items()])
+    if kind == "mlp":
+        shapes = (("batch", 16), ("batch", 4))
+        weights = {"w": (16, 32), "b": (32,), "v": (32, 4)}
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+                 helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "v"], ["y"])]
+    else:
+        shapes = (("batch", 1, 8, 8), ("batch", 10))
+        weights = {"k": (4, 1, 3, 3), "kb": (4,), "w": (10, 64), "b": (10,)}
+        nodes = [helper.make_node("Conv", ["x", "k", "kb"], ["c"], pads=[1, 1, 1, 1]),
+                 helper.make_node("Relu", ["c"], ["r"]),
+                 helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+                 helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("Gemm", ["f", "w", "b"], ["y"], transB=1)]
+    initializers = [numpy_helper.from_array(rng.standard_normal(shape, np.float32), name)
+                    for name, shape in weights.items()]
+    graph = helper.make_graph(nodes, kind, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shapes[0])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shapes[1])], initializers)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return tuple(8 if d == "batch" else d for d in shapes[0]), tuple(8 if d == "batch" else d for d in shapes[1])
 
 
-def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("tensorgraphs.onnx")
     onnxruntime = pytest.importorskip("onnxruntime")
-    model = tmp_path / "mlp.onnx"
-    onnx_model(model)
+    model = tmp_path / f"{kind}.onnx"
+    x_shape, y_shape = onnx_model(model, kind)
     out = tmp_path / "out"
-    assert status_of(["build", str(model), "--name", "onnxmlp", "-o", str(out), "--shape", "x=8x16"]) == 0
-    x = np.random.default_rng(1).standard_normal((8, 16), np.float32)
-    built = SimpleNamespace(files={"header": out / "onnxmlp.h", "weights": out / "onnxmlp.safetensors"},
-                            program=SimpleNamespace(inputs=[ArraySpec("x", tg.float32, (8, 16))],
-                                                    outputs=[ArraySpec("output", tg.float32, (8, 4))]))
-    assert "0 \"x\" float32 [8, 16]" in built.files["header"].read_text()
+    shape = "x=" + "x".join(map(str, x_shape))
+    assert status_of(["build", str(model), "--name", kind, "-o", str(out), "--shape", shape]) == 0
+    x = np.random.default_rng(1).standard_normal(x_shape, np.float32)
+    built = SimpleNamespace(files={"header": out / f"{kind}.h", "weights": out / f"{kind}.safetensors"},
+                            program=SimpleNamespace(inputs=[ArraySpec("x", tg.float32, x_shape)],
+                                                    outputs=[ArraySpec("y", tg.float32, y_shape)]))
+    header = built.files["header"].read_text()
+    assert f'0 "x" float32 {list(x_shape)}' in header and f'0 "y" float32 {list(y_shape)}' in header
     got = run_c(built, [[x]])[0][0][0]
     (expected,) = onnxruntime.InferenceSession(str(model)).run(None, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

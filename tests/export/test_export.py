@@ -24,8 +24,8 @@ def mlp() -> nn.Module:
 def test_mlp_outputs_equal_the_compiled_program_bit_for_bit(tmp_path: Path) -> None:
     model = mlp()
     xs = [tg.randn(8, 16) for _ in range(3)]
-    exported = tg.export(model, (xs[0],), tmp_path, name="mlp")
     compiled = tg.compile(model)
+    exported = tg.export(compiled, (xs[0],), tmp_path, name="mlp")  # the module tg.compile compiles
     (got,) = run_c(exported, [[x.numpy()] for x in xs])
     for x, have in zip(xs, got):
         np.testing.assert_array_equal(have[0], compiled(x).detach().numpy())

@@ -47,6 +47,16 @@ def test_only_the_api_is_exported_and_only_libc_libm_openmp_linked(tmp_path: Pat
     np.testing.assert_array_equal(got, tg.compile(model)(x).detach().numpy())
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
+def test_the_header_compiles_as_cpp_too(tmp_path: Path) -> None:
+    exported = tg.export(mlp(), (tg.randn(8, 16),), tmp_path, name="net")
+    source = tmp_path / "use.cpp"
+    source.write_text('#include "net.h"\nint main() { return net_num_inputs() == 1 ? 0 : 1; }\n')
+    subprocess.run(["g++", "-Wall", "-Werror", f"-I{tmp_path}", "-o", str(tmp_path / "use"), str(source),
+                    str(exported.files["static"]), "-fopenmp", "-lm"], check=True)
+    assert subprocess.run([str(tmp_path / "use")]).returncode == 0
+
+
 def test_verbose_prints_every_command(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     tg.export(mlp(), (tg.randn(8, 16),), tmp_path, name="loud", options=BuildOptions(optimization="-O2",
                                                                                         verbose=True))

@@ -11,6 +11,7 @@ from c_harness import run_c
 
 import tensorgraphs as tg
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
+from tensorgraphs.schedule.attention import attention_enabled
 
 CONFIG = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
@@ -28,6 +29,7 @@ def test_gpt_inference(tmp_path: Path) -> None:
     model = gpt().eval()
     idx = [tg.tensor(tokens(seed)) for seed in range(2)]
     exported = tg.export(model, (idx[0],), tmp_path, name="gpt")
+    assert ("attention" in exported.program.libraries) == attention_enabled()  # the fused kernel, linked in
     (got,) = run_c(exported, [[i.numpy()] for i in idx])
     compiled = tg.compile(model)
     for i, step in zip(idx, got):
