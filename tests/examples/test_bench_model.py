@@ -19,8 +19,10 @@ import torch.nn.functional as TF
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
+from tensorgraphs.testing.mixed_precision import assert_tracks_torch
 
 EQUIVALENCE_STEPS = 50
+AUTOCAST_STEPS = 200
 BENCH_TRAIN = Path(__file__).parents[2] / "bench" / "train.py"
 
 
@@ -43,17 +45,32 @@ def reduced_data(spec: object, seq: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal(shape, dtype=np.float32), rng.standard_normal(shape, dtype=np.float32)
 
 
+def torch_losses(spec: object, weights: dict[str, np.ndarray], batches: list[tuple[np.ndarray, np.ndarray]],
+                 autocast: bool = False) -> list[float]:
+    """One Adam step of the torch model from `weights` per batch (the forward pass under bfloat16 autocast if
+    asked): the losses."""
+    reference = bench.build_model(torch.nn, TF, spec)
+    reference.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in weights.items()})
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=bench.LR)
+    losses = []
+    for inputs, targets in batches:
+        reference_optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            reference_loss = TF.mse_loss(reference(torch.from_numpy(inputs)), torch.from_numpy(targets))
+        reference_loss.backward()
+        reference_optimizer.step()
+        losses.append(reference_loss.item())
+    return losses
+
+
 def train_both(spec: object, inputs: np.ndarray, targets: np.ndarray, device: str) -> tuple[list[float], list[float]]:
     """EQUIVALENCE_STEPS Adam steps of the tg model on `device` and of torch from tg's initial weights: the losses."""
     tg.manual_seed(bench.SEED)
     model = bench.build_model(tg.nn, F, spec)
-    reference = bench.build_model(torch.nn, TF, spec)
-    reference.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()})
+    weights = {k: v.numpy() for k, v in model.state_dict().items()}
     optimizer = tg.optim.Adam(model.parameters(), lr=bench.LR)
-    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=bench.LR)
     x, y = tg.from_numpy(inputs), tg.from_numpy(targets)
-    reference_x, reference_y = torch.from_numpy(inputs), torch.from_numpy(targets)
-    losses, reference_losses = [], []
+    losses = []
     for _ in range(EQUIVALENCE_STEPS):
         with tg.device(device):
             optimizer.zero_grad()
@@ -61,12 +78,7 @@ def train_both(spec: object, inputs: np.ndarray, targets: np.ndarray, device: st
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-        reference_optimizer.zero_grad()
-        reference_loss = TF.mse_loss(reference(reference_x), reference_y)
-        reference_loss.backward()
-        reference_optimizer.step()
-        reference_losses.append(reference_loss.item())
-    return losses, reference_losses
+    return losses, torch_losses(spec, weights, [(inputs, targets)] * EQUIVALENCE_STEPS)
 
 
 def assert_same_training(losses: list[float], reference_losses: list[float]) -> None:
@@ -88,3 +100,31 @@ def test_benchmark_training_matches_pytorch_at_full_size(model: str, tmp_path, m
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))  # the planner's choices must not depend on the user's cache
     spec = bench.MODELS[model]
     assert_same_training(*train_both(spec, *bench.make_data(spec), device="planned"))
+
+
+
+
+def linear_map_batches(spec: object, seq: int, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A fresh batch per step whose target is a fixed random linear map of the input: a loss that falls steadily
+    instead of reaching 0 on one memorized batch (where relative differences would only compare rounding floors)."""
+    rng = np.random.default_rng(bench.SEED)
+    mixing = rng.standard_normal((bench.D_MODEL, bench.D_MODEL), dtype=np.float32) / np.float32(bench.D_MODEL**0.5)
+    inputs = [rng.standard_normal((spec.batch, seq, bench.D_MODEL), dtype=np.float32) for _ in range(steps)]
+    return [(x, x @ mixing) for x in inputs]
+
+
+@pytest.mark.slow  # about 30 s
+def test_encoder_layer_autocast_training_tracks_torch_autocast(tmp_path, monkeypatch) -> None:
+    """The benchmark's own step under bfloat16 autocast (`bench.tg_training_step(spec, autocast=True)`, compiled)
+    for 200 Adam steps at the reduced size, against torch's bfloat16 autocast run and its float32 run from the
+    same weights on the same batches (see tensorgraphs.testing.mixed_precision)."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    spec = bench.ModelSpec(layers=1, batch=2)
+    batches = linear_map_batches(spec, seq=16, steps=AUTOCAST_STEPS)
+    tg.manual_seed(bench.SEED)
+    weights = {k: v.numpy() for k, v in bench.build_model(tg.nn, F, spec).state_dict().items()}
+    step, _, _ = bench.tg_training_step(spec, autocast=True)  # the same seed: the same initial weights
+    compiled = tg.compile(step)
+    losses = [compiled(tg.from_numpy(x), tg.from_numpy(y)).item() for x, y in batches]
+    assert_tracks_torch(losses, *(torch_losses(spec, weights, batches, autocast) for autocast in (True, False)))
+    assert losses[-1] < 0.7 * losses[0], f"the model should learn the map: losses {losses[0]:.4f} -> {losses[-1]:.4f}"

@@ -13,6 +13,7 @@ from torch import nn
 import tensorgraphs as tg
 from tensorgraphs.cli import main as tg_main
 from tensorgraphs.examples import gpt
+from tensorgraphs.testing.mixed_precision import assert_tracks_torch
 
 EQUIVALENCE_STEPS = 50
 
@@ -90,6 +91,42 @@ def test_training_matches_pytorch_from_the_same_weights(device: str, tmp_path, m
         reference_losses.append(loss.item())
     np.testing.assert_allclose(losses, reference_losses, rtol=1e-3, err_msg="tg vs torch loss per step")
     assert losses[-1] < losses[0] - 0.5, f"the model should learn: losses {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+AUTOCAST_STEPS = 200
+
+
+def test_autocast_training_tracks_torch_autocast(tmp_path, monkeypatch) -> None:
+    """200 AdamW steps of the compiled step under tg.autocast (bfloat16) against torch's bfloat16 autocast run and
+    its float32 run from the same weights on the same batches (see tensorgraphs.testing.mixed_precision)."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    corpus = gpt.CharCorpus.load()
+    config = gpt.GPTConfig(len(corpus.chars), block_size=8, n_layer=2, n_head=2, n_embd=16)
+    tg.manual_seed(0)
+    model = gpt.GPT(config)
+    weights = {k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()}
+    optimizer = tg.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    train_step = gpt.make_train_step(model, optimizer, compiled=True, autocast=True)
+    batches = [gpt.batch_at(corpus.train, 4, config.block_size, seed=0, step=step) for step in range(AUTOCAST_STEPS)]
+    losses = [train_step(x, y).item() for x, y in batches]
+
+    def torch_losses(autocast: bool) -> list[float]:
+        reference = TorchGPT(config)
+        reference.load_state_dict(weights)
+        reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+        result = []
+        for x, y in batches:
+            reference_optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = reference(torch.from_numpy(x.numpy()))
+                loss = TF.cross_entropy(logits.reshape(-1, config.vocab_size), torch.from_numpy(y.numpy()).reshape(-1))
+            loss.backward()
+            reference_optimizer.step()
+            result.append(loss.item())
+        return result
+
+    assert_tracks_torch(losses, torch_losses(autocast=True), torch_losses(autocast=False))
+    assert losses[-1] < losses[0] - 1.0, f"the model should learn: losses {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
 TINY = ["--batch-size", "2", "--block-size", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
