@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import tensorgraphs as tg
+
 pytest.importorskip("torch.distributed")
 
 
@@ -36,3 +38,55 @@ def test_a_crashing_rank_makes_the_others_fail_clearly(scenario: str, run_ranks)
     assert survivor.returncode != 0 and survivor.results is None
     assert "DistributedError: distributed.all_reduce: the collective failed; another rank has probably stopped" in (
         survivor.output), survivor.output[-2000:]
+
+
+def mlp() -> tg.nn.Module:
+    tg.manual_seed(0)
+    return tg.nn.Sequential(tg.nn.Linear(6, 5), tg.nn.Tanh(), tg.nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_alone_it_trains_as_the_module_does(one_process_group: None, compiled: bool) -> None:
+    x, y = tg.randn(4, 6), tg.randn(4, 3)
+    trained = []
+    for wrap in (False, True):
+        model = mlp()
+        net = tg.nn.parallel.DistributedDataParallel(model) if wrap else model
+        optimizer = tg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step() -> tg.Tensor:
+            optimizer.zero_grad()
+            loss = tg.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        run = tg.compile(step) if compiled else step
+        for _ in range(3):
+            run()
+        trained.append([p.detach().numpy() for p in model.parameters()])
+    for plain, wrapped in zip(*trained):
+        np.testing.assert_allclose(wrapped, plain, rtol=1e-6, atol=1e-7)
+
+
+def test_buckets_and_state_dict_follow_torch(one_process_group: None) -> None:
+    model = mlp()
+    ddp = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=(5 * 6 + 5) * 4 / 2**20)
+    # reverse registration order, a new bucket when the next parameter would pass the cap
+    assert ddp.bucket_sizes == [3 + 3 * 5 + 5, 5 * 6]
+    assert list(ddp.state_dict()) == [f"module.{k}" for k in model.state_dict()]
+
+
+def test_a_parameter_without_gradient_is_an_error_at_the_next_forward(one_process_group: None) -> None:
+    model = mlp()
+    ddp = tg.nn.parallel.DistributedDataParallel(model)
+    model[0](tg.randn(2, 6)).sum().backward()  # the last layer takes no part
+    with pytest.raises(tg.AutogradError, match=r"Expected to have finished reduction.*'2.weight'"):
+        ddp(tg.randn(2, 6))
+
+
+def test_unsupported_arguments(one_process_group: None) -> None:
+    with pytest.raises(tg.UnsupportedError, match="find_unused_parameters"):
+        tg.nn.parallel.DistributedDataParallel(mlp(), find_unused_parameters=True)
+    with pytest.raises(tg.UnsupportedError, match="device_ids"):
+        tg.nn.parallel.DistributedDataParallel(mlp(), device_ids=[0])
