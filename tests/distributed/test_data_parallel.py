@@ -31,6 +31,24 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
     assert (producers < calls).all() and (calls < consumers).all()
 
 
+def test_module_buffers_follow_rank_0_as_in_torch_ddp(group_results) -> None:
+    """Batch norm: rank 0's running statistics are broadcast before each forward, then each rank updates them
+    with its own batch; torch's DDP gives each rank the same parameters and statistics."""
+    ranks = group_results("train")
+    names = [key.partition("/")[2] for key in ranks[0] if key.startswith("torch-norm/")]
+    assert "1.running_mean" in names
+    for way in ("eager-norm", "compiled-norm"):
+        for results in ranks:
+            for name in names:
+                expected = results[f"torch-norm/{name}"]
+                value = results[f"{way}/{name}"]
+                if expected.dtype.kind == "f":
+                    assert relative_error(value, expected) < 1e-6, (way, name)
+                else:
+                    np.testing.assert_array_equal(value, expected, err_msg=f"{way}: {name}")
+    assert not np.allclose(ranks[0]["torch-norm/1.running_mean"], ranks[1]["torch-norm/1.running_mean"])
+
+
 @pytest.mark.parametrize("scenario", ["crash-compiled", pytest.param("crash-eager", marks=pytest.mark.slow)])
 def test_a_crashing_rank_makes_the_others_fail_clearly(scenario: str, run_ranks) -> None:
     survivor, crashed = run_ranks(scenario, check=False, timeout=60)

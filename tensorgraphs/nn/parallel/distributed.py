@@ -4,11 +4,11 @@ At wrap, every rank takes rank 0's parameters and buffers. Each backward() then 
 the ranks, bucket by bucket (torch's buckets: parameters in reverse registration order, at most
 `bucket_cap_mb` each), as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
 hook). A bucket's gradients are copied into one flat array and averaged there
-(`distributed.gradients.ALL_REDUCE_MEAN`): in eager code at once; inside a function `tg.compile` traces, as a
-`host_call` node of the graph reading the gradients, so the compiled step calls the collective between the
-backward kernels producing the bucket and the optimizer kernels reading it. Every rank
-issues the collectives in the same order: each waits for the previous one (its `after` source), so no
-schedule can reorder them.
+(`distributed.ALL_REDUCE_MEAN`): in eager code at once; inside a function `tg.compile` traces, as a `host_call`
+node of the graph reading the gradients, so the compiled step calls the collective between the backward kernels
+producing the bucket and the optimizer kernels reading it. Module buffers (batch norm's running statistics)
+are broadcast from rank 0 before each forward the same two ways. Every rank issues the collectives in the same
+order: in a compiled step each waits for the previous one (its `after` source), so no schedule can reorder them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tensorgraphs.distributed import ALL_REDUCE_MEAN, broadcast, is_initialized
-from tensorgraphs.distributed.gradients import all_reduce_mean
+from tensorgraphs.distributed import ALL_REDUCE_MEAN, BROADCAST_FROM_RANK_0, broadcast, is_initialized
+from tensorgraphs.distributed.host_collectives import all_reduce_mean
 from tensorgraphs.errors import AutogradError, UnsupportedError, fail
 from tensorgraphs.frontend import movement
 from tensorgraphs.frontend.grad_mode import no_grad
@@ -61,7 +61,7 @@ class DistributedDataParallel(Module):
     """torch.nn.parallel.DistributedDataParallel for tg modules on CPU (gloo); see the module docstring.
 
     `bucket_cap_mb` (default 25) bounds a bucket; `broadcast_buffers` broadcasts rank 0's module buffers before
-    each forward (in eager code); `no_sync()` skips the averaging (gradients accumulate locally until a backward
+    each forward; `no_sync()` skips the averaging (gradients accumulate locally until a backward
     outside it). Every parameter that requires grad must get a gradient in each backward (torch's default,
     `find_unused_parameters=False`).
     """
@@ -89,21 +89,26 @@ class DistributedDataParallel(Module):
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = assign_buckets(params, self.bucket_cap_mb * 2**20)
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
-        self._last_reduced: Node | None = None  # while tracing: the previous collective of this backward
+        self._last_collective: Node | None = None  # while tracing: the previous collective of this step
         for param in params:
             param.register_post_accumulate_grad_hook(self._gradient_ready)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._require_finished_reduction()
-        self._last_reduced = None
-        if self.broadcast_buffers and any(True for _ in self.module.buffers()):
-            if tracing.active() is not None:
-                fail("DistributedDataParallel", "broadcast_buffers=True cannot run inside tg.compile (the broadcast "
-                     "is not part of compiled programs yet): pass broadcast_buffers=False", kind=UnsupportedError)
-            with no_grad():
-                for buffer in self.module.buffers():
-                    broadcast(buffer, src=0)
+        self._last_collective = None
+        if self.broadcast_buffers:
+            self._broadcast_buffers()
         return self.module(*args, **kwargs)
+
+    def _broadcast_buffers(self) -> None:
+        """Every rank's module buffers become rank 0's."""
+        with no_grad():
+            for buffer in self.module.buffers():
+                if tracing.active() is None:
+                    broadcast(buffer, src=0)
+                    continue
+                self._last_collective = host_call(BROADCAST_FROM_RANK_0, [buffer.node], self._last_collective)
+                buffer.assign(movement.reshape(Tensor(self._last_collective), buffer.shape))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -134,8 +139,8 @@ class DistributedDataParallel(Module):
         """Replace each gradient of `bucket` by its mean over the ranks."""
         grads = [p.grad for p in bucket.params]
         if tracing.active() is not None:
-            reduced = host_call(ALL_REDUCE_MEAN, [g.node for g in grads], self._last_reduced)
-            self._last_reduced = reduced
+            reduced = host_call(ALL_REDUCE_MEAN, [g.node for g in grads], self._last_collective)
+            self._last_collective = reduced
             averaged = Tensor(reduced)
             parts = [movement.reshape(movement.narrow(averaged, 0, start, p.numel()), p.shape)
                      for p, start in zip(bucket.params, _offsets(bucket.params))]
