@@ -119,6 +119,23 @@ def reduce_array(array: np.ndarray, op: Any = None, group: Any = None) -> None:
         dist.all_reduce(torch.from_numpy(array), op=dist.ReduceOp.SUM if op is None else op, group=group)
 
 
+def start_reducing_array(array: np.ndarray) -> Any:
+    """Start summing a contiguous numpy array in place over the default group; it goes on in torch's
+    background thread until `finish` is called with what this returns (do not touch the array before)."""
+    import torch
+
+    tensor = torch.from_numpy(array)
+    with _collective("all_reduce"):
+        return tensor, torch_distributed().all_reduce(tensor, async_op=True)
+
+
+def finish(started: Any) -> None:
+    """Wait for a collective `start_reducing_array` started."""
+    _, work = started
+    with _collective("all_reduce"):
+        work.wait()
+
+
 def broadcast_array(array: np.ndarray, src: int, group: Any = None) -> None:
     """Broadcast a contiguous numpy array in place from rank `src` (the memory is shared with torch, not copied)."""
     import torch

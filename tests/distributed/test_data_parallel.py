@@ -25,10 +25,14 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
             np.testing.assert_array_equal(second[f"{way}/{name}"], value, err_msg=f"{way}: {name} differs by rank")
             assert relative_error(value, first[f"single/{name}"]) < 1e-6, (way, name)
             assert relative_error(value, first[f"torch/{name}"]) < 1e-6, (way, name)
-    # the compiled step's two bucket collectives run between the kernels producing and consuming them
-    calls, producers, consumers = (first[f"compiled/{key}"] for key in ("host_calls", "producers", "consumers"))
-    assert len(calls) == 2
-    assert (producers < calls).all() and (calls < consumers).all()
+    # the compiled step starts each bucket's all-reduce right after the kernels producing what it reads, and waits
+    # for it after every start, before the kernels reading the average: the kernels between overlap it
+    calls, starts, producers, consumers = (first[f"compiled/{key}"]
+                                           for key in ("host_calls", "starts", "producers", "consumers"))
+    assert starts.sum() == 2 and (~starts).sum() == 2  # two buckets
+    assert (calls[starts] == producers[starts] + 1).all()
+    assert calls[starts].max() < calls[~starts].min() and (calls < consumers).all()
+    assert calls[~starts].min() - calls[starts].min() > 2  # kernels run while the first bucket is summed
 
 
 def test_module_buffers_follow_rank_0_as_in_torch_ddp(group_results) -> None:

@@ -90,21 +90,25 @@ def train_tg(compiled: bool, distributed: bool, crash_after: int | None = None,
 
 
 def host_call_positions(kernels: list) -> dict[str, np.ndarray]:
-    """Per host call of the compiled step: its kernel's position, the last kernel writing one of its sources (-1:
-    all are program inputs) and the first kernel reading what it writes."""
+    """Per host call of the compiled step, in program order: its kernel's position, whether it starts a collective
+    (else it finishes one), the last kernel writing one of its sources (-1: all are program inputs) and the first
+    kernel reading what it writes."""
     from tensorgraphs.codegen.loop_ir import HostCall
 
-    calls, producers, consumers = [], [], []
+    calls, starts, producers, consumers = [], [], [], []
     for position, kernel in enumerate(kernels):
         (call,) = [s for s in kernel.body if isinstance(s, HostCall)] or [None]
         if call is None:
             continue
         calls.append(position)
+        starts.append(call.placement == "early")
         producers.append(max((i for i, k in enumerate(kernels[:position])
-                              if any(b.writes and b.name in call.sources for b in k.buffers)), default=-1))
+                              if any(b.writes and b.name in (*call.sources, call.after) for b in k.buffers)),
+                             default=-1))
         consumers.append(min(i for i, k in enumerate(kernels) if i > position
                              and any(not b.writes and b.name == call.output for b in k.buffers)))
-    return {"host_calls": np.array(calls), "producers": np.array(producers), "consumers": np.array(consumers)}
+    return {"host_calls": np.array(calls), "starts": np.array(starts), "producers": np.array(producers),
+            "consumers": np.array(consumers)}
 
 
 def train_torch_ddp(norm: bool = False) -> dict[str, np.ndarray]:

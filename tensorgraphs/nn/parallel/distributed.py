@@ -3,12 +3,14 @@
 At wrap, every rank takes rank 0's parameters and buffers. Each backward() then averages the gradients over
 the ranks, bucket by bucket (torch's buckets: parameters in reverse registration order, at most
 `bucket_cap_mb` each), as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
-hook). A bucket's gradients are copied into one flat array and averaged there
-(`distributed.ALL_REDUCE_MEAN`): in eager code at once; inside a function `tg.compile` traces, as a `host_call`
-node of the graph reading the gradients, so the compiled step calls the collective between the backward kernels
-producing the bucket and the optimizer kernels reading it. Module buffers (batch norm's running statistics)
-are broadcast from rank 0 before each forward the same two ways. Every rank issues the collectives in the same
-order: in a compiled step each waits for the previous one (its `after` source), so no schedule can reorder them.
+hook). A bucket's gradients are copied into one flat array and averaged there: in eager code at once
+(`distributed.ALL_REDUCE_MEAN`); inside a function `tg.compile` traces, as two `host_call` nodes of the graph:
+one reading the gradients starts the all-reduce as soon as the backward kernels have produced them, the other
+waits for it before the optimizer kernels read the bucket, and the kernels between (the rest of the backward
+pass) run while the collective proceeds in torch's background thread. Module buffers (batch norm's running
+statistics) are broadcast from rank 0 before each forward the same two ways. Every rank issues the collectives
+in the same order: in a compiled step each waits for the previous one (its `after` source), so no schedule can
+reorder them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tensorgraphs.distributed import ALL_REDUCE_MEAN, BROADCAST_FROM_RANK_0, broadcast, is_initialized
+from tensorgraphs.distributed import (
+    BROADCAST_FROM_RANK_0,
+    FINISH_COLLECTIVE,
+    START_ALL_REDUCE_MEAN,
+    broadcast,
+    is_initialized,
+)
 from tensorgraphs.distributed.host_collectives import all_reduce_mean
 from tensorgraphs.errors import AutogradError, UnsupportedError, fail
 from tensorgraphs.frontend import movement
@@ -89,6 +97,7 @@ class DistributedDataParallel(Module):
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = assign_buckets(params, self.bucket_cap_mb * 2**20)
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
+        self._next_bucket = 0  # the bucket to average next in this backward
         self._last_collective: Node | None = None  # while tracing: the previous collective of this step
         for param in params:
             param.register_post_accumulate_grad_hook(self._gradient_ready)
@@ -127,21 +136,27 @@ class DistributedDataParallel(Module):
         return [sum(p.numel() for p in bucket.params) for bucket in self._buckets]
 
     def _gradient_ready(self, param: Tensor) -> None:
+        """Average every bucket whose gradients are all accumulated, in bucket order (as torch launches them: the
+        last layers' first, since their gradients are computed first), each after the ones before it."""
         if not self.require_backward_grad_sync:
             return
-        bucket = self._bucket_of[id(param)]
-        bucket.ready.add(id(param))
-        if len(bucket.ready) == len(bucket.params):
-            bucket.ready.clear()
-            self._average(bucket)
+        self._bucket_of[id(param)].ready.add(id(param))
+        buckets = self._buckets
+        while self._next_bucket < len(buckets) and len(buckets[self._next_bucket].ready) == len(
+                buckets[self._next_bucket].params):
+            buckets[self._next_bucket].ready.clear()
+            self._average(buckets[self._next_bucket])
+            self._next_bucket += 1
+        if self._next_bucket == len(buckets):
+            self._next_bucket = 0
 
     def _average(self, bucket: _Bucket) -> None:
         """Replace each gradient of `bucket` by its mean over the ranks."""
         grads = [p.grad for p in bucket.params]
         if tracing.active() is not None:
-            reduced = host_call(ALL_REDUCE_MEAN, [g.node for g in grads], self._last_collective)
-            self._last_collective = reduced
-            averaged = Tensor(reduced)
+            started = host_call(START_ALL_REDUCE_MEAN, [g.node for g in grads], self._last_collective, "early")
+            self._last_collective = started
+            averaged = Tensor(host_call(FINISH_COLLECTIVE, [started], placement="late"))
             parts = [movement.reshape(movement.narrow(averaged, 0, start, p.numel()), p.shape)
                      for p, start in zip(bucket.params, _offsets(bucket.params))]
         else:
@@ -162,6 +177,7 @@ class DistributedDataParallel(Module):
         missing = [names.get(id(p), "?") for bucket in waiting for p in bucket.params if id(p) not in bucket.ready]
         for bucket in waiting:
             bucket.ready.clear()
+        self._next_bucket = 0
         fail("DistributedDataParallel", "Expected to have finished reduction in the prior iteration before starting "
              f"a new one: parameters {missing} received no gradient, so their bucket was never averaged across "
              "ranks; make every parameter take part in the loss (find_unused_parameters is not supported)",
