@@ -91,11 +91,24 @@ def test_alone_it_trains_as_the_module_does(one_process_group: None, compiled: b
         np.testing.assert_allclose(wrapped, plain, rtol=1e-6, atol=1e-7)
 
 
-def test_buckets_and_state_dict_follow_torch(one_process_group: None) -> None:
+@pytest.mark.parametrize("cap_mb", [None, 25.0, 0.002, 1e-6])
+def test_buckets_are_torchs(one_process_group: None, cap_mb: float | None) -> None:
+    import torch
+    from torch._C._distributed_c10d import _compute_bucket_assignment_by_size
+
+    model = tg.nn.Sequential(*(tg.nn.Linear(n, 300) for n in (200, 300, 300, 300, 300)), tg.nn.Linear(300, 3))
+    ddp = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+    # torch's reducer rebuilds its buckets in the order gradients are ready: the reverse of registration here
+    ready_order = [torch.zeros(p.shape) for p in model.parameters()][::-1]
+    cap = int((25.0 if cap_mb is None else cap_mb) * 2**20)
+    limits = [torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, cap] if cap_mb is None else [cap]
+    expected, _ = _compute_bucket_assignment_by_size(ready_order, limits)
+    assert ddp.bucket_sizes == [sum(ready_order[i].numel() for i in bucket) for bucket in expected]
+
+
+def test_state_dict_keys_are_torchs(one_process_group: None) -> None:
     model = mlp()
-    ddp = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=(5 * 6 + 5) * 4 / 2**20)
-    # reverse registration order, a new bucket when the next parameter would pass the cap
-    assert ddp.bucket_sizes == [3 + 3 * 5 + 5, 5 * 6]
+    ddp = tg.nn.parallel.DistributedDataParallel(model)
     assert list(ddp.state_dict()) == [f"module.{k}" for k in model.state_dict()]
 
 

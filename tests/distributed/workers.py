@@ -212,8 +212,9 @@ def train_every_way() -> dict[str, np.ndarray]:
     return {f"{way}/{name}": value for way, train in ways.items() for name, value in train().items()}
 
 
-TWO_BUCKETS_MB = HIDDEN * FEATURES * 4 / 2**20
-"""A bucket cap the first layer's weight fills alone: the MLP's gradients are averaged in two buckets."""
+TWO_BUCKETS_MB = (OUTPUTS * HIDDEN + OUTPUTS + HIDDEN) * 4 / 2**20
+"""A bucket cap that the last layer and the first layer's bias fill (torch's buckets take parameters, from the
+last, until they hold the cap): the first layer's weight goes to a second bucket."""
 
 def everything() -> dict[str, np.ndarray]:
     """The collectives, no_sync and the training, in one process group (starting one costs seconds)."""

@@ -1,16 +1,15 @@
 """`DistributedDataParallel`: torch's data-parallel wrapper, on `tg.distributed` (gloo).
 
 At wrap, every rank takes rank 0's parameters and buffers. Each backward() then averages the gradients over
-the ranks, bucket by bucket (torch's buckets: parameters in reverse registration order, at most
-`bucket_cap_mb` each), as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
-hook). A bucket's gradients are copied into one flat array and averaged there: in eager code at once
-(`distributed.ALL_REDUCE_MEAN`); inside a function `tg.compile` traces, as two `host_call` nodes of the graph:
-one reading the gradients starts the all-reduce as soon as the backward kernels have produced them, the other
-waits for it before the optimizer kernels read the bucket, and the kernels between (the rest of the backward
-pass) run while the collective proceeds in torch's background thread. Module buffers (batch norm's running
-statistics) are broadcast from rank 0 before each forward the same two ways. Every rank issues the collectives
-in the same order: in a compiled step each waits for the previous one (its `after` source), so no schedule can
-reorder them.
+the ranks, bucket by bucket (torch's buckets, `assign_buckets`: about `bucket_cap_mb` each), as soon as every
+gradient of a bucket has been accumulated (a post-accumulate-grad hook). A bucket's gradients are copied into
+one flat array and averaged there: in eager code at once (`distributed.ALL_REDUCE_MEAN`); inside a function
+`tg.compile` traces, as two `host_call` nodes of the graph: one reading the gradients starts the all-reduce as
+soon as the backward kernels have produced them, the other waits for it before the optimizer kernels read the
+bucket, and the kernels between (the rest of the backward pass) run while the collective proceeds in torch's
+background thread. Module buffers (batch norm's running statistics) are broadcast from rank 0 before each
+forward the same two ways. Every rank issues the collectives in the same order: in a compiled step each waits
+for the previous one (its `after` source), so no schedule can reorder them.
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ from tensorgraphs.nn.parameter import Parameter
 from tensorgraphs.runtime import tracing
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+FIRST_BUCKET_BYTES = 1 << 20
+"""torch's limit for the first bucket with the default bucket_cap_mb (`dist._DEFAULT_FIRST_BUCKET_BYTES`)."""
 
 
 @dataclass
@@ -50,18 +51,19 @@ class _Bucket:
     ready: set[int] = field(default_factory=set)  # ids of those accumulated since the bucket was last averaged
 
 
-def assign_buckets(params: list[Parameter], cap_bytes: float) -> list[_Bucket]:
-    """torch's assignment: parameters in reverse order (gradients of the last layers are ready first in torch's
-    backward), a new bucket when the next would pass `cap_bytes` or has another dtype."""
+def assign_buckets(params: list[Parameter], first_bytes: float, cap_bytes: float) -> list[_Bucket]:
+    """torch's buckets as its reducer rebuilds them after the first iteration, in the order gradients are ready
+    (the reverse of registration here): each filled until it holds at least its limit (`first_bytes` for the
+    first, so that the last layers' gradients are sent early, `cap_bytes` after), or the dtype changes."""
     buckets: list[_Bucket] = []
     size = 0
     for param in reversed(params):
-        nbytes = param.numel() * param.dtype.itemsize
-        if not buckets or size + nbytes > cap_bytes or buckets[-1].params[0].dtype is not param.dtype:
+        limit = first_bytes if len(buckets) == 1 else cap_bytes
+        if not buckets or size >= limit or buckets[-1].params[0].dtype is not param.dtype:
             buckets.append(_Bucket([]))
             size = 0
         buckets[-1].params.append(param)
-        size += nbytes
+        size += param.numel() * param.dtype.itemsize
     return buckets
 
 
@@ -90,12 +92,13 @@ class DistributedDataParallel(Module):
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self.bucket_cap_mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        cap_bytes = self.bucket_cap_mb * 2**20
         self.require_backward_grad_sync = True
         with no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, src=0)
         params = [p for p in module.parameters() if p.requires_grad]
-        self._buckets = assign_buckets(params, self.bucket_cap_mb * 2**20)
+        self._buckets = assign_buckets(params, FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes, cap_bytes)
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
         self._next_bucket = 0  # the bucket to average next in this backward
         self._last_collective: Node | None = None  # while tracing: the previous collective of this step
