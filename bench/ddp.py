@@ -7,10 +7,11 @@ the compiled program; torch: eager with torch's DDP) one process with one thread
 with one thread each (gloo on localhost, every rank its own batch of bench/train.py's size, so the global batch
 grows with the processes). Each run is fresh processes (`--worker`, JSON on stdout). Reported: the median step,
 the CPU time of the process per step (all its threads: where the step is much longer, it waited for a core),
-global samples per second, the scaling over one process, and the time per step spent in gradient all-reduces
-(tg: inside its host calls, waiting for the slower rank included; torch: from issuing each bucket's
-asynchronous all-reduce, overlapped with the rest of its backward, to its completion). The model, data and
-Adam settings are bench/train.py's.
+global samples per second, the scaling over one process, the time per step spent on gradient all-reduces (tg:
+the time its step spends in the host calls that start them and wait for them, i.e. not hidden behind the rest
+of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's asynchronous
+all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone (gloo). The
+model, data and Adam settings are bench/train.py's.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[]
     import tensorgraphs as tg
     import tensorgraphs.nn.functional as F
     from tensorgraphs import nn
-    from tensorgraphs.distributed import ALL_REDUCE_MEAN
+    from tensorgraphs.distributed import FINISH_COLLECTIVE, START_ALL_REDUCE_MEAN
     from tensorgraphs.runtime.host_calls import HOST_FUNCTIONS, register_host_function
 
-    register_host_function(ALL_REDUCE_MEAN, clock.timed(HOST_FUNCTIONS[ALL_REDUCE_MEAN]))
+    for name in (START_ALL_REDUCE_MEAN, FINISH_COLLECTIVE):
+        register_host_function(name, clock.timed(HOST_FUNCTIONS[name]))
     tg.manual_seed(SEED)
     model = build_model(nn, F, spec)
     net = tg.nn.parallel.DistributedDataParallel(model) if distributed else model
@@ -134,7 +136,26 @@ def worker(system: str, layers: int, steps: int, distributed: bool) -> None:
         cpu_times.append(time.process_time() - cpu_start)
         reduces.append(clock.take())
     print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu_times),
-                      "all_reduce_s": statistics.median(reduces), "batch": spec.batch}))
+                      "all_reduce_s": statistics.median(reduces), "alone_s": all_reduce_alone(spec) if distributed
+                      else 0.0, "batch": spec.batch}))
+
+
+def all_reduce_alone(spec: ModelSpec, repeat: int = 5) -> float:
+    """Median seconds of one gloo all-reduce of as many floats as the model has parameters."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    count = sum(p.numel() for p in build_model(nn, torch.nn.functional, spec).parameters())
+    tensor = torch.from_numpy(np.ones(count, np.float32))
+    times = []
+    for _ in range(repeat):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def free_port() -> int:
@@ -175,19 +196,21 @@ def main() -> None:
         worker(args.worker, args.layers, args.steps, args.distributed)
         return
     print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps")
-    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | all-reduce ms/step |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | all-reduce ms/step | "
+          "one all-reduce alone ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for system in args.systems.split(","):
         single = run(system, 1, args.layers, args.steps)
         parallel = run(system, args.nproc, args.layers, args.steps)
         for nproc, result in ((1, single), (args.nproc, parallel)):
             if isinstance(result, str):
-                print(f"| {system} | {nproc} | error: {result} | | | | |")
+                print(f"| {system} | {nproc} | error: {result} | | | | | |")
                 continue
             scaling = (f"{result['samples_s'] / single['samples_s']:.2f}x" if not isinstance(single, str) else "-")
-            reduce = f"{result['all_reduce_s'] * 1e3:.1f}" if nproc > 1 else "-"
+            reduce, alone = ((f"{result['all_reduce_s'] * 1e3:.1f}", f"{result['alone_s'] * 1e3:.1f}") if nproc > 1
+                             else ("-", "-"))
             print(f"| {system} | {nproc} | {result['step_s'] * 1e3:.1f} | {result['cpu_s'] * 1e3:.1f} | "
-                  f"{result['samples_s']:.1f} | {scaling} | {reduce} |", flush=True)
+                  f"{result['samples_s']:.1f} | {scaling} | {reduce} | {alone} |", flush=True)
 
 
 if __name__ == "__main__":

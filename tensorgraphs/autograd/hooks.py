@@ -33,7 +33,8 @@ def register_post_accumulate_grad_hook(tensor: Tensor, hook: Hook) -> RemovableH
     key = id(tensor)
     entry = _hooks.get(key)
     if entry is None or entry[0]() is not tensor:
-        entry = _hooks[key] = (weakref.ref(tensor, lambda _: _hooks.pop(key, None)), [])
+        # the dict is bound now: at interpreter exit the module's globals may be gone when the leaf dies
+        entry = _hooks[key] = (weakref.ref(tensor, lambda _, hooks=_hooks: hooks.pop(key, None)), [])
     entry[1].append(hook)
     return RemovableHandle(entry[1], hook)
 

@@ -287,17 +287,21 @@ class HostCall:
     back (`runtime.host_calls`: a collective across processes); each source is a contiguous array of its
     `sizes` entry, the output a vector of their total size. `after` is read by nothing: a buffer the call must
     wait for (the previous collective, so every process issues them in the same order). A failing function
-    stops the program (`TG_HOST_FAILED`)."""
+    stops the program (`TG_HOST_FAILED`). `placement` "early" marks a call that starts work going on after it
+    returns (run it as soon as its sources exist), "late" one that waits for such work (run it, and what reads
+    its result, as late as possible): the kernels between run while the work proceeds (`memory.order`)."""
 
     function: str
     sources: tuple[str, ...]
     sizes: tuple[int, ...]
     output: str
     after: str | None = None
+    placement: str = ""
 
     def __repr__(self) -> str:
         after = f", after {self.after}" if self.after else ""
-        return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after})"
+        placed = f" ({self.placement})" if self.placement else ""
+        return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after}){placed}"
 
 
 LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall)

@@ -15,11 +15,16 @@ from tensorgraphs.distributed.collectives import (
     is_available,
     is_initialized,
 )
-from tensorgraphs.distributed.gradients import ALL_REDUCE_MEAN
+from tensorgraphs.distributed.host_collectives import (
+    ALL_REDUCE_MEAN,
+    BROADCAST_FROM_RANK_0,
+    FINISH_COLLECTIVE,
+    START_ALL_REDUCE_MEAN,
+)
 
-__all__ = ["ALL_REDUCE_MEAN", "ReduceOp", "all_gather", "all_reduce", "barrier", "broadcast",
-           "destroy_process_group", "get_rank", "get_world_size", "init_process_group", "is_available",
-           "is_initialized"]
+__all__ = ["ALL_REDUCE_MEAN", "BROADCAST_FROM_RANK_0", "FINISH_COLLECTIVE", "START_ALL_REDUCE_MEAN", "ReduceOp",
+           "all_gather", "all_reduce", "barrier", "broadcast", "destroy_process_group", "get_rank", "get_world_size",
+           "init_process_group", "is_available", "is_initialized"]
 
 
 def __getattr__(name: str) -> Any:

@@ -119,16 +119,38 @@ def reduce_array(array: np.ndarray, op: Any = None, group: Any = None) -> None:
         dist.all_reduce(torch.from_numpy(array), op=dist.ReduceOp.SUM if op is None else op, group=group)
 
 
-def broadcast(tensor: Tensor, src: int, group: Any = None, async_op: bool = False) -> None:
-    """Every rank's `tensor` gets rank `src`'s value."""
+def start_reducing_array(array: np.ndarray) -> Any:
+    """Start summing a contiguous numpy array in place over the default group; it goes on in torch's
+    background thread until `finish` is called with what this returns (do not touch the array before)."""
     import torch
 
-    dist = _require_group("broadcast")
+    tensor = torch.from_numpy(array)
+    with _collective("all_reduce"):
+        return tensor, torch_distributed().all_reduce(tensor, async_op=True)
+
+
+def finish(started: Any) -> None:
+    """Wait for a collective `start_reducing_array` started."""
+    _, work = started
+    with _collective("all_reduce"):
+        work.wait()
+
+
+def broadcast_array(array: np.ndarray, src: int, group: Any = None) -> None:
+    """Broadcast a contiguous numpy array in place from rank `src` (the memory is shared with torch, not copied)."""
+    import torch
+
+    with _collective("broadcast"):
+        torch_distributed().broadcast(torch.from_numpy(array), src=src, group=group)
+
+
+def broadcast(tensor: Tensor, src: int, group: Any = None, async_op: bool = False) -> None:
+    """Every rank's `tensor` gets rank `src`'s value."""
+    _require_group("broadcast")
     _refuse_async("broadcast", async_op)
     _require_tensor("broadcast", tensor)
     array, own = _writable_array(tensor)
-    with _collective("broadcast"):
-        dist.broadcast(torch.from_numpy(_bits(array)), src=src, group=group)
+    broadcast_array(bits(array), src, group)
     _finish(tensor, array, own)
 
 
@@ -152,7 +174,7 @@ def all_gather(tensor_list: list[Tensor], tensor: Tensor, group: Any = None, asy
     outputs = [_writable_array(out) for out in tensor_list]
     source = np.ascontiguousarray(tensor._value())
     with _collective("all_gather"):
-        dist.all_gather([torch.from_numpy(_bits(a)) for a, _ in outputs], torch.from_numpy(_bits(source)),
+        dist.all_gather([torch.from_numpy(bits(a)) for a, _ in outputs], torch.from_numpy(bits(source)),
                         group=group)
     for out, (array, own) in zip(tensor_list, outputs):
         _finish(out, array, own)
@@ -185,7 +207,7 @@ def _require_reducible(op: str, tensor: Any) -> None:
              f"{', '.join(d.name for d in REDUCIBLE)} (cast first, e.g. tensor.to(tg.int32))", kind=DTypeError)
 
 
-def _bits(array: np.ndarray) -> np.ndarray:
+def bits(array: np.ndarray) -> np.ndarray:
     """A bool array as bytes (torch's gloo moves those; the bits are the same)."""
     return array.view(np.uint8) if array.dtype == np.bool_ else array
 

@@ -16,12 +16,12 @@ from tensorgraphs.graph.composite import Composite, make_node, register
 from tensorgraphs.graph.node import Node
 
 
-def _no_decomposition(*inputs: Any, function: str, sources: int) -> Any:
+def _no_decomposition(*inputs: Any, function: str, sources: int, placement: str) -> Any:
     fail("host_call", f"the host function {function!r} runs only inside a compiled program (tg.compile); it has "
          "no decomposition the reference interpreter could run", kind=UnsupportedError)
 
 
-def _infer(*inputs: Any, function: str, sources: int) -> tuple[Any, tuple[int, ...]]:
+def _infer(*inputs: Any, function: str, sources: int, placement: str) -> tuple[Any, tuple[int, ...]]:
     return inputs[0].dtype, (sum(math.prod(x.shape) for x in inputs[:sources]),)
 
 
@@ -30,15 +30,17 @@ HOST_CALL = register(Composite("host_call", _infer, _no_decomposition))
 host function `function` computes it from them."""
 
 
-def host_call(function: str, sources: Sequence[Node], after: Node | None = None) -> Node:
+def host_call(function: str, sources: Sequence[Node], after: Node | None = None, placement: str = "") -> Node:
     """A node computed by the host function named `function` from `sources` (of one dtype; each read as its
     contiguous elements); `after` (only waited for) orders it after another node, such as the previous
-    collective."""
+    collective. `placement`: "early" for a function that starts asynchronous work, "late" for one that waits
+    for it (see `codegen.loop_ir.HostCall`)."""
     if len({s.dtype for s in sources}) != 1:
         raise ValueError(f"host_call: the sources must have one dtype, got {sorted({s.dtype.name for s in sources})}")
     src = (*sources, *([] if after is None else [after]))
     size = sum(s.size for s in sources)
-    return make_node(HOST_CALL, src, {"function": function, "sources": len(sources)}, sources[0].dtype, (size,))
+    params = {"function": function, "sources": len(sources), "placement": placement}
+    return make_node(HOST_CALL, src, params, sources[0].dtype, (size,))
 
 
 def runs_as_host_call(node: Node) -> bool:

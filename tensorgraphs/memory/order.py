@@ -14,15 +14,16 @@ the value it overwrites. Two passes improve on graph order:
   during the forward pass, where it would stay live across the peak.
 
 `best_order` keeps whichever candidate order has the fewest bytes live at once;
-`order_for_memory` then recomputes what is cheap to make again rather than keep
-(`recompute`).
+`order_for_memory` then moves host calls that start or wait for asynchronous work
+(`place_host_calls`: a collective proceeds while the kernels between run) and
+recomputes what is cheap to make again rather than keep (`recompute`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from tensorgraphs.codegen.loop_ir import Kernel
+from tensorgraphs.codegen.loop_ir import HostCall, Kernel
 from tensorgraphs.memory.liveness import temporaries
 from tensorgraphs.memory.packing import live_bytes
 from tensorgraphs.memory.recompute import recompute_for_memory
@@ -138,6 +139,38 @@ def best_order(schedule: Schedule) -> Schedule:
     return min(candidates, key=live_bytes)
 
 
+def _placement(kernel: Kernel) -> str:
+    return next((stmt.placement for stmt in kernel.body if isinstance(stmt, HostCall)), "")
+
+
+def _position(kernels: list[Kernel], kernel: Kernel) -> int:
+    return next(i for i, k in enumerate(kernels) if k is kernel)
+
+
+def place_host_calls(schedule: Schedule) -> Schedule:
+    """`schedule` with each host call that starts asynchronous work ("early") moved up to just after the last
+    kernel it depends on, and each that waits for it ("late") moved, with every kernel depending on it, to the
+    end (keeping their order): the work proceeds while the kernels between run. Both moves keep every
+    dependency (what follows a moved set is in it)."""
+    kernels = list(schedule.kernels)
+    if not any(_placement(k) for k in kernels):
+        return schedule
+    for kernel in [k for k in kernels if _placement(k) == "early"]:
+        position = _position(kernels, kernel)
+        target = max(kernel_dependencies(kernels)[position], default=-1) + 1
+        kernels.insert(target, kernels.pop(position))
+    for kernel in [k for k in kernels if _placement(k) == "late"]:
+        successors = _successors(kernel_dependencies(kernels))
+        start = _position(kernels, kernel)
+        moved = {start}
+        for position in range(start, len(kernels)):
+            if position in moved:
+                moved.update(successors[position])
+        kernels = [k for i, k in enumerate(kernels) if i not in moved] + [kernels[i] for i in sorted(moved)]
+    return dataclasses.replace(schedule, kernels=kernels)
+
+
 def order_for_memory(schedule: Schedule) -> Schedule:
-    """`best_order` of `schedule`, with the cheap temporaries that would stay live across its peak recomputed."""
-    return recompute_for_memory(best_order(schedule))
+    """`best_order` of `schedule`, host calls placed for overlap, and the cheap temporaries that would stay live
+    across its peak recomputed."""
+    return recompute_for_memory(place_host_calls(best_order(schedule)))

@@ -15,6 +15,7 @@ class HostCallLowering(LibraryCallLowering):
         output = self.buffers[self.node]
         params = {self.buffers[s]: KernelParam(self.buffers[s], s.dtype, s.size, False) for s in self.node.src}
         params[output] = KernelParam(output, self.node.dtype, self.node.size, True)
-        call = HostCall(dict(self.node.arg)["function"], tuple(self.buffers[s] for s in sources),
-                        tuple(s.size for s in sources), output, None if after is None else self.buffers[after])
+        arg = dict(self.node.arg)
+        call = HostCall(arg["function"], tuple(self.buffers[s] for s in sources), tuple(s.size for s in sources),
+                        output, None if after is None else self.buffers[after], arg["placement"])
         return Kernel(self.name, list(params.values()), [call])

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
 pytest.importorskip("torch.distributed")
 
-from launching import Rank, launch  # noqa: E402
+from launching import Rank, free_port, launch  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +44,15 @@ def run_ranks(tmp_path: Path) -> Callable[..., list[Rank]]:
         return ranks
 
     return run
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    """A process group of this process alone (world size 1), destroyed after the test."""
+    import tensorgraphs as tg
+
+    tg.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
+    try:
+        yield
+    finally:
+        tg.distributed.destroy_process_group()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import tensorgraphs as tg
+
 pytest.importorskip("torch.distributed")
 
 
@@ -23,10 +25,32 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
             np.testing.assert_array_equal(second[f"{way}/{name}"], value, err_msg=f"{way}: {name} differs by rank")
             assert relative_error(value, first[f"single/{name}"]) < 1e-6, (way, name)
             assert relative_error(value, first[f"torch/{name}"]) < 1e-6, (way, name)
-    # the compiled step's two bucket collectives run between the kernels producing and consuming them
-    calls, producers, consumers = (first[f"compiled/{key}"] for key in ("host_calls", "producers", "consumers"))
-    assert len(calls) == 2
-    assert (producers < calls).all() and (calls < consumers).all()
+    # the compiled step starts each bucket's all-reduce right after the kernels producing what it reads, and waits
+    # for it after every start, before the kernels reading the average: the kernels between overlap it
+    calls, starts, producers, consumers = (first[f"compiled/{key}"]
+                                           for key in ("host_calls", "starts", "producers", "consumers"))
+    assert starts.sum() == 2 and (~starts).sum() == 2  # two buckets
+    assert (calls[starts] == producers[starts] + 1).all()
+    assert calls[starts].max() < calls[~starts].min() and (calls < consumers).all()
+    assert calls[~starts].min() - calls[starts].min() > 2  # kernels run while the first bucket is summed
+
+
+def test_module_buffers_follow_rank_0_as_in_torch_ddp(group_results) -> None:
+    """Batch norm: rank 0's running statistics are broadcast before each forward, then each rank updates them
+    with its own batch; torch's DDP gives each rank the same parameters and statistics."""
+    ranks = group_results("train")
+    names = [key.partition("/")[2] for key in ranks[0] if key.startswith("torch-norm/")]
+    assert "1.running_mean" in names
+    for way in ("eager-norm", "compiled-norm"):
+        for results in ranks:
+            for name in names:
+                expected = results[f"torch-norm/{name}"]
+                value = results[f"{way}/{name}"]
+                if expected.dtype.kind == "f":
+                    assert relative_error(value, expected) < 1e-6, (way, name)
+                else:
+                    np.testing.assert_array_equal(value, expected, err_msg=f"{way}: {name}")
+    assert not np.allclose(ranks[0]["torch-norm/1.running_mean"], ranks[1]["torch-norm/1.running_mean"])
 
 
 @pytest.mark.parametrize("scenario", ["crash-compiled", pytest.param("crash-eager", marks=pytest.mark.slow)])
@@ -36,3 +60,68 @@ def test_a_crashing_rank_makes_the_others_fail_clearly(scenario: str, run_ranks)
     assert survivor.returncode != 0 and survivor.results is None
     assert "DistributedError: distributed.all_reduce: the collective failed; another rank has probably stopped" in (
         survivor.output), survivor.output[-2000:]
+
+
+def mlp() -> tg.nn.Module:
+    tg.manual_seed(0)
+    return tg.nn.Sequential(tg.nn.Linear(6, 5), tg.nn.Tanh(), tg.nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_alone_it_trains_as_the_module_does(one_process_group: None, compiled: bool) -> None:
+    x, y = tg.randn(4, 6), tg.randn(4, 3)
+    trained = []
+    for wrap in (False, True):
+        model = mlp()
+        net = tg.nn.parallel.DistributedDataParallel(model) if wrap else model
+        optimizer = tg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step() -> tg.Tensor:
+            optimizer.zero_grad()
+            loss = tg.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        run = tg.compile(step) if compiled else step
+        for _ in range(3):
+            run()
+        trained.append([p.detach().numpy() for p in model.parameters()])
+    for plain, wrapped in zip(*trained):
+        np.testing.assert_allclose(wrapped, plain, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("cap_mb", [None, 25.0, 0.002, 1e-6])
+def test_buckets_are_torchs(one_process_group: None, cap_mb: float | None) -> None:
+    import torch
+    from torch._C._distributed_c10d import _compute_bucket_assignment_by_size
+
+    model = tg.nn.Sequential(*(tg.nn.Linear(n, 300) for n in (200, 300, 300, 300, 300)), tg.nn.Linear(300, 3))
+    ddp = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+    # torch's reducer rebuilds its buckets in the order gradients are ready: the reverse of registration here
+    ready_order = [torch.zeros(p.shape) for p in model.parameters()][::-1]
+    cap = int((25.0 if cap_mb is None else cap_mb) * 2**20)
+    limits = [torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, cap] if cap_mb is None else [cap]
+    expected, _ = _compute_bucket_assignment_by_size(ready_order, limits)
+    assert ddp.bucket_sizes == [sum(ready_order[i].numel() for i in bucket) for bucket in expected]
+
+
+def test_state_dict_keys_are_torchs(one_process_group: None) -> None:
+    model = mlp()
+    ddp = tg.nn.parallel.DistributedDataParallel(model)
+    assert list(ddp.state_dict()) == [f"module.{k}" for k in model.state_dict()]
+
+
+def test_a_parameter_without_gradient_is_an_error_at_the_next_forward(one_process_group: None) -> None:
+    model = mlp()
+    ddp = tg.nn.parallel.DistributedDataParallel(model)
+    model[0](tg.randn(2, 6)).sum().backward()  # the last layer takes no part
+    with pytest.raises(tg.AutogradError, match=r"Expected to have finished reduction.*'2.weight'"):
+        ddp(tg.randn(2, 6))
+
+
+def test_unsupported_arguments(one_process_group: None) -> None:
+    with pytest.raises(tg.UnsupportedError, match="find_unused_parameters"):
+        tg.nn.parallel.DistributedDataParallel(mlp(), find_unused_parameters=True)
+    with pytest.raises(tg.UnsupportedError, match="device_ids"):
+        tg.nn.parallel.DistributedDataParallel(mlp(), device_ids=[0])

@@ -26,31 +26,45 @@ def global_batch() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def initial_weights(seed: int) -> dict[str, np.ndarray]:
+def layers(nn, norm: bool):  # noqa: ANN001, ANN201
+    """The MLP in torch.nn or tg.nn; with `norm`, a BatchNorm1d (running statistics: module buffers) inside."""
+    middle = [nn.BatchNorm1d(HIDDEN)] if norm else []
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), *middle, nn.Tanh(), nn.Linear(HIDDEN, OUTPUTS))
+
+
+def initial_state(seed: int, norm: bool) -> dict[str, np.ndarray]:
+    """Weights (and running statistics) that differ by seed: a rank's own until DDP broadcasts rank 0's."""
     rng = np.random.default_rng(seed)
-    shapes = {"0.weight": (HIDDEN, FEATURES), "0.bias": (HIDDEN,), "2.weight": (OUTPUTS, HIDDEN),
-              "2.bias": (OUTPUTS,)}
-    return {name: (0.5 * rng.standard_normal(shape)).astype(np.float32) for name, shape in shapes.items()}
+    last = 3 if norm else 2
+    shapes = {"0.weight": (HIDDEN, FEATURES), "0.bias": (HIDDEN,), f"{last}.weight": (OUTPUTS, HIDDEN),
+              f"{last}.bias": (OUTPUTS,)}
+    if norm:
+        shapes.update({"1.weight": (HIDDEN,), "1.bias": (HIDDEN,), "1.running_mean": (HIDDEN,)})
+    state = {name: (0.5 * rng.standard_normal(shape)).astype(np.float32) for name, shape in shapes.items()}
+    if norm:
+        state["1.running_var"] = np.full(HIDDEN, 1.0 + seed, np.float32)
+        state["1.num_batches_tracked"] = np.array(seed, np.int64)
+    return state
 
 
-def tg_model(seed: int):  # noqa: ANN201
+def tg_model(seed: int, norm: bool = False):  # noqa: ANN201
     import tensorgraphs as tg
 
-    model = tg.nn.Sequential(tg.nn.Linear(FEATURES, HIDDEN), tg.nn.Tanh(), tg.nn.Linear(HIDDEN, OUTPUTS))
-    model.load_state_dict({k: tg.tensor(v) for k, v in initial_weights(seed).items()})
+    model = layers(tg.nn, norm)
+    model.load_state_dict({k: tg.tensor(v) for k, v in initial_state(seed, norm).items()})
     return model
 
 
 def train_tg(compiled: bool, distributed: bool, crash_after: int | None = None,
-             bucket_cap_mb: float | None = None) -> dict[str, np.ndarray]:
-    """10 SGD steps (momentum) of the MLP on this rank's rows (all rows when not `distributed`); ranks start
-    from different weights, which DistributedDataParallel replaces by rank 0's. With `crash_after`, rank 1 dies
-    after that many steps."""
+             bucket_cap_mb: float | None = None, norm: bool = False) -> dict[str, np.ndarray]:
+    """10 SGD steps (momentum) of the MLP (with batch norm if `norm`) on this rank's rows (all rows when not
+    `distributed`); ranks start from different weights, which DistributedDataParallel replaces by rank 0's.
+    With `crash_after`, rank 1 dies after that many steps."""
     import tensorgraphs as tg
     import tensorgraphs.nn.functional as F
 
     rank, world = (tg.distributed.get_rank(), tg.distributed.get_world_size()) if distributed else (0, 1)
-    model = tg_model(seed=rank)
+    model = tg_model(seed=rank, norm=norm)
     net = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb) if distributed else model
     optimizer = tg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
@@ -76,31 +90,35 @@ def train_tg(compiled: bool, distributed: bool, crash_after: int | None = None,
 
 
 def host_call_positions(kernels: list) -> dict[str, np.ndarray]:
-    """Per host call of the compiled step: its kernel's position, the last kernel writing one of its sources and
-    the first kernel reading what it writes."""
+    """Per host call of the compiled step, in program order: its kernel's position, whether it starts a collective
+    (else it finishes one), the last kernel writing one of its sources (-1: all are program inputs) and the first
+    kernel reading what it writes."""
     from tensorgraphs.codegen.loop_ir import HostCall
 
-    calls, producers, consumers = [], [], []
+    calls, starts, producers, consumers = [], [], [], []
     for position, kernel in enumerate(kernels):
         (call,) = [s for s in kernel.body if isinstance(s, HostCall)] or [None]
         if call is None:
             continue
         calls.append(position)
-        producers.append(max(i for i, k in enumerate(kernels[:position])
-                             if any(b.writes and b.name in call.sources for b in k.buffers)))
+        starts.append(call.placement == "early")
+        producers.append(max((i for i, k in enumerate(kernels[:position])
+                              if any(b.writes and b.name in (*call.sources, call.after) for b in k.buffers)),
+                             default=-1))
         consumers.append(min(i for i, k in enumerate(kernels) if i > position
                              and any(not b.writes and b.name == call.output for b in k.buffers)))
-    return {"host_calls": np.array(calls), "producers": np.array(producers), "consumers": np.array(consumers)}
+    return {"host_calls": np.array(calls), "starts": np.array(starts), "producers": np.array(producers),
+            "consumers": np.array(consumers)}
 
 
-def train_torch_ddp() -> dict[str, np.ndarray]:
-    """The same training with torch's DistributedDataParallel, from rank 0's initial weights."""
+def train_torch_ddp(norm: bool = False) -> dict[str, np.ndarray]:
+    """The same training with torch's DistributedDataParallel."""
     import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUTPUTS))
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial_weights(rank).items()})
+    model = layers(torch.nn, norm)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial_state(rank, norm).items()})
     net = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     xs, ys = global_batch()
@@ -188,11 +206,15 @@ def train_every_way() -> dict[str, np.ndarray]:
             "torch": train_torch_ddp}
     if int(os.environ["RANK"]) == 0:
         ways["single"] = lambda: train_tg(compiled=False, distributed=False)
+    ways.update({"eager-norm": lambda: train_tg(compiled=False, distributed=True, norm=True),
+                 "compiled-norm": lambda: train_tg(compiled=True, distributed=True, norm=True),
+                 "torch-norm": lambda: train_torch_ddp(norm=True)})
     return {f"{way}/{name}": value for way, train in ways.items() for name, value in train().items()}
 
 
-TWO_BUCKETS_MB = HIDDEN * FEATURES * 4 / 2**20
-"""A bucket cap the first layer's weight fills alone: the MLP's gradients are averaged in two buckets."""
+TWO_BUCKETS_MB = (OUTPUTS * HIDDEN + OUTPUTS + HIDDEN) * 4 / 2**20
+"""A bucket cap that the last layer and the first layer's bias fill (torch's buckets take parameters, from the
+last, until they hold the cap): the first layer's weight goes to a second bucket."""
 
 def everything() -> dict[str, np.ndarray]:
     """The collectives, no_sync and the training, in one process group (starting one costs seconds)."""

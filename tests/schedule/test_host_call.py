@@ -61,3 +61,20 @@ def test_host_calls_have_no_decomposition() -> None:
     node = host_call("test.negate", [tg.ones(3).node])
     with tg.device("numpy"), pytest.raises(tg.UnsupportedError, match="only inside a compiled program"):
         tg.Tensor(node).numpy()
+
+
+def test_asynchronous_host_calls_start_early_and_finish_late() -> None:
+    """A call placed "early" runs right after what it reads is written, one placed "late" (and what reads its
+    result) after every other kernel: the kernels between run while the started work proceeds."""
+    t = tg.tensor(np.arange(60_000, dtype=np.float32).reshape(200, 300))
+    started = host_call("test.negate", [(t * 2).node], placement="early")
+    finished = tg.Tensor(host_call("test.negate", [started], placement="late"))
+    others = [(t + 1).sum(0), (t * 3).amax(1), (t - 4).sum(1)]  # independent work, one kernel each
+    compiled, inputs = CPU.program([(finished + 1).node, *(o.node for o in others)])
+    CALLS.clear()
+    results = compiled.run([n.arg.data for n in inputs])
+    np.testing.assert_array_equal(results[0], (np.arange(60_000, dtype=np.float32) * 2) + 1)
+    order = [next((s.placement for s in k.body if isinstance(s, HostCall)), "") for k in compiled.kernels]
+    start, finish = order.index("early"), order.index("late")
+    assert start == 1 and finish == len(order) - 2  # after the product; before the last kernel, which reads it
+    assert finish - start > 3

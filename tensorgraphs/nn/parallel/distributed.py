@@ -1,14 +1,15 @@
 """`DistributedDataParallel`: torch's data-parallel wrapper, on `tg.distributed` (gloo).
 
 At wrap, every rank takes rank 0's parameters and buffers. Each backward() then averages the gradients over
-the ranks, bucket by bucket (torch's buckets: parameters in reverse registration order, at most
-`bucket_cap_mb` each), as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
-hook). A bucket's gradients are copied into one flat array and averaged there
-(`distributed.gradients.ALL_REDUCE_MEAN`): in eager code at once; inside a function `tg.compile` traces, as a
-`host_call` node of the graph reading the gradients, so the compiled step calls the collective between the
-backward kernels producing the bucket and the optimizer kernels reading it. Every rank
-issues the collectives in the same order: each waits for the previous one (its `after` source), so no
-schedule can reorder them.
+the ranks, bucket by bucket (torch's buckets, `assign_buckets`: about `bucket_cap_mb` each), as soon as every
+gradient of a bucket has been accumulated (a post-accumulate-grad hook). A bucket's gradients are copied into
+one flat array and averaged there: in eager code at once (`distributed.ALL_REDUCE_MEAN`); inside a function
+`tg.compile` traces, as two `host_call` nodes of the graph: one reading the gradients starts the all-reduce as
+soon as the backward kernels have produced them, the other waits for it before the optimizer kernels read the
+bucket, and the kernels between (the rest of the backward pass) run while the collective proceeds in torch's
+background thread. Module buffers (batch norm's running statistics) are broadcast from rank 0 before each
+forward the same two ways. Every rank issues the collectives in the same order: in a compiled step each waits
+for the previous one (its `after` source), so no schedule can reorder them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tensorgraphs.distributed import ALL_REDUCE_MEAN, broadcast, is_initialized
-from tensorgraphs.distributed.gradients import all_reduce_mean
+from tensorgraphs.distributed import (
+    BROADCAST_FROM_RANK_0,
+    FINISH_COLLECTIVE,
+    START_ALL_REDUCE_MEAN,
+    broadcast,
+    is_initialized,
+)
+from tensorgraphs.distributed.host_collectives import all_reduce_mean
 from tensorgraphs.errors import AutogradError, UnsupportedError, fail
 from tensorgraphs.frontend import movement
 from tensorgraphs.frontend.grad_mode import no_grad
@@ -32,6 +39,8 @@ from tensorgraphs.nn.parameter import Parameter
 from tensorgraphs.runtime import tracing
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+FIRST_BUCKET_BYTES = 1 << 20
+"""torch's limit for the first bucket with the default bucket_cap_mb (`dist._DEFAULT_FIRST_BUCKET_BYTES`)."""
 
 
 @dataclass
@@ -42,18 +51,19 @@ class _Bucket:
     ready: set[int] = field(default_factory=set)  # ids of those accumulated since the bucket was last averaged
 
 
-def assign_buckets(params: list[Parameter], cap_bytes: float) -> list[_Bucket]:
-    """torch's assignment: parameters in reverse order (gradients of the last layers are ready first in torch's
-    backward), a new bucket when the next would pass `cap_bytes` or has another dtype."""
+def assign_buckets(params: list[Parameter], first_bytes: float, cap_bytes: float) -> list[_Bucket]:
+    """torch's buckets as its reducer rebuilds them after the first iteration, in the order gradients are ready
+    (the reverse of registration here): each filled until it holds at least its limit (`first_bytes` for the
+    first, so that the last layers' gradients are sent early, `cap_bytes` after), or the dtype changes."""
     buckets: list[_Bucket] = []
     size = 0
     for param in reversed(params):
-        nbytes = param.numel() * param.dtype.itemsize
-        if not buckets or size + nbytes > cap_bytes or buckets[-1].params[0].dtype is not param.dtype:
+        limit = first_bytes if len(buckets) == 1 else cap_bytes
+        if not buckets or size >= limit or buckets[-1].params[0].dtype is not param.dtype:
             buckets.append(_Bucket([]))
             size = 0
         buckets[-1].params.append(param)
-        size += nbytes
+        size += param.numel() * param.dtype.itemsize
     return buckets
 
 
@@ -61,7 +71,7 @@ class DistributedDataParallel(Module):
     """torch.nn.parallel.DistributedDataParallel for tg modules on CPU (gloo); see the module docstring.
 
     `bucket_cap_mb` (default 25) bounds a bucket; `broadcast_buffers` broadcasts rank 0's module buffers before
-    each forward (in eager code); `no_sync()` skips the averaging (gradients accumulate locally until a backward
+    each forward; `no_sync()` skips the averaging (gradients accumulate locally until a backward
     outside it). Every parameter that requires grad must get a gradient in each backward (torch's default,
     `find_unused_parameters=False`).
     """
@@ -82,28 +92,35 @@ class DistributedDataParallel(Module):
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self.bucket_cap_mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        cap_bytes = self.bucket_cap_mb * 2**20
         self.require_backward_grad_sync = True
         with no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, src=0)
         params = [p for p in module.parameters() if p.requires_grad]
-        self._buckets = assign_buckets(params, self.bucket_cap_mb * 2**20)
+        self._buckets = assign_buckets(params, FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes, cap_bytes)
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
-        self._last_reduced: Node | None = None  # while tracing: the previous collective of this backward
+        self._next_bucket = 0  # the bucket to average next in this backward
+        self._last_collective: Node | None = None  # while tracing: the previous collective of this step
         for param in params:
             param.register_post_accumulate_grad_hook(self._gradient_ready)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._require_finished_reduction()
-        self._last_reduced = None
-        if self.broadcast_buffers and any(True for _ in self.module.buffers()):
-            if tracing.active() is not None:
-                fail("DistributedDataParallel", "broadcast_buffers=True cannot run inside tg.compile (the broadcast "
-                     "is not part of compiled programs yet): pass broadcast_buffers=False", kind=UnsupportedError)
-            with no_grad():
-                for buffer in self.module.buffers():
-                    broadcast(buffer, src=0)
+        self._last_collective = None
+        if self.broadcast_buffers:
+            self._broadcast_buffers()
         return self.module(*args, **kwargs)
+
+    def _broadcast_buffers(self) -> None:
+        """Every rank's module buffers become rank 0's."""
+        with no_grad():
+            for buffer in self.module.buffers():
+                if tracing.active() is None:
+                    broadcast(buffer, src=0)
+                    continue
+                self._last_collective = host_call(BROADCAST_FROM_RANK_0, [buffer.node], self._last_collective)
+                buffer.assign(movement.reshape(Tensor(self._last_collective), buffer.shape))
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -122,21 +139,27 @@ class DistributedDataParallel(Module):
         return [sum(p.numel() for p in bucket.params) for bucket in self._buckets]
 
     def _gradient_ready(self, param: Tensor) -> None:
+        """Average every bucket whose gradients are all accumulated, in bucket order (as torch launches them: the
+        last layers' first, since their gradients are computed first), each after the ones before it."""
         if not self.require_backward_grad_sync:
             return
-        bucket = self._bucket_of[id(param)]
-        bucket.ready.add(id(param))
-        if len(bucket.ready) == len(bucket.params):
-            bucket.ready.clear()
-            self._average(bucket)
+        self._bucket_of[id(param)].ready.add(id(param))
+        buckets = self._buckets
+        while self._next_bucket < len(buckets) and len(buckets[self._next_bucket].ready) == len(
+                buckets[self._next_bucket].params):
+            buckets[self._next_bucket].ready.clear()
+            self._average(buckets[self._next_bucket])
+            self._next_bucket += 1
+        if self._next_bucket == len(buckets):
+            self._next_bucket = 0
 
     def _average(self, bucket: _Bucket) -> None:
         """Replace each gradient of `bucket` by its mean over the ranks."""
         grads = [p.grad for p in bucket.params]
         if tracing.active() is not None:
-            reduced = host_call(ALL_REDUCE_MEAN, [g.node for g in grads], self._last_reduced)
-            self._last_reduced = reduced
-            averaged = Tensor(reduced)
+            started = host_call(START_ALL_REDUCE_MEAN, [g.node for g in grads], self._last_collective, "early")
+            self._last_collective = started
+            averaged = Tensor(host_call(FINISH_COLLECTIVE, [started], placement="late"))
             parts = [movement.reshape(movement.narrow(averaged, 0, start, p.numel()), p.shape)
                      for p, start in zip(bucket.params, _offsets(bucket.params))]
         else:
@@ -157,6 +180,7 @@ class DistributedDataParallel(Module):
         missing = [names.get(id(p), "?") for bucket in waiting for p in bucket.params if id(p) not in bucket.ready]
         for bucket in waiting:
             bucket.ready.clear()
+        self._next_bucket = 0
         fail("DistributedDataParallel", "Expected to have finished reduction in the prior iteration before starting "
              f"a new one: parameters {missing} received no gradient, so their bucket was never averaged across "
              "ranks; make every parameter take part in the loss (find_unused_parameters is not supported)",
