@@ -29,8 +29,8 @@ from tensorgraphs import nn
 from tensorgraphs.distributed import launch
 
 TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
-# The training step is compiled whole (0.076 s/step for the default config on this 2-core machine, after a
-# 3-4 s compile); evaluation and sampling run lazily on this device (planned picks measured kernels per op).
+# The training step is compiled whole (a few seconds of compiling pays for itself over the run: bench/NOTES.md);
+# evaluation and sampling run lazily on this device (planned picks measured kernels per op).
 DEFAULT_DEVICE = "planned"
 
 
@@ -244,8 +244,7 @@ def use_blas_threads(count: int) -> None:
     """Set OpenBLAS's thread count after numpy has loaded it (what OPENBLAS_NUM_THREADS does before).
 
     This step's matrix products are small, so BLAS threads cost more in hand-offs than they save, and far
-    more when other programs share the cores: on a loaded 2-core machine a default step took 1.0-1.6 s with
-    two threads and 0.7 s with one.
+    more when other programs share the cores (bench/NOTES.md).
     """
     try:
         with open("/proc/self/maps") as maps:

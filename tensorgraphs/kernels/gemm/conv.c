@@ -1,9 +1,9 @@
 /* conv2d lowered to GEMM with an implicit im2col: out[img] (cout x oh*ow) = weight (cout x cin*kh*kw) @ cols,
  * where the columns are never materialized: packing a B panel reads them straight from the image (stride-1
  * rows become contiguous copies, and with "same" width whole images shift). Large images are the batch of the
- * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement: on the
- * ResNet-18 layers the GEMM on ready-made columns alone ran within about 10% of the whole implicit conv, before
- * paying for building the columns. */
+ * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement
+ * (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole implicit conv, and building the
+ * columns costs more than that. */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -148,8 +148,8 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
 /* Below this many output positions per image, the images are merged into one wider GEMM (columns image by image),
  * so a narrow image does not leave most of each register tile empty; the result is scattered back to NCHW. The
  * threads split its columns (gemm.c's column bands: each packs only its own images, and the last partial vector
- * is shared by rows). One GEMM per thread over half the images each ran about 3% slower for ResNet-18's layer4
- * (4 images of 7x7 are 196 columns: 13 vectors, where the column bands run 12.5). */
+ * is shared by rows), which beats one GEMM per thread over half the images each (bench/NOTES.md): ResNet-18's
+ * layer4 has 4 images of 7x7, 196 columns: 13 vectors, where the column bands run 12.5. */
 enum { MERGE_IMAGES_BELOW = 1024 };
 
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,

@@ -69,7 +69,7 @@ static void transpose_16x16(const float *src, int64_t src_ld, int64_t rows, int6
 /* A (mc x kc) as micro-panels dst[ir*kc + k*TG_MR + ii], rows past mc zero-padded. Row-major A goes through
  * the 16x16 transpose; a transposed A (unit row stride) is walked one contiguous column at a time across all
  * panels, since a panel-by-panel walk reads only TG_MR floats per cache line at a large stride (4 KiB for 1024
- * rows, where the L1's sets alias): 15-20% slower GEMMs with a transposed A. */
+ * rows, where the L1's sets alias; bench/NOTES.md). */
 static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict dst) {
     if (rs == 1 && TG_MR <= 16) {
         for (int64_t k = 0; k < kc; k++) {
