@@ -3,8 +3,10 @@ asymmetric pads, ceil_mode, count_include_pad), normalizations, Gemm/MatMul and 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -56,8 +58,8 @@ class Window:
             x = mv.pad_dim(x, first + i, before, after + max(extra, 0), value)
         return x
 
-    def windows(self, padded: Tensor) -> Tensor:
-        """(N, C, *spatial) padded -> (N, C, kernel positions, *out): the slice each kernel offset sees."""
+    def views(self, padded: Tensor) -> list[Tensor]:
+        """(N, C, *spatial) padded -> the (N, C, *out) slice each kernel offset sees."""
         first = padded.ndim - len(self.kernel)
         views = []
         for offsets in itertools.product(*(range(k) for k in self.kernel)):
@@ -67,7 +69,15 @@ class Window:
                 stop = start + (self.out[i] - 1) * self.strides[i] + 1
                 view = mv.slice_dim(view, first + i, start, stop, self.strides[i])
             views.append(view)
-        return tg.stack(views, dim=first)
+        return views
+
+    def windows(self, padded: Tensor) -> Tensor:
+        """(N, C, kernel positions, *out): the views stacked (where a reduction must know which offset won)."""
+        return tg.stack(self.views(padded), dim=padded.ndim - len(self.kernel))
+
+    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        """The views combined pairwise: one elementwise chain, which fuses into one kernel."""
+        return functools.reduce(combine, self.views(padded))
 
 
 def convolve(x: Tensor, w: Tensor, strides: tuple, pads: Pads, dilations: tuple, groups: int) -> Tensor:
@@ -162,9 +172,9 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     x = tensor(x)
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
-    windows = window.windows(window.padded(x, low))
     if node.outputs < 2:
-        return tg.amax(windows, 2)
+        return window.reduce(window.padded(x, low), tg.maximum)
+    windows = window.windows(window.padded(x, low))
     best = tg.argmax(windows, 2, keepdim=True)
     values = tg.squeeze(tg.gather(windows, 2, best), 2)
     order = np.arange(math.prod(x.shape)).reshape(x.shape)
@@ -180,12 +190,12 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
 def average_pool(node: OnnxNode, x: Value) -> Tensor:
     x = tensor(x)
     window = _pool_window(node, x)
-    sums = tg.sum(window.windows(window.padded(x, 0.0)), 2)
+    sums = window.reduce(window.padded(x, 0.0), tg.add)
     counted = np.ones(x.shape[2:], x.dtype.storage)
     if node.attr("count_include_pad", 0):
         counted = np.pad(counted, window.pads, constant_values=1)
         window = _shifted(window)
-    (counts,) = evaluate([tg.sum(window.windows(window.padded(tensor(counted[None, None]), 0.0)), 2)])
+    (counts,) = evaluate([window.reduce(window.padded(tensor(counted[None, None]), 0.0), tg.add)])
     return tg.div(sums, tensor(counts.astype(x.dtype.storage)))
 
 
@@ -201,8 +211,8 @@ def lp_pool(node: OnnxNode, x: Value) -> Tensor:
     x = tensor(x)
     p = node.attr("p", 2)
     window = _pool_window(node, x)
-    powered = tg.pow(tg.abs(window.windows(window.padded(x, 0.0))), p)
-    return tg.pow(tg.sum(powered, 2), 1.0 / p)
+    powered = tg.pow(tg.abs(window.padded(x, 0.0)), p)
+    return tg.pow(window.reduce(powered, tg.add), 1.0 / p)
 
 
 @lowers("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")

@@ -1,0 +1,147 @@
+"""Benchmark: ONNX models on tensorgraphs (`tg.onnx.load`, compiled with `tg.compile`) vs ONNX Runtime.
+
+    .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10]
+
+Models: the graphs the onnx wheel ships under backend/test/data/light (their weights are ConstantOfShape
+placeholders), given seeded random weights (He-scaled normal, so activations stay in range) and the batch size.
+Each (framework, model, batch) runs in its own subprocess: the median latency of `--repeat` calls after one
+warm-up, the compile time (tg: trace and compile; ORT: session creation) and the process's peak RSS. Both use
+every core (ORT: intra_op_num_threads = os.cpu_count(); tg: OpenMP's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODELS = ("resnet50", "squeezenet", "densenet121", "inception_v1", "shufflenet", "vgg19")
+
+
+def light_model(name: str, batch: int, seed: int = 0):
+    """The wheel's light graph `name` with random weights in place of its ConstantOfShape placeholders."""
+    import onnx
+    from onnx import numpy_helper
+
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    model = onnx.load(str(path))
+    rng = np.random.default_rng(seed)
+    shapes = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    kept = []
+    for node in model.graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in shapes:
+            shape = tuple(int(d) for d in shapes[node.input[0]])
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+            weights = rng.standard_normal(shape).astype(np.float32) * np.float32(np.sqrt(2.0 / max(fan_in, 1)))
+            model.graph.initializer.append(numpy_helper.from_array(weights, node.output[0]))
+        else:
+            kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    used = {name for node in kept for name in node.input}
+    remaining = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(remaining)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    for output in model.graph.output:
+        output.type.tensor_type.shape.dim[0].dim_value = batch
+    return model
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def example(model, batch: int) -> np.ndarray:
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return np.random.default_rng(1).standard_normal([batch, *dims[1:]]).astype(np.float32)
+
+
+def run_ours(name: str, batch: int, repeat: int) -> dict:
+    import tensorgraphs as tg
+
+    model = light_model(name, batch)
+    x = example(model, batch)
+    module = tg.onnx.load(model).requires_grad_(False)
+    forward = tg.compile(module.forward)
+    start = time.perf_counter()
+    out = forward(tg.tensor(x)).numpy()
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        forward(tg.tensor(x)).numpy()
+        times.append(time.perf_counter() - start)
+    return {"ms": statistics.median(times) * 1e3, "compile_s": compile_s, "rss": peak_rss_mib(),
+            "checksum": float(np.abs(out).sum())}
+
+
+def run_ort(name: str, batch: int, repeat: int) -> dict:
+    import onnxruntime as ort
+
+    model = light_model(name, batch)
+    x = example(model, batch)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    start = time.perf_counter()
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {model.graph.input[0].name: x}
+    out = session.run(None, feed)[0]
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return {"ms": statistics.median(times) * 1e3, "compile_s": compile_s, "rss": peak_rss_mib(),
+            "checksum": float(np.abs(out).sum())}
+
+
+def measure(framework: str, name: str, batch: int, repeat: int) -> dict:
+    """One measurement in a fresh process (so its peak RSS is its own)."""
+    command = [sys.executable, __file__, "--child", framework, name, str(batch), str(repeat)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        framework, name, batch, repeat = args.child
+        run = run_ours if framework == "tg" else run_ort
+        print(json.dumps(run(name, int(batch), int(repeat))))
+        return
+    print("| model | batch | tg ms | ORT ms | ORT / tg | tg compile s | ORT session s | tg RSS MiB | ORT RSS MiB |"
+          " outputs agree |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            ours, theirs = measure("tg", name, batch, args.repeat), measure("ort", name, batch, args.repeat)
+            if "error" in ours or "error" in theirs:
+                print(f"| {name} | {batch} | {ours.get('error', '')} | {theirs.get('error', '')} |", flush=True)
+                continue
+            agree = abs(ours["checksum"] - theirs["checksum"]) <= 1e-3 * max(abs(theirs["checksum"]), 1e-6)
+            print(f"| {name} | {batch} | {ours['ms']:.1f} | {theirs['ms']:.1f} | {theirs['ms'] / ours['ms']:.2f}x | "
+                  f"{ours['compile_s']:.1f} | {theirs['compile_s']:.2f} | {ours['rss']:.0f} | {theirs['rss']:.0f} | "
+                  f"{'yes' if agree else 'NO'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
