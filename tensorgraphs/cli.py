@@ -1,4 +1,4 @@
-"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`."""
+"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`, `tg run MODEL.onnx`."""
 
 from __future__ import annotations
 
@@ -75,6 +75,12 @@ def _explain(args: argparse.Namespace) -> int:
     return run_explain(args.script, args.script_args)
 
 
+def _add_onnx_run(commands: argparse._SubParsersAction) -> None:
+    from tensorgraphs.onnx.run import add_command  # its module imports onnx only when a model runs
+
+    add_command(commands)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tg", description="tensorgraphs: a deep-learning compiler")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("script", help="Python script to run (as __main__)")
         command.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
         command.set_defaults(run=run)
+    _add_onnx_run(commands)
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("demo", "train", "example"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
