@@ -43,7 +43,9 @@ def backend_tests() -> dict[str, unittest.TestCase]:
 
     from tensorgraphs.onnx.backend import TensorgraphsBackend
 
-    suite = onnx.backend.test.BackendTest(TensorgraphsBackend, __name__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the suite's generators warn about the overflows they test
+        suite = onnx.backend.test.BackendTest(TensorgraphsBackend, __name__)
     tests = {}
     for case_class in suite.test_cases.values():
         for name in unittest.TestLoader().getTestCaseNames(case_class):
@@ -58,7 +60,10 @@ def core_node_tests() -> set[str]:
     from onnx.backend.test.loader import load_model_tests
 
     core = set()
-    for case in load_model_tests(kind="node"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+    for case in cases:
         graph = case.model.graph
         if any(node.domain not in ("", "ai.onnx") for node in graph.node):
             continue
@@ -204,7 +209,6 @@ def main() -> None:
     if args.worker:
         worker(args.compile_all)
         return
-    warnings.simplefilter("ignore")  # the suite's generators warn about the overflows they test
     names = select(backend_tests(), args.patterns)
     core = core_node_tests()
     outcomes = []

@@ -75,9 +75,32 @@ class Window:
         """(N, C, kernel positions, *out): the views stacked (where a reduction must know which offset won)."""
         return tg.stack(self.views(padded), dim=padded.ndim - len(self.kernel))
 
-    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-        """The views combined pairwise: one elementwise chain, which fuses into one kernel."""
-        return functools.reduce(combine, self.views(padded))
+    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool = False) -> Tensor:
+        """The windows combined: one spatial dim after another (a box window is separable), each window along a
+        dim as a chain of shifted views, or for an idempotent `combine` (max) by doubling, log2(kernel) steps."""
+        first = padded.ndim - len(self.kernel)
+        out = padded
+        for i, size in enumerate(self.kernel):
+            axis, count = first + i, (self.out[i] - 1) * self.strides[i] + 1
+            out = _window_1d(out, axis, size, self.dilations[i], count, combine, idempotent)
+            out = mv.slice_dim(out, axis, 0, count, self.strides[i])
+        return out
+
+
+def _window_1d(x: Tensor, axis: int, size: int, dilation: int, count: int,
+               combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool) -> Tensor:
+    """Positions 0..count-1 of x along `axis`, each combined with the size - 1 next ones `dilation` apart."""
+    view = lambda t, shift, n: mv.shrink_dim(t, axis, shift, shift + n)  # noqa: E731
+    if not idempotent:
+        return functools.reduce(combine, [view(x, j * dilation, count) for j in range(size)])
+    width, covered = 1, x  # covered[i] combines offsets 0 .. width - 1
+    while 2 * width <= size:
+        length = covered.shape[axis] - width * dilation
+        covered = combine(view(covered, 0, length), view(covered, width * dilation, length))
+        width *= 2
+    if width == size:
+        return view(covered, 0, count)
+    return combine(view(covered, 0, count), view(covered, (size - width) * dilation, count))
 
 
 def convolve(x: Tensor, w: Tensor, strides: tuple, pads: Pads, dilations: tuple, groups: int) -> Tensor:
@@ -173,7 +196,7 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
     if node.outputs < 2:
-        return window.reduce(window.padded(x, low), tg.maximum)
+        return window.reduce(window.padded(x, low), tg.maximum, idempotent=True)
     windows = window.windows(window.padded(x, low))
     best = tg.argmax(windows, 2, keepdim=True)
     values = tg.squeeze(tg.gather(windows, 2, best), 2)
