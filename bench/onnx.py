@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not bench/ (this file would shadow onnx)
 
 MODELS = ("resnet50", "squeezenet", "densenet121", "inception_v1", "shufflenet", "vgg19")
 

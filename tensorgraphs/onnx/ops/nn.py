@@ -49,10 +49,11 @@ class Window:
             self.out.append(count)
         self.reach = reach
 
-    def padded(self, x: Tensor, value: float) -> Tensor:
-        """x padded by `pads` and, past them, as far as the last window reaches (ceil_mode), with `value`."""
+    def padded(self, x: Tensor, value: float, pads: bool = True) -> Tensor:
+        """x padded by `pads` (unless x holds them already) and, past them, as far as the last window reaches
+        (ceil_mode), with `value`."""
         first = x.ndim - len(self.kernel)
-        for i, (before, after) in enumerate(self.pads):
+        for i, (before, after) in enumerate(self.pads if pads else [(0, 0)] * len(self.pads)):
             needed = (self.out[i] - 1) * self.strides[i] + self.reach[i]
             extra = needed - (x.shape[first + i] + before + after)
             x = mv.pad_dim(x, first + i, before, after + max(extra, 0), value)
@@ -215,18 +216,12 @@ def average_pool(node: OnnxNode, x: Value) -> Tensor:
     window = _pool_window(node, x)
     sums = window.reduce(window.padded(x, 0.0), tg.add)
     counted = np.ones(x.shape[2:], x.dtype.storage)
-    if node.attr("count_include_pad", 0):
+    include = bool(node.attr("count_include_pad", 0))
+    if include:
         counted = np.pad(counted, window.pads, constant_values=1)
-        window = _shifted(window)
-    (counts,) = evaluate([window.reduce(window.padded(tensor(counted[None, None]), 0.0), tg.add)])
+    ones = window.padded(tensor(counted[None, None]), 0.0, pads=not include)
+    (counts,) = evaluate([window.reduce(ones, tg.add)])
     return tg.div(sums, tensor(counts.astype(x.dtype.storage)))
-
-
-def _shifted(window: Window) -> Window:
-    """The same windows over an input that already holds the pads."""
-    copy = object.__new__(Window)
-    copy.__dict__.update(window.__dict__, pads=[(0, 0)] * len(window.pads))
-    return copy
 
 
 @lowers("LpPool")
