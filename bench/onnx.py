@@ -46,16 +46,17 @@ def light_model(name: str, batch: int, seed: int = 0):
             model.graph.initializer.append(numpy_helper.from_array(weights, node.output[0]))
         else:
             kept.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
     used = {name for node in kept for name in node.input}
-    remaining = [i for i in model.graph.initializer if i.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(remaining)
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
-    for output in model.graph.output:
+    weights = {i.name for i in model.graph.initializer}
+    (data,) = [i for i in model.graph.input if i.name in used and i.name not in weights]
+    data.type.tensor_type.shape.dim[0].dim_value = batch
+    produced = {name for node in kept for name in node.output}
+    outputs = [o for o in model.graph.output if o.name in produced]
+    for output in outputs:
         output.type.tensor_type.shape.dim[0].dim_value = batch
-    return model
+    graph = onnx.helper.make_graph(kept, model.graph.name, [data], outputs,
+                                   [i for i in model.graph.initializer if i.name in used])
+    return onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=7)
 
 
 def peak_rss_mib() -> float:
@@ -63,6 +64,7 @@ def peak_rss_mib() -> float:
 
 
 def example(model, batch: int) -> np.ndarray:
+    """Seeded standard-normal data for the model's one input."""
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     return np.random.default_rng(1).standard_normal([batch, *dims[1:]]).astype(np.float32)
 
