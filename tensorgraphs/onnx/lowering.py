@@ -153,6 +153,3 @@ def lowering_for(node: onnx.NodeProto, opset: int) -> LoweringRule:
                                    f"{len(LOWERINGS)} ops listed by `tensorgraphs.onnx.lowering.LOWERINGS`)")
     return rule
 
-
-def per_axis(values: Sequence[int], rank: int, fill: int) -> list[int]:
-    return list(values) if values else [fill] * rank
