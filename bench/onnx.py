@@ -3,7 +3,9 @@
     .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10]
 
 Models: the graphs the onnx wheel ships under backend/test/data/light (their weights are ConstantOfShape
-placeholders), given seeded random weights (He-scaled normal, so activations stay in range) and the batch size.
+placeholders), given seeded random weights (He-scaled normal; vectors (biases, batch-norm statistics) uniform in
+[0.5, 1.5], so variances are positive and activations stay in range) and the batch size (a Reshape to a constant
+batch of 1 gets -1).
 Each (framework, model, batch) runs in its own subprocess: the median latency of `--repeat` calls after one
 warm-up, the compile time (tg: trace and compile; ORT: session creation) and the process's peak RSS. Both use
 every core (ORT: intra_op_num_threads = os.cpu_count(); tg: OpenMP's default).
@@ -41,11 +43,20 @@ def light_model(name: str, batch: int, seed: int = 0):
     for node in model.graph.node:
         if node.op_type == "ConstantOfShape" and node.input[0] in shapes:
             shape = tuple(int(d) for d in shapes[node.input[0]])
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-            weights = rng.standard_normal(shape).astype(np.float32) * np.float32(np.sqrt(2.0 / max(fan_in, 1)))
+            if len(shape) > 1:
+                scale = np.sqrt(2.0 / max(int(np.prod(shape[1:])), 1))
+                weights = (rng.standard_normal(shape) * scale).astype(np.float32)
+            else:
+                weights = rng.uniform(0.5, 1.5, shape).astype(np.float32)
             model.graph.initializer.append(numpy_helper.from_array(weights, node.output[0]))
         else:
             kept.append(node)
+    reshaped = {node.input[1] for node in kept if node.op_type == "Reshape"}
+    for i, initializer in enumerate(model.graph.initializer):
+        if initializer.name in reshaped and numpy_helper.to_array(initializer)[:1].tolist() == [1]:
+            target = numpy_helper.to_array(initializer).copy()
+            target[0] = -1
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(target, initializer.name))
     used = {name for node in kept for name in node.input}
     weights = {i.name for i in model.graph.initializer}
     (data,) = [i for i in model.graph.input if i.name in used and i.name not in weights]
