@@ -1,4 +1,5 @@
-"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`, `tg tune`, `tg explain`, `tg build`."""
+"""The `tg` command line: `tg demo`, `tg train`, `tg example`, `tg ops`, `tg tune`, `tg explain`, `tg build`,
+`tg run MODEL.onnx`."""
 
 from __future__ import annotations
 
@@ -141,6 +142,12 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_onnx_run(commands: argparse._SubParsersAction) -> None:
+    from tensorgraphs.onnx.run import add_command  # its module imports onnx only when a model runs
+
+    add_command(commands)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tg", description="tensorgraphs: a deep-learning compiler")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         command.set_defaults(run=run)
     build = commands.add_parser("build", add_help=False, help="compile a model into a C library (`tg build --help`)")
     build.set_defaults(run=_build)
+    _add_onnx_run(commands)
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("demo", "train", "example", "build"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

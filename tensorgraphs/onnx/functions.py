@@ -36,15 +36,17 @@ def _type_of(value: Value | None) -> onnx.TypeProto:
     return onnx.helper.make_tensor_type_proto(onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
 
 
-def expand(node: onnx.NodeProto, opset: int, inputs: Sequence[Value | None]) -> onnx.ModelProto | None:
+def expand(node: onnx.NodeProto, opset: int, inputs: Sequence[Value | None],
+           standard: int) -> onnx.ModelProto | None:
     """A model whose graph is `node` expanded into its function body (same input and output names), with the
-    body's opset imports; None when the op has no function."""
+    body's opset imports (the model's `standard` opset where the body names none); None when the op has no
+    function."""
     types = tuple(_type_of(v).SerializeToString() for v in inputs)
-    return _expanded(node.SerializeToString(), opset, types)
+    return _expanded(node.SerializeToString(), opset, types, standard)
 
 
 @functools.lru_cache(maxsize=512)
-def _expanded(node_bytes: bytes, opset: int, types: tuple[bytes, ...]) -> onnx.ModelProto | None:
+def _expanded(node_bytes: bytes, opset: int, types: tuple[bytes, ...], standard: int) -> onnx.ModelProto | None:
     node = onnx.NodeProto.FromString(node_bytes)
     found = schema(node, opset)
     if found is None:
@@ -66,7 +68,7 @@ def _expanded(node_bytes: bytes, opset: int, types: tuple[bytes, ...]) -> onnx.M
     call.CopyFrom(node)
     call.domain = PRIVATE_DOMAIN
     imports = {entry.domain: entry.version for entry in body.opset_import}
-    imports.setdefault("", opset if node.domain in STANDARD_DOMAINS else imports.get("", opset))
+    imports.setdefault("", opset if node.domain in STANDARD_DOMAINS else standard)
     graph = onnx.helper.make_graph([call], "expanded", [], [])
     model = onnx.helper.make_model(graph, functions=[body], opset_imports=[
         onnx.helper.make_opsetid(domain, version) for domain, version in imports.items()

@@ -51,7 +51,7 @@ def run_node(proto: onnx.NodeProto, values: MutableMapping[str, Value], opsets: 
     node = OnnxNode(proto, opsets.of(proto.domain), (values, opsets))
     inputs = [_input(name, values, node) for name in proto.input]
     if not has_lowering(proto):
-        expanded = functions.expand(proto, node.opset, inputs)
+        expanded = functions.expand(proto, node.opset, inputs, opsets.of(""))
         if expanded is not None:
             run_graph(expanded.graph, values, Opsets(expanded.opset_import))
             return

@@ -7,7 +7,7 @@ inputs are all arrays is folded (evaluated once, on the reference interpreter) i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -32,6 +32,7 @@ class OnnxNode:
     opset: int
     scope: Any = None
     """What control-flow ops run their subgraphs with: the values visible here and the model's opsets."""
+    overrides: tuple[tuple[str, Any], ...] = ()
 
     @property
     def op_type(self) -> str:
@@ -45,7 +46,14 @@ class OnnxNode:
         domain = self.proto.domain or "ai.onnx"
         return f"node {self.proto.name!r} ({self.op_type}, domain {domain!r}, opset {self.opset})"
 
+    def overriding(self, **attributes: Any) -> OnnxNode:
+        """This node with some attributes fixed (an op lowered as another that it is a case of)."""
+        return replace(self, overrides=self.overrides + tuple(attributes.items()))
+
     def attr(self, name: str, default: Any = None) -> Any:
+        fixed = dict(self.overrides)
+        if name in fixed:
+            return fixed[name]
         for attribute in self.proto.attribute:
             if attribute.name == name:
                 value = onnx.helper.get_attribute_value(attribute)
@@ -145,6 +153,3 @@ def lowering_for(node: onnx.NodeProto, opset: int) -> LoweringRule:
                                    f"{len(LOWERINGS)} ops listed by `tensorgraphs.onnx.lowering.LOWERINGS`)")
     return rule
 
-
-def per_axis(values: Sequence[int], rank: int, fill: int) -> list[int]:
-    return list(values) if values else [fill] * rank

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import onnx
@@ -47,15 +46,3 @@ def _check(model: onnx.ModelProto) -> None:
             fail(OP, f"initializer {initializer.name!r} is stored in external data that was not loaded: pass the "
                  "model's path, or call onnx.load_external_data_for_model first", kind=ArgumentError)
     check_supported(model.graph, opsets)
-
-
-def attribute_name(name: str, taken: set[str]) -> str:
-    """A Python identifier for an ONNX name (which may hold any characters), unique among `taken`."""
-    base = re.sub(r"\W", "_", name, flags=re.ASCII) or "_"
-    base = "_" + base if base[0].isdigit() else base
-    candidate, count = base, 1
-    while candidate in taken:
-        count += 1
-        candidate = f"{base}_{count}"
-    taken.add(candidate)
-    return candidate

@@ -21,7 +21,8 @@ from tensorgraphs.nn.parameter import Parameter
 from tensorgraphs.onnx.dtypes import tg_dtype
 from tensorgraphs.onnx.importer import Opsets, run_graph
 from tensorgraphs.onnx.lowering import Value, tensor
-from tensorgraphs.onnx.model import attribute_name, read_model
+from tensorgraphs.onnx.model import read_model
+from tensorgraphs.onnx.names import attribute_name
 
 
 class OnnxModule(Module):

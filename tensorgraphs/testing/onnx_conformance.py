@@ -43,7 +43,9 @@ def backend_tests() -> dict[str, unittest.TestCase]:
 
     from tensorgraphs.onnx.backend import TensorgraphsBackend
 
-    suite = onnx.backend.test.BackendTest(TensorgraphsBackend, __name__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the suite's generators warn about the overflows they test
+        suite = onnx.backend.test.BackendTest(TensorgraphsBackend, __name__)
     tests = {}
     for case_class in suite.test_cases.values():
         for name in unittest.TestLoader().getTestCaseNames(case_class):
@@ -58,7 +60,10 @@ def core_node_tests() -> set[str]:
     from onnx.backend.test.loader import load_model_tests
 
     core = set()
-    for case in load_model_tests(kind="node"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+    for case in cases:
         graph = case.model.graph
         if any(node.domain not in ("", "ai.onnx") for node in graph.node):
             continue
@@ -93,9 +98,14 @@ def _reason(trace: str) -> str:
     return lines[-1][:500]
 
 
-def worker() -> None:
-    """Read test names from stdin, one a line; write one JSON outcome a line to stdout."""
+def worker(compile_all: bool) -> None:
+    """Read test names from stdin, one a line; write one JSON outcome a line to stdout. `compile_all`: the cpu
+    device compiles every graph, however small (else small ones run on the interpreter)."""
     warnings.simplefilter("ignore")
+    if compile_all:
+        from tensorgraphs.backends.cpu import CPU
+
+        CPU.interpret_below = 0
     tests = backend_tests()
     out = sys.stdout
     sys.stdout = sys.stderr  # what tests print must not mix with the outcomes
@@ -109,8 +119,9 @@ def worker() -> None:
 class Worker:
     """A worker process that runs tests one at a time, each within `limit` seconds."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", MODULE, "--worker"], stdin=subprocess.PIPE,
+    def __init__(self, env: dict[str, str], compile_all: bool) -> None:
+        command = [sys.executable, "-m", MODULE, "--worker", *(["--compile-all"] if compile_all else [])]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.process.stdout, selectors.EVENT_READ)
@@ -141,26 +152,26 @@ class Worker:
         self.process.wait()
 
 
-def run_isolated(names: list[str], jobs: int = 1, limit: float = TIME_LIMIT_S) -> Iterator[Outcome]:
-    """Outcomes of `names` (in the order they finish) from `jobs` workers; a crashed or timed-out worker is
-    replaced."""
+def run_isolated(names: list[str], jobs: int = 1, limit: float = TIME_LIMIT_S,
+                 compile_all: bool = False) -> Iterator[Outcome]:
+    """Outcomes of `names` from `jobs` workers; a crashed or timed-out worker is replaced."""
     env = dict(os.environ, ONNX_HOME=os.environ.get("ONNX_HOME", tempfile.mkdtemp(prefix="tg-onnx-home-")))
     queues = [names[i::jobs] for i in range(jobs)]
     if jobs == 1:
-        yield from _drain(queues[0], env, limit)
+        yield from _drain(queues[0], env, limit, compile_all)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(jobs) as pool:
-        for outcomes in pool.map(lambda queue: list(_drain(queue, env, limit)), queues):
+        for outcomes in pool.map(lambda queue: list(_drain(queue, env, limit, compile_all)), queues):
             yield from outcomes
 
 
-def _drain(queue: list[str], env: dict[str, str], limit: float) -> Iterator[Outcome]:
+def _drain(queue: list[str], env: dict[str, str], limit: float, compile_all: bool) -> Iterator[Outcome]:
     current: Worker | None = None
     for name in queue:
         if current is None or current.process.poll() is not None:
-            current = Worker(env)
+            current = Worker(env, compile_all)
         outcome = current.run(name, limit)
         if outcome.status in ("crash", "timeout"):
             current = None
@@ -190,17 +201,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("patterns", nargs="*", help="regular expressions selecting tests (default: all)")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--compile-all", action="store_true", help="compile every graph to C (else small graphs "
+                        "run on the interpreter)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write every outcome to this file")
     args = parser.parse_args()
     if args.worker:
-        worker()
+        worker(args.compile_all)
         return
-    warnings.simplefilter("ignore")  # the suite's generators warn about the overflows they test
     names = select(backend_tests(), args.patterns)
     core = core_node_tests()
     outcomes = []
-    for outcome in run_isolated(names, args.jobs):
+    for outcome in run_isolated(names, args.jobs, compile_all=args.compile_all):
         outcomes.append(outcome)
         if outcome.status != "pass":
             print(f"{outcome.status:8} {outcome.name}: {outcome.message}", flush=True)

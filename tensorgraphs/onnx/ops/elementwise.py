@@ -139,7 +139,11 @@ def activation(node: OnnxNode, x: Value) -> Tensor:
 
 @lowers("PRelu")
 def prelu(node: OnnxNode, x: Value, slope: Value) -> Tensor:
-    x = tensor(x)
-    return tg.where(x >= 0, x, tg.mul(x, tensor(slope)))
+    """A slope of one value per channel that does not broadcast from the right applies along axis 1 (as
+    exporters write it for PyTorch's PReLU and ONNX Runtime reads it)."""
+    x, slope = tensor(x), tensor(slope)
+    if slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        slope = tg.reshape(slope, (-1,) + (1,) * (x.ndim - 2))
+    return tg.where(x >= 0, x, tg.mul(x, slope))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
-from tensorgraphs.onnx.lowering import OnnxNode, Value, known, lowers, scalar, tensor
+from tensorgraphs.onnx.lowering import OnnxNode, Value, ints, known, lowers, scalar, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
 
@@ -224,3 +224,41 @@ def reverse_sequence(node: OnnxNode, x: Value, lengths: Value) -> Tensor:
     shape[time], shape[batch] = x.shape[time], x.shape[batch]
     index = tg.broadcast_to(tensor(source.reshape(shape).astype(np.int64)), x.shape)
     return tg.gather(x, time, index)
+
+
+@lowers("TensorScatter")
+def tensor_scatter(node: OnnxNode, cache: Value, update: Value, starts: Value | None = None) -> Tensor:
+    """The cache with each batch's update written along `axis` from its write index (0 by default); "circular"
+    wraps past the cache's end."""
+    cache, update = tensor(cache), tensor(update)
+    axis = axis_of(node.attr("axis", -2), cache.ndim)
+    length, written = cache.shape[axis], update.shape[axis]
+    shape = [1] * cache.ndim
+    shape[axis] = length
+    position = tensor(np.arange(length, dtype=np.int64).reshape(shape))
+    start = tg.zeros((cache.shape[0],), dtype=tg.int64) if starts is None else tensor(starts).to(tg.int64)
+    source = tg.sub(position, tg.reshape(start, (-1,) + (1,) * (cache.ndim - 1)))
+    if node.attr("mode", "linear") == "circular":
+        source = tg.remainder(source, length)
+    inside = tg.logical_and(source >= 0, source < written)
+    index_shape = list(cache.shape)
+    index_shape[axis] = length
+    index = tg.broadcast_to(tg.clamp(source, 0, written - 1), tuple(index_shape))
+    return tg.where(inside, tg.gather(update, axis, index), cache)
+
+
+@lowers("MaxUnpool")
+def max_unpool(node: OnnxNode, x: Value, index: Value, output_shape: Value | None = None) -> Tensor:
+    """Zeros of the output shape with each value written at its flat index (MaxPool's Indices)."""
+    x = tensor(x)
+    if output_shape is not None:
+        shape = tuple(ints(output_shape))
+    else:
+        kernel, strides = node.attr("kernel_shape"), node.attr("strides") or [1] * (x.ndim - 2)
+        pads = node.attr("pads") or [0] * (2 * (x.ndim - 2))
+        half = len(kernel)
+        shape = tuple(x.shape[:2]) + tuple((size - 1) * s - pads[i] - pads[i + half] + k for i, (size, s, k) in
+                                           enumerate(zip(x.shape[2:], strides, kernel)))
+    flat = tg.zeros((math.prod(shape),), dtype=x.dtype)
+    return tg.reshape(tg.scatter_add(flat, 0, tg.reshape(tensor(index).to(tg.int64), (-1,)),
+                                     tg.reshape(x, (-1,))), shape)

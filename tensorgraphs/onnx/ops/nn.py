@@ -3,8 +3,10 @@ asymmetric pads, ceil_mode, count_include_pad), normalizations, Gemm/MatMul and 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -47,17 +49,18 @@ class Window:
             self.out.append(count)
         self.reach = reach
 
-    def padded(self, x: Tensor, value: float) -> Tensor:
-        """x padded by `pads` and, past them, as far as the last window reaches (ceil_mode), with `value`."""
+    def padded(self, x: Tensor, value: float, pads: bool = True) -> Tensor:
+        """x padded by `pads` (unless x holds them already) and, past them, as far as the last window reaches
+        (ceil_mode), with `value`."""
         first = x.ndim - len(self.kernel)
-        for i, (before, after) in enumerate(self.pads):
+        for i, (before, after) in enumerate(self.pads if pads else [(0, 0)] * len(self.pads)):
             needed = (self.out[i] - 1) * self.strides[i] + self.reach[i]
             extra = needed - (x.shape[first + i] + before + after)
             x = mv.pad_dim(x, first + i, before, after + max(extra, 0), value)
         return x
 
-    def windows(self, padded: Tensor) -> Tensor:
-        """(N, C, *spatial) padded -> (N, C, kernel positions, *out): the slice each kernel offset sees."""
+    def views(self, padded: Tensor) -> list[Tensor]:
+        """(N, C, *spatial) padded -> the (N, C, *out) slice each kernel offset sees."""
         first = padded.ndim - len(self.kernel)
         views = []
         for offsets in itertools.product(*(range(k) for k in self.kernel)):
@@ -67,7 +70,38 @@ class Window:
                 stop = start + (self.out[i] - 1) * self.strides[i] + 1
                 view = mv.slice_dim(view, first + i, start, stop, self.strides[i])
             views.append(view)
-        return tg.stack(views, dim=first)
+        return views
+
+    def windows(self, padded: Tensor) -> Tensor:
+        """(N, C, kernel positions, *out): the views stacked (where a reduction must know which offset won)."""
+        return tg.stack(self.views(padded), dim=padded.ndim - len(self.kernel))
+
+    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool = False) -> Tensor:
+        """The windows combined: one spatial dim after another (a box window is separable), each window along a
+        dim as a chain of shifted views, or for an idempotent `combine` (max) by doubling, log2(kernel) steps."""
+        first = padded.ndim - len(self.kernel)
+        out = padded
+        for i, size in enumerate(self.kernel):
+            axis, count = first + i, (self.out[i] - 1) * self.strides[i] + 1
+            out = _window_1d(out, axis, size, self.dilations[i], count, combine, idempotent)
+            out = mv.slice_dim(out, axis, 0, count, self.strides[i])
+        return out
+
+
+def _window_1d(x: Tensor, axis: int, size: int, dilation: int, count: int,
+               combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool) -> Tensor:
+    """Positions 0..count-1 of x along `axis`, each combined with the size - 1 next ones `dilation` apart."""
+    view = lambda t, shift, n: mv.shrink_dim(t, axis, shift, shift + n)  # noqa: E731
+    if not idempotent:
+        return functools.reduce(combine, [view(x, j * dilation, count) for j in range(size)])
+    width, covered = 1, x  # covered[i] combines offsets 0 .. width - 1
+    while 2 * width <= size:
+        length = covered.shape[axis] - width * dilation
+        covered = combine(view(covered, 0, length), view(covered, width * dilation, length))
+        width *= 2
+    if width == size:
+        return view(covered, 0, count)
+    return combine(view(covered, 0, count), view(covered, (size - width) * dilation, count))
 
 
 def convolve(x: Tensor, w: Tensor, strides: tuple, pads: Pads, dilations: tuple, groups: int) -> Tensor:
@@ -162,9 +196,9 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     x = tensor(x)
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
-    windows = window.windows(window.padded(x, low))
     if node.outputs < 2:
-        return tg.amax(windows, 2)
+        return window.reduce(window.padded(x, low), tg.maximum, idempotent=True)
+    windows = window.windows(window.padded(x, low))
     best = tg.argmax(windows, 2, keepdim=True)
     values = tg.squeeze(tg.gather(windows, 2, best), 2)
     order = np.arange(math.prod(x.shape)).reshape(x.shape)
@@ -180,20 +214,14 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
 def average_pool(node: OnnxNode, x: Value) -> Tensor:
     x = tensor(x)
     window = _pool_window(node, x)
-    sums = tg.sum(window.windows(window.padded(x, 0.0)), 2)
+    sums = window.reduce(window.padded(x, 0.0), tg.add)
     counted = np.ones(x.shape[2:], x.dtype.storage)
-    if node.attr("count_include_pad", 0):
+    include = bool(node.attr("count_include_pad", 0))
+    if include:
         counted = np.pad(counted, window.pads, constant_values=1)
-        window = _shifted(window)
-    (counts,) = evaluate([tg.sum(window.windows(window.padded(tensor(counted[None, None]), 0.0)), 2)])
+    ones = window.padded(tensor(counted[None, None]), 0.0, pads=not include)
+    (counts,) = evaluate([window.reduce(ones, tg.add)])
     return tg.div(sums, tensor(counts.astype(x.dtype.storage)))
-
-
-def _shifted(window: Window) -> Window:
-    """The same windows over an input that already holds the pads."""
-    copy = object.__new__(Window)
-    copy.__dict__.update(window.__dict__, pads=[(0, 0)] * len(window.pads))
-    return copy
 
 
 @lowers("LpPool")
@@ -201,8 +229,8 @@ def lp_pool(node: OnnxNode, x: Value) -> Tensor:
     x = tensor(x)
     p = node.attr("p", 2)
     window = _pool_window(node, x)
-    powered = tg.pow(tg.abs(window.windows(window.padded(x, 0.0))), p)
-    return tg.pow(tg.sum(powered, 2), 1.0 / p)
+    powered = tg.pow(tg.abs(window.padded(x, 0.0)), p)
+    return tg.pow(window.reduce(powered, tg.add), 1.0 / p)
 
 
 @lowers("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")

@@ -69,20 +69,15 @@ def matmul_integer(node: OnnxNode, a: Value, b: Value, a_zero: Value | None = No
 def qlinear_matmul(node: OnnxNode, a: Value, a_scale: Value, a_zero: Value, b: Value, b_scale: Value,
                    b_zero: Value, y_scale: Value, y_zero: Value) -> Tensor:
     a, b, y_zero = tensor(a), tensor(b), tensor(y_zero)
-    per_row = _Flat(node)
+    per_row = _along_axis(node, -2)
     a_real = dequantize(per_row, a, tensor(a_scale).to(tg.float32), tensor(a_zero))
-    b_real = dequantize(_Flat(node, axis=-1), b, tensor(b_scale).to(tg.float32), tensor(b_zero))
+    b_real = dequantize(_along_axis(node, -1), b, tensor(b_scale).to(tg.float32), tensor(b_zero))
     return quantize(per_row, tg.matmul(a_real, b_real), tensor(y_scale).to(tg.float32), y_zero, y_zero.dtype)
 
 
-class _Flat:
-    """Per-tensor or per-`axis` parameters for the quantized-linear ops (which have no axis attribute)."""
-
-    def __init__(self, node: OnnxNode, axis: int = -2) -> None:
-        self.node, self.axis = node, axis
-
-    def attr(self, name: str, default: object = None) -> object:
-        return {"axis": self.axis, "block_size": 0}.get(name, default)
+def _along_axis(node: OnnxNode, axis: int) -> OnnxNode:
+    """The quantized-linear ops' parameters: per tensor or per index of `axis` (they have no axis attribute)."""
+    return node.overriding(axis=axis, block_size=0)
 
 
 @lowers("ConvInteger")
@@ -100,12 +95,12 @@ def conv_integer(node: OnnxNode, x: Value, w: Value, x_zero: Value | None = None
 def qlinear_conv(node: OnnxNode, x: Value, x_scale: Value, x_zero: Value, w: Value, w_scale: Value, w_zero: Value,
                  y_scale: Value, y_zero: Value, bias: Value | None = None) -> Tensor:
     x, w, y_zero = tensor(x), tensor(w), tensor(y_zero)
-    x_real = dequantize(_Flat(node, axis=1), x, tensor(x_scale).to(tg.float32), tensor(x_zero))
-    w_real = dequantize(_Flat(node, axis=0), w, tensor(w_scale).to(tg.float32), tensor(w_zero))
+    x_real = dequantize(_along_axis(node, 1), x, tensor(x_scale).to(tg.float32), tensor(x_zero))
+    w_real = dequantize(_along_axis(node, 0), w, tensor(w_scale).to(tg.float32), tensor(w_zero))
     out = conv(node, x_real, w_real)
     if bias is not None:
-        scale = tg.mul(_along(_Flat(node, axis=0), tensor(x_scale).to(tg.float32), w),
-                       _along(_Flat(node, axis=0), tensor(w_scale).to(tg.float32), w))
+        scale = tg.mul(_along(_along_axis(node, 0), tensor(x_scale).to(tg.float32), w),
+                       _along(_along_axis(node, 0), tensor(w_scale).to(tg.float32), w))
         out = tg.add(out, tg.reshape(tg.mul(tensor(bias).to(tg.float32), tg.reshape(scale, (-1,))),
                                      (-1,) + (1,) * (out.ndim - 2)))
-    return quantize(_Flat(node, axis=1), out, tensor(y_scale).to(tg.float32), y_zero, y_zero.dtype)
+    return quantize(_along_axis(node, 1), out, tensor(y_scale).to(tg.float32), y_zero, y_zero.dtype)

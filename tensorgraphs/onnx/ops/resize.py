@@ -145,17 +145,5 @@ def upsample(node: OnnxNode, x: Value, scales: Value | None = None) -> Tensor:
     factors = node.attr("scales") if node.opset < 9 else known(scales).tolist()
     sizes = [int(math.floor(n * s)) for n, s in zip(x.shape, factors)]
     mode = "linear" if node.attr("mode", "nearest") in ("linear", "bilinear") else "nearest"
-    legacy = _UpsampleNode(node)
-    return resample(legacy, x, mode, sizes, list(factors), [(0.0, 1.0)] * x.ndim)
-
-
-class _UpsampleNode:
-    """Upsample read as the Resize it is: asymmetric coordinates, floor for nearest."""
-
-    _FIXED = {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
-
-    def __init__(self, node: OnnxNode) -> None:
-        self.node = node
-
-    def attr(self, name: str, default: object = None) -> object:
-        return self._FIXED.get(name, self.node.attr(name, default))
+    as_resize = node.overriding(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return resample(as_resize, x, mode, sizes, list(factors), [(0.0, 1.0)] * x.ndim)
