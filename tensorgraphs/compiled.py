@@ -84,6 +84,7 @@ class _Trace:
     grad_enabled: bool  # the grad mode traced in (under no_grad the graph has no gradient paths)
     fixed_numbers: tuple[tuple[int, int | float], ...] = ()  # (position, value): number arguments used as values
     results_graph: differentiable.ResultGraph | None = None  # for results autograd can differentiate
+    conditions: tuple[Callable[[], bool], ...] = ()  # `tracing.note_condition`: the trace holds while all do
     compile_seconds: float = 0.0
 
     def stats(self) -> CompileStats:
@@ -93,11 +94,13 @@ class _Trace:
     def holds(self, args: tuple[Any, ...]) -> bool:
         """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
         module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), grad mode must be
-        as it was, and a number argument the function used as a value (a shape, a branch) must have that value."""
+        as it was, a number argument the function used as a value (a shape, a branch) must have that value, and
+        every other choice the trace made must still hold (`tracing.note_condition`)."""
         return (self.grad_enabled == is_grad_enabled()
                 and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
                 and all(module.training == training for module, training in self.modes)
-                and all(args[position] == value for position, value in self.fixed_numbers))
+                and all(args[position] == value for position, value in self.fixed_numbers)
+                and all(holds() for holds in self.conditions))
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,7 @@ class CompiledFunction:
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
                       grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
                       fixed_numbers,
-                      results_graph)
+                      results_graph, conditions=tuple(effects.conditions))
 
 
 def _leaf_sources(inputs: list[Node], placeholders: Mapping[Node, int], numbers: Mapping[Node, int],
