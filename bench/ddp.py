@@ -1,6 +1,6 @@
 """Benchmark: data-parallel scaling of the 2-layer encoder step, tg's DistributedDataParallel beside torch's.
 
-    .venv/bin/python bench/ddp.py [--layers 2] [--steps 10] [--nproc 2]
+    .venv/bin/python bench/ddp.py [--layers 2] [--steps 10] [--nproc 2] [--bucket-cap-mb MB]
 
 For each system (tg: `tg.compile` of the whole step with DistributedDataParallel, its bucket all-reduces inside
 the compiled program; torch: eager with torch's DDP) one process with one thread, then `--nproc` processes
@@ -55,7 +55,7 @@ class StepClock:
         return seconds
 
 
-def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[], None]:
+def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | None) -> Callable[[], None]:
     import tensorgraphs as tg
     import tensorgraphs.nn.functional as F
     from tensorgraphs import nn
@@ -66,7 +66,7 @@ def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[]
         register_host_function(name, clock.timed(HOST_FUNCTIONS[name]))
     tg.manual_seed(SEED)
     model = build_model(nn, F, spec)
-    net = tg.nn.parallel.DistributedDataParallel(model) if distributed else model
+    net = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap) if distributed else model
     optimizer = tg.optim.Adam(model.parameters(), lr=LR)
     inputs, targets = (tg.from_numpy(array) for array in make_data(spec))
 
@@ -81,7 +81,7 @@ def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[]
     return lambda: step(inputs, targets)
 
 
-def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[], None]:
+def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | None) -> Callable[[], None]:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -92,7 +92,7 @@ def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable
     model = build_model(nn, F, spec)
     net = model
     if distributed:
-        net = nn.parallel.DistributedDataParallel(model)
+        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
 
         def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202 - torch checks the annotation is GradBucket
             """torch's default hook (divide, then an asynchronous all-reduce), timed from issue to completion."""
@@ -117,14 +117,14 @@ def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable
     return step
 
 
-def worker(system: str, layers: int, steps: int, distributed: bool) -> None:
+def worker(system: str, layers: int, steps: int, distributed: bool, cap: float | None) -> None:
     if distributed:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
     clock = StepClock()
     spec = ModelSpec(layers, 8)
-    step = (tg_step if system == "tg" else torch_step)(spec, distributed, clock)
+    step = (tg_step if system == "tg" else torch_step)(spec, distributed, clock, cap)
     for _ in range(WARMUP_STEPS):
         step()
     times, cpu_times, reduces = [], [], []
@@ -164,9 +164,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(system: str, nproc: int, layers: int, steps: int) -> dict[str, float] | str:
+def run(system: str, nproc: int, layers: int, steps: int, cap: float | None) -> dict[str, float] | str:
     """`nproc` fresh processes of one thread each; the slowest rank's figures (the step waits for it anyway)."""
     command = [sys.executable, __file__, "--worker", system, "--layers", str(layers), "--steps", str(steps)]
+    command += [] if cap is None else ["--bucket-cap-mb", str(cap)]
     env = {**os.environ, **ONE_THREAD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(nproc)}
     if nproc > 1:
@@ -189,19 +190,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     parser.add_argument("--nproc", type=int, default=2, help="processes of the data-parallel runs")
     parser.add_argument("--systems", default="tg,torch", help="comma-separated: tg, torch")
+    parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket cap of both systems (default: theirs, 25)")
     parser.add_argument("--worker", choices=("tg", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--distributed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.layers, args.steps, args.distributed)
+        worker(args.worker, args.layers, args.steps, args.distributed, args.bucket_cap_mb)
         return
-    print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps")
+    cap = "default" if args.bucket_cap_mb is None else f"{args.bucket_cap_mb:g} MB"
+    print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps; "
+          f"bucket cap {cap}")
     print("| system | processes | step ms | CPU ms/step | samples/s | scaling | all-reduce ms/step | "
           "one all-reduce alone ms |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for system in args.systems.split(","):
-        single = run(system, 1, args.layers, args.steps)
-        parallel = run(system, args.nproc, args.layers, args.steps)
+        single = run(system, 1, args.layers, args.steps, args.bucket_cap_mb)
+        parallel = run(system, args.nproc, args.layers, args.steps, args.bucket_cap_mb)
         for nproc, result in ((1, single), (args.nproc, parallel)):
             if isinstance(result, str):
                 print(f"| {system} | {nproc} | error: {result} | | | | | |")
