@@ -3,15 +3,16 @@
     .venv/bin/python bench/ddp.py [--layers 2] [--steps 10] [--nproc 2] [--bucket-cap-mb MB]
 
 For each system (tg: `tg.compile` of the whole step with DistributedDataParallel, its bucket all-reduces inside
-the compiled program; torch: eager with torch's DDP) one process with one thread, then `--nproc` processes
-with one thread each (gloo on localhost, every rank its own batch of bench/train.py's size, so the global batch
-grows with the processes). Each run is fresh processes (`--worker`, JSON on stdout). Reported: the median step,
-the CPU time of the process per step (all its threads: where the step is much longer, it waited for a core),
-global samples per second, the scaling over one process, the time per step spent on gradient all-reduces (tg:
-the time its step spends in the host calls that start them and wait for them, i.e. not hidden behind the rest
-of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's asynchronous
-all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone (gloo). The
-model, data and Adam settings are bench/train.py's.
+the compiled program; torch: eager with torch's DDP) one process with one thread, then `--nproc` processes with
+one thread each (gloo on localhost, every rank its own batch of bench/train.py's size, so the global batch grows
+with the processes). Each run is fresh processes (`--worker`, JSON on stdout). Reported: the median step, the
+CPU time of the process per step (all its threads: where the step is much longer, it waited for a core), global
+samples per second, the scaling over one process (and what it would be if every process had a core of its own
+and never waited: processes x CPU time of one process / CPU time of each), the time per step spent on gradient
+all-reduces (tg: the time its step spends in the host calls that start them and wait for them, i.e. not hidden
+behind the rest of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's
+asynchronous all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone
+(gloo). The model, data and Adam settings are bench/train.py's.
 """
 
 from __future__ import annotations
@@ -200,21 +201,24 @@ def main() -> None:
     cap = "default" if args.bucket_cap_mb is None else f"{args.bucket_cap_mb:g} MB"
     print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps; "
           f"bucket cap {cap}")
-    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | all-reduce ms/step | "
-          "one all-reduce alone ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | scaling by CPU time | "
+          "all-reduce ms/step | one all-reduce alone ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for system in args.systems.split(","):
         single = run(system, 1, args.layers, args.steps, args.bucket_cap_mb)
         parallel = run(system, args.nproc, args.layers, args.steps, args.bucket_cap_mb)
         for nproc, result in ((1, single), (args.nproc, parallel)):
             if isinstance(result, str):
-                print(f"| {system} | {nproc} | error: {result} | | | | | |")
+                print(f"| {system} | {nproc} | error: {result} | | | | | | |")
                 continue
-            scaling = (f"{result['samples_s'] / single['samples_s']:.2f}x" if not isinstance(single, str) else "-")
+            scaling = cpu_scaling = "-"
+            if not isinstance(single, str):
+                scaling = f"{result['samples_s'] / single['samples_s']:.2f}x"
+                cpu_scaling = f"{nproc * single['cpu_s'] / result['cpu_s']:.2f}x"
             reduce, alone = ((f"{result['all_reduce_s'] * 1e3:.1f}", f"{result['alone_s'] * 1e3:.1f}") if nproc > 1
                              else ("-", "-"))
             print(f"| {system} | {nproc} | {result['step_s'] * 1e3:.1f} | {result['cpu_s'] * 1e3:.1f} | "
-                  f"{result['samples_s']:.1f} | {scaling} | {reduce} | {alone} |", flush=True)
+                  f"{result['samples_s']:.1f} | {scaling} | {cpu_scaling} | {reduce} | {alone} |", flush=True)
 
 
 if __name__ == "__main__":
