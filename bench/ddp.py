@@ -139,6 +139,10 @@ def worker(system: str, layers: int, steps: int, distributed: bool, cap: float |
     print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu_times),
                       "all_reduce_s": statistics.median(reduces), "alone_s": all_reduce_alone(spec) if distributed
                       else 0.0, "batch": spec.batch}))
+    if distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 def all_reduce_alone(spec: ModelSpec, repeat: int = 5) -> float:
