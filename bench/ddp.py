@@ -1,17 +1,18 @@
 """Benchmark: data-parallel scaling of the 2-layer encoder step, tg's DistributedDataParallel beside torch's.
 
-    .venv/bin/python bench/ddp.py [--layers 2] [--steps 10] [--nproc 2]
+    .venv/bin/python bench/ddp.py [--layers 2] [--steps 10] [--nproc 2] [--bucket-cap-mb MB]
 
 For each system (tg: `tg.compile` of the whole step with DistributedDataParallel, its bucket all-reduces inside
-the compiled program; torch: eager with torch's DDP) one process with one thread, then `--nproc` processes
-with one thread each (gloo on localhost, every rank its own batch of bench/train.py's size, so the global batch
-grows with the processes). Each run is fresh processes (`--worker`, JSON on stdout). Reported: the median step,
-the CPU time of the process per step (all its threads: where the step is much longer, it waited for a core),
-global samples per second, the scaling over one process, the time per step spent on gradient all-reduces (tg:
-the time its step spends in the host calls that start them and wait for them, i.e. not hidden behind the rest
-of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's asynchronous
-all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone (gloo). The
-model, data and Adam settings are bench/train.py's.
+the compiled program; torch: eager with torch's DDP) one process with one thread, then `--nproc` processes with
+one thread each (gloo on localhost, every rank its own batch of bench/train.py's size, so the global batch grows
+with the processes). Each run is fresh processes (`--worker`, JSON on stdout). Reported: the median step, the
+CPU time of the process per step (all its threads: where the step is much longer, it waited for a core), global
+samples per second, the scaling over one process (and what it would be if every process had a core of its own
+and never waited: processes x CPU time of one process / CPU time of each), the time per step spent on gradient
+all-reduces (tg: the time its step spends in the host calls that start them and wait for them, i.e. not hidden
+behind the rest of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's
+asynchronous all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone
+(gloo). The model, data and Adam settings are bench/train.py's.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class StepClock:
         return seconds
 
 
-def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[], None]:
+def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | None) -> Callable[[], None]:
     import tensorgraphs as tg
     import tensorgraphs.nn.functional as F
     from tensorgraphs import nn
@@ -66,7 +67,7 @@ def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[]
         register_host_function(name, clock.timed(HOST_FUNCTIONS[name]))
     tg.manual_seed(SEED)
     model = build_model(nn, F, spec)
-    net = tg.nn.parallel.DistributedDataParallel(model) if distributed else model
+    net = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap) if distributed else model
     optimizer = tg.optim.Adam(model.parameters(), lr=LR)
     inputs, targets = (tg.from_numpy(array) for array in make_data(spec))
 
@@ -81,7 +82,7 @@ def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[]
     return lambda: step(inputs, targets)
 
 
-def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable[[], None]:
+def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | None) -> Callable[[], None]:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -92,7 +93,7 @@ def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable
     model = build_model(nn, F, spec)
     net = model
     if distributed:
-        net = nn.parallel.DistributedDataParallel(model)
+        net = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
 
         def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202 - torch checks the annotation is GradBucket
             """torch's default hook (divide, then an asynchronous all-reduce), timed from issue to completion."""
@@ -117,14 +118,14 @@ def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock) -> Callable
     return step
 
 
-def worker(system: str, layers: int, steps: int, distributed: bool) -> None:
+def worker(system: str, layers: int, steps: int, distributed: bool, cap: float | None) -> None:
     if distributed:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
     clock = StepClock()
     spec = ModelSpec(layers, 8)
-    step = (tg_step if system == "tg" else torch_step)(spec, distributed, clock)
+    step = (tg_step if system == "tg" else torch_step)(spec, distributed, clock, cap)
     for _ in range(WARMUP_STEPS):
         step()
     times, cpu_times, reduces = [], [], []
@@ -138,6 +139,10 @@ def worker(system: str, layers: int, steps: int, distributed: bool) -> None:
     print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu_times),
                       "all_reduce_s": statistics.median(reduces), "alone_s": all_reduce_alone(spec) if distributed
                       else 0.0, "batch": spec.batch}))
+    if distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 def all_reduce_alone(spec: ModelSpec, repeat: int = 5) -> float:
@@ -164,9 +169,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(system: str, nproc: int, layers: int, steps: int) -> dict[str, float] | str:
+def run(system: str, nproc: int, layers: int, steps: int, cap: float | None) -> dict[str, float] | str:
     """`nproc` fresh processes of one thread each; the slowest rank's figures (the step waits for it anyway)."""
     command = [sys.executable, __file__, "--worker", system, "--layers", str(layers), "--steps", str(steps)]
+    command += [] if cap is None else ["--bucket-cap-mb", str(cap)]
     env = {**os.environ, **ONE_THREAD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(nproc)}
     if nproc > 1:
@@ -189,28 +195,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     parser.add_argument("--nproc", type=int, default=2, help="processes of the data-parallel runs")
     parser.add_argument("--systems", default="tg,torch", help="comma-separated: tg, torch")
+    parser.add_argument("--bucket-cap-mb", type=float, help="DDP bucket cap of both systems (default: theirs, 25)")
     parser.add_argument("--worker", choices=("tg", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--distributed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.layers, args.steps, args.distributed)
+        worker(args.worker, args.layers, args.steps, args.distributed, args.bucket_cap_mb)
         return
-    print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps")
-    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | all-reduce ms/step | "
-          "one all-reduce alone ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    cap = "default" if args.bucket_cap_mb is None else f"{args.bucket_cap_mb:g} MB"
+    print(f"encoder {args.layers} layers, batch 8 per process, Adam; 1 thread per process; {args.steps} timed steps; "
+          f"bucket cap {cap}")
+    print("| system | processes | step ms | CPU ms/step | samples/s | scaling | scaling by CPU time | "
+          "all-reduce ms/step | one all-reduce alone ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for system in args.systems.split(","):
-        single = run(system, 1, args.layers, args.steps)
-        parallel = run(system, args.nproc, args.layers, args.steps)
+        single = run(system, 1, args.layers, args.steps, args.bucket_cap_mb)
+        parallel = run(system, args.nproc, args.layers, args.steps, args.bucket_cap_mb)
         for nproc, result in ((1, single), (args.nproc, parallel)):
             if isinstance(result, str):
-                print(f"| {system} | {nproc} | error: {result} | | | | | |")
+                print(f"| {system} | {nproc} | error: {result} | | | | | | |")
                 continue
-            scaling = (f"{result['samples_s'] / single['samples_s']:.2f}x" if not isinstance(single, str) else "-")
+            scaling = cpu_scaling = "-"
+            if not isinstance(single, str):
+                scaling = f"{result['samples_s'] / single['samples_s']:.2f}x"
+                cpu_scaling = f"{nproc * single['cpu_s'] / result['cpu_s']:.2f}x"
             reduce, alone = ((f"{result['all_reduce_s'] * 1e3:.1f}", f"{result['alone_s'] * 1e3:.1f}") if nproc > 1
                              else ("-", "-"))
             print(f"| {system} | {nproc} | {result['step_s'] * 1e3:.1f} | {result['cpu_s'] * 1e3:.1f} | "
-                  f"{result['samples_s']:.1f} | {scaling} | {reduce} | {alone} |", flush=True)
+                  f"{result['samples_s']:.1f} | {scaling} | {cpu_scaling} | {reduce} | {alone} |", flush=True)
 
 
 if __name__ == "__main__":

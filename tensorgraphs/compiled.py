@@ -87,6 +87,7 @@ class _Trace:
     grad_enabled: bool  # the grad mode traced in (under no_grad the graph has no gradient paths)
     fixed_numbers: tuple[tuple[int, int | float], ...] = ()  # (position, value): number arguments used as values
     results_graph: differentiable.ResultGraph | None = None  # for results autograd can differentiate
+    conditions: tuple[Callable[[], bool], ...] = ()  # `tracing.note_condition`: the trace holds while all do
     compile_seconds: float = 0.0
     sources: dict[int, tracing.Captured] = field(default_factory=dict)  # input -> the tensor read (for tg.export)
     autocast: AutocastState = AutocastState()  # the autocast region traced in (it decides which ops cast)
@@ -98,12 +99,13 @@ class _Trace:
     def holds(self, args: tuple[Any, ...]) -> bool:
         """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
         module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), grad mode must be
-        as it was, and so must autocast, and a number argument the function used as a value (a shape, a branch) must
-        have that value."""
+        as it was, and so must autocast, a number argument the function used as a value (a shape, a branch) must
+        have that value, and every other choice the trace made must still hold (`tracing.note_condition`)."""
         return (self.grad_enabled == is_grad_enabled() and self.autocast == autocast_state()
                 and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
                 and all(module.training == training for module, training in self.modes)
-                and all(args[position] == value for position, value in self.fixed_numbers))
+                and all(args[position] == value for position, value in self.fixed_numbers)
+                and all(holds() for holds in self.conditions))
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,8 @@ class CompiledFunction:
             results_graph = differentiable.ResultGraph.build(results, sources)
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
                       grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
-                      fixed_numbers, results_graph, sources=sources, autocast=autocast_state())
+                      fixed_numbers, results_graph, conditions=tuple(effects.conditions), sources=sources,
+                      autocast=autocast_state())
 
 
 def _leaf_sources(inputs: list[Node], placeholders: Mapping[Node, int], numbers: Mapping[Node, int],

@@ -75,6 +75,7 @@ class Trace:
     grads_read: set[int] = field(default_factory=set)  # leaves whose gradient from before the call was used
     stand_ins: dict[Node, Node] = field(default_factory=dict)  # leaf buffer standing in for an assigned value
     modes: dict[int, tuple[Any, bool]] = field(default_factory=dict)  # id -> (module called, its `training`)
+    conditions: list[Callable[[], bool]] = field(default_factory=list)  # true while the trace's choices hold
     captured: dict[Node, Captured] = field(default_factory=dict)  # node read -> the tensor it was read from
     created: set[int] = field(default_factory=set)  # ids of the tensors made while tracing
     lives: list[Buffer] = field(default_factory=list)  # live buffers made while tracing (random keys), in order
@@ -116,6 +117,14 @@ class Trace:
             tensor.node = before
         for leaf, before in self.grads.values():
             leaf.grad = before
+
+
+def note_condition(holds: Callable[[], bool]) -> None:
+    """The trace being recorded made a choice from state that is not an argument (whether a data-parallel wrapper
+    averages gradients): it is replayed only while `holds()`, else traced again."""
+    trace = active()
+    if trace is not None:
+        trace.conditions.append(holds)
 
 
 def note_created(tensor: Tensor) -> None:

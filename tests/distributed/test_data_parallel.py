@@ -125,3 +125,31 @@ def test_unsupported_arguments(one_process_group: None) -> None:
         tg.nn.parallel.DistributedDataParallel(mlp(), find_unused_parameters=True)
     with pytest.raises(tg.UnsupportedError, match="device_ids"):
         tg.nn.parallel.DistributedDataParallel(mlp(), device_ids=[0])
+
+
+def test_a_compiled_step_is_traced_again_inside_no_sync(one_process_group: None) -> None:
+    from tensorgraphs.codegen.loop_ir import HostCall
+
+    model = mlp()
+    ddp = tg.nn.parallel.DistributedDataParallel(model)
+    x, y = tg.randn(4, 6), tg.randn(4, 3)
+
+    @tg.compile
+    def accumulate(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        model.zero_grad()
+        loss = tg.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        return loss
+
+    def host_calls() -> int:
+        program = accumulate._latest.program
+        return sum(isinstance(s, HostCall) for kernel in program.kernels for s in kernel.body)
+
+    accumulate(x, y)
+    assert host_calls() == 2  # one bucket: its all-reduce started and waited for
+    with ddp.no_sync():
+        accumulate(x, y)
+        assert host_calls() == 0
+    accumulate(x, y)
+    assert host_calls() == 2
+    assert sum(len(traces) for traces in accumulate.traces.values()) == 2

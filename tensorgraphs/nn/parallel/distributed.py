@@ -140,8 +140,11 @@ class DistributedDataParallel(Module):
 
     def _gradient_ready(self, param: Tensor) -> None:
         """Average every bucket whose gradients are all accumulated, in bucket order (as torch launches them: the
-        last layers' first, since their gradients are computed first), each after the ones before it."""
-        if not self.require_backward_grad_sync:
+        last layers' first, since their gradients are computed first), each after the ones before it. A compiled
+        step is traced again when called with the other `no_sync()` state."""
+        syncing = self.require_backward_grad_sync
+        tracing.note_condition(lambda: self.require_backward_grad_sync == syncing)
+        if not syncing:
             return
         self._bucket_of[id(param)].ready.add(id(param))
         buckets = self._buckets
