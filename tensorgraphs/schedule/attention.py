@@ -6,10 +6,10 @@ Nodes of one call share their sources: the attention and its logsumexp are one f
 gradients of q, k and v one backward call writing all three. The call is made by the first of them in program
 order (they all read the same, already computed, buffers); the others' kernels are empty.
 
-Operands are read in place through views (a head split of a projection: reshape, permute, slice, broadcast)
-when the view is strided with unit stride along the head dim (`strided_view`); anything else is materialized.
-The batch dims must fold into at most two strided dims (batch, heads) for every operand, or all operands are
-materialized.
+Operands are read in place through views (a head split of a projection: reshape, permute, slice, broadcast; a
+cast widening bfloat16, as a float32 attention of bfloat16 values has) when the view is strided with unit stride
+along the head dim (`strided_view`); anything else is materialized. The batch dims must fold into at most two
+strided dims (batch, heads) for every operand, or all operands are materialized.
 
 TG_ATTENTION=0 turns this off (the decomposition is scheduled instead); set it before the first program is built.
 """
@@ -30,7 +30,7 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels.gemm import merge_batch_dims
 from tensorgraphs.kernels.gemm.build import KernelBuildError, compiler_version
 from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
-from tensorgraphs.schedule.extern import LibraryCallLowering
+from tensorgraphs.schedule.extern import LibraryCallLowering, widens_bfloat16
 
 FORWARD = "scaled_dot_product_attention"
 LOGSUMEXP = "scaled_dot_product_attention_logsumexp"
@@ -136,7 +136,7 @@ def _reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
 
 def _view_strides(view: Node, strides: tuple[int, ...]) -> tuple[int, ...] | None:
     """`view`'s strides given its source's, or None when the view is not strided (pad, flip, a reshape that
-    would need a copy)."""
+    would need a copy). A cast widening bfloat16 reads its source's floats as they are."""
     source = view.src[0]
     if view.op is Op.PERMUTE:
         return tuple(strides[axis] for axis in view.arg)
@@ -146,13 +146,13 @@ def _view_strides(view: Node, strides: tuple[int, ...]) -> tuple[int, ...] | Non
         return strides
     if view.op is Op.RESHAPE:
         return _reshaped_strides(source.shape, strides, view.shape)
-    return None
+    return strides if widens_bfloat16(view) else None
 
 
 def strided_view(view: Node, is_buffer: Callable[[Node], bool]) -> StridedView:
     """`view` read from the buffer of the node under its chain of strided views (stopping at a buffer); the
     node itself, contiguous, when it is not such a view."""
-    if not is_buffer(view) and view.op in (Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.RESHAPE):
+    if not is_buffer(view) and (view.op in (Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.RESHAPE) or widens_bfloat16(view)):
         inner = strided_view(view.src[0], is_buffer)
         strides = _view_strides(view, inner.strides)
         if strides is not None:

@@ -142,7 +142,7 @@ def _leading_slice_start(view: Node) -> int | None:
     return start * math.prod(inner)
 
 
-def _widens_bfloat16(node: Node) -> bool:
+def widens_bfloat16(node: Node) -> bool:
     """A cast of bfloat16 to float32: its buffer holds the same floats (bfloat16 is stored as float32)."""
     return node.op is Op.CAST and node.dtype == dtypes.float32 and node.src[0].dtype == dtypes.bfloat16
 
@@ -158,7 +158,7 @@ def _contiguous_chain(view: Node, rounding: bool = False) -> list[Node]:
     that widen bfloat16, and with `rounding` (the reader rounds to bfloat16) casts to bfloat16, down to the node
     whose buffer holds its elements (last)."""
     chain = [view]
-    while (chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None or _widens_bfloat16(chain[-1])
+    while (chain[-1].op is Op.RESHAPE or _leading_slice_start(chain[-1]) is not None or widens_bfloat16(chain[-1])
            or (rounding and _rounds_to_bfloat16(chain[-1]))):
         chain.append(chain[-1].src[0])
     return chain
@@ -184,7 +184,7 @@ def operand_dtype(product: Node) -> dtypes.DType:
     float32 otherwise."""
     if product.dtype == dtypes.bfloat16:
         return dtypes.bfloat16
-    widened = all(any(map(_widens_bfloat16, _view_chain(operand))) for operand in product.src[:2])
+    widened = all(any(map(widens_bfloat16, _view_chain(operand))) for operand in product.src[:2])
     return dtypes.bfloat16 if widened else dtypes.float32
 
 

@@ -72,6 +72,16 @@ def test_one_tensor_as_query_key_and_value_gets_its_gradient_once() -> None:
              lambda t: torch.nn.functional.scaled_dot_product_attention(t, t, t), 1)
 
 
+def _causal_attention_of_projection(qkv: object, library: object, heads: int) -> object:
+    """Causal attention of q, k, v split from one (batch, T, 3 * heads * dim) projection: slices of its last
+    dim, reshaped to heads and transposed (tg or torch)."""
+    batch, length, width = qkv.shape
+    dim = width // (3 * heads)
+    q, k, v = (qkv[..., i * heads * dim:(i + 1) * heads * dim].reshape(batch, length, heads, dim).transpose(1, 2)
+               for i in range(3))
+    return library.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def test_heads_split_from_a_projection_are_read_in_place() -> None:
     """q, k, v as views of one (batch, T, 3 * heads * dim) projection (slice, reshape, transpose), and the
     output gradient flowing back through the same views: the kernel reads them all where they are."""
@@ -80,9 +90,7 @@ def test_heads_split_from_a_projection_are_read_in_place() -> None:
     x = rng.standard_normal((batch, length, 3 * heads * dim), dtype=np.float32)
 
     def split(qkv: object, library: object) -> object:
-        q, k, v = (qkv[..., i * heads * dim:(i + 1) * heads * dim].reshape(batch, length, heads, dim).transpose(1, 2)
-                   for i in range(3))
-        out = library.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = _causal_attention_of_projection(qkv, library, heads)
         return out.transpose(1, 2).reshape(batch, length, heads * dim)
 
     _compare([x], lambda t: split(t, tg), lambda t: split(t, torch), 1)
@@ -95,6 +103,24 @@ def test_heads_split_from_a_projection_are_read_in_place() -> None:
     assert {forward.q.buffer, forward.k.buffer, forward.v.buffer} == {calls[1].q.buffer}  # the projection itself
     assert (forward.q.offset, forward.k.offset, forward.v.offset) == (0, heads * dim, 2 * heads * dim)
     assert forward.q.strides == (length * 3 * heads * dim, dim, 3 * heads * dim)
+
+
+def test_bfloat16_heads_are_read_in_place_through_the_widening_cast() -> None:
+    """A bfloat16 attention is a float32 one of widened bfloat16 values (nn.functional.attention): the kernel reads
+    the bfloat16 projection's floats where they are, and the result is torch's bfloat16 attention to one rounding."""
+    rng = np.random.default_rng(5)
+    batch, length, heads, dim = 2, 24, 2, 8
+    x = rng.standard_normal((batch, length, 3 * heads * dim), dtype=np.float32)
+
+    expected = _causal_attention_of_projection(torch.from_numpy(x).bfloat16(), torch, heads).float().numpy()
+    with tg.device("cpu"):
+        out = _causal_attention_of_projection(tg.tensor(x).bfloat16(), tg, heads)
+        (call,) = _attention_calls([out])
+        program, _ = CPU.program([out.node])
+        np.testing.assert_allclose(out.float().numpy(), expected, rtol=2**-7, atol=2**-7)
+    assert {call.q.buffer, call.k.buffer, call.v.buffer} == {call.q.buffer}  # the one bfloat16 projection
+    assert (call.k.offset, call.v.offset) == (heads * dim, 2 * heads * dim)
+    assert program.kernel_count == 3  # the cast to bfloat16, the attention and its rounded result
 
 
 def test_program_stores_no_score_sized_buffer() -> None:
