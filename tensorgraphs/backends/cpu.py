@@ -33,7 +33,7 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, library_functions, render_program
+from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, CpuRenderer, library_functions
 from tensorgraphs.codegen.compiler import link_library, load
 from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
@@ -98,7 +98,7 @@ class Program:
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
-        source = render_program(self.kernels, [b.name for b in schedule.buffers])
+        source = CpuRenderer.render_program(self.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
         if _debug("codegen"):
@@ -189,8 +189,8 @@ class Program:
 
     @functools.cached_property
     def _timed(self) -> tuple[Any, Any]:
-        """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
-        library = load(render_program(self.kernels, self._buffer_names, timed=True), self._link)
+        """The timed build of this program (`CpuRenderer.render_program(timed=True)`) and its per-kernel seconds."""
+        library = load(CpuRenderer.render_program(self.kernels, self._buffer_names, timed=True), self._link)
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:

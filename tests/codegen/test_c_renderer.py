@@ -14,7 +14,7 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import c_renderer, compiler
-from tensorgraphs.codegen.c_renderer import c_identifier, literal, render_program
+from tensorgraphs.codegen.c_renderer import CpuRenderer, c_identifier, literal
 from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
 from tensorgraphs.kernels import gemm
 from tensorgraphs.schedule import schedule_kernels
@@ -88,7 +88,7 @@ def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
 def test_kernels_differing_only_in_their_buffers_render_as_one_function() -> None:
     x, y = (tg.tensor(np.full((8, 16), v, np.float32)) for v in (1.0, 2.0))
     schedule = schedule_kernels([(x * 2 + 1).exp().node, (y * 2 + 1).exp().node])
-    source = render_program(schedule.kernels, [b.name for b in schedule.buffers])
+    source = CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers])
     assert len(schedule.kernels) == 2
     assert len(re.findall(r"^TG_KERNEL void \w+\(.*\) \{$", source, re.MULTILINE)) == 1
     entry = source.split("int tg_program")[1]
@@ -150,7 +150,8 @@ def test_only_short_runs_of_stores_are_streamed(monkeypatch) -> None:
     x = tg.tensor(np.ones((64, 512), np.float32))
     for result, streams in ((x.T.contiguous(), True), (x * 2, False)):  # tile rows of 128 bytes; rows of 2 KiB
         schedule = schedule_kernels([result.node])
-        kernels = render_program(schedule.kernels, [b.name for b in schedule.buffers]).split("#define TG_KERNEL")[1]
+        source = CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers])
+        kernels = source.split("#define TG_KERNEL")[1]
         assert ("tg_stream_line(" in kernels) == streams, kernels
 
 

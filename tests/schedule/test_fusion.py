@@ -13,7 +13,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU, Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import PREAMBLE, render_program
+from tensorgraphs.codegen.c_renderer import PREAMBLE, CpuRenderer
 from tensorgraphs.codegen.loop_ir import Kernel, Reduce, Store, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
@@ -87,7 +87,8 @@ def mlp_training_step() -> list[tg.Tensor]:
 
 def program_lines(schedule: Schedule) -> int:
     """Lines of C the kernels of `schedule` render to (the shared preamble not counted)."""
-    return render_program(schedule.kernels, [b.name for b in schedule.buffers]).count("\n") - PREAMBLE.count("\n")
+    source = CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers])
+    return source.count("\n") - PREAMBLE.count("\n")
 
 
 def test_mlp_training_step_kernel_count_and_code_size() -> None:
