@@ -113,9 +113,8 @@ STREAM_MIN_BYTES = _last_level_cache_bytes()
 reading each line before overwriting it (read-for-ownership), and evicting useful data for it, only cost time."""
 
 STREAM_MAX_RUN_BYTES = 1024
-"""Only short contiguous runs of stores are streamed (a transposing tile's rows: 1.6x faster). Long sequential runs
-ran 10-25% slower streamed on the development machine (AMD Zen 4): the core already hides the read-for-ownership
-of a sequential store stream (gelu, elementwise chains, softmax and layer norm rows)."""
+"""Only short contiguous runs of stores are streamed (a transposing tile's rows): the core already hides the
+read-for-ownership of a long sequential store stream (figures: bench/NOTES.md)."""
 
 STORAGE = {
     dtypes.bool_: "uint8_t", dtypes.uint8: "uint8_t", dtypes.uint32: "uint32_t", dtypes.int8: "int8_t",

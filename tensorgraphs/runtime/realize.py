@@ -66,9 +66,9 @@ def default_device() -> str:
 
 @functools.cache
 def _initial_device() -> str:
-    from tensorgraphs.codegen.compiler import compiler_available
+    from tensorgraphs.codegen.compiler import GCC
 
-    return "cpu" if "cpu" in BACKENDS and compiler_available() else "numpy"
+    return "cpu" if "cpu" in BACKENDS and GCC.available() else "numpy"
 
 
 def set_default_device(name: str | device) -> None:

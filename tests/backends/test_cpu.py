@@ -6,6 +6,7 @@ output that differs. Inputs come from fixed seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pathlib
@@ -273,9 +274,9 @@ def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: py
     from tensorgraphs.codegen import compiler
     from tensorgraphs.runtime import realize
 
-    assert realize._initial_device() == ("cpu" if compiler.compiler_available() else "numpy")
+    assert realize._initial_device() == ("cpu" if compiler.GCC.available() else "numpy")
     realize._initial_device.cache_clear()
-    monkeypatch.setattr(compiler, "COMPILER", "no-such-compiler-tg")
+    monkeypatch.setattr(compiler, "GCC", dataclasses.replace(compiler.GCC, command="no-such-compiler-tg"))
     try:
         assert realize._initial_device() == "numpy"
     finally:

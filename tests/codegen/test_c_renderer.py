@@ -74,13 +74,13 @@ def test_identifiers_are_sanitized() -> None:
     assert c_identifier("0abc") == "_0abc"
 
 
-@pytest.mark.skipif(compiler.COMPILER != "gcc", reason="the vectorization report is gcc's")
+@pytest.mark.skipif(compiler.GCC.command != "gcc", reason="the vectorization report is gcc's")
 def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
     x, a = tg.tensor(np.ones((8, 64), np.float32)), tg.tensor(np.ones(64, np.float32))
     program, _ = CPU.program([F.gelu(x * a + a, approximate="tanh").node, F.softmax(x, -1).node])
     source = tmp_path / "program.c"
     source.write_text(program.source)
-    report = subprocess.run([compiler.COMPILER, *compiler.FLAGS, "-fopt-info-vec-optimized", "-o",
+    report = subprocess.run([compiler.GCC.command, *compiler.GCC.flags, "-fopt-info-vec-optimized", "-o",
                              str(tmp_path / "p.so"), str(source)], capture_output=True, text=True).stderr
     assert report.count("loop vectorized") >= 4, report  # gelu's loop, softmax's max and sum lanes, its output
 

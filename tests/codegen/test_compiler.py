@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -30,11 +31,24 @@ def test_second_compile_is_a_cache_hit(tmp_path: Path, monkeypatch: pytest.Monke
     assert sorted(p.name.split(".", 1)[1] for p in tmp_path.joinpath("c").iterdir()) == ["c", "so", "so.sha256"]
 
 
-def test_key_depends_on_source_compiler_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_key_depends_on_source_compiler_and_flags() -> None:
     key = compiler.program_key(SOURCE % 1)
     assert key != compiler.program_key(SOURCE % 2)
-    monkeypatch.setattr(compiler, "FLAGS", compiler.FLAGS + ("-g",))
-    assert key != compiler.program_key(SOURCE % 1)
+    debug = dataclasses.replace(compiler.GCC, flags=compiler.GCC.flags + ("-g",))
+    assert key != compiler.program_key(SOURCE % 1, driver=debug)
+
+
+def test_another_driver_builds_into_the_same_checked_cache() -> None:
+    """A second target's driver (other flags, no OpenMP) gets libraries of its own from the one cache, with the
+    same integrity record, and a damaged one is rebuilt with a warning as the cpu target's are."""
+    plain = compiler.CompilerDriver(compiler.GCC.command, ("-O1", "-std=c11", "-shared", "-fPIC"))
+    library = compiler.compile_shared(SOURCE % 21, driver=plain)
+    assert library != compiler.compile_shared(SOURCE % 21) and library.parent == compiler.cache_dir()
+    assert compiler._intact(library)
+    library.write_bytes(library.read_bytes()[:100])
+    with pytest.warns(compiler.CacheWarning, match="rebuilding"):
+        rebuilt = compiler.compile_shared(SOURCE % 21, driver=plain)
+    assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 21
 
 
 def test_two_processes_compile_the_same_program_at_once(tmp_path: Path) -> None:
@@ -112,7 +126,7 @@ def test_a_planted_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.Mon
     planted = tmp_path / "planted.c"
     planted.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) '
                        f'{{ fclose(fopen("{marker}", "w")); }}\nint tg_program(void **b) {{ return 666; }}\n')
-    subprocess.run([compiler.COMPILER, "-shared", "-fPIC", "-o", str(library), str(planted)], check=True)
+    subprocess.run([compiler.GCC.command, "-shared", "-fPIC", "-o", str(library), str(planted)], check=True)
     rebuilt = compiler.compile_shared(source)
     assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 12 and not marker.exists()
 
