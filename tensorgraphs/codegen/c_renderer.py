@@ -44,6 +44,7 @@ from tensorgraphs.codegen.loop_ir import (
     Local,
     Loop,
     Operand,
+    ParallelAxis,
     Reduce,
     Ref,
     Stmt,
@@ -376,8 +377,8 @@ class CStyleRenderer:
         head = pad + self.loop_header(loop.var.name, loop.var.extent)
         return self.parallel([head, *self.block(loop.body, depth + 1), pad + "}"], loop.parallel, pad)
 
-    def parallel(self, loop: list[str], parallel: bool, pad: str) -> list[str]:
-        """`loop` as the target runs a loop whose iterations are independent (here: in order, one thread)."""
+    def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
+        """`loop` as the target runs a loop over `parallel`'s grid axis (here: in order, one thread)."""
         return loop
 
     def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
@@ -531,9 +532,10 @@ class CpuRenderer(CStyleRenderer):
         headers = sorted({LIBRARIES[function].header for function in library_functions(kernels)})
         return "".join(f'#include "{header}"\n' for header in headers)
 
-    def parallel(self, loop: list[str], parallel: bool, pad: str) -> list[str]:
-        """`loop` split across threads when `parallel`; a kernel that streams fences in each thread."""
-        if not parallel:
+    def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
+        """`loop` split across OpenMP threads when it is grid axis 0 (other axes run in order inside a thread); a
+        kernel that streams fences in each thread."""
+        if parallel is None or parallel.axis != 0:
             return loop
         if not self.streamed:
             return [f"{pad}#pragma omp parallel for schedule(static)", *loop]

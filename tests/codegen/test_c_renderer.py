@@ -14,8 +14,9 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import c_renderer, compiler
-from tensorgraphs.codegen.c_renderer import CpuRenderer, c_identifier, literal
-from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
+from tensorgraphs.codegen import index as ix
+from tensorgraphs.codegen.c_renderer import CpuRenderer, CStyleRenderer, c_identifier, literal
+from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, KernelParam, Lit, Loop, ParallelAxis, Store
 from tensorgraphs.kernels import gemm
 from tensorgraphs.schedule import schedule_kernels
 
@@ -166,3 +167,13 @@ def test_gemm_call_passes_the_epilogue_activation_and_both_prologues_last() -> N
     assert rendered.endswith(f"{codes['relu']}, {codes['gelu_tanh']}, {codes['relu']});"), rendered
     assert "BIAS + 10, 0, 0, 1," in rendered
     assert "= gemm[1x4x5x6](gelu_tanh(a)[0, 6, 1], relu(b)[0, 1, 6])" in repr(call)
+
+
+def test_grid_axis_0_runs_on_openmp_threads_inner_axes_in_order_and_the_base_renders_no_pragma() -> None:
+    i, j = ix.Var("i", 4), ix.Var("j", 8)
+    store = Store("out", i * 8 + j, Lit(1.0, dtypes.float32))
+    kernel = Kernel("k", [KernelParam("out", dtypes.float32, 32, True)],
+                    [Loop(i, [Loop(j, [store], ParallelAxis(1))], ParallelAxis(0))])
+    cpu = CpuRenderer(kernel).render()
+    assert cpu.count("#pragma omp parallel for") == 1 and cpu.index("#pragma") < cpu.index("for (int64_t i ")
+    assert "#pragma" not in CStyleRenderer(kernel).render()
