@@ -33,14 +33,20 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import CACHE_LINE, STREAM_MIN_BYTES, CpuRenderer, library_functions
-from tensorgraphs.codegen.compiler import link_library, load
+from tensorgraphs.codegen.c_renderer import (
+    CACHE_LINE,
+    STREAM_MIN_BYTES,
+    CpuRenderer,
+    CStyleRenderer,
+    library_functions,
+)
+from tensorgraphs.codegen.compiler import GCC, CompilerDriver, link_library, load
 from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import LIBRARIES
-from tensorgraphs.plan.choices import collecting, routes_taken, still_taken
+from tensorgraphs.plan.choices import ALL_FEATURES, collecting, routes_taken, still_taken, targeting
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -70,6 +76,19 @@ def _debug(stage: str) -> bool:
     return stage in os.environ.get("TG_DEBUG", "").split(",")
 
 
+@dataclass(frozen=True)
+class CTarget:
+    """What a device running generated C is made of: how it spells C (`renderer`), how it builds a library from
+    it (`driver`), and the planner features it offers (`plan.choices.targeting`)."""
+
+    renderer: type[CStyleRenderer]
+    driver: CompilerDriver
+    features: frozenset[str] = ALL_FEATURES
+
+
+CPU_TARGET = CTarget(CpuRenderer, GCC)
+
+
 @dataclass
 class _Slot:
     """Where one pointer of the program's buffer array comes from."""
@@ -88,7 +107,8 @@ class Program:
     """
 
     def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True,
-                 donated: Sequence[tuple[int, int]] = ()) -> None:
+                 donated: Sequence[tuple[int, int]] = (), target: CTarget = CPU_TARGET) -> None:
+        self.target = target
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
         memory.verify_plan(schedule, self.memory)
@@ -98,7 +118,7 @@ class Program:
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
-        source = CpuRenderer.render_program(self.kernels, [b.name for b in schedule.buffers])
+        source = target.renderer.render_program(self.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
         if _debug("codegen"):
@@ -107,7 +127,7 @@ class Program:
         self._buffer_names = [b.name for b in schedule.buffers]
         libraries = sorted({LIBRARIES[function].path() for function in library_functions(self.kernels)})
         self._link = tuple(flag for library in libraries for flag in link_library(library))
-        library = load(source, self._link)
+        library = load(source, self._link, target.driver)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int
@@ -189,8 +209,9 @@ class Program:
 
     @functools.cached_property
     def _timed(self) -> tuple[Any, Any]:
-        """The timed build of this program (`CpuRenderer.render_program(timed=True)`) and its per-kernel seconds."""
-        library = load(CpuRenderer.render_program(self.kernels, self._buffer_names, timed=True), self._link)
+        """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
+        source = self.target.renderer.render_program(self.kernels, self._buffer_names, timed=True)
+        library = load(source, self._link, self.target.driver)
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
@@ -345,12 +366,12 @@ costs ~0.1 s, interpreting a small one microseconds per op (what eager use, prin
 
 
 class CpuBackend:
-    """Runs graphs as compiled C programs, one program per graph structure; small graphs are interpreted
-    (`interpret_below` elements touched; 0 compiles everything)."""
+    """Runs graphs as compiled C programs of `target`, one program per graph structure; small graphs are
+    interpreted (`interpret_below` elements touched; 0 compiles everything)."""
 
-    name = "cpu"
-
-    def __init__(self, interpret_below: int = INTERPRET_BELOW) -> None:
+    def __init__(self, name: str = "cpu", target: CTarget = CPU_TARGET,
+                 interpret_below: int = INTERPRET_BELOW) -> None:
+        self.name, self.target = name, target
         self._programs: OrderedDict[tuple, Program] = OrderedDict()
         self.interpret_below = interpret_below
 
@@ -364,18 +385,19 @@ class CpuBackend:
         position = {node: i for i, node in enumerate(inputs)}
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
         key = (key, donated)
-        found = self._programs.get(key)
-        if found is None or not still_taken(found.routes):
-            given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
-            with collecting() as planned:
-                schedule = schedule_kernels(roots, given.__contains__)
-            found = Program(schedule, inputs, donated=donated)
-            found.routes = routes_taken(planned)
-            self._programs[key] = found
-            if len(self._programs) > PROGRAM_CACHE_SIZE:
-                self._programs.popitem(last=False)
-        else:
-            self._programs.move_to_end(key)
+        with targeting(self.target.features):  # the planner offers only what this target can run
+            found = self._programs.get(key)
+            if found is None or not still_taken(found.routes):
+                given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
+                with collecting() as planned:
+                    schedule = schedule_kernels(roots, given.__contains__)
+                found = Program(schedule, inputs, donated=donated, target=self.target)
+                found.routes = routes_taken(planned)
+                self._programs[key] = found
+                if len(self._programs) > PROGRAM_CACHE_SIZE:
+                    self._programs.popitem(last=False)
+            else:
+                self._programs.move_to_end(key)
         return found, inputs
 
     def evaluate(self, roots: list[Node], known: Mapping[Node, np.ndarray] | None = None) -> list[np.ndarray]:
