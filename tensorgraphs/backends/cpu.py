@@ -6,7 +6,10 @@ schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
 in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
 on every compile). Running it binds the input arrays, takes output memory from
 a pool shared by all programs and calls `tg_program` once (`tg_steps` for K
-steps); one call at a time per program. Inputs a caller donates (a compiled
+steps), through the target's runtime (`runtime.host`: device buffers are host
+arrays); one call at a time per program. A `CTarget` (renderer, compiler
+driver, planner features, runtime) makes the same machinery another device
+(`backends.portable`). Inputs a caller donates (a compiled
 training step's parameters) may be overwritten by their new values when the
 schedule allows it (`Program.updated_in_place`). Graphs touching few elements
 run on the reference interpreter instead (`CpuBackend.interpret_below`).
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import os
 import signal
 import sys
@@ -47,13 +49,12 @@ from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.plan.choices import ALL_FEATURES, collecting, routes_taken, still_taken, targeting
+from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
+from tensorgraphs.runtime.host import HostRuntime
 from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
 PROGRAM_CACHE_SIZE = 512
-POOLED_BYTES = 1 << 20
-"""Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
-(bench/NOTES.md)."""
 
 
 KERNEL_OBSERVERS: list[Callable[[str, float, float, float, float], None]] = []
@@ -76,14 +77,20 @@ def _debug(stage: str) -> bool:
     return stage in os.environ.get("TG_DEBUG", "").split(",")
 
 
+HOST = HostRuntime(alignment=CACHE_LINE, aligned_from=STREAM_MIN_BYTES)
+"""The process's memory, outputs that may be streamed aligned to a cache line."""
+
+
 @dataclass(frozen=True)
 class CTarget:
     """What a device running generated C is made of: how it spells C (`renderer`), how it builds a library from
-    it (`driver`), and the planner features it offers (`plan.choices.targeting`)."""
+    it (`driver`), the planner features it offers (`plan.choices.targeting`), and the memory and launches its
+    programs run on (`runtime`: device buffers, `runtime.device`)."""
 
     renderer: type[CStyleRenderer]
     driver: CompilerDriver
     features: frozenset[str] = ALL_FEATURES
+    runtime: DeviceRuntime = HOST
 
 
 CPU_TARGET = CTarget(CpuRenderer, GCC)
@@ -97,7 +104,7 @@ class _Slot:
     dtype: Any
     shape: tuple[int, ...]
     position: int = -1
-    array: np.ndarray | None = None
+    array: DeviceBuffer | None = None
 
 
 class Program:
@@ -108,13 +115,13 @@ class Program:
 
     def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True,
                  donated: Sequence[tuple[int, int]] = (), target: CTarget = CPU_TARGET) -> None:
-        self.target = target
+        self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
         memory.verify_plan(schedule, self.memory)
         if _debug("memory"):
             print(self.memory, file=sys.stderr)
-        self.arena = memory.Arena(self.memory.arena_bytes)
+        self.arena = self.runtime.arena(self.memory.arena_bytes)
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
@@ -146,7 +153,7 @@ class Program:
             if spec.role == "input" and node in position:
                 slot = _Slot("input", storage, node.shape, position[node])
             elif spec.role == "input":  # a BUFFER made by a decomposition: part of the program
-                slot = _Slot("captured", storage, node.shape, array=_contiguous(node.arg.data, storage))
+                slot = _Slot("captured", storage, node.shape, array=self.runtime.to_device(node.arg.data, storage))
             elif spec.role == "temp":
                 slot = _Slot("captured", storage, node.shape,
                              array=self.arena.view(self.memory.offsets[spec.name], storage, node.shape))
@@ -187,6 +194,7 @@ class Program:
         return len(self.kernels)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The roots' values for the inputs' host arrays (the runtime moves both across)."""
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
@@ -194,15 +202,15 @@ class Program:
             if KERNEL_OBSERVERS:
                 self._run_timed(arrays)
             else:
-                _check_status(self._interruptible(self._entry, _pointers(arrays)))
-            return [arrays[i] for i in self._outputs]
+                _check_status(self._interruptible(self.runtime.launch, self._entry, arrays))
+            return [self.runtime.to_host(arrays[i]) for i in self._outputs]
 
-    def _run_timed(self, arrays: list[np.ndarray]) -> None:
+    def _run_timed(self, arrays: list[DeviceBuffer]) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
         library, seconds = self._timed
         ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
         start = time.perf_counter()
-        _check_status(library.tg_program(_pointers(arrays)))
+        _check_status(self.runtime.launch(library.tg_program, arrays))
         for kernel, spent in zip(self.kernels, seconds):
             _report(kernel.name, start, spent, *kernel_work(kernel))
             start += spent
@@ -238,7 +246,7 @@ class Program:
             runs = []
             for _ in range(repeat):
                 ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
-                _check_status(library.tg_program(_pointers(arrays)))
+                _check_status(self.runtime.launch(library.tg_program, arrays))
                 runs.append(list(seconds))
             return [(kernel.name, float(np.median([run[i] for run in runs]))) for i, kernel in enumerate(self.kernels)]
 
@@ -253,15 +261,15 @@ class Program:
             partner = {self._outputs[j]: self._input_slot.get(p) for j, p in carried.items()}
             if len(partner) != len(carried) or any(self._outputs.count(i) > 1 for i in partner):
                 raise UnsupportedError("a K-step call cannot return a value the step also carries to the next step")
-            arrays: list[np.ndarray] = []
+            arrays: list[DeviceBuffer] = []
             advance = (ctypes.c_long * max(len(self._slots), 1))()
             swap_with = (ctypes.c_long * max(len(self._slots), 1))(*[-1] * len(self._slots))
             carried_inputs = {p for p in partner.values() if p is not None}
             for i, slot in enumerate(self._slots):
                 if i in self._in_place_slots:  # its input's array, set below: updated in place, nothing to swap
-                    array = np.empty(0, slot.dtype)
+                    array = self.runtime.empty((0,), slot.dtype)
                 elif slot.role == "input":
-                    array = _contiguous(inputs[slot.position], slot.dtype)
+                    array = self.runtime.to_device(inputs[slot.position], slot.dtype)
                     if slot.position in fed:
                         advance[i] = array.nbytes // steps
                     elif i in carried_inputs:
@@ -270,75 +278,37 @@ class Program:
                     assert slot.array is not None
                     array = slot.array
                 elif i in partner:
-                    array = _aligned_empty(slot.shape, slot.dtype)
+                    array = self.runtime.empty(slot.shape, slot.dtype)
                     if partner[i] is not None:  # ping-pong between this array and the input's
                         swap_with[i], swap_with[partner[i]] = partner[i], i
                 else:
-                    array = _aligned_empty((steps, *slot.shape), slot.dtype)
+                    array = self.runtime.empty((steps, *slot.shape), slot.dtype)
                     advance[i] = array.nbytes // steps
                 arrays.append(array)
             for output_slot, input_slot in self._in_place_slots.items():
                 arrays[output_slot] = arrays[input_slot]
-            _check_status(self._interruptible(self._steps_entry, _pointers(arrays), steps, advance, swap_with))
+            _check_status(self._interruptible(self.runtime.launch, self._steps_entry, arrays, steps, advance,
+                                              swap_with))
             # every run ends with a swap: after an even number the newest state is back in the input's array
             newest = {i: arrays[p] if p is not None and steps % 2 == 0 and i not in self._in_place_slots else arrays[i]
                       for i, p in partner.items()}
-            return [newest.get(i, arrays[i]) for i in self._outputs]
+            return [self.runtime.to_host(newest.get(i, arrays[i])) for i in self._outputs]
 
-    def _arrays(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """One array per slot; an output updated in place is its input's array (the caller's to overwrite)."""
+    def _arrays(self, inputs: list[np.ndarray]) -> list[DeviceBuffer]:
+        """One buffer per slot; an output updated in place is its input's buffer (the caller's to overwrite)."""
         arrays = [self._array(slot, inputs) if i not in self._in_place_slots else None
                   for i, slot in enumerate(self._slots)]
         for output_slot, input_slot in self._in_place_slots.items():
             arrays[output_slot] = arrays[input_slot]
         return arrays
 
-    def _array(self, slot: _Slot, inputs: list[np.ndarray]) -> np.ndarray:
+    def _array(self, slot: _Slot, inputs: list[np.ndarray]) -> DeviceBuffer:
         if slot.role == "input":
-            return _contiguous(inputs[slot.position], slot.dtype)
+            return self.runtime.to_device(inputs[slot.position], slot.dtype)
         if slot.role == "captured":
             assert slot.array is not None
             return slot.array
-        return _aligned_empty(slot.shape, slot.dtype)
-
-
-class BlockPool:
-    """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: fresh
-    memory costs page faults, reused memory nothing. At most `per_size` blocks of each size are kept."""
-
-    def __init__(self, per_size: int = 2) -> None:
-        self.per_size = per_size
-        self._blocks: dict[int, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> np.ndarray:
-        """A uint8 block of `size` bytes no array refers to."""
-        if size < POOLED_BYTES:
-            return np.empty(size, np.uint8)
-        with self._lock:
-            blocks = self._blocks.setdefault(size, [])
-            for position in range(len(blocks)):
-                if sys.getrefcount(blocks[position]) <= 2:  # only the pool and getrefcount's argument
-                    return blocks[position]
-            block = np.empty(size, np.uint8)
-            if len(blocks) < self.per_size:
-                blocks.append(block)
-            return block
-
-
-OUTPUT_BLOCKS = BlockPool()
-
-
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array; a pooled one starts on a cache line, so that the program's streaming stores write
-    whole lines (a large numpy allocation starts 16 bytes past one), and its `.base` is its memory block. Small
-    outputs (below both sizes: never streamed) are plain allocations, as a program can return hundreds of them."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes + CACHE_LINE < min(POOLED_BYTES, STREAM_MIN_BYTES):
-        return np.empty(shape, dtype)
-    block = OUTPUT_BLOCKS.take(nbytes + CACHE_LINE)
-    start = -block.ctypes.data % CACHE_LINE
-    return block[start:start + nbytes].view(dtype).reshape(shape)
+        return self.runtime.empty(slot.shape, slot.dtype)
 
 
 def _elements_touched(roots: list[Node], known: Collection[Node]) -> int:
@@ -347,17 +317,9 @@ def _elements_touched(roots: list[Node], known: Collection[Node]) -> int:
     return sum(node.size + sum(s.size for s in node.src) for node in toposort(roots, stop=stop) if not stop(node))
 
 
-def _pointers(arrays: list[np.ndarray]) -> Any:
-    return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
-
-
 def _check_status(status: int) -> None:
     if status:
         raise IndexError("gather/scatter_add: an index is out of bounds for the dimension it indexes")
-
-
-def _contiguous(array: Any, dtype: np.dtype) -> np.ndarray:
-    return np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
 
 
 INTERPRET_BELOW = 1 << 16
