@@ -3,7 +3,7 @@
 It is the backend seam's smallest example (docs/backends.md): the base renderer's spelling (one thread, no
 intrinsics or vector extensions, no streaming stores), a plain compiler driver (`TG_PORTABLE_CC`, default `cc`;
 no -march=native, no OpenMP) and no kernel libraries, so the planner decomposes GEMM and attention for it.
-Scheduling, the memory arena, the one-native-call runtime and the program caches are the cpu device's.
+Scheduling, the memory arena, the one-native-call runtime and the program caches are shared (`backends.native`).
 Use it with `tg.device("portable")`.
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 
-from tensorgraphs.backends.cpu import CpuBackend, CTarget
+from tensorgraphs.backends.native import CTarget, NativeBackend
 from tensorgraphs.codegen.c_renderer import CStyleRenderer
 from tensorgraphs.codegen.compiler import CompilerDriver
+from tensorgraphs.runtime.host import POOLED_BYTES, HostRuntime
 from tensorgraphs.runtime.realize import register_backend
 
 
@@ -27,5 +28,8 @@ class PortableRenderer(CStyleRenderer):
 
 DRIVER = CompilerDriver(os.environ.get("TG_PORTABLE_CC", "cc"), ("-O2", "-std=c11", "-shared", "-fPIC"))
 
-PORTABLE = CpuBackend("portable", CTarget(PortableRenderer, DRIVER, features=frozenset()))
+RUNTIME = HostRuntime(alignment=64, aligned_from=POOLED_BYTES)
+"""The process's memory (nothing is streamed: only pooled outputs need aligning)."""
+
+PORTABLE = NativeBackend("portable", CTarget(PortableRenderer, DRIVER, RUNTIME, features=frozenset()))
 register_backend(PORTABLE)

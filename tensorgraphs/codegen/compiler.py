@@ -2,8 +2,8 @@
 
 A `CompilerDriver` says how a target turns a translation unit into a loadable
 library (the compiler, its flags, the libraries every program links, the
-environment its runtime reads); `GCC` is the cpu target's. All drivers share the
-one cache below and its checks.
+environment its runtime reads; the cpu target's is `backends.cpu.driver.GCC`).
+All drivers share the one cache below and its checks.
 
 The cache key is a hash of the source, the compiler's version and the flags, so
 a program is compiled once per machine. Files are written under a unique
@@ -41,15 +41,6 @@ from typing import Callable
 from tensorgraphs.errors import TGError
 from tensorgraphs.kerneldb.db import cache_dir as user_cache_dir
 
-COMPILER = os.environ.get("TG_CC", "gcc")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-         "-fno-tree-slp-vectorize", "-std=gnu11", "-shared", "-fPIC")
-"""Never -ffast-math: it changes NaN/Inf results. The two -fno flags are enough to vectorize our math;
--ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it. The straight-line (SLP)
-vectorizer of gcc 12 miscompiles short unrolled reductions of comparisons (`(x == 2).all(1)` over rows of 4
-uint8 stored 254); our loops are vectorized by the loop vectorizer and explicit vector types, not by SLP."""
-
-
 UNIT_BREAK = "/* tg: unit break */"
 """A line between two functions of a program, where `compile_shared` may cut it into units."""
 SPLIT_MIN_FUNCTIONS = 24
@@ -62,12 +53,6 @@ class CompileError(TGError, RuntimeError):
 
 class CacheWarning(UserWarning):
     """The compile cache was unusable or held a damaged file; tensorgraphs rebuilt it or used another directory."""
-
-
-OPENMP_ENVIRONMENT = (("GOMP_SPINCOUNT", "3000"),)
-"""Read by the OpenMP runtime when the first program loads (a user's own setting wins): idle threads spin a few tens
-of microseconds before sleeping, not libgomp's several ms, so a thread waiting for a descheduled peer soon leaves
-its core to the others (figures: bench/NOTES.md)."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +71,6 @@ class CompilerDriver:
 
     def version(self) -> str:
         return _compiler_version(self.command)
-
-
-GCC = CompilerDriver(COMPILER, FLAGS, environment=OPENMP_ENVIRONMENT)
-"""The cpu target's driver: gcc (`TG_CC`) with OpenMP, tuned for this machine."""
 
 
 def _cache_warning(message: str) -> None:
@@ -138,7 +119,7 @@ def _compiler_version(command: str) -> str:
     return result.stdout.splitlines()[0]
 
 
-def program_key(source: str, link: tuple[str, ...] = (), driver: CompilerDriver = GCC) -> str:
+def program_key(source: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> str:
     text = "\n".join([source, driver.version(), " ".join(driver.flags), " ".join(link)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -192,17 +173,17 @@ def cached_library(library: Path, build: Callable[[str], None]) -> Path:
     return library
 
 
-def compile_shared(source: str, link: tuple[str, ...] = (), driver: CompilerDriver = GCC) -> Path:
+def compile_shared(source: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> Path:
     """Path of the library `driver` compiles from `source` (linked with the extra arguments `link`: libraries it
     calls), compiling it unless the cache has it intact."""
-    key = program_key(source, link, driver)
+    key = program_key(source, driver, link)
     directory = cache_dir()
     source_path = directory / f"{key}.c"
 
     def build(temporary: str) -> None:
         _write_atomically(source_path, source.encode())
         units = _units(source, os.cpu_count() or 1)
-        if len(units) == 1 or not _compile_in_parallel(units, temporary, link, driver):
+        if len(units) == 1 or not _compile_in_parallel(units, temporary, driver, link):
             result = subprocess.run([driver.command, *driver.flags, "-o", temporary, str(source_path), *link,
                                      *driver.libraries], capture_output=True, text=True)
             if result.returncode != 0:
@@ -247,8 +228,7 @@ def _units(source: str, jobs: int) -> list[str]:
     return ["\n".join([header, *group]) + "\n" for group in groups]
 
 
-def _compile_in_parallel(units: list[str], library: str, link: tuple[str, ...] = (),
-                         driver: CompilerDriver = GCC) -> bool:
+def _compile_in_parallel(units: list[str], library: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> bool:
     """Compile each unit in its own process and link them into `library`; False on any failure (the caller
     then compiles the whole program at once, for an error message about the source the user can see)."""
     with tempfile.TemporaryDirectory(dir=Path(library).parent, prefix="units.") as directory:
@@ -284,17 +264,17 @@ def _failure_message(source: str, path: Path, stderr: str) -> str:
 
 
 @functools.cache
-def load(source: str, link: tuple[str, ...] = (), driver: CompilerDriver = GCC) -> ctypes.CDLL:
+def load(source: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The loaded library `driver` builds from `source` (compiled or taken from the cache); once per process."""
     for name, value in driver.environment:
         os.environ.setdefault(name, value)
-    library = compile_shared(source, link, driver)
+    library = compile_shared(source, driver, link)
     try:
         return ctypes.CDLL(str(library))
     except OSError as error:
         _cache_warning(f"{library} failed to load ({error}); rebuilding it")
         library.unlink(missing_ok=True)
-        return ctypes.CDLL(str(compile_shared(source, link, driver)))
+        return ctypes.CDLL(str(compile_shared(source, driver, link)))
 
 
 def link_library(path: Path) -> tuple[str, ...]:

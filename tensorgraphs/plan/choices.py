@@ -243,7 +243,8 @@ class CompiledPlanner:
 
 def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
     """Seconds per run of a program computing `sig` alone, its composite run by `candidate`."""
-    from tensorgraphs.backends.cpu import Program
+    from tensorgraphs.backends.cpu import CPU_TARGET
+    from tensorgraphs.backends.native import Program
     from tensorgraphs.schedule.fusion import schedule_kernels
 
     node = placeholder_node(sig)
@@ -251,7 +252,7 @@ def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list
     rng = np.random.default_rng(0)
     arrays = [random_array(spec, rng) for spec in sig.inputs]
     with forced({sig: candidate}):
-        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs)
+        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET)
     with np.errstate(all="ignore"):
         return time_samples(lambda: program.run(arrays), budget=budget)
 

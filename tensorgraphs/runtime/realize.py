@@ -69,7 +69,7 @@ def default_device() -> str:
 
 @functools.cache
 def _initial_device() -> str:
-    from tensorgraphs.codegen.compiler import GCC
+    from tensorgraphs.backends.cpu.driver import GCC
 
     return "cpu" if "cpu" in BACKENDS and GCC.available() else "numpy"
 

@@ -21,7 +21,8 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.backends.cpu import CPU, CpuBackend
+from tensorgraphs.backends.cpu import CPU, CPU_TARGET
+from tensorgraphs.backends.native import NativeBackend
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.schedule import count_kernels
@@ -262,7 +263,7 @@ def test_realized_nodes_that_only_a_decomposition_builds_are_not_inputs() -> Non
 
 
 def test_small_graphs_are_interpreted_and_large_ones_compiled() -> None:
-    backend = CpuBackend(interpret_below=10_000)
+    backend = NativeBackend("cpu", CPU_TARGET, interpret_below=10_000)
     small, large = (tg.tensor(np.linspace(-3, 3, n, dtype=np.float32)) for n in (100, 20_000))
     for x, programs in ((small, 0), (large, 1)):
         (value,) = backend.evaluate([(x * 2 + 1).exp().node])
@@ -271,12 +272,12 @@ def test_small_graphs_are_interpreted_and_large_ones_compiled() -> None:
 
 
 def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorgraphs.codegen import compiler
+    from tensorgraphs.backends.cpu import driver
     from tensorgraphs.runtime import realize
 
-    assert realize._initial_device() == ("cpu" if compiler.GCC.available() else "numpy")
+    assert realize._initial_device() == ("cpu" if driver.GCC.available() else "numpy")
     realize._initial_device.cache_clear()
-    monkeypatch.setattr(compiler, "GCC", dataclasses.replace(compiler.GCC, command="no-such-compiler-tg"))
+    monkeypatch.setattr(driver, "GCC", dataclasses.replace(driver.GCC, command="no-such-compiler-tg"))
     try:
         assert realize._initial_device() == "numpy"
     finally:

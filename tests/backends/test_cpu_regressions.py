@@ -13,7 +13,7 @@ import torch
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.autograd.backward import vjp
-from tensorgraphs.codegen.c_renderer import CpuRenderer
+from tensorgraphs.backends.cpu.renderer import CpuRenderer
 from tensorgraphs.graph import node
 from tensorgraphs.schedule.fusion import schedule_kernels
 

@@ -8,7 +8,9 @@ from collections import Counter
 import numpy as np
 
 import tensorgraphs as tg
-from tensorgraphs.backends.cpu import CPU_TARGET, HOST, Program
+from tensorgraphs.backends.cpu import CPU_TARGET
+from tensorgraphs.backends.cpu import HOST_RUNTIME as HOST
+from tensorgraphs.backends.native import Program
 from tensorgraphs.runtime.host import POOLED_BYTES, HostRuntime
 from tensorgraphs.schedule import schedule_kernels
 
@@ -44,7 +46,7 @@ def test_a_program_moves_inputs_and_results_only_through_its_targets_runtime() -
     total, product = x + y, (x * y).sum(1)
     inputs = [x.node, y.node]
     program = Program(schedule_kernels([total.node, product.node], set(inputs).__contains__), inputs,
-                      target=dataclasses.replace(CPU_TARGET, runtime=runtime))
+                      dataclasses.replace(CPU_TARGET, runtime=runtime))
     got = program.run([np.ones((4, 4), np.float32), np.full((4, 4), 2, np.float32)])
     np.testing.assert_array_equal(got[0], np.full((4, 4), 3, np.float32))
     np.testing.assert_array_equal(got[1], np.full(4, 8, np.float32))

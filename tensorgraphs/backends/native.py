@@ -1,4 +1,4 @@
-"""The cpu backend: fused kernels generated as C, compiled once, one native call per evaluation.
+"""Devices that run generated C: fused kernels compiled once, one native call per evaluation.
 
 `evaluate` finds the program for the graph's *structure* (ops, dtypes, shapes,
 constants and wiring; not which arrays feed it), compiling it on first sight:
@@ -6,13 +6,13 @@ schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
 in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
 on every compile). Running it binds the input arrays, takes output memory from
 a pool shared by all programs and calls `tg_program` once (`tg_steps` for K
-steps), through the target's runtime (`runtime.host`: device buffers are host
-arrays); one call at a time per program. A `CTarget` (renderer, compiler
-driver, planner features, runtime) makes the same machinery another device
-(`backends.portable`). Inputs a caller donates (a compiled
+steps), through the target's runtime (`runtime.device`); one call at a time per
+program. Inputs a caller donates (a compiled
 training step's parameters) may be overwritten by their new values when the
 schedule allows it (`Program.updated_in_place`). Graphs touching few elements
-run on the reference interpreter instead (`CpuBackend.interpret_below`).
+run on the reference interpreter instead (`NativeBackend.interpret_below`).
+A `CTarget` (renderer, compiler driver, runtime, planner features) makes this
+machinery a device: `backends.cpu`, `backends.portable`.
 
 TG_DEBUG=schedule prints each new schedule, TG_DEBUG=codegen its C source,
 TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each run.
@@ -35,23 +35,14 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import (
-    CACHE_LINE,
-    STREAM_MIN_BYTES,
-    CpuRenderer,
-    CStyleRenderer,
-    library_functions,
-)
-from tensorgraphs.codegen.compiler import GCC, CompilerDriver, link_library, load
+from tensorgraphs.codegen.c_renderer import CStyleRenderer
+from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
 from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.plan.choices import ALL_FEATURES, collecting, routes_taken, still_taken, targeting
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
-from tensorgraphs.runtime.host import HostRuntime
-from tensorgraphs.runtime.realize import register_backend
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
 PROGRAM_CACHE_SIZE = 512
@@ -77,10 +68,6 @@ def _debug(stage: str) -> bool:
     return stage in os.environ.get("TG_DEBUG", "").split(",")
 
 
-HOST = HostRuntime(alignment=CACHE_LINE, aligned_from=STREAM_MIN_BYTES)
-"""The process's memory, outputs that may be streamed aligned to a cache line."""
-
-
 @dataclass(frozen=True)
 class CTarget:
     """What a device running generated C is made of: how it spells C (`renderer`), how it builds a library from
@@ -89,11 +76,8 @@ class CTarget:
 
     renderer: type[CStyleRenderer]
     driver: CompilerDriver
+    runtime: DeviceRuntime
     features: frozenset[str] = ALL_FEATURES
-    runtime: DeviceRuntime = HOST
-
-
-CPU_TARGET = CTarget(CpuRenderer, GCC)
 
 
 @dataclass
@@ -113,8 +97,8 @@ class Program:
     `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison).
     """
 
-    def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True,
-                 donated: Sequence[tuple[int, int]] = (), target: CTarget = CPU_TARGET) -> None:
+    def __init__(self, schedule: Schedule, inputs: list[Node], target: CTarget, reuse_memory: bool = True,
+                 donated: Sequence[tuple[int, int]] = ()) -> None:
         self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
@@ -132,9 +116,9 @@ class Program:
             print(source, file=sys.stderr)
         self.source = source
         self._buffer_names = [b.name for b in schedule.buffers]
-        libraries = sorted({LIBRARIES[function].path() for function in library_functions(self.kernels)})
+        libraries = target.renderer.libraries(self.kernels)
         self._link = tuple(flag for library in libraries for flag in link_library(library))
-        library = load(source, self._link, target.driver)
+        library = load(source, target.driver, self._link)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int
@@ -219,7 +203,7 @@ class Program:
     def _timed(self) -> tuple[Any, Any]:
         """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
         source = self.target.renderer.render_program(self.kernels, self._buffer_names, timed=True)
-        library = load(source, self._link, self.target.driver)
+        library = load(source, self.target.driver, self._link)
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
@@ -327,12 +311,11 @@ INTERPRET_BELOW = 1 << 16
 costs ~0.1 s, interpreting a small one microseconds per op (what eager use, printing and small tests need)."""
 
 
-class CpuBackend:
+class NativeBackend:
     """Runs graphs as compiled C programs of `target`, one program per graph structure; small graphs are
     interpreted (`interpret_below` elements touched; 0 compiles everything)."""
 
-    def __init__(self, name: str = "cpu", target: CTarget = CPU_TARGET,
-                 interpret_below: int = INTERPRET_BELOW) -> None:
+    def __init__(self, name: str, target: CTarget, interpret_below: int = INTERPRET_BELOW) -> None:
         self.name, self.target = name, target
         self._programs: OrderedDict[tuple, Program] = OrderedDict()
         self.interpret_below = interpret_below
@@ -353,7 +336,7 @@ class CpuBackend:
                 given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
                 with collecting() as planned:
                     schedule = schedule_kernels(roots, given.__contains__)
-                found = Program(schedule, inputs, donated=donated, target=self.target)
+                found = Program(schedule, inputs, self.target, donated=donated)
                 found.routes = routes_taken(planned)
                 self._programs[key] = found
                 if len(self._programs) > PROGRAM_CACHE_SIZE:
@@ -374,9 +357,9 @@ class CpuBackend:
 
 class Prepared:
     """`roots` over `inputs`, run on each call's arrays for them: interpreted while the backend interprets graphs
-    this small (`CpuBackend.interpret_below`, read at each call), else as the compiled program (built once)."""
+    this small (`NativeBackend.interpret_below`, read at each call), else as the compiled program (built once)."""
 
-    def __init__(self, backend: CpuBackend, roots: list[Node], inputs: list[Node]) -> None:
+    def __init__(self, backend: NativeBackend, roots: list[Node], inputs: list[Node]) -> None:
         self.backend, self.roots, self.inputs = backend, roots, inputs
         self.touched = _elements_touched(roots, set(inputs))
         self._program: Program | None = None
@@ -408,8 +391,3 @@ def run_explained(program: Program, roots: list[Node], inputs: list[Node],
     except IndexError:
         REFERENCE.evaluate(roots, dict(zip(inputs, arrays)))
         raise
-
-
-CPU = CpuBackend()
-register_backend(CPU)
-
