@@ -106,10 +106,10 @@ def setup(system: str, model: str) -> Callable[[], float]:
 
 def native_seconds() -> Callable[[], float]:
     """Counts the seconds tg spends inside compiled programs from now on (the rest of a step is Python)."""
-    from tensorgraphs.backends import cpu
+    from tensorgraphs.backends import native
 
     total = [0.0]
-    run = cpu.Program.run
+    run = native.Program.run
 
     def timed_run(self: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
         start = time.perf_counter()
@@ -118,7 +118,7 @@ def native_seconds() -> Callable[[], float]:
         finally:
             total[0] += time.perf_counter() - start
 
-    cpu.Program.run = timed_run
+    native.Program.run = timed_run
     return lambda: total[0]
 
 

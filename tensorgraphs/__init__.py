@@ -105,6 +105,7 @@ int = int32
 concat = concatenate = cat
 __version__ = "0.1.0"
 from tensorgraphs.backends import cpu as _cpu  # noqa: F401  (registers the "cpu" device)
+from tensorgraphs.backends import portable as _portable  # noqa: F401  (registers the "portable" device)
 from tensorgraphs import plan as _plan  # noqa: F401  (built-in kernels, the "planned" device)
 from tensorgraphs.profiler import install_from_environment as _install_profiler, profile
 

@@ -42,7 +42,8 @@ from typing import Any, Callable, Collection, Mapping
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.backends.cpu import CPU, Program, run_explained
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.backends.native import Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
 from tensorgraphs.frontend.grad_mode import is_grad_enabled

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from tensorgraphs.backends.cpu import KERNEL_OBSERVERS
+from tensorgraphs.backends.native import KERNEL_OBSERVERS
 from tensorgraphs.kerneldb import DevicePeaks
 from tensorgraphs.plan.executor import OBSERVERS
 from tensorgraphs.plan.signature import Signature

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import tensorgraphs as tg
-from tensorgraphs.backends.cpu import CPU, CpuBackend
+from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.backends.native import NativeBackend
 
 CallCounter = Callable[..., Counter]  # the count_calls fixture
 
@@ -21,14 +22,14 @@ def double_a_small_tensor() -> np.ndarray:
 
 @pytest.mark.device("cpu", compile=True)
 def test_the_compile_option_makes_a_six_element_graph_compile(count_calls: CallCounter, device_under_test: str) -> None:
-    calls = count_calls(CpuBackend, "program")  # an interpreted graph needs no program
+    calls = count_calls(NativeBackend, "program")  # an interpreted graph needs no program
     np.testing.assert_array_equal(double_a_small_tensor(), np.arange(6) * 2)
     assert (device_under_test, CPU.interpret_below, calls["program"]) == ("cpu", 0, 1)
 
 
 @pytest.mark.device("cpu")
 def test_without_it_the_same_graph_is_interpreted(count_calls: CallCounter, device_under_test: str) -> None:
-    calls = count_calls(CpuBackend, "program")
+    calls = count_calls(NativeBackend, "program")
     np.testing.assert_array_equal(double_a_small_tensor(), np.arange(6) * 2)
     assert (device_under_test, calls["program"]) == ("cpu", 0) and CPU.interpret_below > 6
 

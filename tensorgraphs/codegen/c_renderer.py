@@ -1,25 +1,22 @@
-"""Loop IR -> one C translation unit per program.
+"""Loop IR -> one C translation unit per program: the C-style renderer every C-like target subclasses.
 
-Each kernel becomes a `static void` function taking its buffers as `restrict`
-pointers; an entry point `tg_program(void **buffers)` calls them in order, so a
-whole step is one native call. Outer loops carry `#pragma omp parallel for`;
-inner loops are plain counted loops gcc vectorizes. A reduction's innermost
-loop keeps LANES independent partial results (combined in order afterwards), so
-float sums and NaN-propagating maxima vectorize without reassociation flags.
-Outputs larger than the last-level cache, written once and not read back by the
-kernel, in short runs (a transposing tile's rows) go to memory with streaming
-stores, a whole cache line at a time (`streaming_loop`): no read-for-ownership,
-no eviction of data still in use.
+Each kernel becomes a function taking its buffers as `restrict` pointers; an
+entry point `tg_program(void **buffers)` calls them in order, so a whole step is
+one native call. A reduction's innermost loop keeps LANES independent partial
+results (combined in order afterwards), so float sums and NaN-propagating maxima
+vectorize without reassociation flags.
 
 Spelling of every op lives in the tables below (`BINARY`, `UNARY_FLOAT`, ...).
 Every identifier in the source is generated here or sanitized (`c_identifier`).
+`CStyleRenderer` renders portable single-threaded C from those tables; a target
+overrides its tables and hooks (`backends.cpu.renderer.CpuRenderer`: OpenMP,
+vector transposes, streaming stores, library calls; docs/backends.md).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable
@@ -30,6 +27,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.compiler import UNIT_BREAK
 from tensorgraphs.codegen.loop_ir import (
+    LIBRARY_CALLS,
     Accumulate,
     AttentionCall,
     GemmCall,
@@ -41,17 +39,16 @@ from tensorgraphs.codegen.loop_ir import (
     Local,
     Loop,
     Operand,
+    ParallelAxis,
     Reduce,
     Ref,
     Stmt,
     Store,
-    StridedOperand,
     TransposeLocal,
-    walk,
 )
 from tensorgraphs.dtypes import DType
+from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import LIBRARIES, attention, gemm
 
 
 def _pi(digits: int = 120) -> Fraction:
@@ -83,32 +80,10 @@ def _sin_table() -> str:
 
 _HEADER = (Path(__file__).parent / "c_preamble.h").read_text()
 _SPLIT = _HEADER.index("typedef union")
-PREAMBLE = _HEADER[:_SPLIT] + _sin_table() + "\n" + _HEADER[_SPLIT:]
+C_PREAMBLE = _HEADER[:_SPLIT] + _sin_table() + "\n" + _HEADER[_SPLIT:]
+"""The C runtime every C-like target includes (math, rounding, integer division, index helpers)."""
 LANES = 16
 """Independent accumulators in a reduction's inner loop: one AVX-512 register of float32."""
-
-CACHE_LINE = 64
-"""Bytes per streaming store (`tg_stream_line`), and the alignment of staging arrays."""
-
-
-def _last_level_cache_bytes() -> int:
-    """The largest CPU cache of this machine (32 MiB when the system does not say)."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip()
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KMG")) * unit)
-    return max(sizes, default=32 << 20)
-
-
-STREAM_MIN_BYTES = _last_level_cache_bytes()
-"""Outputs at least this large are written with streaming stores: no later kernel would find them in a cache, so
-reading each line before overwriting it (read-for-ownership), and evicting useful data for it, only cost time."""
-
-STREAM_MAX_RUN_BYTES = 1024
-"""Only short contiguous runs of stores are streamed (a transposing tile's rows: 1.6x faster). Long sequential runs
-ran 10-25% slower streamed on the development machine (AMD Zen 4): the core already hides the read-for-ownership
-of a sequential store stream (gelu, elementwise chains, softmax and layer norm rows)."""
 
 STORAGE = {
     dtypes.bool_: "uint8_t", dtypes.uint8: "uint8_t", dtypes.uint32: "uint32_t", dtypes.int8: "int8_t",
@@ -225,96 +200,101 @@ EXTRA: dict[str, Spelling] = {
 }
 
 
-def cast(value: str, source: DType, target: DType) -> str:
-    if target.is_bool:
-        return f"({value} != 0)"
-    if target.is_integer and source.is_floating_point:
-        if target.kind == "u":
-            return f"({STORAGE[target]})tg_to_unsigned({value}, {float(2 ** target.bits)!r})"
-        info = np.iinfo(target.storage)
-        return f"({STORAGE[target]})tg_to_signed({value}, {float(info.min)!r}, {float(info.max)!r})"
-    return f"({COMPUTE[target]})({value})"
+class CStyleRenderer:
+    """Renders one kernel function in a C-like language; `render_program` renders a whole program.
 
+    A target's spelling is overridable: the tables (`storage`/`compute` types, `binary`, `unary_float` and
+    `extra` op templates, `rounding` functions), the text before the kernels (`preamble`, `includes`,
+    `kernel_qualifier`), and hooks for what a target may do its own way: `loop_header`, `parallel` (base:
+    serial), `reduce_hint` (a line before a reduction's lane loop), `local_qualifier` (a staging array's
+    alignment), `transpose` (a tile transposed in place), `loop` (streaming stores), `library_call` (kernel
+    libraries) and `kernel_end`. This base renders portable C99 for one thread and calls no library.
+    """
 
-def spell_let(let: Let) -> str:
-    args = [operand(a) for a in let.args]
-    source_dtype = let.args[0].dtype if let.args else let.dtype
-    if isinstance(let.op, str):
-        return EXTRA[let.op](args, source_dtype)
-    if let.op is Op.CAST:
-        text = cast(args[0], source_dtype, let.dtype)
-    elif let.op is Op.WHERE:
-        text = f"({args[0]} ? {args[1]} : {args[2]})"
-    elif let.op in UNARY_FLOAT:
-        single, double = UNARY_FLOAT[let.op]
-        text = f"{double if let.dtype is dtypes.float64 else single}({args[0]})"
-    else:
-        text = BINARY[let.op](args, source_dtype)
-    if let.dtype in ROUND:
-        text = f"{ROUND[let.dtype]}({text})"
-    return text
-
-
-# ---------------------------------------------------------------------------
-# Reductions.
-# ---------------------------------------------------------------------------
-
-
-def accumulator_type(op: Op, dtype: DType) -> str:
-    """float sums accumulate in double (16 lanes, then in order): no float32 drift on long rows."""
-    if op is Op.ADD and dtype.is_floating_point:
-        return "double"
-    return COMPUTE[dtype]
-
-
-def identity(op: Op, dtype: DType) -> str:
-    if op is Op.ADD:
-        return "0"
-    if dtype.is_floating_point:
-        return "(-INFINITY)"
-    return "0" if dtype.kind in "ub" else f"INT{dtype.bits}_MIN"
-
-
-def combine(op: Op, acc: str, value: str, dtype: DType) -> str:
-    if op is Op.ADD:
-        return f"{acc} + {value}" if dtype.is_floating_point else BINARY[Op.ADD]([acc, value], dtype)
-    return BINARY[Op.MAX]([value, acc], dtype)
-
-
-def streamed_buffers(kernel: Kernel) -> set[str]:
-    """Outputs of `kernel` written with streaming stores: at least STREAM_MIN_BYTES, written by one plain store
-    and never read by the kernel (so a line holds nothing the kernel needs before it is written whole)."""
-    large = {b.name for b in kernel.buffers if b.writes and b.size * np.dtype(b.dtype.storage).itemsize
-             >= STREAM_MIN_BYTES}
-    stores = Counter(s.buffer for s in walk(kernel.body) if isinstance(s, Store))
-    excluded = {s.buffer for s in walk(kernel.body) if isinstance(s, Load) or (isinstance(s, Store) and s.accumulate)}
-    return {name for name in large if stores[name] == 1 and name not in excluded}
-
-
-class KernelRenderer:
-    """Renders one kernel function."""
+    storage = STORAGE
+    compute = COMPUTE
+    rounding = ROUND
+    binary = BINARY
+    unary_float = UNARY_FLOAT
+    extra = EXTRA
+    preamble = C_PREAMBLE
+    kernel_qualifier = "#define TG_KERNEL\n"
+    local_qualifier = ""
+    reduce_hint = ""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.streamed = streamed_buffers(kernel)
+        self.streamed = self.streamed_buffers(kernel)
         self.uses_status = False
         self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
-        self.element_type = {b.name: STORAGE[b.dtype] for b in kernel.buffers}
+        self.element_type = {b.name: self.storage[b.dtype] for b in kernel.buffers}
         self.element_dtype = {b.name: b.dtype for b in kernel.buffers}
         self.array = {b.name: f"p{position}" for position, b in enumerate(kernel.buffers)}
         """Parameters are named by position, so kernels that differ only in their buffers render the same."""
 
+    def streamed_buffers(self, kernel: Kernel) -> set[str]:
+        """Outputs `kernel` writes with streaming stores (none by default)."""
+        return set()
+
+    def cast(self, value: str, source: DType, target: DType) -> str:
+        if target.is_bool:
+            return f"({value} != 0)"
+        if target.is_integer and source.is_floating_point:
+            if target.kind == "u":
+                return f"({self.storage[target]})tg_to_unsigned({value}, {float(2 ** target.bits)!r})"
+            info = np.iinfo(target.storage)
+            return f"({self.storage[target]})tg_to_signed({value}, {float(info.min)!r}, {float(info.max)!r})"
+        return f"({self.compute[target]})({value})"
+
+    def spell_let(self, let: Let) -> str:
+        args = [operand(a) for a in let.args]
+        source_dtype = let.args[0].dtype if let.args else let.dtype
+        if isinstance(let.op, str):
+            return self.extra[let.op](args, source_dtype)
+        if let.op is Op.CAST:
+            text = self.cast(args[0], source_dtype, let.dtype)
+        elif let.op is Op.WHERE:
+            text = f"({args[0]} ? {args[1]} : {args[2]})"
+        elif let.op in self.unary_float:
+            single, double = self.unary_float[let.op]
+            text = f"{double if let.dtype is dtypes.float64 else single}({args[0]})"
+        else:
+            text = self.binary[let.op](args, source_dtype)
+        if let.dtype in self.rounding:
+            text = f"{self.rounding[let.dtype]}({text})"
+        return text
+
+    def accumulator_type(self, op: Op, dtype: DType) -> str:
+        """float sums accumulate in double (16 lanes, then in order): no float32 drift on long rows."""
+        if op is Op.ADD and dtype.is_floating_point:
+            return "double"
+        return self.compute[dtype]
+
+    def identity(self, op: Op, dtype: DType) -> str:
+        if op is Op.ADD:
+            return "0"
+        if dtype.is_floating_point:
+            return "(-INFINITY)"
+        return "0" if dtype.kind in "ub" else f"INT{dtype.bits}_MIN"
+
+    def combine(self, op: Op, acc: str, value: str, dtype: DType) -> str:
+        if op is Op.ADD:
+            return f"{acc} + {value}" if dtype.is_floating_point else self.binary[Op.ADD]([acc, value], dtype)
+        return self.binary[Op.MAX]([value, acc], dtype)
+
     def render(self, name: str | None = None) -> str:
         """The function, named `name` (default: the kernel's)."""
-        body_lines = self.block(self.kernel.body, 1)
-        if self.streamed:  # a serial kernel's streaming stores, or the calling thread's
-            body_lines.append("    tg_stream_fence();")
-        params = [f"{'' if b.writes else 'const '}{STORAGE[b.dtype]} *restrict {self.array[b.name]}"
+        body_lines = self.block(self.kernel.body, 1) + self.kernel_end()
+        params = [f"{'' if b.writes else 'const '}{self.storage[b.dtype]} *restrict {self.array[b.name]}"
                   for b in self.kernel.buffers]
         if self.uses_status:
             params.append("int *status")
         self.signature = f"TG_KERNEL void {c_identifier(name or self.kernel.name)}({', '.join(params) or 'void'})"
         return "\n".join([self.signature + " {", *body_lines, "}"])
+
+    def kernel_end(self) -> list[str]:
+        """Lines that end every kernel's body."""
+        return []
 
     def block(self, stmts: list[Stmt], depth: int) -> list[str]:
         lines: list[str] = []
@@ -326,115 +306,79 @@ class KernelRenderer:
         pad = "    " * depth
         if isinstance(stmt, Let):
             self.uses_status |= stmt.op == "checked_index"
-            return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {spell_let(stmt)};"]
+            return [f"{pad}const {self.compute[stmt.dtype]} {stmt.name} = {self.spell_let(stmt)};"]
         if isinstance(stmt, Load):
             source = self.array.get(stmt.buffer, stmt.buffer)
-            return [f"{pad}const {COMPUTE[stmt.dtype]} {stmt.name} = {source}[{render_index(stmt.index)}];"]
+            return [f"{pad}const {self.compute[stmt.dtype]} {stmt.name} = {source}[{render_index(stmt.index)}];"]
         if isinstance(stmt, Store):
             return [self.store(stmt, pad)]
         if isinstance(stmt, Loop):
-            streamed = self.streamed_store(stmt)
-            if streamed is not None:
-                return self.streaming_loop(stmt, streamed, depth)
-            head = f"{pad}for (int64_t {stmt.var.name} = 0; {stmt.var.name} < {stmt.var.extent}; {stmt.var.name}++) {{"
-            return self.parallel([head, *self.block(stmt.body, depth + 1), pad + "}"], stmt.parallel, pad)
+            return self.loop(stmt, depth)
         if isinstance(stmt, Reduce):
             return self.reduce(stmt, depth)
-        if isinstance(stmt, GemmCall):
-            return [pad + gemm_call(stmt, self.array)]
-        if isinstance(stmt, AttentionCall):
-            return [pad + attention_call(stmt, self.array)]
         if isinstance(stmt, HostCall):
             self.uses_status = True
             return [pad + line for line in host_call(stmt, self.array, self.element_dtype[stmt.output])]
+        if isinstance(stmt, LIBRARY_CALLS):
+            return [pad + self.library_call(stmt)]
         if isinstance(stmt, Local):
-            self.element_type[stmt.name], self.element_dtype[stmt.name] = COMPUTE[stmt.dtype], stmt.dtype
-            return [f"{pad}{COMPUTE[stmt.dtype]} {stmt.name}[{stmt.size}] __attribute__((aligned({CACHE_LINE})));"]
+            self.element_type[stmt.name], self.element_dtype[stmt.name] = self.compute[stmt.dtype], stmt.dtype
+            return [f"{pad}{self.compute[stmt.dtype]} {stmt.name}[{stmt.size}]{self.local_qualifier};"]
         if isinstance(stmt, TransposeLocal):
-            return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
+            return self.transpose(stmt, pad)
         assert isinstance(stmt, Accumulate), stmt
         op, dtype = self.reduce_dtypes[stmt.acc]
-        return [f"{pad}{stmt.acc} = {combine(op, stmt.acc, operand(stmt.value), dtype)};"]
+        return [f"{pad}{stmt.acc} = {self.combine(op, stmt.acc, operand(stmt.value), dtype)};"]
 
-    def parallel(self, loop: list[str], parallel: bool, pad: str) -> list[str]:
-        """`loop` split across threads when `parallel`; a kernel that streams fences in each thread."""
-        if not parallel:
-            return loop
-        if not self.streamed:
-            return [f"{pad}#pragma omp parallel for schedule(static)", *loop]
-        return [f"{pad}#pragma omp parallel", pad + "{", f"{pad}#pragma omp for schedule(static)", *loop,
-                f"{pad}tg_stream_fence();", pad + "}"]
+    def loop_header(self, var: str, extent: int) -> str:
+        return f"for (int64_t {var} = 0; {var} < {extent}; {var}++) {{"
 
-    def streamed_store(self, loop: Loop) -> Store | None:
-        """The store of an innermost `loop` to a streamed buffer, when it writes whole lines in a short run:
-        contiguous along the loop, one line to STREAM_MAX_RUN_BYTES per run, its position known before the loop
-        starts."""
-        if any(isinstance(s, (Loop, Reduce, Local, TransposeLocal)) for s in loop.body):
-            return None
-        stores = [s for s in loop.body if isinstance(s, Store) and s.buffer in self.streamed]
-        if len(stores) != 1:  # none, or several outputs (a kernel storing riders): plain stores
-            return None
-        (store,) = stores
-        run = loop.var.extent * np.dtype(self.element_dtype[store.buffer].storage).itemsize
-        defined_inside = {s.name for s in loop.body if isinstance(s, (Let, Load))}
-        if (ix.stride(store.index, loop.var) != 1 or not CACHE_LINE <= run <= STREAM_MAX_RUN_BYTES
-                or ix.symbols(store.index) & defined_inside):
-            return None
-        return store
+    def loop(self, loop: Loop, depth: int) -> list[str]:
+        pad = "    " * depth
+        head = pad + self.loop_header(loop.var.name, loop.var.extent)
+        return self.parallel([head, *self.block(loop.body, depth + 1), pad + "}"], loop.parallel, pad)
 
-    def streaming_loop(self, loop: Loop, store: Store, depth: int) -> list[str]:
-        """`loop` as whole cache lines, each computed into an aligned staging array and streamed to memory, and
-        the elements before the first line boundary and after the last whole line with plain stores."""
-        pad, v, n = "    " * depth, loop.var.name, loop.var.extent
-        dtype = self.element_dtype[store.buffer]
-        per_line = CACHE_LINE // np.dtype(dtype.storage).itemsize
-        target, staged = self.array[store.buffer], f"{v}_staged"
-        self.element_type[staged], self.element_dtype[staged] = STORAGE[dtype], dtype
-        line_start = ix.Var(f"{v}_line", n)
-        to_staging = [Store(staged, loop.var - line_start, store.value) if s is store else s for s in loop.body]
-        lines_loop = [
-            f"{pad}for (int64_t {v}_line = {v}_head; {v}_line < {v}_end; {v}_line += {per_line}) {{",
-            f"{pad}    {STORAGE[dtype]} {staged}[{per_line}] __attribute__((aligned({CACHE_LINE})));",
-            f"{pad}    for (int64_t {v} = {v}_line; {v} < {v}_line + {per_line}; {v}++) {{",
-            *self.block(to_staging, depth + 2),
-            f"{pad}    }}",
-            f"{pad}    tg_stream_line(&{target}[{render_index(ix.substitute(store.index, loop.var, line_start))}], "
-            f"{staged});",
-            f"{pad}}}",
-        ]
-        first = render_index(ix.substitute(store.index, loop.var, ix.Const(0)))
-        return [
-            f"{pad}const int64_t {v}_head = tg_stream_head(&{target}[{first}], {n}, sizeof({target}[0]));",
-            f"{pad}const int64_t {v}_end = {v}_head + ({n} - {v}_head) / {per_line} * {per_line};",
-            *self.parallel(lines_loop, loop.parallel, pad),
-            f"{pad}for (int64_t {v}_rest = 0; {v}_rest < {n} - ({v}_end - {v}_head); {v}_rest++) {{",
-            f"{pad}    const int64_t {v} = {v}_rest < {v}_head ? {v}_rest : {v}_rest - {v}_head + {v}_end;",
-            *self.block(loop.body, depth + 1),
-            f"{pad}}}",
-        ]
+    def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
+        """`loop` as the target runs a loop over `parallel`'s grid axis (here: in order, one thread)."""
+        return loop
+
+    def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
+        """The square local array transposed in place, element by element."""
+        n, t = stmt.side, stmt.name
+        return [f"{pad}for (int64_t {t}_i = 0; {t}_i < {n}; {t}_i++) {{",
+                f"{pad}    for (int64_t {t}_j = 0; {t}_j < {t}_i; {t}_j++) {{",
+                f"{pad}        const {self.element_type[t]} {t}_kept = {t}[{t}_i * {n} + {t}_j];",
+                f"{pad}        {t}[{t}_i * {n} + {t}_j] = {t}[{t}_j * {n} + {t}_i];",
+                f"{pad}        {t}[{t}_j * {n} + {t}_i] = {t}_kept;",
+                f"{pad}    }}", f"{pad}}}"]
+
+    def library_call(self, call: GemmCall | AttentionCall) -> str:
+        """The call of a kernel library; a target without libraries never gets one (the planner decomposes)."""
+        raise UnsupportedError(f"{type(self).__name__} calls no kernel library: {call!r} should have been "
+                               "decomposed (its planner candidate must not apply to this target)")
 
     def store(self, stmt: Store, pad: str) -> str:
         target = f"{self.array.get(stmt.buffer, stmt.buffer)}[{render_index(stmt.index)}]"
         dtype = self.element_dtype[stmt.buffer]
         value = operand(stmt.value)
         if stmt.accumulate:
-            value = BINARY[Op.ADD]([target, value], dtype)
-            if dtype in ROUND:
-                value = f"{ROUND[dtype]}({value})"
+            value = self.binary[Op.ADD]([target, value], dtype)
+            if dtype in self.rounding:
+                value = f"{self.rounding[dtype]}({value})"
         return f"{pad}{target} = ({self.element_type[stmt.buffer]})({value});"
 
     def reduce(self, stmt: Reduce, depth: int) -> list[str]:
         pad = "    " * depth
-        acc_type = accumulator_type(stmt.op, stmt.dtype)
+        acc_type = self.accumulator_type(stmt.op, stmt.dtype)
         self.reduce_dtypes[f"{stmt.acc}_sum"] = (stmt.op, stmt.dtype)
-        lines = [f"{pad}{acc_type} {stmt.acc}_sum = {identity(stmt.op, stmt.dtype)};", f"{pad}{{"]
+        lines = [f"{pad}{acc_type} {stmt.acc}_sum = {self.identity(stmt.op, stmt.dtype)};", f"{pad}{{"]
         inner = _rename_accumulator(stmt.body, stmt.acc, f"{stmt.acc}_sum")
         lines += self.lanes_or_block(inner, stmt, depth + 1)
         lines.append(f"{pad}}}")
-        final = f"({COMPUTE[stmt.dtype]}){stmt.acc}_sum"
-        if stmt.dtype in ROUND and stmt.op is Op.ADD:
-            final = f"{ROUND[stmt.dtype]}({final})"
-        lines.append(f"{pad}const {COMPUTE[stmt.dtype]} {stmt.acc} = {final};")
+        final = f"({self.compute[stmt.dtype]}){stmt.acc}_sum"
+        if stmt.dtype in self.rounding and stmt.op is Op.ADD:
+            final = f"{self.rounding[stmt.dtype]}({final})"
+        lines.append(f"{pad}const {self.compute[stmt.dtype]} {stmt.acc} = {final};")
         return lines
 
     def lanes_or_block(self, stmts: list[Stmt], stmt: Reduce, depth: int) -> list[str]:
@@ -445,8 +389,7 @@ class KernelRenderer:
                 lines += self.lane_loop(s, stmt, depth)
             elif isinstance(s, Loop):
                 pad = "    " * depth
-                v = s.var.name
-                lines.append(f"{pad}for (int64_t {v} = 0; {v} < {s.var.extent}; {v}++) {{")
+                lines.append(pad + self.loop_header(s.var.name, s.var.extent))
                 lines += self.lanes_or_block(s.body, stmt, depth + 1)
                 lines.append(pad + "}")
             else:
@@ -456,94 +399,77 @@ class KernelRenderer:
     def lane_loop(self, loop: Loop, stmt: Reduce, depth: int) -> list[str]:
         pad, v, n = "    " * depth, loop.var.name, loop.var.extent
         acc = f"{stmt.acc}_sum"
-        acc_type = accumulator_type(stmt.op, stmt.dtype)
+        acc_type = self.accumulator_type(stmt.op, stmt.dtype)
         main = n - n % LANES
         lanes = f"{stmt.acc}_lane"
         self.reduce_dtypes[lanes + "[lane]"] = (stmt.op, stmt.dtype)
         per_lane = _rename_accumulator(loop.body, acc, lanes + "[lane]")
         lines = [
             f"{pad}{acc_type} {lanes}[{LANES}];",
-            f"{pad}for (int lane = 0; lane < {LANES}; lane++) {lanes}[lane] = {identity(stmt.op, stmt.dtype)};",
+            f"{pad}for (int lane = 0; lane < {LANES}; lane++) {lanes}[lane] = {self.identity(stmt.op, stmt.dtype)};",
             f"{pad}for (int64_t {v}_block = 0; {v}_block < {main}; {v}_block += {LANES}) {{",
-            f"{pad}    #pragma omp simd",  # without it gcc leaves the NaN-propagating max scalar
+            *([f"{pad}    {self.reduce_hint}"] if self.reduce_hint else []),
             f"{pad}    for (int lane = 0; lane < {LANES}; lane++) {{",
             f"{pad}        const int64_t {v} = {v}_block + lane;",
             *self.block(per_lane, depth + 2),
             f"{pad}    }}",
             f"{pad}}}",
             f"{pad}for (int lane = 0; lane < {LANES}; lane++) "
-            f"{acc} = {combine(stmt.op, acc, f'{lanes}[lane]', stmt.dtype)};",
+            f"{acc} = {self.combine(stmt.op, acc, f'{lanes}[lane]', stmt.dtype)};",
         ]
         if main < n:
             lines += [f"{pad}for (int64_t {v} = {main}; {v} < {n}; {v}++) {{", *self.block(loop.body, depth + 1),
                       f"{pad}}}"]
         return lines
 
+    @classmethod
+    def includes(cls, kernels: list[Kernel]) -> str:
+        """`#include` lines the kernels need beyond the preamble."""
+        return ""
 
-def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stmt]:
-    """The same statements with the Accumulates into `source` writing to `target` (a lane, the sum)."""
-    renamed: list[Stmt] = []
-    for s in stmts:
-        if isinstance(s, Accumulate) and s.acc == source:
-            renamed.append(Accumulate(target, s.op, s.value))
-        elif isinstance(s, Loop):
-            renamed.append(Loop(s.var, _rename_accumulator(s.body, source, target), s.parallel))
-        else:
-            renamed.append(s)
-    return renamed
+    @classmethod
+    def libraries(cls, kernels: list[Kernel]) -> list[Path]:
+        """Shared libraries the kernels call (the program is linked against them)."""
+        return []
 
+    @classmethod
+    def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
+        """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
+        (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
+        `tg_unwatch_interrupts`, see INTERRUPTS).
 
-def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
-    """The GEMM library call with its fused epilogue; arguments are checked when the schedule is built, so the
-    status it returns is always 0."""
-    sizes = [call.batch, call.m, call.n, call.k]
-    epilogue = call.epilogue
-
-    def pointer(name: str, offset: int) -> str:
-        return f"{array[name]} + {offset}" if offset else array[name]
-
-    no_bias = ["NULL", 0, 0, 0]
-    bias = [pointer(epilogue.bias, epilogue.bias_offset), *epilogue.bias_strides] if epilogue.bias else no_bias
-    residual = [array[epilogue.residual], *epilogue.residual_strides] if epilogue.residual else ["NULL", 0, 0]
-    a, b = pointer(call.a, call.a_offset), pointer(call.b, call.b_offset)
-    args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
-            literal(epilogue.alpha, dtypes.float32), *bias, *residual,
-            *(gemm.ACTIVATIONS[name] for name in (epilogue.activation, call.a_prologue, call.b_prologue))]
-    return f"(void){call.function}({', '.join(map(str, args))});"
-
-
-def library_functions(kernels: list[Kernel]) -> set[str]:
-    """The native libraries' C functions the program calls (it is linked against their libraries)."""
-    return {function for kernel in kernels for stmt in kernel.body for function in _called(stmt)}
-
-
-def _called(stmt: object) -> tuple[str, ...]:
-    if isinstance(stmt, GemmCall):
-        return (stmt.function,)
-    if isinstance(stmt, AttentionCall):
-        return (attention.C_FUNCTIONS["backward" if stmt.backward else "forward"],)
-    return ()
-
-
-def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
-    """The fused attention library call (attention.h); its status is 0 unless scratch memory ran out."""
-
-    def operand(given: StridedOperand) -> list[object]:
-        return [f"{array[given.buffer]} + {given.offset}" if given.offset else array[given.buffer], *given.strides]
-
-    def output(name: str | None) -> str:
-        return array[name] if name else "NULL"
-
-    mask = operand(call.mask) if call.mask else ["NULL", 0, 0, 0, 0]
-    mask_struct = f"(tg_attention_mask){{{', '.join(map(str, mask))}, {attention.MASK_KINDS[call.mask_kind]}}}"
-    args = [call.batch, call.heads, call.queries, call.keys, call.dim, call.value_dim, *operand(call.q),
-            *operand(call.k), *operand(call.v), mask_struct, int(call.causal), literal(call.scale, dtypes.float32)]
-    if call.backward:
-        assert call.out and call.lse and call.dout
-        args += [array[call.out], array[call.lse], *operand(call.dout), *map(output, (call.dq, call.dk, call.dv))]
-        return f"(void){attention.C_FUNCTIONS['backward']}({', '.join(map(str, args))});"
-    args += [output(call.out), output(call.lse)]
-    return f"(void){attention.C_FUNCTIONS['forward']}({', '.join(map(str, args))});"
+        Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
+        one function called several times: the C compiler's time grows with the distinct code only. Functions
+        are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
+        compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
+        `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
+        """
+        host_calls = uses_host_calls(kernels)
+        parts = [cls.preamble + cls.includes(kernels) + (HOST_ENTRY if host_calls else "") + cls.kernel_qualifier]
+        declarations = []
+        calls = []
+        slot = {name: i for i, name in enumerate(buffers)}
+        function_named: dict[str, str] = {}  # rendered with a placeholder name -> the function's name
+        for index, kernel in enumerate(kernels):
+            renderer = cls(kernel)
+            name = function_named.setdefault(renderer.render("tg_kernel"), c_identifier(kernel.name))
+            if name == c_identifier(kernel.name):
+                parts.append(renderer.render())
+                declarations.append(renderer.signature + ";")
+            args = [f"({cls.storage[b.dtype]} *)buffers[{slot[b.name]}]" for b in kernel.buffers]
+            if renderer.uses_status:
+                args.append("&status")
+            call = f"    {name}({', '.join(args)});"
+            calls.extend(_timed(call, index) if timed else [call])
+            calls.append("    if (tg_interrupted) return TG_INTERRUPTED;")
+            if any(isinstance(stmt, HostCall) for stmt in kernel.body):
+                calls.append("    if (status) return status;")
+        clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
+        host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
+                ] if host_calls else []
+        entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
+                 *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
+        return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
 
 
 TG_HOST_FAILED = -2
@@ -573,45 +499,17 @@ def uses_host_calls(kernels: list[Kernel]) -> bool:
     return any(isinstance(stmt, HostCall) for kernel in kernels for stmt in kernel.body)
 
 
-def render_program(kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
-    """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
-    (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
-    `tg_unwatch_interrupts`, see INTERRUPTS).
-
-    Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
-    one function called several times: the C compiler's time grows with the distinct code only. Functions
-    are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
-    compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
-    `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
-    """
-    headers = sorted({LIBRARIES[function].header for function in library_functions(kernels)})
-    includes = "".join(f'#include "{header}"\n' for header in headers)
-    includes += HOST_ENTRY if uses_host_calls(kernels) else ""
-    parts = [PREAMBLE + includes + '#define TG_KERNEL __attribute__((visibility("hidden")))\n']
-    declarations = []
-    calls = []
-    slot = {name: i for i, name in enumerate(buffers)}
-    function_named: dict[str, str] = {}  # rendered with a placeholder name -> the function's name
-    for index, kernel in enumerate(kernels):
-        renderer = KernelRenderer(kernel)
-        name = function_named.setdefault(renderer.render("tg_kernel"), c_identifier(kernel.name))
-        if name == c_identifier(kernel.name):
-            parts.append(renderer.render())
-            declarations.append(renderer.signature + ";")
-        args = [f"({STORAGE[b.dtype]} *)buffers[{slot[b.name]}]" for b in kernel.buffers]
-        if renderer.uses_status:
-            args.append("&status")
-        call = f"    {name}({', '.join(args)});"
-        calls.extend(_timed(call, index) if timed else [call])
-        calls.append("    if (tg_interrupted) return TG_INTERRUPTED;")
-        if any(isinstance(stmt, HostCall) for stmt in kernel.body):
-            calls.append("    if (status) return status;")
-    clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
-    host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
-            ] if uses_host_calls(kernels) else []
-    entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
-             *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
-    return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
+def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stmt]:
+    """The same statements with the Accumulates into `source` writing to `target` (a lane, the sum)."""
+    renamed: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Accumulate) and s.acc == source:
+            renamed.append(Accumulate(target, s.op, s.value))
+        elif isinstance(s, Loop):
+            renamed.append(Loop(s.var, _rename_accumulator(s.body, source, target), s.parallel))
+        else:
+            renamed.append(s)
+    return renamed
 
 
 TG_INTERRUPTED = -1

@@ -1,4 +1,9 @@
-"""The C compiler driver: source -> shared library, cached on disk.
+"""C compiler drivers: source -> shared library, cached on disk.
+
+A `CompilerDriver` says how a target turns a translation unit into a loadable
+library (the compiler, its flags, the libraries every program links, the
+environment its runtime reads; the cpu target's is `backends.cpu.driver.GCC`).
+All drivers share the one cache below and its checks.
 
 The cache key is a hash of the source, the compiler's version and the flags, so
 a program is compiled once per machine. Files are written under a unique
@@ -29,30 +34,17 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from tensorgraphs.errors import TGError
 from tensorgraphs.kerneldb.db import cache_dir as user_cache_dir
 
-COMPILER = os.environ.get("TG_CC", "gcc")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-         "-fno-tree-slp-vectorize", "-std=gnu11", "-shared", "-fPIC")
-"""Never -ffast-math: it changes NaN/Inf results. The two -fno flags are enough to vectorize our math;
--ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it. The straight-line (SLP)
-vectorizer of gcc 12 miscompiles short unrolled reductions of comparisons (`(x == 2).all(1)` over rows of 4
-uint8 stored 254); our loops are vectorized by the loop vectorizer and explicit vector types, not by SLP."""
-
-
 UNIT_BREAK = "/* tg: unit break */"
 """A line between two functions of a program, where `compile_shared` may cut it into units."""
 SPLIT_MIN_FUNCTIONS = 24
 """Programs with fewer functions compile as one unit (a split costs a link step, ~0.1 s)."""
-
-
-def compiler_available() -> bool:
-    """Whether the C compiler (`TG_CC`, default gcc) is installed."""
-    return shutil.which(COMPILER) is not None
 
 
 class CompileError(TGError, RuntimeError):
@@ -61,6 +53,24 @@ class CompileError(TGError, RuntimeError):
 
 class CacheWarning(UserWarning):
     """The compile cache was unusable or held a damaged file; tensorgraphs rebuilt it or used another directory."""
+
+
+@dataclass(frozen=True)
+class CompilerDriver:
+    """How one target's C becomes a loadable library: `command` with `flags`, every program linked with
+    `libraries`; `environment` is set (unless the user set it) before the first program loads."""
+
+    command: str
+    flags: tuple[str, ...]
+    libraries: tuple[str, ...] = ("-lm",)
+    environment: tuple[tuple[str, str], ...] = ()
+
+    def available(self) -> bool:
+        """Whether the compiler is installed."""
+        return shutil.which(self.command) is not None
+
+    def version(self) -> str:
+        return _compiler_version(self.command)
 
 
 def _cache_warning(message: str) -> None:
@@ -100,17 +110,17 @@ _refused: set[Path] = set()  # cache directories already warned about
 
 
 @functools.cache
-def compiler_version() -> str:
+def _compiler_version(command: str) -> str:
     try:
-        result = subprocess.run([COMPILER, "--version"], capture_output=True, text=True, check=True)
+        result = subprocess.run([command, "--version"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as error:
-        raise CompileError(f"no working C compiler {COMPILER!r} ({error}); the cpu backend needs gcc. "
+        raise CompileError(f"no working C compiler {command!r} ({error}); compiled devices need one. "
                            "Use `with tg.device('numpy'):` to run on the reference backend instead.") from None
     return result.stdout.splitlines()[0]
 
 
-def program_key(source: str, link: tuple[str, ...] = ()) -> str:
-    text = "\n".join([source, compiler_version(), " ".join(FLAGS), " ".join(link)])
+def program_key(source: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> str:
+    text = "\n".join([source, driver.version(), " ".join(driver.flags), " ".join(link)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -163,19 +173,19 @@ def cached_library(library: Path, build: Callable[[str], None]) -> Path:
     return library
 
 
-def compile_shared(source: str, link: tuple[str, ...] = ()) -> Path:
-    """Path of the compiled library for `source` (linked with the extra arguments `link`: libraries it
+def compile_shared(source: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> Path:
+    """Path of the library `driver` compiles from `source` (linked with the extra arguments `link`: libraries it
     calls), compiling it unless the cache has it intact."""
-    key = program_key(source, link)
+    key = program_key(source, driver, link)
     directory = cache_dir()
     source_path = directory / f"{key}.c"
 
     def build(temporary: str) -> None:
         _write_atomically(source_path, source.encode())
         units = _units(source, os.cpu_count() or 1)
-        if len(units) == 1 or not _compile_in_parallel(units, temporary, link):
-            result = subprocess.run([COMPILER, *FLAGS, "-o", temporary, str(source_path), *link, "-lm"],
-                                    capture_output=True, text=True)
+        if len(units) == 1 or not _compile_in_parallel(units, temporary, driver, link):
+            result = subprocess.run([driver.command, *driver.flags, "-o", temporary, str(source_path), *link,
+                                     *driver.libraries], capture_output=True, text=True)
             if result.returncode != 0:
                 raise CompileError(_failure_message(source, source_path, result.stderr))
 
@@ -218,7 +228,7 @@ def _units(source: str, jobs: int) -> list[str]:
     return ["\n".join([header, *group]) + "\n" for group in groups]
 
 
-def _compile_in_parallel(units: list[str], library: str, link: tuple[str, ...] = ()) -> bool:
+def _compile_in_parallel(units: list[str], library: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> bool:
     """Compile each unit in its own process and link them into `library`; False on any failure (the caller
     then compiles the whole program at once, for an error message about the source the user can see)."""
     with tempfile.TemporaryDirectory(dir=Path(library).parent, prefix="units.") as directory:
@@ -228,11 +238,12 @@ def _compile_in_parallel(units: list[str], library: str, link: tuple[str, ...] =
             path = Path(directory) / f"unit{number}.c"
             path.write_text(unit)
             objects.append(str(path.with_suffix(".o")))
-            processes.append(subprocess.Popen([COMPILER, *FLAGS, "-c", "-o", objects[-1], str(path)],
+            processes.append(subprocess.Popen([driver.command, *driver.flags, "-c", "-o", objects[-1], str(path)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         if any([p.wait() != 0 for p in processes]):
             return False
-        linked = subprocess.run([COMPILER, *FLAGS, "-o", library, *objects, *link, "-lm"], capture_output=True)
+        linked = subprocess.run([driver.command, *driver.flags, "-o", library, *objects, *link, *driver.libraries],
+                                capture_output=True)
         return linked.returncode == 0
 
 
@@ -252,27 +263,18 @@ def _failure_message(source: str, path: Path, stderr: str) -> str:
             "To keep working, run on the reference backend with `with tg.device('numpy'):`.")
 
 
-OPENMP_ENVIRONMENT = {"GOMP_SPINCOUNT": "3000"}
-"""Read by the OpenMP runtime when the first program loads (a user's own setting wins). Idle threads spin a few
-tens of microseconds before sleeping instead of libgomp's default of several ms: enough to catch the next kernel
-of a program, short enough that a thread waiting for a descheduled peer soon leaves its core to the others.
-Measured on the 2-core development machine, compiled training steps (enc1 / MLP of bench/train.py): quiet, 3000
-and 10000 spins ran alike (31.7 / 14.6 ms vs 30.9 / 14.0); beside one busy process, 3000 ran 68 / 28.5 ms,
-10000 90 / 34 ms, 1000 63-71 / 27-29 ms but ~5% slower quiet (torch eager there: 81 / 50 ms)."""
-
-
 @functools.cache
-def load(source: str, link: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """The loaded library for `source` (compiled or taken from the cache); once per process."""
-    for name, value in OPENMP_ENVIRONMENT.items():
+def load(source: str, driver: CompilerDriver, link: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The loaded library `driver` builds from `source` (compiled or taken from the cache); once per process."""
+    for name, value in driver.environment:
         os.environ.setdefault(name, value)
-    library = compile_shared(source, link)
+    library = compile_shared(source, driver, link)
     try:
         return ctypes.CDLL(str(library))
     except OSError as error:
         _cache_warning(f"{library} failed to load ({error}); rebuilding it")
         library.unlink(missing_ok=True)
-        return ctypes.CDLL(str(compile_shared(source, link)))
+        return ctypes.CDLL(str(compile_shared(source, driver, link)))
 
 
 def link_library(path: Path) -> tuple[str, ...]:

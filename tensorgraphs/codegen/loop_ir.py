@@ -99,13 +99,26 @@ class Store:
         return f"{self.buffer}[{self.index!r}] {'+=' if self.accumulate else '='} {self.value!r}"
 
 
+@dataclass(frozen=True)
+class ParallelAxis:
+    """A loop whose iterations are independent (no carried dependence), as axis `axis` of a grid of workers: 0 is
+    the outermost such loop of a nest. A CPU target splits axis 0 across its threads; a GPU target would map axis
+    i to grid dimension i. A target may run any axis in order."""
+
+    axis: int = 0
+
+    def __str__(self) -> str:
+        return "parallel" if self.axis == 0 else f"parallel[{self.axis}]"
+
+
 @dataclass
 class Loop:
-    """for var in range(var.extent): body. `parallel`: split across threads (no carried dependence)."""
+    """for var in range(var.extent): body. `parallel`: the grid axis its iterations are split over (None: in
+    order)."""
 
     var: Var
     body: list[Stmt] = field(default_factory=list)
-    parallel: bool = False
+    parallel: ParallelAxis | None = None
 
 
 @dataclass(frozen=True)
@@ -338,7 +351,7 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
     lines = []
     for stmt in stmts:
         if isinstance(stmt, Loop):
-            lines.append(f"{pad}{'parallel ' if stmt.parallel else ''}for {stmt.var.name} < {stmt.var.extent}:")
+            lines.append(f"{pad}{f'{stmt.parallel} ' if stmt.parallel else ''}for {stmt.var.name} < {stmt.var.extent}:")
             lines += format_stmts(stmt.body, depth + 1)
         elif isinstance(stmt, Reduce):
             lines.append(f"{pad}{stmt.acc}: {stmt.dtype.name} = reduce {stmt.op.name}:")

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tensorgraphs.backends.cpu.driver import GCC
 from tensorgraphs.codegen import compiler
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.kernels import attention
@@ -36,7 +37,7 @@ AVX512_LIBRARIES = ("gemm",)
 class BuildOptions:
     optimization: str = "-O3"
     target: str = "native"  # the -march value
-    cc: str = compiler.COMPILER
+    cc: str = GCC.command
     openmp: bool = True
     verbose: bool = False  # print each command before running it
 
@@ -85,7 +86,7 @@ def build_library(directory: Path, prefix: str, libraries: tuple[str, ...], symb
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as scratch:
         work = Path(scratch)
         program = work / "program.o"
-        _run_all([[options.cc, *options.flags(compiler.FLAGS), "-c", f"{prefix}.c", "-o", str(program)]], directory,
+        _run_all([[options.cc, *options.flags(GCC.flags), "-c", f"{prefix}.c", "-o", str(program)]], directory,
                  options.verbose)
         objects = [str(program), *(str(kernel_object(library, source, options)) for library in libraries
                                    for source in KERNEL_SOURCES[library][1])]

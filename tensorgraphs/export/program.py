@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from tensorgraphs import dtypes
-from tensorgraphs.backends.cpu import Program, ProgramLayout
-from tensorgraphs.codegen.c_renderer import library_functions
+from tensorgraphs.backends.cpu.renderer import library_functions
+from tensorgraphs.backends.native import Program, ProgramLayout
 from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.export.names import unique

@@ -14,6 +14,8 @@ Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at
 signatures per process), so compiling stays fast by default: a measurement compiles the composite alone with
 the candidate forced (`forced`) and times the program, so it measures exactly what would run. A candidate's
 `applies` must depend on the node's signature only (dtypes, shapes, parameters): choices are cached by it.
+A candidate also names the target features it `needs` (a call of a native kernel library); a program built for a
+target without them (`targeting`: the portable C device) runs the decomposition.
 A compiled program remembers the routes it was built with (`routes_taken`) and is rebuilt when one changed.
 """
 
@@ -38,6 +40,9 @@ from tensorgraphs.plan.measure import random_array, time_samples
 from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
 
 DECOMPOSE = "decompose"
+KERNEL_LIBRARIES = "kernel_libraries"
+"""A target feature: its programs may call the native kernel libraries (`tensorgraphs.kernels`)."""
+ALL_FEATURES = frozenset({KERNEL_LIBRARIES})
 MEASURE_LIMIT = 64
 """Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
@@ -45,19 +50,21 @@ CHOICE_CACHE_SIZE = 4096
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way a compiled program can run a composite: `applies(node)` says whether it can run this node;
-    `prior` is its time as a multiple of the roofline, assumed until it is measured."""
+    """One way a compiled program can run a composite: `applies(node)` says whether it can run this node on a
+    target with the features it `needs`; `prior` is its time as a multiple of the roofline, assumed until it is
+    measured."""
 
     name: str
     applies: Callable[[Node], bool]
     prior: float = 1.0
+    needs: frozenset[str] = frozenset({KERNEL_LIBRARIES})
 
 
 def _always(node: Node) -> bool:
     return True
 
 
-DECOMPOSITION = Candidate(DECOMPOSE, _always, prior=4.0)
+DECOMPOSITION = Candidate(DECOMPOSE, _always, prior=4.0, needs=frozenset())
 CANDIDATES: dict[str, list[Candidate]] = {}
 """Composite name -> its dedicated candidates (the decomposition is implied)."""
 
@@ -70,8 +77,9 @@ def register_candidates(composite: str, *candidates: Candidate) -> None:
 
 
 def candidates_of(node: Node) -> list[Candidate]:
-    """The candidates that can run `node`, the decomposition last."""
-    return [c for c in CANDIDATES.get(node.op.name, ()) if c.applies(node)] + [DECOMPOSITION]
+    """The candidates that can run `node` on the target being built for, the decomposition last."""
+    features = _FEATURES.get()
+    return [c for c in CANDIDATES.get(node.op.name, ()) if c.needs <= features and c.applies(node)] + [DECOMPOSITION]
 
 
 def kernel_id(sig: Signature, candidate: str) -> str:
@@ -115,6 +123,17 @@ class Option:
 _FORCED: contextvars.ContextVar[tuple[tuple[Signature, str], ...]] = contextvars.ContextVar("forced", default=())
 _LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("planning_for", default="eager graphs")
 _COLLECTORS: list[dict[str, dict[Signature, Node]]] = []
+_FEATURES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("target_features", default=ALL_FEATURES)
+
+
+@contextlib.contextmanager
+def targeting(features: frozenset[str]) -> Iterator[None]:
+    """Composites planned inside are planned for a target with `features` (default: all, the cpu device)."""
+    token = _FEATURES.set(features)
+    try:
+        yield
+    finally:
+        _FEATURES.reset(token)
 
 
 @contextlib.contextmanager
@@ -166,7 +185,7 @@ class CompiledPlanner:
         fingerprint = fingerprint or device_fingerprint()
         self.cost_model = CostModel(db, fingerprint, peaks=db.device_peaks(fingerprint) or NOMINAL_PEAKS)
         self.measured_signatures = 0  # by TG_TUNE=1, bounded by MEASURE_LIMIT
-        self._chosen: dict[Signature, str] = {}
+        self._chosen: dict[tuple[frozenset[str], Signature], str] = {}
         self._generation = db.generation
 
     def route(self, node: Node) -> str:
@@ -182,13 +201,14 @@ class CompiledPlanner:
         if self._generation != self.cost_model.db.generation:  # new measurements: choices may change
             self._chosen.clear()
             self._generation = self.cost_model.db.generation
-        if sig not in self._chosen:
+        key = (_FEATURES.get(), sig)
+        if key not in self._chosen:
             if tuning_enabled() and self.measured_signatures < MEASURE_LIMIT and self.unmeasured(node):
                 self.measure(node)
             if len(self._chosen) >= CHOICE_CACHE_SIZE:
                 self._chosen.clear()
-            self._chosen[sig] = min(self.options(node), key=lambda o: o.seconds).candidate
-        return self._chosen[sig]
+            self._chosen[key] = min(self.options(node), key=lambda o: o.seconds).candidate
+        return self._chosen[key]
 
     def options(self, node: Node) -> list[Option]:
         """Every candidate of `node`, in table order (ties go to the earlier)."""
@@ -223,7 +243,8 @@ class CompiledPlanner:
 
 def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
     """Seconds per run of a program computing `sig` alone, its composite run by `candidate`."""
-    from tensorgraphs.backends.cpu import Program
+    from tensorgraphs.backends.cpu import CPU_TARGET
+    from tensorgraphs.backends.native import Program
     from tensorgraphs.schedule.fusion import schedule_kernels
 
     node = placeholder_node(sig)
@@ -231,7 +252,7 @@ def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list
     rng = np.random.default_rng(0)
     arrays = [random_array(spec, rng) for spec in sig.inputs]
     with forced({sig: candidate}):
-        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs)
+        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET)
     with np.errstate(all="ignore"):
         return time_samples(lambda: program.run(arrays), budget=budget)
 

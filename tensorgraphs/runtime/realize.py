@@ -34,14 +34,17 @@ from tensorgraphs.runtime.tracing import refuse_placeholders, refuse_values
 
 
 class Executable(Protocol):
-    """A prepared graph: its roots' values from the arrays of its inputs, in order."""
+    """A prepared graph: its roots' values from the host arrays of its inputs, in order."""
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]: ...
 
 
 class Backend(Protocol):
     """Runs graphs. A backend may also have `prepare(roots, inputs) -> Executable`: a graph over data-free
-    BUFFER `inputs` made into something that runs again on other arrays; realization then reuses it."""
+    BUFFER `inputs` made into something that runs again on other arrays; realization then reuses it.
+
+    Values cross this boundary as host numpy arrays; a compiled backend keeps device buffers and programs behind
+    it (`runtime.device`), and docs/backends.md says how to write one."""
 
     name: str
 
@@ -66,9 +69,9 @@ def default_device() -> str:
 
 @functools.cache
 def _initial_device() -> str:
-    from tensorgraphs.codegen.compiler import compiler_available
+    from tensorgraphs.backends.cpu.driver import GCC
 
-    return "cpu" if "cpu" in BACKENDS and compiler_available() else "numpy"
+    return "cpu" if "cpu" in BACKENDS and GCC.available() else "numpy"
 
 
 def set_default_device(name: str | device) -> None:

@@ -37,6 +37,7 @@ from tensorgraphs.codegen.loop_ir import (
     Local,
     Loop,
     Operand,
+    ParallelAxis,
     Reduce,
     Ref,
     Stmt,
@@ -363,7 +364,7 @@ class Lowering:
         if not self.serial and self._max_trips >= PARALLEL_MIN_WORK:
             for stmt in body:
                 if isinstance(stmt, Loop):
-                    stmt.parallel = True
+                    stmt.parallel = ParallelAxis(0)
         return Kernel(self.name, list(self._params.values()), body)
 
     # -- values --------------------------------------------------------------

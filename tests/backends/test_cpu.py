@@ -6,6 +6,7 @@ output that differs. Inputs come from fixed seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pathlib
@@ -20,7 +21,8 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.backends.cpu import CPU, CpuBackend
+from tensorgraphs.backends.cpu import CPU, CPU_TARGET
+from tensorgraphs.backends.native import NativeBackend
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.schedule import count_kernels
@@ -261,7 +263,7 @@ def test_realized_nodes_that_only_a_decomposition_builds_are_not_inputs() -> Non
 
 
 def test_small_graphs_are_interpreted_and_large_ones_compiled() -> None:
-    backend = CpuBackend(interpret_below=10_000)
+    backend = NativeBackend("cpu", CPU_TARGET, interpret_below=10_000)
     small, large = (tg.tensor(np.linspace(-3, 3, n, dtype=np.float32)) for n in (100, 20_000))
     for x, programs in ((small, 0), (large, 1)):
         (value,) = backend.evaluate([(x * 2 + 1).exp().node])
@@ -270,12 +272,12 @@ def test_small_graphs_are_interpreted_and_large_ones_compiled() -> None:
 
 
 def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorgraphs.codegen import compiler
+    from tensorgraphs.backends.cpu import driver
     from tensorgraphs.runtime import realize
 
-    assert realize._initial_device() == ("cpu" if compiler.compiler_available() else "numpy")
+    assert realize._initial_device() == ("cpu" if driver.GCC.available() else "numpy")
     realize._initial_device.cache_clear()
-    monkeypatch.setattr(compiler, "COMPILER", "no-such-compiler-tg")
+    monkeypatch.setattr(driver, "GCC", dataclasses.replace(driver.GCC, command="no-such-compiler-tg"))
     try:
         assert realize._initial_device() == "numpy"
     finally:
@@ -366,15 +368,15 @@ def test_ctrl_c_stops_a_native_call_and_the_program_runs_again(tmp_path: pathlib
 
 def test_small_outputs_share_one_block_and_tiny_ones_are_kept_apart() -> None:
     """A run's small outputs are views of one allocation (one allocation per run, not per output); an output
-    below `_Binding.OWN_ALLOCATION_BYTES` (a loss) has its own, so keeping it keeps no block of a step."""
-    from tensorgraphs.backends.cpu import Program
+    below `HostRuntime.OWN_ALLOCATION_BYTES` (a loss) has its own, so keeping it keeps no block of a step."""
+    from tensorgraphs.backends.native import Program
     from tensorgraphs.runtime.realize import placeholder
     from tensorgraphs.schedule.fusion import schedule_kernels
 
     x, y = placeholder(tg.float32, (16, 8)), placeholder(tg.float32, (16, 8))
     tx, ty = Tensor(x), Tensor(y)
     roots = [(tx + ty).node, (tx * ty).node, (tx - ty).sum().node, (tx * 2.0).node]
-    program = Program(schedule_kernels(roots, {x, y}.__contains__), [x, y])
+    program = Program(schedule_kernels(roots, {x, y}.__contains__), [x, y], CPU_TARGET)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((16, 8)).astype(np.float32) for _ in range(2))
     total, product, difference, doubled = program.run([a, b])

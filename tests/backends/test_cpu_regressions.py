@@ -13,7 +13,7 @@ import torch
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.autograd.vjp import vjp
-from tensorgraphs.codegen.c_renderer import render_program
+from tensorgraphs.backends.cpu.renderer import CpuRenderer
 from tensorgraphs.graph import node
 from tensorgraphs.schedule.fusion import schedule_kernels
 
@@ -161,7 +161,7 @@ def scan_gradient_program(op: str, shape: tuple[int, ...], dim: int) -> tuple[in
     y = getattr(x, op)(dim).cos().sum()
     (grad,) = vjp([y.node], [node.const(1.0, y.dtype, y.shape)], [x.node])
     schedule = schedule_kernels([grad])
-    return len(schedule.kernels), len(render_program(schedule.kernels, [b.name for b in schedule.buffers]))
+    return len(schedule.kernels), len(CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers]))
 
 
 @pytest.mark.parametrize("op", ["cumsum", "cumprod"])

@@ -13,9 +13,13 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.codegen import c_renderer, compiler
-from tensorgraphs.codegen.c_renderer import c_identifier, literal, render_program
-from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
+from tensorgraphs.backends.cpu import renderer as cpu_renderer
+from tensorgraphs.backends.cpu.driver import GCC
+from tensorgraphs.backends.cpu.renderer import CpuRenderer
+from tensorgraphs.codegen import compiler
+from tensorgraphs.codegen import index as ix
+from tensorgraphs.codegen.c_renderer import CStyleRenderer, c_identifier, literal
+from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, KernelParam, Lit, Loop, ParallelAxis, Store
 from tensorgraphs.kernels import gemm
 from tensorgraphs.schedule import schedule_kernels
 
@@ -74,13 +78,13 @@ def test_identifiers_are_sanitized() -> None:
     assert c_identifier("0abc") == "_0abc"
 
 
-@pytest.mark.skipif(compiler.COMPILER != "gcc", reason="the vectorization report is gcc's")
+@pytest.mark.skipif(GCC.command != "gcc", reason="the vectorization report is gcc's")
 def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
     x, a = tg.tensor(np.ones((8, 64), np.float32)), tg.tensor(np.ones(64, np.float32))
     program, _ = CPU.program([F.gelu(x * a + a, approximate="tanh").node, F.softmax(x, -1).node])
     source = tmp_path / "program.c"
     source.write_text(program.source)
-    report = subprocess.run([compiler.COMPILER, *compiler.FLAGS, "-fopt-info-vec-optimized", "-o",
+    report = subprocess.run([GCC.command, *GCC.flags, "-fopt-info-vec-optimized", "-o",
                              str(tmp_path / "p.so"), str(source)], capture_output=True, text=True).stderr
     assert report.count("loop vectorized") >= 4, report  # gelu's loop, softmax's max and sum lanes, its output
 
@@ -88,7 +92,7 @@ def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
 def test_kernels_differing_only_in_their_buffers_render_as_one_function() -> None:
     x, y = (tg.tensor(np.full((8, 16), v, np.float32)) for v in (1.0, 2.0))
     schedule = schedule_kernels([(x * 2 + 1).exp().node, (y * 2 + 1).exp().node])
-    source = render_program(schedule.kernels, [b.name for b in schedule.buffers])
+    source = CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers])
     assert len(schedule.kernels) == 2
     assert len(re.findall(r"^TG_KERNEL void \w+\(.*\) \{$", source, re.MULTILINE)) == 1
     entry = source.split("int tg_program")[1]
@@ -107,8 +111,8 @@ STREAMING_CASES = {  # (function, input shape, dtype): outputs written once, row
 def compiled_program(node, stream_min_bytes: int, monkeypatch):
     """A freshly compiled program for `node` (not one cached by another test) streaming outputs that large, in
     runs of any length."""
-    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", stream_min_bytes)
-    monkeypatch.setattr(c_renderer, "STREAM_MAX_RUN_BYTES", 1 << 62)
+    monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", stream_min_bytes)
+    monkeypatch.setattr(cpu_renderer, "STREAM_MAX_RUN_BYTES", 1 << 62)
     monkeypatch.setattr(CPU, "_programs", type(CPU._programs)())
     return CPU.program([node])[0]
 
@@ -122,7 +126,7 @@ def test_streaming_stores_give_the_same_results_at_every_output_alignment(case, 
     (expected,) = plain.run([x])
     program = compiled_program(fn(tg.tensor(x)).node, 0, monkeypatch)
     assert "tg_stream_line(" in program.source and program.source.count("tg_stream_fence();") >= 1
-    library = compiler.load(program.source)
+    library = compiler.load(program.source, GCC)
     for offset in (0, expected.itemsize, 16, 64 - expected.itemsize):  # bytes past a cache line boundary
         raw = np.zeros(expected.nbytes + 128, np.uint8)
         start = -raw.ctypes.data % 64 + offset
@@ -135,22 +139,23 @@ def test_streaming_stores_give_the_same_results_at_every_output_alignment(case, 
 
 def test_outputs_read_back_or_small_are_not_streamed(monkeypatch) -> None:
     x = tg.tensor(np.ones((64, 512), np.float32))
-    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", 0)
     (column_sums,) = schedule_kernels([x.sum(0).node]).kernels  # accumulates in its output: reads it back
-    assert not c_renderer.streamed_buffers(column_sums)
-    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4 + 1)
+    assert not cpu_renderer.streamed_buffers(column_sums)
+    monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4 + 1)
     (copy,) = schedule_kernels([(x * 2).node]).kernels
-    assert not c_renderer.streamed_buffers(copy)  # smaller than the cache: the next kernel may find it there
-    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4)
-    assert c_renderer.streamed_buffers(copy) == {copy.buffers[-1].name}
+    assert not cpu_renderer.streamed_buffers(copy)  # smaller than the cache: the next kernel may find it there
+    monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4)
+    assert cpu_renderer.streamed_buffers(copy) == {copy.buffers[-1].name}
 
 
 def test_only_short_runs_of_stores_are_streamed(monkeypatch) -> None:
-    monkeypatch.setattr(c_renderer, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", 0)
     x = tg.tensor(np.ones((64, 512), np.float32))
     for result, streams in ((x.T.contiguous(), True), (x * 2, False)):  # tile rows of 128 bytes; rows of 2 KiB
         schedule = schedule_kernels([result.node])
-        kernels = render_program(schedule.kernels, [b.name for b in schedule.buffers]).split("#define TG_KERNEL")[1]
+        source = CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers])
+        kernels = source.split("#define TG_KERNEL")[1]
         assert ("tg_stream_line(" in kernels) == streams, kernels
 
 
@@ -161,7 +166,17 @@ def test_gemm_call_passes_the_epilogue_activation_and_both_prologues_last() -> N
     call = GemmCall(1, 4, 5, 6, "a", (0, 6, 1), "b", (0, 1, 6), "c", (0, 5), epilogue, a_prologue="gelu_tanh",
                     b_prologue="relu")
     codes = gemm.ACTIVATIONS
-    rendered = c_renderer.gemm_call(call, {"a": "A", "b": "B", "c": "C", "bias": "BIAS"})
+    rendered = cpu_renderer.gemm_call(call, {"a": "A", "b": "B", "c": "C", "bias": "BIAS"})
     assert rendered.endswith(f"{codes['relu']}, {codes['gelu_tanh']}, {codes['relu']});"), rendered
     assert "BIAS + 10, 0, 0, 1," in rendered
     assert "= gemm[1x4x5x6](gelu_tanh(a)[0, 6, 1], relu(b)[0, 1, 6])" in repr(call)
+
+
+def test_grid_axis_0_runs_on_openmp_threads_inner_axes_in_order_and_the_base_renders_no_pragma() -> None:
+    i, j = ix.Var("i", 4), ix.Var("j", 8)
+    store = Store("out", i * 8 + j, Lit(1.0, dtypes.float32))
+    kernel = Kernel("k", [KernelParam("out", dtypes.float32, 32, True)],
+                    [Loop(i, [Loop(j, [store], ParallelAxis(1))], ParallelAxis(0))])
+    cpu = CpuRenderer(kernel).render()
+    assert cpu.count("#pragma omp parallel for") == 1 and cpu.index("#pragma") < cpu.index("for (int64_t i ")
+    assert "#pragma" not in CStyleRenderer(kernel).render()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorgraphs.backends.cpu.driver import GCC
 from tensorgraphs.codegen import compiler
 
 SOURCE = "int tg_program(void **buffers) { return %d; }\n"
@@ -21,27 +23,41 @@ SOURCE = "int tg_program(void **buffers) { return %d; }\n"
 def test_second_compile_is_a_cache_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count_calls) -> None:
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
     source = SOURCE % 7
-    first = compiler.compile_shared(source)
+    first = compiler.compile_shared(source, GCC)
     inode = first.stat().st_ino
     compiles = count_calls(subprocess, "run", "Popen")
-    second = compiler.compile_shared(source)
+    second = compiler.compile_shared(source, GCC)
     assert second == first and second.stat().st_ino == inode  # the same file: not rebuilt
     assert compiles == {}  # no compiler started
     assert sorted(p.name.split(".", 1)[1] for p in tmp_path.joinpath("c").iterdir()) == ["c", "so", "so.sha256"]
 
 
-def test_key_depends_on_source_compiler_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    key = compiler.program_key(SOURCE % 1)
-    assert key != compiler.program_key(SOURCE % 2)
-    monkeypatch.setattr(compiler, "FLAGS", compiler.FLAGS + ("-g",))
-    assert key != compiler.program_key(SOURCE % 1)
+def test_key_depends_on_source_compiler_and_flags() -> None:
+    key = compiler.program_key(SOURCE % 1, GCC)
+    assert key != compiler.program_key(SOURCE % 2, GCC)
+    debug = dataclasses.replace(GCC, flags=GCC.flags + ("-g",))
+    assert key != compiler.program_key(SOURCE % 1, debug)
+
+
+def test_another_driver_builds_into_the_same_checked_cache() -> None:
+    """A second target's driver (other flags, no OpenMP) gets libraries of its own from the one cache, with the
+    same integrity record, and a damaged one is rebuilt with a warning as the cpu target's are."""
+    plain = compiler.CompilerDriver(GCC.command, ("-O1", "-std=c11", "-shared", "-fPIC"))
+    library = compiler.compile_shared(SOURCE % 21, driver=plain)
+    assert library != compiler.compile_shared(SOURCE % 21, GCC) and library.parent == compiler.cache_dir()
+    assert compiler._intact(library)
+    library.write_bytes(library.read_bytes()[:100])
+    with pytest.warns(compiler.CacheWarning, match="rebuilding"):
+        rebuilt = compiler.compile_shared(SOURCE % 21, driver=plain)
+    assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 21
 
 
 def test_two_processes_compile_the_same_program_at_once(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import ctypes, sys
+        from tensorgraphs.backends.cpu.driver import GCC
         from tensorgraphs.codegen import compiler
-        library = ctypes.CDLL(str(compiler.compile_shared({SOURCE % 42!r})))
+        library = ctypes.CDLL(str(compiler.compile_shared({SOURCE % 42!r}, GCC)))
         sys.exit(0 if library.tg_program(None) == 42 else 1)
     """)
     root = str(Path(__file__).resolve().parents[2])
@@ -57,7 +73,7 @@ def test_compile_error_names_the_kernel_keeps_the_source_and_says_how_to_fall_ba
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
     broken = "static void k3_exp2(float *restrict b0) {\n    b0[0] = undefined_name;\n}\n"
     with pytest.raises(compiler.CompileError) as error:
-        compiler.compile_shared(broken)
+        compiler.compile_shared(broken, GCC)
     message = str(error.value)
     assert "kernel k3_exp2" in message and "tg.device('numpy')" in message
     kept = Path(message.split("kept at ")[1].split(".c")[0] + ".c")
@@ -76,8 +92,8 @@ def test_large_program_is_compiled_as_parallel_units(tmp_path: Path, monkeypatch
     source = f"\n{compiler.UNIT_BREAK}\n".join([header, *functions, entry]) + "\n"
     units = compiler._units(source, 2)
     assert len(units) == 2 and all(unit.startswith(header) for unit in units)
-    assert compiler._compile_in_parallel(units, str(tmp_path / "direct.so"))
-    library = ctypes.CDLL(str(compiler.compile_shared(source)))
+    assert compiler._compile_in_parallel(units, str(tmp_path / "direct.so"), GCC)
+    library = ctypes.CDLL(str(compiler.compile_shared(source, GCC)))
     assert library.tg_program(None) == sum(range(count))
     assert compiler._units(source, 1) == [source]
 
@@ -85,7 +101,7 @@ def test_large_program_is_compiled_as_parallel_units(tmp_path: Path, monkeypatch
 def _library_returning(value: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
     source = SOURCE % value
-    return source, compiler.compile_shared(source)
+    return source, compiler.compile_shared(source, GCC)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "record missing"])
@@ -100,7 +116,7 @@ def test_a_damaged_library_is_rebuilt_with_a_warning_never_loaded(
     else:  # an older version's library, or one not built here: rebuilt without a warning
         compiler._record(library).unlink()
     with pytest.warns(compiler.CacheWarning, match="rebuilding") if damage != "record missing" else nullcontext():
-        rebuilt = compiler.compile_shared(source)
+        rebuilt = compiler.compile_shared(source, GCC)
     assert rebuilt.read_bytes() == data
     assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 11
 
@@ -112,8 +128,8 @@ def test_a_planted_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.Mon
     planted = tmp_path / "planted.c"
     planted.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) '
                        f'{{ fclose(fopen("{marker}", "w")); }}\nint tg_program(void **b) {{ return 666; }}\n')
-    subprocess.run([compiler.COMPILER, "-shared", "-fPIC", "-o", str(library), str(planted)], check=True)
-    rebuilt = compiler.compile_shared(source)
+    subprocess.run([GCC.command, "-shared", "-fPIC", "-o", str(library), str(planted)], check=True)
+    rebuilt = compiler.compile_shared(source, GCC)
     assert ctypes.CDLL(str(rebuilt)).tg_program(None) == 12 and not marker.exists()
 
 
@@ -137,7 +153,7 @@ def test_an_unusable_cache_directory_falls_back_to_a_private_temporary_one(
     with pytest.warns(compiler.CacheWarning, match="private temporary directory"):
         fallback = compiler.cache_dir()
     assert fallback.is_dir() and not str(fallback).startswith(str(blocked))
-    assert ctypes.CDLL(str(compiler.compile_shared(SOURCE % 13))).tg_program(None) == 13
+    assert ctypes.CDLL(str(compiler.compile_shared(SOURCE % 13, GCC))).tg_program(None) == 13
 
 
 def test_an_empty_cache_variable_means_the_default_directory_not_the_current_one(
@@ -152,7 +168,7 @@ def test_a_cache_directory_deleted_while_running_is_made_again(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     source, library = _library_returning(14, tmp_path, monkeypatch)
     shutil.rmtree(library.parent)
-    assert ctypes.CDLL(str(compiler.compile_shared(source))).tg_program(None) == 14
+    assert ctypes.CDLL(str(compiler.compile_shared(source, GCC))).tg_program(None) == 14
 
 
 def test_the_cache_is_trimmed_least_recently_used_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,9 +176,9 @@ def test_the_cache_is_trimmed_least_recently_used_first(tmp_path: Path, monkeypa
     _, used = _library_returning(16, tmp_path, monkeypatch)
     os.utime(oldest, (1, 1))
     os.utime(used, (2, 2))
-    compiler.compile_shared(SOURCE % 16)  # a cache hit marks it used now
+    compiler.compile_shared(SOURCE % 16, GCC)  # a cache hit marks it used now
     size = oldest.stat().st_size
     monkeypatch.setenv("TG_CACHE_MAX_MB", str(2.5 * size / (1 << 20)))
-    newest = compiler.compile_shared(SOURCE % 17)
+    newest = compiler.compile_shared(SOURCE % 17, GCC)
     assert not oldest.exists() and not compiler._record(oldest).exists()
     assert used.exists() and newest.exists()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import tensorgraphs as tg
-from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.cpu import CPU, CPU_TARGET
+from tensorgraphs.backends.native import Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.node import Node
 from tensorgraphs.memory.arena import Arena, poison_enabled
@@ -55,7 +56,7 @@ def test_debug_memory_prints_the_plan(handoff_roots: list[Node], monkeypatch: py
                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("TG_DEBUG", "memory")
     _, inputs = CPU.program(handoff_roots)
-    program = Program(schedule_kernels(handoff_roots, set(inputs).__contains__), inputs)
+    program = Program(schedule_kernels(handoff_roots, set(inputs).__contains__), inputs, CPU_TARGET)
     printed = capsys.readouterr().err
     donor, output = program.memory.in_place[0]
     assert f"memory: arena {program.memory.arena_bytes} bytes" in printed and f"{output} overwrites {donor}" in printed

@@ -10,7 +10,8 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.cpu import CPU, CPU_TARGET
+from tensorgraphs.backends.native import Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.node import Node
 from tensorgraphs.memory.order import order_for_memory
@@ -59,7 +60,7 @@ def random_graph(seed: int, steps: int = 8, kinds: tuple[Step, ...] = STEPS, kep
 def unplanned(roots: list[Node]) -> list[np.ndarray]:
     """The same compiled kernels with every temporary in bytes of its own."""
     _, inputs = CPU.program(roots)
-    program = Program(schedule_kernels(roots, set(inputs).__contains__), inputs, reuse_memory=False)
+    program = Program(schedule_kernels(roots, set(inputs).__contains__), inputs, CPU_TARGET, reuse_memory=False)
     return program.run([n.arg.data for n in inputs])
 
 

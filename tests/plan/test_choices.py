@@ -166,3 +166,13 @@ def test_a_cached_program_is_rebuilt_when_a_measurement_changes_the_choice():
     after = tg.compile(lambda a: a @ a.T)  # the same graph structure: the cached program would use the GEMM
     np.testing.assert_allclose(after(x).numpy(), x.numpy() @ x.numpy().T)
     assert _gemm_calls(after) == []
+
+
+@needs_gemm
+def test_a_target_without_kernel_libraries_gets_only_the_decomposition_and_others_keep_their_choice() -> None:
+    node = placeholder_node(_matmul((64, 64), (64, 64)))
+    assert len(candidates_of(node)) > 1
+    with choices.targeting(frozenset()):
+        assert [c.name for c in candidates_of(node)] == [DECOMPOSE]
+        assert compiled_planner().route(node) == DECOMPOSE
+    assert compiled_planner().route(node) in GEMM_ROUTES  # the choice for the cpu target is its own

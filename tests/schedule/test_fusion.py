@@ -11,9 +11,10 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.backends.cpu import CPU, Program
+from tensorgraphs.backends.cpu import CPU, CPU_TARGET
+from tensorgraphs.backends.cpu.renderer import PREAMBLE, CpuRenderer
+from tensorgraphs.backends.native import Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import PREAMBLE, render_program
 from tensorgraphs.codegen.loop_ir import Kernel, Reduce, Store, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
@@ -87,7 +88,8 @@ def mlp_training_step() -> list[tg.Tensor]:
 
 def program_lines(schedule: Schedule) -> int:
     """Lines of C the kernels of `schedule` render to (the shared preamble not counted)."""
-    return render_program(schedule.kernels, [b.name for b in schedule.buffers]).count("\n") - PREAMBLE.count("\n")
+    source = CpuRenderer.render_program(schedule.kernels, [b.name for b in schedule.buffers])
+    return source.count("\n") - PREAMBLE.count("\n")
 
 
 def test_mlp_training_step_kernel_count_and_code_size() -> None:
@@ -212,7 +214,7 @@ def test_optimizer_update_kernel_equals_the_reference_in_place_or_not(name: str)
         _, inputs = CPU.program(roots)
         schedule = schedule_kernels(roots, set(inputs).__contains__)
         donated = [(inputs.index(target.node), i) for i, (target, _) in enumerate(updates) if target.node in inputs]
-        in_place, fresh = Program(schedule, inputs, donated=donated), Program(schedule, inputs)
+        in_place, fresh = Program(schedule, inputs, CPU_TARGET, donated=donated), Program(schedule, inputs, CPU_TARGET)
         assert {i for i, (target, _) in enumerate(updates) if target.shape == param.shape} <= set(
             in_place.updated_in_place)
         got = in_place.run([np.array(n.arg.data) for n in inputs])  # copies: overwritten in place

@@ -8,7 +8,7 @@ import pytest
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, Store, TransposeLocal, walk
+from tensorgraphs.codegen.loop_ir import Let, Load, Local, Loop, ParallelAxis, Store, TransposeLocal, walk
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.schedule import schedule_kernels
@@ -49,7 +49,7 @@ def test_pad_clamps_the_load_and_selects_zero_outside() -> None:
 def test_softmax_row_loop_holds_both_reductions_before_the_output_loop() -> None:
     kernel = only_kernel(F.softmax(x(64, 1024), -1))
     (rows,) = [s for s in kernel.body if isinstance(s, Loop)]
-    assert rows.parallel and rows.var.extent == 64
+    assert rows.parallel == ParallelAxis(0) and rows.var.extent == 64
     kinds = [type(s).__name__ for s in rows.body if not isinstance(s, Let)]
     assert kinds == ["Local", "Reduce", "Reduce", "Loop"]  # the local row carries exp from the sum to the output
 

@@ -24,21 +24,23 @@ from tensorgraphs.testing.samples import ALL_DTYPES
 
 REFERENCE = "numpy"
 COMPILED = "cpu"
+COMPILED_DEVICES = (COMPILED, "portable")
 QUICK_OPS = ("add", "exp", "sum", "matmul", "getitem", "where")  # what other backends run by default
-"""Compiling backends are slow to check sample by sample: by default the cpu device checks one sample of every
-op (compiled, values and gradients), other backends these ops in float32; every sample of every op runs with
-`pytest -m slow`."""
+"""Compiling backends are slow to check sample by sample: by default the devices that generate C (cpu, portable)
+check one sample of every op (compiled, values and gradients), other backends these ops in float32; every sample
+of every op runs with `pytest -m slow`."""
 
 
 def _cases() -> list:
     cases = [pytest.param(info, REFERENCE, None, False, id=f"{info.name}-{REFERENCE}",
                           marks=pytest.mark.device(REFERENCE)) for info in OP_INFOS]
-    compiled = pytest.mark.device(COMPILED, compile=True)
-    for info in OP_INFOS:
-        cases.append(pytest.param(info, COMPILED, None, True, id=f"{info.name}-{COMPILED}-quick", marks=compiled))
-        cases.append(pytest.param(info, COMPILED, None, False, id=f"{info.name}-{COMPILED}",
-                                  marks=[compiled, pytest.mark.slow]))
-    for device in sorted(set(BACKENDS) - {REFERENCE, COMPILED}):
+    for device in COMPILED_DEVICES:
+        compiled = pytest.mark.device(device, compile=True)
+        for info in OP_INFOS:
+            cases.append(pytest.param(info, device, None, True, id=f"{info.name}-{device}-quick", marks=compiled))
+            cases.append(pytest.param(info, device, None, False, id=f"{info.name}-{device}",
+                                      marks=[compiled, pytest.mark.slow]))
+    for device in sorted(set(BACKENDS) - {REFERENCE, *COMPILED_DEVICES}):
         for info in OP_INFOS:
             on_device = pytest.mark.device(device)
             cases.append(pytest.param(info, device, None, False, id=f"{info.name}-{device}",

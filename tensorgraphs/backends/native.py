@@ -1,4 +1,4 @@
-"""The cpu backend: fused kernels generated as C, compiled once, one native call per evaluation.
+"""Devices that run generated C: fused kernels compiled once, one native call per evaluation.
 
 `evaluate` finds the program for the graph's *structure* (ops, dtypes, shapes,
 constants and wiring; not which arrays feed it), compiling it on first sight:
@@ -6,10 +6,13 @@ schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
 in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
 on every compile). Running it binds the input arrays, takes output memory from
 a pool shared by all programs and calls `tg_program` once (`tg_steps` for K
-steps); one call at a time per program. Inputs a caller donates (a compiled
+steps), through the target's runtime (`runtime.device`); one call at a time per
+program. Inputs a caller donates (a compiled
 training step's parameters) may be overwritten by their new values when the
 schedule allows it (`Program.updated_in_place`). Graphs touching few elements
-run on the reference interpreter instead (`CpuBackend.interpret_below`).
+run on the reference interpreter instead (`NativeBackend.interpret_below`).
+A `CTarget` (renderer, compiler driver, runtime, planner features) makes this
+machinery a device: `backends.cpu`, `backends.portable`.
 
 TG_DEBUG=schedule prints each new schedule, TG_DEBUG=codegen its C source,
 TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each run.
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import os
 import signal
 import sys
@@ -33,30 +35,18 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import (
-    CACHE_LINE,
-    STREAM_MIN_BYTES,
-    TG_HOST_FAILED,
-    library_functions,
-    render_program,
-    uses_host_calls,
-)
-from tensorgraphs.codegen.compiler import link_library, load
+from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, CStyleRenderer, uses_host_calls
+from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
 from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.kernels import LIBRARIES
-from tensorgraphs.plan.choices import collecting, routes_taken, still_taken
+from tensorgraphs.plan.choices import ALL_FEATURES, collecting, routes_taken, still_taken, targeting
 from tensorgraphs.runtime import host_calls
-from tensorgraphs.runtime.buffer import data_address
-from tensorgraphs.runtime.realize import register_backend
+from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
 PROGRAM_CACHE_SIZE = 512
-POOLED_BYTES = 1 << 20
-"""Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
-(bench/NOTES.md)."""
 
 
 KERNEL_OBSERVERS: list[Callable[[str, float, float, float, float], None]] = []
@@ -79,6 +69,18 @@ def _debug(stage: str) -> bool:
     return stage in os.environ.get("TG_DEBUG", "").split(",")
 
 
+@dataclass(frozen=True)
+class CTarget:
+    """What a device running generated C is made of: how it spells C (`renderer`), how it builds a library from
+    it (`driver`), the planner features it offers (`plan.choices.targeting`), and the memory and launches its
+    programs run on (`runtime`: device buffers, `runtime.device`)."""
+
+    renderer: type[CStyleRenderer]
+    driver: CompilerDriver
+    runtime: DeviceRuntime
+    features: frozenset[str] = ALL_FEATURES
+
+
 @dataclass
 class _Slot:
     """Where one pointer of the program's buffer array comes from."""
@@ -87,7 +89,7 @@ class _Slot:
     dtype: Any
     shape: tuple[int, ...]
     position: int = -1
-    array: np.ndarray | None = None
+    array: DeviceBuffer | None = None
 
 
 @dataclass(frozen=True)
@@ -120,25 +122,26 @@ class Program:
     `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison).
     """
 
-    def __init__(self, schedule: Schedule, inputs: list[Node], reuse_memory: bool = True,
+    def __init__(self, schedule: Schedule, inputs: list[Node], target: CTarget, reuse_memory: bool = True,
                  donated: Sequence[tuple[int, int]] = ()) -> None:
+        self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
         memory.verify_plan(schedule, self.memory)
         if _debug("memory"):
             print(self.memory, file=sys.stderr)
-        self.arena = memory.Arena(self.memory.arena_bytes)
+        self.arena = self.runtime.arena(self.memory.arena_bytes)
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
-        source = render_program(self.kernels, [b.name for b in schedule.buffers])
+        source = target.renderer.render_program(self.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
         if _debug("codegen"):
             print(source, file=sys.stderr)
         self.source = source
         self._buffer_names = [b.name for b in schedule.buffers]
-        libraries = sorted({LIBRARIES[function].path() for function in library_functions(self.kernels)})
+        libraries = target.renderer.libraries(self.kernels)
         self._link = tuple(flag for library in libraries for flag in link_library(library))
         library = self._load(source)
         self._entry = library.tg_program
@@ -159,7 +162,7 @@ class Program:
             if spec.role == "input" and node in position:
                 slot = _Slot("input", storage, node.shape, position[node])
             elif spec.role == "input":  # a BUFFER made by a decomposition: part of the program
-                slot = _Slot("captured", storage, node.shape, array=_contiguous(node.arg.data, storage))
+                slot = _Slot("captured", storage, node.shape, array=self.runtime.to_device(node.arg.data, storage))
             elif spec.role == "temp":
                 slot = _Slot("captured", storage, node.shape,
                              array=self.arena.view(self.memory.offsets[spec.name], storage, node.shape))
@@ -171,7 +174,10 @@ class Program:
         self._input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
         self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
-        self._binding = _Binding(self._slots, self._in_place_slots)
+        self._input_slots = [(i, slot) for i, slot in enumerate(self._slots) if slot.role == "input"]
+        self._output_slots = [i for i, slot in enumerate(self._slots)
+                              if slot.role not in ("input", "captured") and i not in self._in_place_slots]
+        self._output_specs = [(self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots]
         self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
         self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
 
@@ -196,6 +202,12 @@ class Program:
             updated[output] = position
         return updated
 
+    def _load(self, source: str) -> ctypes.CDLL:
+        library = load(source, self.target.driver, self._link)
+        if uses_host_calls(self.kernels):
+            host_calls.bind(library)
+        return library
+
     def layout(self) -> ProgramLayout:
         slots = []
         for name, slot in zip(self._buffer_names, self._slots):
@@ -207,33 +219,28 @@ class Program:
                 slots.append(SlotLayout(slot.role, slot.dtype, slot.shape, position=slot.position))
         return ProgramLayout(slots, list(self._outputs), dict(self._in_place_slots), self.memory.arena_bytes)
 
-    def _load(self, source: str) -> ctypes.CDLL:
-        library = load(source, self._link)
-        if uses_host_calls(self.kernels):
-            host_calls.bind(library)
-        return library
-
     @property
     def kernel_count(self) -> int:
         return len(self.kernels)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The roots' values for the inputs' host arrays (the runtime moves both across)."""
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
-            arrays, pointers = self._binding.bind(inputs)
+            arrays = self._arrays(inputs)
             if KERNEL_OBSERVERS:
-                self._run_timed(pointers)
+                self._run_timed(arrays)
             else:
-                _check_status(self._interruptible(self._entry, pointers))
-            return [arrays[i] for i in self._outputs]
+                _check_status(self._interruptible(self.runtime.launch, self._entry, arrays))
+            return [self.runtime.to_host(arrays[i]) for i in self._outputs]
 
-    def _run_timed(self, pointers: Any) -> None:
+    def _run_timed(self, arrays: list[DeviceBuffer]) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
         library, seconds = self._timed
         ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
         start = time.perf_counter()
-        _check_status(library.tg_program(pointers))
+        _check_status(self.runtime.launch(library.tg_program, arrays))
         for kernel, spent in zip(self.kernels, seconds):
             _report(kernel.name, start, spent, *kernel_work(kernel))
             start += spent
@@ -241,7 +248,7 @@ class Program:
     @functools.cached_property
     def _timed(self) -> tuple[Any, Any]:
         """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
-        library = self._load(render_program(self.kernels, self._buffer_names, timed=True))
+        library = self._load(self.target.renderer.render_program(self.kernels, self._buffer_names, timed=True))
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
@@ -264,11 +271,11 @@ class Program:
         """Each kernel's median wall time over `repeat` runs (a timed build of the same program; for profiling)."""
         with self._running:
             library, seconds = self._timed
-            _, pointers = self._binding.bind(inputs)
+            arrays = self._arrays(inputs)
             runs = []
             for _ in range(repeat):
                 ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
-                _check_status(library.tg_program(pointers))
+                _check_status(self.runtime.launch(library.tg_program, arrays))
                 runs.append(list(seconds))
             return [(kernel.name, float(np.median([run[i] for run in runs]))) for i, kernel in enumerate(self.kernels)]
 
@@ -283,15 +290,15 @@ class Program:
             partner = {self._outputs[j]: self._input_slot.get(p) for j, p in carried.items()}
             if len(partner) != len(carried) or any(self._outputs.count(i) > 1 for i in partner):
                 raise UnsupportedError("a K-step call cannot return a value the step also carries to the next step")
-            arrays: list[np.ndarray] = []
+            arrays: list[DeviceBuffer] = []
             advance = (ctypes.c_long * max(len(self._slots), 1))()
             swap_with = (ctypes.c_long * max(len(self._slots), 1))(*[-1] * len(self._slots))
             carried_inputs = {p for p in partner.values() if p is not None}
             for i, slot in enumerate(self._slots):
                 if i in self._in_place_slots:  # its input's array, set below: updated in place, nothing to swap
-                    array = np.empty(0, slot.dtype)
+                    array = self.runtime.empty((0,), slot.dtype)
                 elif slot.role == "input":
-                    array = _contiguous(inputs[slot.position], slot.dtype)
+                    array = self.runtime.to_device(inputs[slot.position], slot.dtype)
                     if slot.position in fed:
                         advance[i] = array.nbytes // steps
                     elif i in carried_inputs:
@@ -300,132 +307,40 @@ class Program:
                     assert slot.array is not None
                     array = slot.array
                 elif i in partner:
-                    array = _aligned_empty(slot.shape, slot.dtype)
+                    array = self.runtime.empty(slot.shape, slot.dtype)
                     if partner[i] is not None:  # ping-pong between this array and the input's
                         swap_with[i], swap_with[partner[i]] = partner[i], i
                 else:
-                    array = _aligned_empty((steps, *slot.shape), slot.dtype)
+                    array = self.runtime.empty((steps, *slot.shape), slot.dtype)
                     advance[i] = array.nbytes // steps
                 arrays.append(array)
             for output_slot, input_slot in self._in_place_slots.items():
                 arrays[output_slot] = arrays[input_slot]
-            _check_status(self._interruptible(self._steps_entry, _pointers(arrays), steps, advance, swap_with))
+            _check_status(self._interruptible(self.runtime.launch, self._steps_entry, arrays, steps, advance,
+                                              swap_with))
             # every run ends with a swap: after an even number the newest state is back in the input's array
             newest = {i: arrays[p] if p is not None and steps % 2 == 0 and i not in self._in_place_slots else arrays[i]
                       for i, p in partner.items()}
-            return [newest.get(i, arrays[i]) for i in self._outputs]
+            return [self.runtime.to_host(newest.get(i, arrays[i])) for i in self._outputs]
 
-
-class _Binding:
-    """Binds a program's slots to arrays for one run, and their addresses to the pointer table it is called with.
-
-    Binding is per-call Python work on every slot (hundreds in a training step), so the addresses of captured
-    arrays are looked up once, and the small outputs of a run share one allocation at precomputed offsets: one
-    allocation and arithmetic addresses instead of an allocation and an address lookup each. Outputs below
-    `OWN_ALLOCATION_BYTES` (a loss, a step count) get their own, so keeping one does not keep a run's block.
-    An output updated in place is its input's array (the caller's to overwrite)."""
-
-    OWN_ALLOCATION_BYTES = 64
-
-    def __init__(self, slots: list[_Slot], in_place: dict[int, int]) -> None:
-        self.slots, self.in_place = slots, in_place
-        self.static = np.zeros(max(len(slots), 1), np.uintp)
-        self.inputs: list[tuple[int, int, np.dtype]] = []
-        self.separate: list[int] = []
-        shared: list[tuple[int, int]] = []
-        shared_bytes = 0
-        for i, slot in enumerate(slots):
-            nbytes = math.prod(slot.shape) * slot.dtype.itemsize
-            if slot.role == "captured":
-                assert slot.array is not None
-                self.static[i] = slot.array.ctypes.data
-            elif slot.role == "input":
-                self.inputs.append((i, slot.position, slot.dtype))
-            elif i in in_place:
-                continue
-            elif self.OWN_ALLOCATION_BYTES <= nbytes and _is_small(nbytes):
-                shared.append((i, shared_bytes))
-                shared_bytes += -(-nbytes // CACHE_LINE) * CACHE_LINE
-            else:
-                self.separate.append(i)
-        self.shared, self.shared_bytes = shared, shared_bytes
-        self.shared_slots = np.array([i for i, _ in shared], np.intp)
-        self.shared_offsets = np.array([offset for _, offset in shared], np.uintp)
-
-    def bind(self, inputs: list[np.ndarray]) -> tuple[list[np.ndarray | None], Any]:
-        """The run's array per slot, and the pointer table (`void **`) to call the program with."""
-        arrays: list[np.ndarray | None] = [slot.array for slot in self.slots]
-        pointers = self.static.copy()
-        for i, position, dtype in self.inputs:
-            arrays[i] = array = _contiguous(inputs[position], dtype)
-            pointers[i] = data_address(array)
-        if self.shared:
-            block = np.empty(self.shared_bytes + CACHE_LINE, np.uint8)
-            start = -data_address(block) % CACHE_LINE
-            for i, offset in self.shared:
-                slot = self.slots[i]
-                arrays[i] = np.ndarray(slot.shape, slot.dtype, block, start + offset)
-            pointers[self.shared_slots] = self.shared_offsets + np.uintp(data_address(block) + start)
-        for i in self.separate:
-            arrays[i] = array = _aligned_empty(self.slots[i].shape, self.slots[i].dtype)
-            pointers[i] = data_address(array)
-        for output_slot, input_slot in self.in_place.items():
-            arrays[output_slot], pointers[output_slot] = arrays[input_slot], pointers[input_slot]
-        return arrays, pointers.ctypes.data_as(ctypes.POINTER(ctypes.c_void_p))
-
-
-class BlockPool:
-    """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: fresh
-    memory costs page faults, reused memory nothing. At most `per_size` blocks of each size are kept."""
-
-    def __init__(self, per_size: int = 2) -> None:
-        self.per_size = per_size
-        self._blocks: dict[int, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> np.ndarray:
-        """A uint8 block of `size` bytes no array refers to."""
-        if size < POOLED_BYTES:
-            return np.empty(size, np.uint8)
-        with self._lock:
-            blocks = self._blocks.setdefault(size, [])
-            for position in range(len(blocks)):
-                if sys.getrefcount(blocks[position]) <= 2:  # only the pool and getrefcount's argument
-                    return blocks[position]
-            block = np.empty(size, np.uint8)
-            if len(blocks) < self.per_size:
-                blocks.append(block)
-            return block
-
-
-OUTPUT_BLOCKS = BlockPool()
-
-
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array; a pooled one starts on a cache line, so that the program's streaming stores write
-    whole lines (a large numpy allocation starts 16 bytes past one), and its `.base` is its memory block. Small
-    outputs (below both sizes: never streamed) are plain allocations, as a program can return hundreds of them."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if _is_small(nbytes):
-        return np.empty(shape, dtype)
-    block = OUTPUT_BLOCKS.take(nbytes + CACHE_LINE)
-    start = -block.ctypes.data % CACHE_LINE
-    return block[start:start + nbytes].view(dtype).reshape(shape)
+    def _arrays(self, inputs: list[np.ndarray]) -> list[DeviceBuffer]:
+        """One buffer per slot: inputs moved to the device, captured buffers, and the run's outputs allocated
+        together (`DeviceRuntime.outputs`); an output updated in place is its input's buffer (the caller's to
+        overwrite)."""
+        arrays: list[DeviceBuffer] = [slot.array for slot in self._slots]
+        for i, slot in self._input_slots:
+            arrays[i] = self.runtime.to_device(inputs[slot.position], slot.dtype)
+        for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
+            arrays[i] = buffer
+        for output_slot, input_slot in self._in_place_slots.items():
+            arrays[output_slot] = arrays[input_slot]
+        return arrays
 
 
 def _elements_touched(roots: list[Node], known: Collection[Node]) -> int:
     """Elements read and written by the graph's computed nodes: a cheap measure of its work."""
     stop = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
     return sum(node.size + sum(s.size for s in node.src) for node in toposort(roots, stop=stop) if not stop(node))
-
-
-def _is_small(nbytes: int) -> bool:
-    """Below both the pooled and the streamed sizes: a plain allocation, never written by streaming stores."""
-    return nbytes + CACHE_LINE < min(POOLED_BYTES, STREAM_MIN_BYTES)
-
-
-def _pointers(arrays: list[np.ndarray]) -> Any:
-    return (ctypes.c_void_p * max(len(arrays), 1))(*[data_address(a) for a in arrays])
 
 
 def _check_status(status: int) -> None:
@@ -435,22 +350,17 @@ def _check_status(status: int) -> None:
         raise IndexError("gather/scatter_add: an index is out of bounds for the dimension it indexes")
 
 
-def _contiguous(array: Any, dtype: np.dtype) -> np.ndarray:
-    return np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
-
-
 INTERPRET_BELOW = 1 << 16
 """Graphs touching fewer elements than this run on the reference interpreter instead: compiling a new graph
 costs ~0.1 s, interpreting a small one microseconds per op (what eager use, printing and small tests need)."""
 
 
-class CpuBackend:
-    """Runs graphs as compiled C programs, one program per graph structure; small graphs are interpreted
-    (`interpret_below` elements touched; 0 compiles everything)."""
+class NativeBackend:
+    """Runs graphs as compiled C programs of `target`, one program per graph structure; small graphs are
+    interpreted (`interpret_below` elements touched; 0 compiles everything)."""
 
-    name = "cpu"
-
-    def __init__(self, interpret_below: int = INTERPRET_BELOW) -> None:
+    def __init__(self, name: str, target: CTarget, interpret_below: int = INTERPRET_BELOW) -> None:
+        self.name, self.target = name, target
         self._programs: OrderedDict[tuple, Program] = OrderedDict()
         self.interpret_below = interpret_below
 
@@ -464,18 +374,19 @@ class CpuBackend:
         position = {node: i for i, node in enumerate(inputs)}
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
         key = (key, donated)
-        found = self._programs.get(key)
-        if found is None or not still_taken(found.routes):
-            given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
-            with collecting() as planned:
-                schedule = schedule_kernels(roots, given.__contains__)
-            found = Program(schedule, inputs, donated=donated)
-            found.routes = routes_taken(planned)
-            self._programs[key] = found
-            if len(self._programs) > PROGRAM_CACHE_SIZE:
-                self._programs.popitem(last=False)
-        else:
-            self._programs.move_to_end(key)
+        with targeting(self.target.features):  # the planner offers only what this target can run
+            found = self._programs.get(key)
+            if found is None or not still_taken(found.routes):
+                given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
+                with collecting() as planned:
+                    schedule = schedule_kernels(roots, given.__contains__)
+                found = Program(schedule, inputs, self.target, donated=donated)
+                found.routes = routes_taken(planned)
+                self._programs[key] = found
+                if len(self._programs) > PROGRAM_CACHE_SIZE:
+                    self._programs.popitem(last=False)
+            else:
+                self._programs.move_to_end(key)
         return found, inputs
 
     def evaluate(self, roots: list[Node], known: Mapping[Node, np.ndarray] | None = None) -> list[np.ndarray]:
@@ -490,9 +401,9 @@ class CpuBackend:
 
 class Prepared:
     """`roots` over `inputs`, run on each call's arrays for them: interpreted while the backend interprets graphs
-    this small (`CpuBackend.interpret_below`, read at each call), else as the compiled program (built once)."""
+    this small (`NativeBackend.interpret_below`, read at each call), else as the compiled program (built once)."""
 
-    def __init__(self, backend: CpuBackend, roots: list[Node], inputs: list[Node]) -> None:
+    def __init__(self, backend: NativeBackend, roots: list[Node], inputs: list[Node]) -> None:
         self.backend, self.roots, self.inputs = backend, roots, inputs
         self.touched = _elements_touched(roots, set(inputs))
         self._program: Program | None = None
@@ -524,8 +435,3 @@ def run_explained(program: Program, roots: list[Node], inputs: list[Node],
     except IndexError:
         REFERENCE.evaluate(roots, dict(zip(inputs, arrays)))
         raise
-
-
-CPU = CpuBackend()
-register_backend(CPU)
-

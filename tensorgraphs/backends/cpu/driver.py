@@ -1,0 +1,25 @@
+"""The cpu target's compiler driver: gcc (`TG_CC`) with OpenMP, tuned for this machine."""
+
+from __future__ import annotations
+
+import os
+
+from tensorgraphs.codegen.compiler import CompilerDriver
+
+COMPILER = os.environ.get("TG_CC", "gcc")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+         "-fno-tree-slp-vectorize", "-std=gnu11", "-shared", "-fPIC")
+"""Never -ffast-math: it changes NaN/Inf results. The two -fno flags are enough to vectorize our math;
+-ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it. The straight-line (SLP)
+vectorizer of gcc 12 miscompiles short unrolled reductions of comparisons (`(x == 2).all(1)` over rows of 4
+uint8 stored 254); our loops are vectorized by the loop vectorizer and explicit vector types, not by SLP."""
+
+
+OPENMP_ENVIRONMENT = (("GOMP_SPINCOUNT", "3000"),)
+"""Read by the OpenMP runtime when the first program loads (a user's own setting wins): idle threads spin a few tens
+of microseconds before sleeping, not libgomp's several ms, so a thread waiting for a descheduled peer soon leaves
+its core to the others (figures: bench/NOTES.md)."""
+
+
+GCC = CompilerDriver(COMPILER, FLAGS, environment=OPENMP_ENVIRONMENT)
+"""The cpu target's driver: gcc (`TG_CC`) with OpenMP, tuned for this machine."""

@@ -1,0 +1,107 @@
+"""The host runtime (`runtime.device`): device memory is the process's memory, so a device buffer is a numpy
+array, inputs and results cross the boundary without a copy, and a launch passes the arrays' addresses to a
+function of a library loaded with ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tensorgraphs import memory
+from tensorgraphs.runtime.buffer import data_address
+
+POOLED_BYTES = 1 << 20
+"""Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
+(bench/NOTES.md)."""
+
+
+class BlockPool:
+    """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: fresh
+    memory costs page faults, reused memory nothing. At most `per_size` blocks of each size are kept."""
+
+    def __init__(self, per_size: int = 2) -> None:
+        self.per_size = per_size
+        self._blocks: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> np.ndarray:
+        """A uint8 block of `size` bytes no array refers to."""
+        if size < POOLED_BYTES:
+            return np.empty(size, np.uint8)
+        with self._lock:
+            blocks = self._blocks.setdefault(size, [])
+            for position in range(len(blocks)):
+                if sys.getrefcount(blocks[position]) <= 2:  # only the pool and getrefcount's argument
+                    return blocks[position]
+            block = np.empty(size, np.uint8)
+            if len(blocks) < self.per_size:
+                blocks.append(block)
+            return block
+
+
+OUTPUT_BLOCKS = BlockPool()
+
+
+class HostRuntime:
+    """Buffers in the process's memory. Outputs of `aligned_from` bytes or more start on an `alignment`-byte
+    boundary (a program's streaming stores write whole cache lines; a large numpy allocation starts 16 bytes past
+    one)."""
+
+    OWN_ALLOCATION_BYTES = 64
+
+    def __init__(self, alignment: int, aligned_from: int) -> None:
+        self.alignment, self.aligned_from = alignment, aligned_from
+
+    def to_device(self, array: Any, dtype: np.dtype) -> np.ndarray:
+        return np.asarray(array, dtype=dtype, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
+
+    def to_host(self, buffer: np.ndarray) -> np.ndarray:
+        return buffer
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialized array; a pooled one is aligned and its `.base` is its memory block. Small outputs
+        (below both sizes) are plain allocations, as a program can return hundreds of them."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._small(nbytes):
+            return np.empty(shape, dtype)
+        block = OUTPUT_BLOCKS.take(nbytes + self.alignment)
+        start = -block.ctypes.data % self.alignment
+        return block[start:start + nbytes].view(dtype).reshape(shape)
+
+    def outputs(self, specs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+        """A run's outputs. Binding is per-call work on hundreds of buffers in a training step, so the small ones
+        (64 bytes up to the pooled and aligned sizes) share one allocation; an output below `OWN_ALLOCATION_BYTES`
+        (a loss, a step count) gets its own, so keeping it keeps no run's block (`realize.owned` treats disjoint
+        parts of one allocation as distinct memory)."""
+        buffers: list[np.ndarray | None] = [None] * len(specs)
+        shared: list[tuple[int, int]] = []
+        total = 0
+        for position, (shape, dtype) in enumerate(specs):
+            nbytes = math.prod(shape) * dtype.itemsize
+            if self.OWN_ALLOCATION_BYTES <= nbytes and self._small(nbytes):
+                shared.append((position, total))
+                total += -(-nbytes // self.alignment) * self.alignment
+            else:
+                buffers[position] = self.empty(shape, dtype)
+        if shared:
+            block = np.empty(total + self.alignment, np.uint8)
+            start = -data_address(block) % self.alignment
+            for position, offset in shared:
+                shape, dtype = specs[position]
+                buffers[position] = np.ndarray(shape, dtype, block, start + offset)
+        return buffers  # type: ignore[return-value]
+
+    def arena(self, nbytes: int) -> memory.Arena:
+        return memory.Arena(nbytes)
+
+    def launch(self, entry: Callable[..., int], buffers: Sequence[np.ndarray], *args: Any) -> int:
+        return entry((ctypes.c_void_p * max(len(buffers), 1))(*[data_address(b) for b in buffers]), *args)
+
+    def _small(self, nbytes: int) -> bool:
+        """Below both the pooled and the aligned sizes: a plain allocation."""
+        return nbytes + self.alignment < min(POOLED_BYTES, self.aligned_from)
