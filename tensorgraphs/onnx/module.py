@@ -2,8 +2,9 @@
 
 Float initializers become Parameters (so an imported model fine-tunes with `tg.optim` and saves with `tg.save`),
 the others buffers, whose values are read when the graph is built (at each call; once per trace under
-tg.compile); their attribute names are the ONNX names made identifiers (`initializer_names` maps them back). Forward evaluates the graph on tensorgraphs ops for the shapes it is called with, so a symbolic dim
-(`batch`) takes any size.
+tg.compile); their attribute names are the ONNX names made identifiers (`initializer_names` maps them back).
+Forward evaluates the graph on tensorgraphs ops for the shapes it is called with, so a symbolic dim (`batch`)
+takes any size.
 """
 
 from __future__ import annotations
