@@ -1,9 +1,10 @@
 """`tg.onnx.load`: an ONNX model as a `tg.nn.Module`.
 
 Float initializers become Parameters (so an imported model fine-tunes with `tg.optim` and saves with `tg.save`),
-the others buffers; their attribute names are the ONNX names made identifiers (`initializer_names` maps them
-back). Forward evaluates the graph on tensorgraphs ops for the shapes it is called with, so a symbolic dim
-(`batch`) takes any size.
+the others buffers, whose values are read when the graph is built (at each call; once per trace under
+tg.compile); their attribute names are the ONNX names made identifiers (`initializer_names` maps them back).
+Forward evaluates the graph on tensorgraphs ops for the shapes it is called with, so a symbolic dim (`batch`)
+takes any size.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tensorgraphs.nn.module import Module
 from tensorgraphs.nn.parameter import Parameter
 from tensorgraphs.onnx.dtypes import tg_dtype
 from tensorgraphs.onnx.importer import Opsets, run_graph
-from tensorgraphs.onnx.lowering import Value, tensor
+from tensorgraphs.onnx.lowering import Value, known, tensor
 from tensorgraphs.onnx.model import read_model
 from tensorgraphs.onnx.names import attribute_name
 
@@ -52,12 +53,18 @@ class OnnxModule(Module):
         if len(args) != len(self.inputs):
             fail("onnx model", f"takes {len(self.inputs)} inputs ({', '.join(i.name for i in self.inputs)}), got "
                  f"{len(args)}", kind=ArgumentError)
-        values: dict[str, Value] = {name: getattr(self, attribute) for name, attribute in
+        values: dict[str, Value] = {name: _initializer(getattr(self, attribute)) for name, attribute in
                                     self.initializer_names.items()}
         for proto, arg in zip(self.inputs, args):
             values[proto.name] = _input(proto, arg)
         outputs = tuple(tensor(value) for value in run_graph(self.model.graph, values, self.opsets))
         return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _initializer(value: Tensor) -> Value:
+    """A Parameter as itself (gradients reach it); an integer or bool buffer as its current array, known when the
+    graph is built (shapes, axes and indices fold; no gradient flows through integers)."""
+    return value if value.dtype.is_floating_point else known(value)
 
 
 def _input(proto: onnx.ValueInfoProto, arg: Any) -> Tensor:
