@@ -66,14 +66,21 @@ class TensorgraphsBackend(Backend):
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs: Sequence[Any], device: str = "CPU",
                  outputs_info: Sequence[tuple[Any, tuple]] | None = None, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        """One node as a model of its own, its inputs' types and shapes taken from `inputs`."""
+        """One node as a model of its own: its inputs' types and shapes from `inputs`, its outputs' inferred (else
+        the first input's type)."""
         arrays = [np.asarray(a) for a in inputs]
         graph_inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype),
                                                            a.shape) for name, a in zip(node.input, arrays) if name]
-        graph_outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in node.output if name]
-        graph = onnx.helper.make_graph([node], "run_node", graph_inputs, graph_outputs)
         opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
-        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(node.domain, opset)])
+        imports = [onnx.helper.make_opsetid(node.domain, opset)]
+        probe = onnx.helper.make_model(onnx.helper.make_graph([node], "run_node", graph_inputs, []),
+                                       opset_imports=imports)
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(probe).graph.value_info}
+        fallback = graph_inputs[0].type.tensor_type.elem_type if graph_inputs else onnx.TensorProto.FLOAT
+        graph_outputs = [inferred.get(name) or onnx.helper.make_tensor_value_info(name, fallback, None)
+                         for name in node.output if name]
+        graph = onnx.helper.make_graph([node], "run_node", graph_inputs, graph_outputs)
+        model = onnx.helper.make_model(graph, opset_imports=imports)
         return cls.run_model(model, [a for name, a in zip(node.input, arrays) if name], device)
 
     @classmethod

@@ -76,3 +76,19 @@ def test_the_official_suite(all_tests, expected) -> None:
     passed = {o.name for o in outcomes if o.status == "pass"}
     assert len(passed & core) >= CORE_TARGET * len(core), f"core node tests: {len(passed & core)} of {len(core)}"
     assert REAL_MODELS <= passed
+
+
+def test_the_backend_interface_runs_nodes_and_models() -> None:
+    import numpy as np
+    from onnx import helper
+
+    from tensorgraphs.onnx import backend
+
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=1, alpha=0.5)
+    a, b, c = (np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in
+               enumerate([(2, 3), (4, 3), (4,)]))
+    (y,) = backend.run_node(node, [a, b, c])
+    np.testing.assert_allclose(y, 0.5 * a @ b.T + c, rtol=1e-6)
+    assert backend.supports_device("CPU") and not backend.supports_device("CUDA")
+    with pytest.raises(Exception, match=r"device 'CUDA' is not supported"):
+        backend.prepare(helper.make_model(helper.make_graph([], "g", [], [])), "CUDA")

@@ -14,7 +14,7 @@ import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.functional.conv import conv2d_composite, zero_dilate
-from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, lowers, tensor
+from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, ints, lowers, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
 Pads = list[tuple[int, int]]
@@ -382,3 +382,14 @@ def softmax(node: OnnxNode, x: Value) -> Tensor:
     axis = axis_of(node.attr("axis", 1), x.ndim)
     flat = tg.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
     return tg.reshape(function(flat, 1), x.shape)
+
+
+@lowers("Col2Im")
+def col2im(node: OnnxNode, x: Value, image_shape: Value, block_shape: Value) -> Tensor:
+    """Overlapping blocks summed into the image (F.fold): 2-d images with the same padding on both sides."""
+    image, block = ints(image_shape), ints(block_shape)
+    pads = node.attr("pads") or [0] * (2 * len(image))
+    if len(image) != 2 or pads[:2] != pads[2:]:
+        node.fail("Col2Im is supported for 2-d images with equal padding before and after")
+    return tg.nn.functional.fold(tensor(x), image, block, dilation=node.attr("dilations") or 1,
+                                 padding=pads[:2], stride=node.attr("strides") or 1)
