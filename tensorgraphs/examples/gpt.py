@@ -30,7 +30,8 @@ from tensorgraphs.distributed import launch
 
 TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
 # The training step is compiled whole (0.076 s/step for the default config on this 2-core machine, after a
-# 3-4 s compile); evaluation and sampling run lazily on this device (planned picks measured kernels per op).
+# 3-4 s compile); evaluation runs lazily on this device (planned picks measured kernels per op); sampling runs a
+# compiled KV-cache decoding step (`GPT.generate`).
 DEFAULT_DEVICE = "planned"
 
 
@@ -112,7 +113,7 @@ class KVCache:
     @classmethod
     def empty(cls, config: GPTConfig, batch: int) -> KVCache:
         shape = (batch, config.n_head, config.block_size, config.n_embd // config.n_head)
-        return cls(tg.zeros(shape), tg.zeros(shape))
+        return cls(*(tg.Tensor.from_numpy(np.zeros(shape, np.float32)) for _ in range(2)))  # an array each
 
 
 class GPT(nn.Module):
@@ -184,7 +185,7 @@ class GPT(nn.Module):
             return logits.argmax(dim=-1, keepdim=True)
         logits = logits / temperature
         if top_k is not None:
-            kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
+            kth = logits.topk(min(int(top_k), logits.shape[-1])).values[:, -1:]  # int(): traced for this k only
             logits = tg.where(logits < kth, float("-inf"), logits)
         return tg.multinomial(F.softmax(logits, dim=-1), 1)
 
@@ -266,19 +267,12 @@ def evaluate(model: GPT, tokens: np.ndarray, args: argparse.Namespace) -> float:
 
 
 def sample(model: GPT, corpus: CharCorpus, prompt: str, length: int, temperature: float, seed: int) -> str:
-    """Temperature sampling, one character at a time, over a context of at most block_size characters."""
-    rng = np.random.default_rng(seed)
+    """Temperature sampling of `length` characters after `prompt` through `GPT.generate` (KV cache, one compiled
+    step per character), reproducible for a given `seed`."""
     lookup = {c: i for i, c in enumerate(corpus.chars)}
     ids = [lookup[c] for c in prompt if c in lookup] or [0]
-    model.eval()
-    with tg.no_grad():
-        for _ in range(length):
-            context = tg.tensor([ids[-model.config.block_size:]])
-            logits = model(context)[0, -1].numpy().astype(np.float64) / temperature
-            probs = np.exp(logits - logits.max())
-            ids.append(int(rng.choice(len(probs), p=probs / probs.sum())))
-    model.train()
-    return corpus.decode(ids)
+    tg.manual_seed(seed)
+    return corpus.decode(model.generate(tg.tensor([ids]), length, temperature=temperature).numpy()[0])
 
 
 class Progress:
@@ -375,7 +369,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=250, help="steps between validation losses")
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--device", default=DEFAULT_DEVICE,
-                        help=f"tg device for evaluation and sampling, and for training steps with --no-compile "
+                        help=f"tg device for evaluation, and for training steps with --no-compile "
                              f"(default {DEFAULT_DEVICE})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the whole training step (forward, backward, AdamW) into one native program")
