@@ -113,7 +113,7 @@ class KVCache:
     @classmethod
     def empty(cls, config: GPTConfig, batch: int) -> KVCache:
         shape = (batch, config.n_head, config.block_size, config.n_embd // config.n_head)
-        return cls(*(tg.Tensor.from_numpy(np.zeros(shape, np.float32)) for _ in range(2)))  # an array each
+        return cls(tg.zeros(shape), tg.zeros(shape))
 
 
 class GPT(nn.Module):
