@@ -281,6 +281,11 @@ class CompiledFunction:
                 effects.restore()
                 for _, before in effects.assigned.values():  # the writes were only traced: not in-place writes
                     overwritten.pop(before, None)
+        shared = _sharing_a_node(effects, placeholders)
+        if shared:  # each is a state of its own: give it an array of its own, and trace again
+            for tensor in shared:
+                _set_array(tensor, np.array(tensor._value()))
+            return self._trace(args, keywords, numbers_as_inputs)
         results = roots[:len(outputs)]
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or (s.kind == "grad" and s.tensor.grad is not None)}
@@ -372,6 +377,16 @@ def _effects(effects: tracing.Trace, results: list[Node], placeholders: dict[Nod
         if grad is not None:
             finals.append(grad.node)
     return states, effects.resolve(results + finals)
+
+
+def _sharing_a_node(effects: tracing.Trace, placeholders: Collection[Node]) -> list[Tensor]:
+    """The tensors the trace assigned that held the same node as another one before it (equal lazy values, such as
+    two `tg.zeros(n)`, are one hash-consed node): as program inputs they would be one array, read for both."""
+    holders: dict[Node, list[Tensor]] = {}
+    for tensor, before in effects.assigned.values():
+        if before not in placeholders:
+            holders.setdefault(before, []).append(tensor)
+    return [tensor for tensors in holders.values() if len(tensors) > 1 for tensor in tensors]
 
 
 def _refuse_earlier_placeholders(inputs: list[Node], captured: Mapping[Node, tracing.Captured],
@@ -493,10 +508,15 @@ def _rebind(state: _State, array: np.ndarray | None) -> None:
         tensor.grad = None if array is None else _wrap(array, tensor.dtype)
         return
     assert array is not None
+    state.written = _set_array(tensor, array)
+
+
+def _set_array(tensor: Tensor, array: np.ndarray) -> Node:
+    """Make `array` the tensor's value, as a buffer of its own (a leaf keeps its gradient link); returns its node."""
     tensor.node = _wrap(array, tensor.dtype).node
     if tensor.requires_grad:
         tensor.node.arg.grad_leaf = weakref.ref(tensor)
-    state.written = tensor.node
+    return tensor.node
 
 
 def _result_tensors(result: Any) -> list[Tensor]:

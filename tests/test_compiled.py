@@ -675,3 +675,20 @@ def test_out_of_range_indices_name_the_op_the_index_and_the_line(name: str, monk
     monkeypatch.setattr(tg.backends.cpu.CPU, "interpret_below", 0)  # eager on the cpu device, compiled too
     with tg.device("cpu"), pytest.raises(IndexError, match=pattern):
         functions[name](x, index).numpy()
+
+
+def test_state_tensors_made_equal_stay_separate_states() -> None:
+    """Two `tg.zeros(3)` are one hash-consed node: a compiled function assigning both must still keep two states."""
+    first, second = tg.zeros(3), tg.zeros(3)
+
+    @tg.compile
+    def accumulate(x: tg.Tensor) -> tg.Tensor:
+        first.assign(first + x)
+        second.assign(second + 2 * x)
+        return first
+
+    ones = np.ones(3, np.float32)
+    for _ in range(3):
+        accumulate(ones)
+    np.testing.assert_array_equal(first.numpy(), 3 * ones)
+    np.testing.assert_array_equal(second.numpy(), 6 * ones)

@@ -30,7 +30,8 @@ from tensorgraphs.distributed import launch
 
 TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
 # The training step is compiled whole (a few seconds of compiling pays for itself over the run: bench/NOTES.md);
-# evaluation and sampling run lazily on this device (planned picks measured kernels per op).
+# evaluation runs lazily on this device (planned picks measured kernels per op); sampling runs a compiled
+# KV-cache decoding step (`GPT.generate`).
 DEFAULT_DEVICE = "planned"
 
 
@@ -56,6 +57,19 @@ class CausalSelfAttention(nn.Module):
                  for t in self.qkv(x).split(channels, dim=2)]
         y = F.scaled_dot_product_attention(*heads, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
+
+    def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache) -> tg.Tensor:
+        """One token x (batch, 1, channels) at `position` (a 1-element int64 tensor): its key and value are written
+        into the cache at that row, and it attends to rows 0..position (later rows hold stale or no values)."""
+        batch, _, channels = x.shape
+        q, k, v = [t.reshape(batch, 1, self.n_head, channels // self.n_head).transpose(1, 2)
+                   for t in self.qkv(x).split(channels, dim=2)]
+        rows = tg.arange(cache.keys.shape[2]).reshape(1, 1, -1, 1)
+        cache.keys.assign(tg.where(rows == position, k, cache.keys))
+        cache.values.assign(tg.where(rows == position, v, cache.values))
+        visible = rows.reshape(1, 1, 1, -1) <= position
+        y = F.scaled_dot_product_attention(q, cache.keys, cache.values, attn_mask=visible)
+        return self.proj(y.transpose(1, 2).reshape(batch, 1, channels))
 
 
 class MLP(nn.Module):
@@ -83,6 +97,24 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
+    def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache) -> tg.Tensor:
+        x = x + self.attn.decode(self.ln_1(x), position, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+@dataclass
+class KVCache:
+    """One layer's keys and values of every position so far, (batch, heads, block_size, head size) each: a fixed
+    buffer, so one compiled decoding step serves every position."""
+
+    keys: tg.Tensor
+    values: tg.Tensor
+
+    @classmethod
+    def empty(cls, config: GPTConfig, batch: int) -> KVCache:
+        shape = (batch, config.n_head, config.block_size, config.n_embd // config.n_head)
+        return cls(tg.zeros(shape), tg.zeros(shape))
+
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
@@ -101,6 +133,61 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+    def generate(self, idx: tg.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None) -> tg.Tensor:
+        """Token ids (batch, length) followed by `max_new_tokens` sampled ones (temperature 0: the most likely).
+
+        Each token is one call of a decoding step compiled once per batch size and sampling mode: it reads the
+        token and its position, extends the KV cache (model state, updated in place) and samples the next token
+        (random draws follow `tg.manual_seed`). The prompt is fed the same way, one token per call. When the
+        context reaches block_size, the cache is refilled from the latest half block (positions restart at 0), as
+        position embeddings exist only for block_size positions.
+        """
+        if idx.ndim != 2 or max_new_tokens < 0 or idx.shape[1] == 0:
+            raise ValueError(f"generate takes ids (batch, length >= 1) and max_new_tokens >= 0; got shape "
+                             f"{tuple(idx.shape)} and {max_new_tokens}")
+        ids = idx.numpy().astype(np.int64)
+        tokens = [ids[:, i:i + 1] for i in range(ids.shape[1])]
+        block = self.config.block_size
+        position = 0
+        was_training = self.training
+        self.eval()
+        with tg.no_grad():
+            for i in range(len(tokens) - 1 + max_new_tokens):
+                if position == block:
+                    window = tokens[i + 1 - block // 2:i]
+                    for position, token in enumerate(window):
+                        self._decode(token, position, temperature, top_k)
+                    position = len(window)
+                following = self._decode(tokens[i], position, temperature, top_k)
+                position += 1
+                if i + 1 >= len(tokens):
+                    tokens.append(following)
+        self.train(was_training)
+        return tg.Tensor.from_numpy(np.concatenate(tokens, axis=1))
+
+    def _decode(self, token: np.ndarray, position: int, temperature: float, top_k: int | None) -> np.ndarray:
+        step = self.__dict__.setdefault("_decode_step", tg.compile(self.decode_step))
+        return step(token, np.array([position]), float(temperature or 1.0), top_k, temperature == 0).numpy()
+
+    def decode_step(self, token: tg.Tensor, position: tg.Tensor, temperature: float, top_k: int | None,
+                    greedy: bool) -> tg.Tensor:
+        """Token ids (batch, 1) at `position` -> the next ids (batch, 1), extending this batch size's KV cache."""
+        caches = self.__dict__.setdefault("_kv_caches", {})
+        if token.shape[0] not in caches:
+            caches[token.shape[0]] = [KVCache.empty(self.config, token.shape[0]) for _ in self.blocks]
+        x = self.token_embedding(token) + self.position_embedding(position)
+        for block, cache in zip(self.blocks, caches[token.shape[0]]):
+            x = block.decode(x, position, cache)
+        logits = self.head(self.ln_f(x))[:, -1]
+        if greedy:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = logits.topk(min(int(top_k), logits.shape[-1])).values[:, -1:]  # int(): traced for this k only
+            logits = tg.where(logits < kth, float("-inf"), logits)
+        return tg.multinomial(F.softmax(logits, dim=-1), 1)
 
 
 def language_model_loss(model: GPT, x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
@@ -180,19 +267,12 @@ def evaluate(model: GPT, tokens: np.ndarray, args: argparse.Namespace) -> float:
 
 
 def sample(model: GPT, corpus: CharCorpus, prompt: str, length: int, temperature: float, seed: int) -> str:
-    """Temperature sampling, one character at a time, over a context of at most block_size characters."""
-    rng = np.random.default_rng(seed)
+    """Temperature sampling of `length` characters after `prompt` through `GPT.generate` (KV cache, one compiled
+    step per character), reproducible for a given `seed`."""
     lookup = {c: i for i, c in enumerate(corpus.chars)}
     ids = [lookup[c] for c in prompt if c in lookup] or [0]
-    model.eval()
-    with tg.no_grad():
-        for _ in range(length):
-            context = tg.tensor([ids[-model.config.block_size:]])
-            logits = model(context)[0, -1].numpy().astype(np.float64) / temperature
-            probs = np.exp(logits - logits.max())
-            ids.append(int(rng.choice(len(probs), p=probs / probs.sum())))
-    model.train()
-    return corpus.decode(ids)
+    tg.manual_seed(seed)
+    return corpus.decode(model.generate(tg.tensor([ids]), length, temperature=temperature).numpy()[0])
 
 
 class Progress:
@@ -288,7 +368,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=250, help="steps between validation losses")
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--device", default=DEFAULT_DEVICE,
-                        help=f"tg device for evaluation and sampling, and for training steps with --no-compile "
+                        help=f"tg device for evaluation, and for training steps with --no-compile "
                              f"(default {DEFAULT_DEVICE})")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="compile the whole training step (forward, backward, AdamW) into one native program")

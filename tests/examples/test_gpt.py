@@ -157,3 +157,80 @@ def test_default_training_learns_well_below_the_unigram_entropy(tmp_path) -> Non
     """`tg train` with its defaults (about two minutes): validation loss 1 nat/char or more below unigram entropy."""
     result = gpt.main(["--checkpoint", str(tmp_path / "gpt.safetensors"), "--sample-length", "0"])
     assert result["val_loss"] < result["unigram_entropy"] - 1.0, result
+
+
+def _generation_pair(config: gpt.GPTConfig, seed: int = 0) -> tuple[gpt.GPT, TorchGPT]:
+    tg.manual_seed(seed)
+    model = gpt.GPT(config)
+    reference = TorchGPT(config)
+    reference.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()})
+    return model, reference.eval()
+
+
+def _torch_logits(reference: TorchGPT, ids: list[list[int]]) -> np.ndarray:
+    with torch.no_grad():
+        return reference(torch.tensor(ids))[:, -1].numpy()
+
+
+def _decode_programs(model: gpt.GPT) -> int:
+    return sum(len(traces) for traces in model.__dict__["_decode_step"].traces.values())
+
+
+def test_greedy_generation_matches_full_forward_decoding_in_torch_and_tg() -> None:
+    """Greedy tokens through the KV cache equal argmax of full forwards over the growing context (torch, and tg's
+    own forward), for a batch of two prompts up to the block size; one compiled program serves every position."""
+    config = gpt.GPTConfig(vocab_size=29, block_size=12, n_layer=2, n_head=2, n_embd=16)
+    model, reference = _generation_pair(config)
+    prompts = [[3, 1, 4], [2, 7, 1]]
+    generated = model.generate(tg.tensor(prompts), config.block_size - 3, temperature=0).numpy()
+    expected = [list(p) for p in prompts]
+    for _ in range(config.block_size - 3):
+        following = _torch_logits(reference, expected).argmax(axis=-1)
+        expected = [row + [int(t)] for row, t in zip(expected, following)]
+    np.testing.assert_array_equal(generated, expected)
+    model.eval()
+    with tg.no_grad():
+        full = model(tg.tensor(expected[:1]))[0].numpy()
+    np.testing.assert_array_equal(full[2:-1].argmax(axis=-1), expected[0][3:])
+    assert _decode_programs(model) == 1
+
+
+def test_sampling_keeps_to_the_top_k_and_is_reproducible_under_manual_seed() -> None:
+    """Every sampled token is among the k most likely after its context (by torch on the same weights); the same
+    seed gives the same tokens, top_k=1 gives the greedy ones; a sampling mode compiles one program, past the
+    block size too (the cache is refilled from the latest half block)."""
+    config = gpt.GPTConfig(vocab_size=23, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    model, reference = _generation_pair(config, seed=1)
+    prompt = tg.tensor([[5, 9]])
+    tg.manual_seed(7)
+    sampled = model.generate(prompt, 5, temperature=1.5, top_k=3).numpy()[0]
+    for length in range(2, len(sampled)):
+        top = np.argsort(_torch_logits(reference, [sampled[:length].tolist()])[0])[-3:]
+        assert sampled[length] in top, (length, sampled, top)
+    tg.manual_seed(7)
+    np.testing.assert_array_equal(model.generate(prompt, 5, temperature=1.5, top_k=3).numpy()[0], sampled)
+    np.testing.assert_array_equal(model.generate(prompt, 6, temperature=0.7, top_k=1).numpy(),
+                                  model.generate(prompt, 6, temperature=0).numpy())
+    programs = _decode_programs(model)
+    model.generate(prompt, 3 * config.block_size, temperature=1.5, top_k=3)
+    model.generate(tg.tensor([[1, 2, 3, 4]]), 4, temperature=0.9, top_k=3)  # the temperature is a program input
+    assert _decode_programs(model) == programs == 3  # (top_k 3), (top_k 1), greedy
+
+
+def test_generate_rejects_an_empty_prompt() -> None:
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4))
+    with pytest.raises(ValueError, match="length >= 1"):
+        model.generate(tg.tensor(np.zeros((1, 0), np.int64)), 3)
+
+
+@pytest.mark.slow
+def test_a_gpt2_small_sized_model_generates_greedily_as_torch_does() -> None:
+    """12 layers, width 768, 50257 tokens, block 1024, random weights: greedy tokens as torch's full forwards."""
+    config = gpt.GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    model, reference = _generation_pair(config)
+    generated = model.generate(tg.tensor([[10, 20, 30]]), 8, temperature=0).numpy().tolist()
+    expected = [[10, 20, 30]]
+    for _ in range(8):
+        expected[0].append(int(_torch_logits(reference, expected)[0].argmax()))
+    assert generated == expected
+    assert _decode_programs(model) == 1

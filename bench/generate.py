@@ -1,0 +1,175 @@
+"""Benchmark: batch-1 greedy decoding with a KV cache, tokens per second, tg against torch eager and torch.compile.
+
+    .venv/bin/python bench/generate.py [--models shipped,gpt2-small] [--tokens 48] [--no-torch-compile]
+
+Models: the shipped GPT with `tg train`'s default config (4 layers, width 128, block 64, the corpus's characters)
+and a GPT-2-small-sized one (12 layers, width 768, 12 heads, block 1024, 50257 tokens); random weights, the same
+in every system. Each system decodes `--tokens` tokens after a one-token prompt, one token per step:
+
+- tg: `GPT.generate(temperature=0)`: one compiled program per token (the cache a fixed block_size buffer,
+  updated in place), compiled once; the first call's extra time is the compile time.
+- torch eager: the usual KV cache, keys and values concatenated to the past ones at every step.
+- torch.compile: a static cache (block_size rows, the new row written with index_copy_, later rows masked), so
+  one graph serves every position (a growing cache would recompile per length); compile time is its first call.
+
+tokens/s is the median over `--repeats` timed runs after warm-up. The greedy tokens of every system must agree (a
+check, reported). The machine is shared: figures vary with what else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as TF
+from torch import nn
+
+import tensorgraphs as tg
+from tensorgraphs.examples import gpt
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    config: gpt.GPTConfig
+
+
+def models() -> dict[str, Model]:
+    vocab = len(gpt.CharCorpus.load().chars)
+    defaults = gpt.parse_args([])
+    shipped = gpt.GPTConfig(vocab, defaults.block_size, defaults.n_layer, defaults.n_head, defaults.n_embd)
+    return {"shipped": Model("shipped GPT", shipped),
+            "gpt2-small": Model("GPT-2-small-sized", gpt.GPTConfig(50257, 1024, 12, 12, 768))}
+
+
+class TorchAttention(nn.Module):
+    def __init__(self, config: gpt.GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor, cache: list[torch.Tensor], position: torch.Tensor | None) -> torch.Tensor:
+        """One token; `position` None: append to a growing cache; else write row `position` of a static one."""
+        batch, length, channels = x.shape
+        q, k, v = [t.reshape(batch, length, self.n_head, -1).transpose(1, 2)
+                   for t in self.qkv(x).split(channels, dim=2)]
+        if position is None:
+            cache[0], cache[1] = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+            y = TF.scaled_dot_product_attention(q, cache[0], cache[1])
+        else:
+            cache[0].index_copy_(2, position, k)
+            cache[1].index_copy_(2, position, v)
+            visible = (torch.arange(cache[0].shape[2]) <= position).reshape(1, -1)
+            y = TF.scaled_dot_product_attention(q, cache[0], cache[1], attn_mask=visible)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
+
+
+class TorchBlock(nn.Module):
+    def __init__(self, config: gpt.GPTConfig) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(config.n_embd), nn.LayerNorm(config.n_embd)
+        self.attn = TorchAttention(config)
+        self.mlp = nn.ModuleDict({"fc": nn.Linear(config.n_embd, 4 * config.n_embd),
+                                  "proj": nn.Linear(4 * config.n_embd, config.n_embd)})
+
+    def forward(self, x: torch.Tensor, cache: list[torch.Tensor], position: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, position)
+        return x + self.mlp.proj(TF.gelu(self.mlp.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class TorchGPT(nn.Module):
+    """The shipped GPT's layers and parameter names, decoding one token per call."""
+
+    def __init__(self, config: gpt.GPTConfig) -> None:
+        super().__init__()
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.position_embedding = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList([TorchBlock(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor, caches: list[list[torch.Tensor]],
+                static: bool) -> torch.Tensor:
+        x = self.token_embedding(token) + self.position_embedding(position)
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, cache, position if static else None)
+        return self.head(self.ln_f(x))[:, -1].argmax(-1, keepdim=True)
+
+
+def torch_decoder(model: TorchGPT, config: gpt.GPTConfig, compiled: bool) -> Callable[[int, int], list[int]]:
+    step = torch.compile(model, fullgraph=True) if compiled else model
+    head = config.n_embd // config.n_head
+
+    def decode(first: int, count: int) -> list[int]:
+        rows = config.block_size if compiled else 0
+        caches = [[torch.zeros(1, config.n_head, rows, head) for _ in range(2)] for _ in range(config.n_layer)]
+        tokens = [first]
+        with torch.no_grad():
+            for position in range(count):
+                token = torch.tensor([[tokens[-1]]])
+                tokens.append(int(step(token, torch.tensor([position]), caches, compiled)))
+        return tokens
+
+    return decode
+
+
+def timed(decode: Callable[[int, int], list[int]], count: int, repeats: int) -> tuple[float, float, list[int]]:
+    """(first call's seconds beyond a timed one: the compile time, median seconds per run, the tokens)."""
+    began = time.perf_counter()
+    tokens = decode(0, count)
+    first = time.perf_counter() - began
+    runs = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        decode(0, count)
+        runs.append(time.perf_counter() - began)
+    median = statistics.median(runs)
+    return max(first - median, 0.0), median, tokens
+
+
+def bench(model: Model, count: int, repeats: int, torch_compile: bool) -> list[dict[str, Any]]:
+    tg.manual_seed(0)
+    ours = gpt.GPT(model.config)
+    reference = TorchGPT(model.config).eval()
+    reference.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in ours.state_dict().items()})
+    systems: dict[str, Callable[[int, int], list[int]]] = {
+        "tg": lambda first, n: ours.generate(tg.tensor([[first]]), n - 1, temperature=0).numpy()[0].tolist(),
+        "torch eager": torch_decoder(reference, model.config, compiled=False)}
+    if torch_compile:
+        systems["torch.compile"] = torch_decoder(reference, model.config, compiled=True)
+    rows = []
+    for system, decode in systems.items():
+        compile_s, seconds, tokens = timed(decode, count, repeats)
+        rows.append({"model": model.name, "system": system, "tokens_per_s": count / seconds,
+                     "compile_s": compile_s, "tokens": tokens[:count]})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="shipped,gpt2-small")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    args = parser.parse_args()
+    known = models()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch 1, {args.tokens} greedy tokens")
+    print(f"{'model':<20}{'system':<16}{'tokens/s':>10}{'vs eager':>10}{'compile s':>11}  same tokens")
+    for key in args.models.split(","):
+        rows = bench(known[key], min(args.tokens, known[key].config.block_size), args.repeats, args.torch_compile)
+        eager = next(r for r in rows if r["system"] == "torch eager")
+        for row in rows:
+            same = "yes" if row["tokens"] == eager["tokens"] else "NO"
+            compile_s = f"{row['compile_s']:.2f}" if row["system"] != "torch eager" else ""
+            ratio = row["tokens_per_s"] / eager["tokens_per_s"]
+            print(f"{row['model']:<20}{row['system']:<16}{row['tokens_per_s']:>10.1f}{ratio:>9.2f}x{compile_s:>11}"
+                  f"  {same}")
+
+
+if __name__ == "__main__":
+    main()
