@@ -1,6 +1,7 @@
 """Benchmark: batch-1 greedy decoding with a KV cache, tokens per second, tg against torch eager and torch.compile.
 
     .venv/bin/python bench/generate.py [--models shipped,gpt2-small] [--tokens 48] [--no-torch-compile]
+                                       [--torch-threads N]
 
 Models: the shipped GPT with `tg train`'s default config (4 layers, width 128, block 64, the corpus's characters)
 and a GPT-2-small-sized one (12 layers, width 768, 12 heads, block 1024, 50257 tokens); random weights, the same
@@ -13,7 +14,8 @@ in every system. Each system decodes `--tokens` tokens after a one-token prompt,
   one graph serves every position (a growing cache would recompile per length); compile time is its first call.
 
 tokens/s is the median over `--repeats` timed runs after warm-up. The greedy tokens of every system must agree (a
-check, reported). The machine is shared: figures vary with what else runs.
+check, reported). The machine is shared: figures vary with what else runs (on a loaded 2-core machine torch's
+default two threads can run many times slower than one: compare with --torch-threads 1).
 """
 
 from __future__ import annotations
@@ -156,7 +158,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch's threads (0: its default)")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     known = models()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch 1, {args.tokens} greedy tokens")
     print(f"{'model':<20}{'system':<16}{'tokens/s':>10}{'vs eager':>10}{'compile s':>11}  same tokens")

@@ -154,6 +154,11 @@ class CompiledFunction:
             fail("compile", "no stats yet: call the compiled function once so that it is traced", kind=ArgumentError)
         return self._latest.stats()
 
+    @property
+    def compiled_programs(self) -> int:
+        """How many programs calls so far have compiled: one per input signature and trace condition."""
+        return sum(len(candidates) for candidates in self.traces.values())
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         trace, inputs = self._bound(args, kwargs)
         graphs = None
