@@ -50,8 +50,10 @@ from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
 Index = tuple[Expr, ...]
 
-EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN})
-"""Ops whose recomputation (more evaluations than elements) makes the scheduler materialize them."""
+EXPENSIVE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.EXP2, Op.LOG2, Op.SIN, Op.GATHER})
+"""Ops whose recomputation (more evaluations than elements) makes the scheduler materialize them. A gather is one:
+each evaluation selects among the gathered axis (a max-pool's value by its argmax, read again by the next conv's
+nine taps)."""
 
 CHEAP_RECOMPUTE_LIMIT = 16
 """A cheap value inside a reduction is recomputed up to this many times per element (a matrix product's scaled

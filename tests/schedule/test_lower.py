@@ -171,3 +171,16 @@ def test_a_scan_along_an_axis_of_two_reads_its_first_element_not_unwritten_memor
         expected = getattr(tg.tensor(data), scan)(dim).mean().numpy()
     monkeypatch.setattr(CPU, "interpret_below", 0)
     np.testing.assert_allclose(getattr(tg.tensor(data), scan)(dim).mean().numpy(), expected, rtol=1e-6)
+
+
+def test_a_gather_read_at_several_indices_is_materialized_once() -> None:
+    """A max-pool's values (a gather by the window's argmax) read by the next conv's nine taps get a buffer: inlined
+    into the conv's operand gather they would be selected again at every tap."""
+    from tensorgraphs.examples.cnn import digits_cnn
+
+    model = digits_cnn().eval()
+    images = tg.tensor(np.random.default_rng(0).standard_normal((64, 1, 8, 8)), dtype=tg.float32)
+    with tg.no_grad():
+        out = model(images)
+    kernels = schedule_kernels([out.node]).kernels
+    assert sum(k.name.endswith("_gather") for k in kernels) == 2  # each pool's values, computed once
