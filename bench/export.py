@@ -29,7 +29,7 @@ import numpy as np
 import tensorgraphs as tg
 import tensorgraphs.nn as nn
 from tensorgraphs.examples.cnn import digits_cnn
-from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
+from tensorgraphs.examples.gpt import GPT, GPTConfig, make_train_step
 from tensorgraphs.export import Exported
 
 WARMUP = 10
@@ -109,16 +109,7 @@ def gpt() -> tuple[Any, tuple[Any, ...]]:
 def gpt_step() -> tuple[Any, tuple[Any, ...]]:
     tg.manual_seed(0)
     model = GPT(CONFIG)
-    optimizer = tg.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        optimizer.zero_grad()
-        loss = language_model_loss(model, x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return train_step, (tokens(0), tokens(1))
+    return make_train_step(model, tg.optim.AdamW(model.parameters(), lr=1e-3), compiled=False), (tokens(0), tokens(1))
 
 
 MODELS: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {"mlp": mlp, "cnn": cnn, "gpt": gpt,

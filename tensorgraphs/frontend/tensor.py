@@ -156,13 +156,7 @@ class Tensor:
         return self._value().copy()
 
     def _value(self) -> np.ndarray:
-        node = self.node
-        if node.op is Op.BUFFER and not tracing.traces_recording:
-            tracing.refuse_placeholders("realize", [node])
-            value = node.arg.data
-        else:
-            value = realize([node])[0]
-        return value.astype(self.dtype.storage, copy=False)
+        return values_of([self])[0]
 
     def item(self) -> Scalar:
         if self.numel() != 1:
@@ -305,16 +299,16 @@ def _held(array: np.ndarray, dtype: DType) -> Node:
 
 
 def values_of(tensors: Sequence[Tensor]) -> list[np.ndarray]:
-    """`[t._value() for t in tensors]` for many tensors at once (an optimizer step reads hundreds): held buffers are
-    read directly and the rest realized together, as one graph."""
-    if tracing.traces_recording:
-        return [t._value() for t in tensors]
+    """The tensors' values as arrays of their storage type, for one tensor (`Tensor._value`) or many at once (an
+    optimizer step reads hundreds): held buffers are read directly (outside a trace, which reads every buffer
+    through its graph), the rest realized together, as one graph."""
     nodes = [t.node for t in tensors]
-    held_nodes = [n for n in nodes if n.op is Op.BUFFER]
-    tracing.refuse_placeholders("realize", held_nodes)
-    pending = list(dict.fromkeys(n for n in nodes if n.op is not Op.BUFFER))
+    direct = [n.op is Op.BUFFER and not tracing.traces_recording for n in nodes]
+    tracing.refuse_placeholders("realize", [n for n, held in zip(nodes, direct) if held])
+    pending = list(dict.fromkeys(n for n, held in zip(nodes, direct) if not held))
     computed = dict(zip(pending, realize(pending))) if pending else {}
-    return [(n.arg.data if n.op is Op.BUFFER else computed[n]).astype(n.dtype.storage, copy=False) for n in nodes]
+    return [(n.arg.data if held else computed[n]).astype(n.dtype.storage, copy=False)
+            for n, held in zip(nodes, direct)]
 
 
 def held(array: np.ndarray, dtype: DType) -> Tensor:

@@ -10,7 +10,7 @@ import pytest
 from c_harness import run_c
 
 import tensorgraphs as tg
-from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
+from tensorgraphs.examples.gpt import GPT, GPTConfig, make_train_step
 from tensorgraphs.schedule.attention import attention_enabled
 
 CONFIG = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -39,14 +39,7 @@ def test_gpt_inference(tmp_path: Path) -> None:
 @pytest.mark.slow  # about 15 s with the program cached: the MLP's training step covers the path by default
 def test_gpt_training_step(tmp_path: Path) -> None:
     model = gpt()
-    optimizer = tg.optim.AdamW(model.parameters(), lr=3e-3)
-
-    def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        optimizer.zero_grad()
-        loss = language_model_loss(model, x, y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    train_step = make_train_step(model, tg.optim.AdamW(model.parameters(), lr=3e-3), compiled=False)
 
     batches = [(tg.tensor(tokens(seed)), tg.tensor(tokens(seed + 50))) for seed in range(4)]
     exported = tg.export(train_step, batches[0], tmp_path, name="gpt_step")
