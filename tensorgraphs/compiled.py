@@ -4,7 +4,8 @@
 The first call with a given signature (each tensor argument's dtype, shape and
 requires_grad, each number argument's type, every other argument's value, the
 keywords used, the grad mode, the autocast region) runs `fn` on placeholders, building its graph,
-and compiles that graph for the cpu backend. Later calls bind the new arrays
+and compiles that graph for the current device where it compiles to native code (`cpu`, `portable`), else
+for `cpu`. Later calls bind the new arrays
 to the same program: no Python runs per op or per kernel, one native call per
 step. Python numbers are program inputs too,
 read at every call, unless `fn` uses one as a value (a shape, a branch): that
@@ -43,7 +44,7 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.backends.native import Program, run_explained
+from tensorgraphs.backends.native import NativeBackend, Program, run_explained
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
@@ -54,7 +55,7 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.plan.choices import planning_for
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import differentiable, tracing
-from tensorgraphs.runtime.realize import graph_without_data, realized_values
+from tensorgraphs.runtime.realize import BACKENDS, default_device, graph_without_data, realized_values
 
 Reader = Callable[[list[Any]], np.ndarray]
 """How one program input gets its array at a call, from the call's arguments (tensors as arrays)."""
@@ -92,6 +93,7 @@ class _Trace:
     compile_seconds: float = 0.0
     sources: dict[int, tracing.Captured] = field(default_factory=dict)  # input -> the tensor read (for tg.export)
     autocast: AutocastState = AutocastState()  # the autocast region traced in (it decides which ops cast)
+    backend: NativeBackend = CPU  # what the program was compiled for
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
@@ -100,9 +102,11 @@ class _Trace:
     def holds(self, args: tuple[Any, ...]) -> bool:
         """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
         module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), grad mode must be
-        as it was, and so must autocast, a number argument the function used as a value (a shape, a branch) must
-        have that value, and every other choice the trace made must still hold (`tracing.note_condition`)."""
+        as it was, and so must autocast and the backend compiled for, a number argument the function used as a
+        value (a shape, a branch) must have that value, and every other choice the trace made must still hold
+        (`tracing.note_condition`)."""
         return (self.grad_enabled == is_grad_enabled() and self.autocast == autocast_state()
+                and self.backend is compile_backend()
                 and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
                 and all(module.training == training for module, training in self.modes)
                 and all(args[position] == value for position, value in self.fixed_numbers)
@@ -295,13 +299,14 @@ class CompiledFunction:
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or (s.kind == "grad" and s.tensor.grad is not None)}
         captured = {n: c for n, c in effects.captured.items() if n not in state_inputs}
-        known = _fixed_values(roots, realized_values("cpu"), {*placeholders, *state_inputs, *captured})
+        backend = compile_backend()
+        known = _fixed_values(roots, realized_values(backend.name), {*placeholders, *state_inputs, *captured})
         boundary = lambda n: n in known or n in state_inputs or n in captured  # noqa: E731
         roots = optimize(roots, stop=boundary)  # canonical form and user rules, as in realize()
         graphed = self.differentiable and not effects.grads  # no backward inside: results can be differentiated
         # a differentiable result's graph reads state as it was before the call, so it is never updated in place
         donate = {} if graphed else {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
-        program, inputs = CPU.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
+        program, inputs = backend.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
         _refuse_earlier_placeholders(inputs, captured, {*placeholders, *numbers})
         readers: list[Reader] = []
         sources: dict[int, tracing.Captured] = {}
@@ -341,7 +346,14 @@ class CompiledFunction:
         return _Trace(program, *graph_without_data(roots, inputs), readers, [t.dtype for t in outputs], states,
                       grads_present, tuple(effects.modes.values()), single, tuple(live_order), is_grad_enabled(),
                       fixed_numbers, results_graph, conditions=tuple(effects.conditions), sources=sources,
-                      autocast=autocast_state())
+                      autocast=autocast_state(), backend=backend)
+
+
+def compile_backend() -> NativeBackend:
+    """The backend `tg.compile` builds for now: the current device where it compiles to native code, else cpu (the
+    reference interpreter has no programs to replay)."""
+    backend = BACKENDS.get(default_device())
+    return backend if isinstance(backend, NativeBackend) else CPU
 
 
 def _leaf_sources(inputs: list[Node], placeholders: Mapping[Node, int], numbers: Mapping[Node, int],

@@ -17,7 +17,7 @@ import numpy as np
 from tensorgraphs import dtypes
 from tensorgraphs.frontend.tensor import Tensor, held
 from tensorgraphs.graph.node import Node, toposort, with_sources
-from tensorgraphs.runtime.realize import graph_without_data, realized_values
+from tensorgraphs.runtime.realize import default_device, graph_without_data, realized_values
 
 LeafSource = Callable[[Sequence[Any], Sequence[np.ndarray]], Tensor | None]
 """The tensor a leaf of the traced graph stands for at a call, from the call's arguments and the arrays its
@@ -96,7 +96,7 @@ def _node_of(tensor: Tensor | None, leaf: Node) -> Node:
 
 def differentiable_result(node: Node, array: np.ndarray) -> Tensor:
     """A result that requires grad: `node`'s graph, with `array` (the program's result) as its known value."""
-    realized_values("cpu")[node] = array
+    realized_values(default_device())[node] = array
     result = Tensor(node)
     result.requires_grad = True
     return result

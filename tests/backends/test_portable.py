@@ -37,3 +37,20 @@ def test_a_small_model_matches_the_reference_with_no_pragma_library_call_or_comp
 
 def test_the_driver_asks_for_iso_c_without_openmp_or_machine_specific_code() -> None:
     assert "-std=c11" in DRIVER.flags and not any(flag.startswith(("-fopenmp", "-march")) for flag in DRIVER.flags)
+
+
+def test_compile_builds_for_the_portable_device_when_it_is_current() -> None:
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((96, 64), (64, 80), (1, 2, 40, 16))]
+    with tg.device("numpy"):
+        expected = [t.numpy() for t in _block(*map(tg.tensor, arrays))]
+    block = tg.compile(_block)
+    PORTABLE._programs.clear()
+    with tg.device("portable"):
+        got = [t.numpy() for t in block(*map(tg.tensor, arrays))]
+    assert len(PORTABLE._programs) == 1 and block.compiled_programs == 1
+    for result, reference in zip(got, expected):
+        np.testing.assert_allclose(result, reference, rtol=1e-5, atol=1e-5)
+    with tg.device("cpu"):  # another device: another program, not the portable one replayed
+        block(*map(tg.tensor, arrays))
+    assert block.compiled_programs == 2 and len(PORTABLE._programs) == 1
