@@ -21,7 +21,7 @@ from tensorgraphs.kernels.gemm import GEMM_ARGTYPES, bind_gemm, call_gemm
 from tensorgraphs.kernels.gemm.build import build_library, load_library
 
 LIBRARY = "tg_blas"
-SOURCES = ("blas.c", "gemm.c")
+SOURCES = ("blas.c", *gemm.PRODUCT_SOURCES)
 C_FUNCTION = "tg_blas_gemm_f32"
 
 

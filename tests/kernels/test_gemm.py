@@ -168,6 +168,30 @@ def test_epilogues(matmul, epilogue, m, n, k):
     assert_close(matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{epilogue} {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["rows", "columns", "both_transposed"])
+@pytest.mark.parametrize("epilogue", ["bias", "column_bias", "everything"])
+@pytest.mark.parametrize(("n", "k"), [(70, 37), (1000, 300), (1, 17), (17, 1)])  # (1000, 300): two threads
+def test_few_row_products_read_b_in_place(m, layout, epilogue, n, k):
+    """At most four rows skip packing (gemv.c): B's rows or columns contiguous, a batch of B (attention's keys),
+    A transposed, and every epilogue."""
+    a = random((3, k, m), 21).transpose(0, 2, 1) if layout == "both_transposed" else random((3, m, k), 21)
+    b = random((3, k, n), 22) if layout == "rows" else random((3, n, k), 22).transpose(0, 2, 1)
+    arguments = dict(EPILOGUES[epilogue])
+    if "bias" in arguments:
+        arguments["bias"] = random({"row": (n,), "column": (m, 1)}[arguments["bias"]], 23)
+    if arguments.get("residual"):
+        arguments["residual"] = random((3, m, n), 24)
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{layout} {m}x{n}x{k}")
+
+
+def test_few_row_products_propagate_nan_and_inf():
+    a = np.array([[np.nan, 1.0, np.inf], [1.0, 2.0, 3.0]], np.float32)
+    b = np.ones((3, 5), np.float32)
+    for operand_b in (b, np.ascontiguousarray(b.T).T):
+        np.testing.assert_array_equal(gemm.matmul(a, operand_b), reference(a, operand_b).astype(np.float32))
+
+
 @implementations
 def test_activations_propagate_nan_and_inf_like_torch(matmul):
     special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, -20.0, 3.0], np.float32)

@@ -18,7 +18,9 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_library, compiler_version, load_library
 
 LIBRARY = "tg_gemm"
-SOURCES = ("gemm.c", "conv.c")
+PRODUCT_SOURCES = ("gemm.c", "gemv.c")
+"""The sources of tg_describe_gemm and tg_run_gemm_batch, which other kernel libraries link too."""
+SOURCES = (*PRODUCT_SOURCES, "conv.c")
 HEADER = SOURCE_DIR / "gemm.h"
 C_FUNCTIONS = {"matmul": "tg_gemm_f32", "matmul_bf16": "tg_gemm_bf16", "matmul_bf16_f32": "tg_gemm_bf16_f32",
                "conv2d": "tg_conv2d_f32"}

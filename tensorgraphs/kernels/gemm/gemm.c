@@ -406,7 +406,8 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
     if (band.m > 0 && band.n > 0) gemm_blocks(&band, b_pack, a_pack, 0, 1, &alone, &step);
 }
 
-/* Three ways to use the threads, cheapest synchronization first:
+/* Products of at most a few rows read B in place (gemv.c). Otherwise three ways to use the threads, cheapest
+ * synchronization first:
  *  - a batch of small problems: one problem per thread at a time;
  *  - large problems: each thread takes a band of rows (or of columns, see band_split) and packs its own copy
  *    of B (of A), with no synchronization at all (that operand is packed once per thread instead of once, a few
@@ -415,6 +416,7 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
  *    counters, two barriers per K block). */
 int tg_run_gemm_batch(const gemm_batch *g) {
     if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
+    if (tg_gemv_fits(g)) return tg_run_gemv(g);
     int nthreads = omp_get_max_threads();
     int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
     enum band_split split = band_split(g, team);

@@ -72,4 +72,7 @@ int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS);
 void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                        float *dst);
 int tg_run_gemm_batch(const gemm_batch *g);
+/* Products of few rows without packing (gemv.c): whether `g` is one, and running it. */
+int tg_gemv_fits(const gemm_batch *g);
+int tg_run_gemv(const gemm_batch *g);
 #endif
