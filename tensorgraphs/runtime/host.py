@@ -8,6 +8,7 @@ import ctypes
 import math
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -45,6 +46,27 @@ class BlockPool:
 
 
 OUTPUT_BLOCKS = BlockPool()
+
+
+class AddressTable:
+    """The C array of buffer addresses an entry point takes, rewritten only where a buffer is not the one the last
+    launch passed (held weakly: a freed buffer is never mistaken for a new one). An address costs a buffer-protocol
+    call, and most of a program's buffers (parameters, captured and in-place state) are the same at every call."""
+
+    def __init__(self, size: int) -> None:
+        self.addresses = (ctypes.c_void_p * max(size, 1))()
+        self._buffers: list[weakref.ref | None] = [None] * size
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def update(self, buffers: Sequence[np.ndarray]) -> Any:
+        for i, buffer in enumerate(buffers):
+            known = self._buffers[i]
+            if known is None or known() is not buffer:
+                self.addresses[i] = data_address(buffer)
+                self._buffers[i] = weakref.ref(buffer)
+        return self.addresses
 
 
 class HostRuntime:
@@ -100,7 +122,12 @@ class HostRuntime:
         return memory.Arena(nbytes)
 
     def launch(self, entry: Callable[..., int], buffers: Sequence[np.ndarray], *args: Any) -> int:
-        return entry((ctypes.c_void_p * max(len(buffers), 1))(*[data_address(b) for b in buffers]), *args)
+        """`entry(addresses of buffers, *args)`; the address table is the entry's own (a program runs one call at a
+        time), so it is rewritten only where buffers changed."""
+        table = getattr(entry, "tg_addresses", None)
+        if table is None or len(table) != len(buffers):
+            table = entry.tg_addresses = AddressTable(len(buffers))  # type: ignore[attr-defined]
+        return entry(table.update(buffers), *args)
 
     def _small(self, nbytes: int) -> bool:
         """Below both the pooled and the aligned sizes: a plain allocation."""

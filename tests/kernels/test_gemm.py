@@ -185,6 +185,17 @@ def test_few_row_products_read_b_in_place(m, layout, epilogue, n, k):
     assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{layout} {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("layout", ["rows", "columns", "both_transposed"])
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_few_row_products_with_prologues(m, layout, operand):
+    k, n = 37, 70
+    a = random((k, m), 25).T if layout == "both_transposed" else random((m, k), 25)
+    b = random((k, n), 26) if layout == "rows" else random((n, k), 26).T
+    prologue = {f"{operand}_prologue": "gelu_tanh"}
+    assert_close(gemm.matmul(a, b, **prologue), reference(a, b, **prologue), k, f"{layout} {operand}")
+
+
 def test_few_row_products_propagate_nan_and_inf():
     a = np.array([[np.nan, 1.0, np.inf], [1.0, 2.0, 3.0]], np.float32)
     b = np.ones((3, 5), np.float32)

@@ -11,6 +11,7 @@ import tensorgraphs as tg
 from tensorgraphs.backends.cpu import CPU_TARGET
 from tensorgraphs.backends.cpu import HOST_RUNTIME as HOST
 from tensorgraphs.backends.native import Program
+from tensorgraphs.runtime.buffer import data_address
 from tensorgraphs.runtime.host import POOLED_BYTES, HostRuntime
 from tensorgraphs.schedule import schedule_kernels
 
@@ -51,3 +52,23 @@ def test_a_program_moves_inputs_and_results_only_through_its_targets_runtime() -
     np.testing.assert_array_equal(got[0], np.full((4, 4), 3, np.float32))
     np.testing.assert_array_equal(got[1], np.full(4, 8, np.float32))
     assert runtime.calls == Counter(to_device=2, to_host=2, launch=1)
+
+
+def test_a_launch_passes_every_buffers_current_address() -> None:
+    """Addresses are kept from launch to launch only for the very same buffers: a replaced or freed one is read
+    again (a new array may reuse a freed one's memory or identity)."""
+    seen: list[list[int]] = []
+
+    def entry(addresses, *args):  # noqa: ANN001, ANN002, ANN202 - stands in for a ctypes function
+        seen.append(list(addresses))
+        return 0
+
+    runtime = HostRuntime(alignment=64, aligned_from=1 << 20)
+    kept, replaced = np.ones(4, np.float32), np.ones(4, np.float32)
+    runtime.launch(entry, [kept, replaced])
+    del replaced
+    new = np.zeros(4, np.float32)
+    runtime.launch(entry, [kept, new])
+    runtime.launch(entry, [new, kept])
+    assert seen == [[data_address(kept), seen[0][1]], [data_address(kept), data_address(new)],
+                    [data_address(new), data_address(kept)]]

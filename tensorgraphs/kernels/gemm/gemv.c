@@ -3,7 +3,9 @@
  * so the blocked driver (gemm.c) would move B three times instead of once. Two loop orders, by B's layout:
  *  - B's columns contiguous (x @ W.T of a linear layer): dot products of A's rows with B's columns;
  *  - B's rows contiguous: A's elements broadcast against B's rows (an axpy per element of A).
- * The epilogue is applied to each 16-wide vector of C before its only store. */
+ * Prologue activations apply to the vectors of an operand as they are loaded (in the row order, A's elements are
+ * broadcast one by one: there its prologue is left to gemm.c); the epilogue to each 16-wide vector of C before
+ * its only store. */
 #include <omp.h>
 
 #include "gemm_internal.h"
@@ -19,8 +21,8 @@ static int dot_layout(const gemm_batch *g) {
 static int row_layout(const gemm_batch *g) { return g->b_src.cs == 1 || g->n == 1; }
 
 int tg_gemv_fits(const gemm_batch *g) {
-    int plain = !g->bf16 && !g->a_prologue && !g->b_prologue && g->b_src.pack == tg_pack_b_strided;
-    return g->m <= TG_GEMV_ROWS && plain && (dot_layout(g) || row_layout(g));
+    int plain = !g->bf16 && g->b_src.pack == tg_pack_b_strided;
+    return g->m <= TG_GEMV_ROWS && plain && (dot_layout(g) || (row_layout(g) && !g->a_prologue));
 }
 
 /* Stores row `row` of a 16-column block of C from its raw sums, through the epilogue. */
@@ -32,7 +34,8 @@ static inline void store_block(const tg_epilogue *ep, float *c, int64_t row, int
 /* C[0:rows, j0:j0+16] (masked to n) by dot products: four columns of B at a time against every row of A. */
 static inline __attribute__((always_inline)) void dot_block(int rows, int64_t k, const float *a, int64_t a_rs,
                                                             const float *b, int64_t b_cs, float *c, int64_t c_rs,
-                                                            const tg_epilogue *ep, int64_t j0, int64_t n) {
+                                                            const tg_epilogue *ep, int32_t a_prologue,
+                                                            int32_t b_prologue, int64_t j0, int64_t n) {
     float sums[TG_GEMV_ROWS][16] = {{0}};
     int64_t width = n - j0 < 16 ? n - j0 : 16;
     for (int64_t jj = 0; jj < width; jj += 4) {
@@ -44,9 +47,11 @@ static inline __attribute__((always_inline)) void dot_block(int rows, int64_t k,
             __mmask16 mask = tg_tail_mask(k - kk);
             __m512 bv[4];
             for (int q = 0; q < 4; q++)
-                bv[q] = q < columns ? _mm512_maskz_loadu_ps(mask, b + (j0 + jj + q) * b_cs + kk) : _mm512_setzero_ps();
+                bv[q] = tg_activate_ps(
+                    q < columns ? _mm512_maskz_loadu_ps(mask, b + (j0 + jj + q) * b_cs + kk) : _mm512_setzero_ps(),
+                    b_prologue);
             for (int i = 0; i < rows; i++) {
-                __m512 av = _mm512_maskz_loadu_ps(mask, a + i * a_rs + kk);
+                __m512 av = tg_activate_ps(_mm512_maskz_loadu_ps(mask, a + i * a_rs + kk), a_prologue);
                 for (int q = 0; q < 4; q++) acc[i][q] = _mm512_fmadd_ps(av, bv[q], acc[i][q]);
             }
         }
@@ -60,8 +65,8 @@ static inline __attribute__((always_inline)) void dot_block(int rows, int64_t k,
 /* C[0:rows, j0:j0+ROW_BLOCK] (masked to n) by broadcasting each element of A against a row of B. */
 static inline __attribute__((always_inline)) void row_block(int rows, int64_t k, const float *a, int64_t a_rs,
                                                             int64_t a_cs, const float *b, int64_t b_rs, float *c,
-                                                            int64_t c_rs, const tg_epilogue *ep, int64_t j0,
-                                                            int64_t n) {
+                                                            int64_t c_rs, const tg_epilogue *ep,
+                                                            int32_t b_prologue, int64_t j0, int64_t n) {
     __mmask16 masks[4];
     for (int q = 0; q < 4; q++) masks[q] = tg_tail_mask(n - j0 - 16 * q);
     __m512 acc[TG_GEMV_ROWS][4];
@@ -70,7 +75,7 @@ static inline __attribute__((always_inline)) void row_block(int rows, int64_t k,
     for (int64_t kk = 0; kk < k; kk++) {
         const float *b_row = b + kk * b_rs + j0;
         __m512 bv[4];
-        for (int q = 0; q < 4; q++) bv[q] = _mm512_maskz_loadu_ps(masks[q], b_row + 16 * q);
+        for (int q = 0; q < 4; q++) bv[q] = tg_activate_ps(_mm512_maskz_loadu_ps(masks[q], b_row + 16 * q), b_prologue);
         for (int i = 0; i < rows; i++) {
             __m512 av = _mm512_set1_ps(a[i * a_rs + kk * a_cs]);
             for (int q = 0; q < 4; q++) acc[i][q] = _mm512_fmadd_ps(av, bv[q], acc[i][q]);
@@ -91,9 +96,10 @@ static void run_task(const gemm_batch *g, int dots, int64_t index, int64_t j0) {
 #define TG_GEMV_CASE(rows)                                                                                     \
     case rows:                                                                                                 \
         if (dots)                                                                                              \
-            dot_block(rows, g->k, a, g->a_rs, b, g->b_src.cs, c, g->c_rs, &ep, j0, g->n);                      \
+            dot_block(rows, g->k, a, g->a_rs, b, g->b_src.cs, c, g->c_rs, &ep, g->a_prologue, g->b_prologue, j0,  \
+                      g->n);                                                                                   \
         else                                                                                                   \
-            row_block(rows, g->k, a, g->a_rs, g->a_cs, b, g->b_src.rs, c, g->c_rs, &ep, j0, g->n);             \
+            row_block(rows, g->k, a, g->a_rs, g->a_cs, b, g->b_src.rs, c, g->c_rs, &ep, g->b_prologue, j0, g->n); \
         break;
     switch (g->m) {
         TG_GEMV_CASE(1)
