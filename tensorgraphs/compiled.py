@@ -525,6 +525,9 @@ def _rebind(state: _State, array: np.ndarray | None) -> None:
         tensor.grad = None if array is None else _wrap(array, tensor.dtype)
         return
     assert array is not None
+    written = state.written
+    if written is not None and tensor.node is written and written.arg.data is array:
+        return  # updated in place in the array only this tensor's node holds (`_overwritable_value`): nothing moved
     state.written = _set_array(tensor, array)
 
 
