@@ -331,8 +331,31 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
     }
 }
 
-static float *scratch(int64_t floats) {
-    return aligned_alloc(64, (size_t)round_up(floats > 0 ? floats : 1, 16) * sizeof(float));
+/* Scratch owned by one thread and kept across calls, grown only: allocating it afresh cost page faults on every
+ * call (a few MiB of packed keys and values), about as long as the products themselves. */
+typedef struct {
+    float *data;
+    int64_t floats;
+} reusable;
+
+static _Thread_local reusable packed_k, packed_v, unwanted_out, tile_scratch;
+
+/* At least `floats` floats (64-byte aligned) of `s`; NULL when out of memory. */
+static float *reserve(reusable *s, int64_t floats) {
+    if (floats <= s->floats && s->data) return s->data;
+    free(s->data);
+    s->floats = round_up(floats > 0 ? floats : 1, LANES);
+    s->data = aligned_alloc(64, (size_t)s->floats * sizeof(float));
+    return s->data;
+}
+
+/* arrays[i] = `sizes[i]` floats each (whole vectors), one after another in the thread's tile scratch. */
+static int carve(float **arrays, const int64_t *sizes, int count) {
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) total += round_up(sizes[i], LANES);
+    float *at = reserve(&tile_scratch, total);
+    for (int i = 0; i < count; i++) arrays[i] = at, at = at ? at + round_up(sizes[i], LANES) : NULL;
+    return at != NULL;
 }
 
 static problem make_problem(int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev, const float *q,
@@ -351,16 +374,16 @@ static int attention_forward(int32_t bf16, TG_ATTENTION_FORWARD_PARAMS) {
     problem p = make_problem(OPERAND_ARGS, bf16);
     int64_t tiles = (l + BQ - 1) / BQ, work = batch * heads * tiles;
     packed_keys keys = {NULL, NULL, (s + BK - 1) / BK};
-    keys.k = scratch(batch * heads * keys.tiles * BK * p.dp);
-    keys.v = scratch(batch * heads * keys.tiles * BK * p.dv);
-    float *own = out ? NULL : scratch(batch * heads * l * ev); /* out not wanted: lse only */
-    out = out ? out : own;
+    keys.k = reserve(&packed_k, batch * heads * keys.tiles * BK * p.dp);
+    keys.v = reserve(&packed_v, batch * heads * keys.tiles * BK * p.dv);
+    out = out ? out : reserve(&unwanted_out, batch * heads * l * ev); /* out not wanted: lse only */
     int failed = !keys.k || !keys.v || !out;
 #pragma omp parallel reduction(| : failed)
     {
-        forward_scratch w = {scratch(p.dp * BQ), scratch(BK * BQ), scratch(BQ * p.dv), scratch(BQ), scratch(BQ),
-                             scratch(BQ)};
-        int ok = keys.k && keys.v && out && w.qt && w.st && w.o && w.m && w.sum && w.kept;
+        forward_scratch w;
+        const int64_t sizes[] = {p.dp * BQ, BK * BQ, BQ * p.dv, BQ, BQ, BQ};
+        _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
+        int ok = keys.k && keys.v && out && carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < batch * heads * keys.tiles; item++)
@@ -368,9 +391,7 @@ static int attention_forward(int32_t bf16, TG_ATTENTION_FORWARD_PARAMS) {
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < work; item++)
             if (ok) forward_tile(&p, &keys, item / tiles, item % tiles * BQ, &w, out, lse);
-        free(w.qt), free(w.st), free(w.o), free(w.m), free(w.sum), free(w.kept);
     }
-    free(keys.k), free(keys.v), free(own);
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
 
@@ -485,13 +506,12 @@ static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        backward_scratch w = {scratch(BQ * p.dp), scratch(BQ * p.dv), scratch(BK * p.dp), scratch(p.dp * BK),
-                              scratch(p.dv * BK), scratch(BQ * BK), scratch(BQ * BK), scratch(BK * p.dp),
-                              scratch(BK * p.dv), scratch(round_up(l, BQ) * p.dp), scratch(l),
-                              scratch(bf16 ? BQ * p.dp : 0), scratch(bf16 ? BQ * p.dv : 0), scratch(bf16 ? BQ * BK : 0)};
-        float **all = (float **)&w;
-        int ok = 1;
-        for (size_t i = 0; i < sizeof w / sizeof(float *); i++) ok &= all[i] != NULL;
+        backward_scratch w;
+        const int64_t sizes[] = {BQ * p.dp, BQ * p.dv, BK * p.dp, p.dp * BK, p.dv * BK, BQ * BK, BQ * BK,
+                                 BK * p.dp, BK * p.dv, round_up(l, BQ) * p.dp, l, bf16 ? BQ * p.dp : 0,
+                                 bf16 ? BQ * p.dv : 0, bf16 ? BQ * BK : 0};
+        _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
+        int ok = carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < problems * chunks; item++)
@@ -499,7 +519,6 @@ static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
                 int64_t first = item % chunks * per_chunk;
                 backward_chunk(&p, item / chunks, first, first + per_chunk, chunks > 1, &w, &g);
             }
-        for (size_t i = 0; i < sizeof w / sizeof(float *); i++) free(all[i]);
     }
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
