@@ -258,7 +258,7 @@ class AttentionCall:
 
     Forward: writes `out` and `lse` (each may be None: not wanted). Backward: reads `out`, `lse` and `dout`
     and writes `dq`, `dk`, `dv` (those not None). Outputs are contiguous buffers. `mask_kind` is "none",
-    "bool" or "add" (attention.h)."""
+    "bool" or "add" (attention.h). `bf16`: the tile products on bfloat16 values (the kernel's bf16 variant)."""
 
     batch: int
     heads: int
@@ -274,6 +274,7 @@ class AttentionCall:
     causal: bool
     scale: float
     backward: bool
+    bf16: bool = False
     out: str | None = None
     lse: str | None = None
     dout: StridedOperand | None = None
@@ -285,6 +286,7 @@ class AttentionCall:
         operands = [f"{name}={getattr(self, name)!r}" for name in ("q", "k", "v", "mask", "dout")
                     if getattr(self, name) is not None]
         flags = f"{self.mask_kind} mask{', causal' if self.causal else ''}, scale {self.scale!r}"
+        flags += ", bfloat16 products" if self.bf16 else ""
         sizes = f"[{self.batch}x{self.heads}x{self.queries}x{self.keys}]"
         if self.backward:
             written = ", ".join(f"{name}={getattr(self, name)}" for name in ("dq", "dk", "dv") if getattr(self, name))

@@ -8,8 +8,10 @@ order (they all read the same, already computed, buffers); the others' kernels a
 
 Operands are read in place through views (a head split of a projection: reshape, permute, slice, broadcast; a
 cast widening bfloat16, as a float32 attention of bfloat16 values has) when the view is strided with unit stride
-along the head dim (`strided_view`); anything else is materialized. The batch dims must fold into at most two
-strided dims (batch, heads) for every operand, or all operands are materialized.
+along the head dim (`strided_view`); anything else is materialized. A float32 attention of bfloat16 q, k and v
+(what autocast builds) runs the kernel's bfloat16 variant, as torch computes bfloat16 attention on the cpu: its
+weights and their gradients are rounded to bfloat16 before their products too (attention.h). The batch dims must
+fold into at most two strided dims (batch, heads) for every operand, or all operands are materialized.
 
 TG_ATTENTION=0 turns this off (the decomposition is scheduled instead); set it before the first program is built.
 """
@@ -149,6 +151,13 @@ def _view_strides(view: Node, strides: tuple[int, ...]) -> tuple[int, ...] | Non
     return strides if widens_bfloat16(view) else None
 
 
+def _widened_bfloat16(view: Node) -> bool:
+    """Whether `view` is bfloat16 values widened to float32, under movement views."""
+    while view.op in (Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.RESHAPE):
+        view = view.src[0]
+    return widens_bfloat16(view)
+
+
 def strided_view(view: Node, is_buffer: Callable[[Node], bool]) -> StridedView:
     """`view` read from the buffer of the node under its chain of strided views (stopping at a buffer); the
     node itself, contiguous, when it is not such a view."""
@@ -247,7 +256,7 @@ class AttentionLowering(LibraryCallLowering):
                  "dim": q.shape[-1], "value_dim": v.shape[-1]}
         common = {**sizes, "q": operands[0], "k": operands[1], "v": operands[2],
                   "mask": operands[3] if masks else None, "mask_kind": mask_kind, "causal": params["is_causal"],
-                  "scale": params["scale"]}
+                  "scale": params["scale"], "bf16": all(map(_widened_bfloat16, (q, k, v)))}
         if self.node.op.name != BACKWARD:
             return AttentionCall(**common, backward=False, **written)
         out, lse, _ = (operand.buffer for operand in operands[-3:])

@@ -86,12 +86,100 @@ def test_huge_finite_scores_match_torch() -> None:
 
 
 def test_portable_build_matches_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same source built for a CPU without AVX-512 (gcc splits the 16-float vectors into what it has)."""
+    """The same source built for a CPU without AVX-512 (gcc splits the 16-float vectors into what it has, and the
+    bfloat16 pairs are multiplied as floats)."""
     portable = tuple("-march=x86-64-v2" if flag == "-march=native" else flag for flag in build.FLAGS)
     library = build.load_library(attention.LIBRARY, attention.SOURCES, portable, source_dir=attention.SOURCE_DIR)
     functions = {}
-    for name, argtypes in (("forward", attention.FORWARD_ARGTYPES), ("backward", attention.BACKWARD_ARGTYPES)):
-        functions[name] = getattr(library, attention.C_FUNCTIONS[name])
-        functions[name].argtypes, functions[name].restype = argtypes, ctypes.c_int
+    for name, function in attention.C_FUNCTIONS.items():
+        functions[name] = getattr(library, function)
+        backward = name.startswith("backward")
+        functions[name].argtypes = attention.BACKWARD_ARGTYPES if backward else attention.FORWARD_ARGTYPES
+        functions[name].restype = ctypes.c_int
     monkeypatch.setattr(attention, "_functions", lambda: functions)
     _check((2, 3, 70, 45, 24, 8), causal=True)
+    _check_bfloat16((2, 3, 70, 45, 24, 8), causal=True)
+
+
+def _bfloat16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (ties to even), as float64."""
+    return torch.from_numpy(np.asarray(x, np.float32)).bfloat16().double().numpy()
+
+
+def _bfloat16_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, mask: np.ndarray | None,
+                        causal: bool) -> list[np.ndarray]:
+    """attention.h's bfloat16 variant in float64 for one key tile (so the softmax's max is the row's): the
+    unnormalized weights rounded before their product with v, the normalized weights before dV = P^T dO, the
+    score gradients dS before dQ and dK."""
+    scale = 1 / np.sqrt(q.shape[-1])
+    scores = scale * q.astype(np.float64) @ k.swapaxes(-1, -2)
+    if causal:
+        scores = np.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -np.inf)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    total = weights.sum(-1, keepdims=True)
+    out = _bfloat16(weights) @ v / total
+    weights /= total
+    score_grads = weights * (dout @ v.swapaxes(-1, -2) - (dout * out).sum(-1, keepdims=True))
+    return [out, scale * _bfloat16(score_grads) @ k, scale * _bfloat16(score_grads).swapaxes(-1, -2) @ q,
+            _bfloat16(weights).swapaxes(-1, -2) @ dout]
+
+
+def _check_bfloat16(shape: tuple[int, ...], causal: bool = False, mask: np.ndarray | None = None) -> None:
+    """The bfloat16 variant on bfloat16 inputs against its float64 reference: equal to float32 rounding except
+    where a weight or score gradient lies that close to a bfloat16 rounding boundary (rare, so the mean error is
+    tiny; there within one bfloat16 step of the term)."""
+    batch, heads, queries, keys, dim, value_dim = shape
+    rng = np.random.default_rng(7)
+    q, k, v = (_bfloat16(rng.standard_normal(s)).astype(np.float32) for s in
+               ((batch, heads, queries, dim), (batch, heads, keys, dim), (batch, heads, keys, value_dim)))
+    dout = _bfloat16(rng.standard_normal((batch, heads, queries, value_dim))).astype(np.float32)
+    out, lse = attention.forward(q, k, v, mask, causal, bf16=True)
+    got = [out, *attention.backward(q, k, v, out, lse, dout, mask, causal, bf16=True)]
+    for name, value, reference in zip(("out", "dq", "dk", "dv"), got, _bfloat16_reference(q, k, v, dout, mask, causal)):
+        scale = np.abs(reference).max()
+        error = np.abs(value - reference).mean() / scale  # the float32 kernel's is above 1e-4 here
+        assert error < 1e-5, f"bfloat16 attention {name}, shape {shape}: mean error {error:.1e} of the largest"
+        np.testing.assert_allclose(value, reference, rtol=0, atol=2**-8 * scale, err_msg=f"bfloat16 {name} {shape}")
+
+
+@pytest.mark.parametrize("shape, causal", [((2, 3, 70, 45, 24, 8), True), ((1, 2, 33, 64, 40, 48), False),
+                                           ((2, 2, 130, 50, 64, 64), False)])
+def test_bfloat16_variant_rounds_weights_and_score_gradients_before_their_products(shape: tuple, causal: bool) -> None:
+    _check_bfloat16(shape, causal)
+
+
+def test_bfloat16_variant_with_a_bool_mask() -> None:
+    mask = np.random.default_rng(8).standard_normal((33, 60)) > 0
+    _check_bfloat16((2, 2, 33, 60, 16, 16), mask=mask)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_repeated_calls_reuse_their_scratch(bf16: bool) -> None:
+    """The packed keys and values and each thread's tiles live in scratch kept across calls: once warm, a forward
+    and backward call fault in almost no fresh pages (allocated afresh, the packed keys and values alone were
+    512 pages a call here). Outputs are preallocated, so the count is the kernels' own."""
+    import resource
+
+    rng = np.random.default_rng(9)
+    q, k, v, dout = (rng.standard_normal((8, 4, 128, 64), dtype=np.float32) for _ in range(4))
+    sizes, operands, alive = attention._problem(q, k, v, None)
+    out, lse = np.empty_like(q), np.empty(q.shape[:3], np.float32)
+    grads = [np.empty_like(q) for _ in range(3)]
+    strides = [s // 4 for s in dout.strides[:3]]
+    forward = attention._functions()[attention.function_name(False, bf16)]
+    backward = attention._functions()[attention.function_name(True, bf16)]
+
+    def call() -> None:
+        assert forward(*sizes, *operands, 0, 0.125, out.ctypes.data, lse.ctypes.data) == 0
+        assert backward(*sizes, *operands, 0, 0.125, out.ctypes.data, lse.ctypes.data, dout.ctypes.data, *strides,
+                        *(g.ctypes.data for g in grads)) == 0
+
+    call()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        call()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del alive
+    assert faults < 10 * 16, f"{faults} page faults in 10 calls"

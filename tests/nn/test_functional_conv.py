@@ -248,3 +248,37 @@ def test_float64_conv2d_and_pooling_are_exact() -> None:
           grad=[0, 1], rtol=1e-12, atol=1e-12, name="conv2d float64")
     check(lambda a: F.avg_pool2d(a, 3, 2, 1), lambda a: TF.avg_pool2d(a, 3, 2, 1), [x], grad=[0], rtol=1e-12,
           atol=1e-12, name="avg_pool2d float64")
+
+
+CONVS_WITH_BIAS = {  # name: (our call, torch's call, input, weight, bias)
+    "conv1d": (F.conv1d, TF.conv1d, normal(21, 2, 8, 12), normal(22, 16, 8, 3), normal(23, 16, scale=3.0)),
+    "conv2d": (F.conv2d, TF.conv2d, normal(24, 2, 8, 9, 9), normal(25, 16, 8, 3, 3), normal(26, 16, scale=3.0)),
+    "conv_transpose2d": (F.conv_transpose2d, TF.conv_transpose2d, normal(27, 2, 8, 6, 6), normal(28, 8, 16, 3, 3),
+                         normal(29, 16, scale=3.0)),
+}
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+@pytest.mark.parametrize("name", list(CONVS_WITH_BIAS))
+def test_autocast_conv_with_bias_rounds_once(name: str, device: str) -> None:
+    """Under bfloat16 autocast, a convolution and its bias are summed in float32 and rounded once (as torch's cpu
+    convolutions): the expected value is the float64 convolution of the bfloat16-rounded operands, rounded once
+    to bfloat16. Rounding the product and then the sum with the bias disagreed with it on ~30% of the elements.
+    Elsewhere float32 and float64 summation orders may differ by one bfloat16 step. The cpu device runs it on
+    the bfloat16 GEMM with a float32 result (tg_gemm_bf16_f32)."""
+    import torch
+
+    from tensorgraphs.backends.cpu import CPU
+
+    ours, theirs, *arrays = CONVS_WITH_BIAS[name]
+    x, w, b = (torch.from_numpy(a).bfloat16().double() for a in arrays)
+    expected = theirs(x, w, b).bfloat16().double().numpy()
+    with tg.device(device), tg.autocast("cpu", dtype=tg.bfloat16):
+        out = ours(*(tg.tensor(a) for a in arrays))
+    assert out.dtype is tg.bfloat16
+    if device == "cpu":
+        assert "tg_gemm_bf16_f32(" in CPU.program([out.node])[0].source
+    value = out.double().numpy()
+    mismatched = np.mean(value != expected)
+    assert mismatched < 0.01, f"{name} on {device}: {mismatched:.1%} of the elements differ from one rounding"
+    np.testing.assert_allclose(value, expected, rtol=2**-7, atol=0, err_msg=f"{name} on {device}")

@@ -121,6 +121,32 @@ def test_bfloat16_heads_are_read_in_place_through_the_widening_cast() -> None:
     assert {call.q.buffer, call.k.buffer, call.v.buffer} == {call.q.buffer}  # the one bfloat16 projection
     assert (call.k.offset, call.v.offset) == (heads * dim, 2 * heads * dim)
     assert program.kernel_count == 3  # the cast to bfloat16, the attention and its rounded result
+    assert call.bf16 and "tg_attention_forward_bf16(" in program.source
+
+
+def test_autocast_attention_runs_the_bfloat16_variant_and_matches_torch() -> None:
+    """Under bfloat16 autocast the forward and backward calls are the kernel's bfloat16 variant (float32
+    attention keeps the float32 one); values and gradients are torch's autocast attention's to bfloat16 precision
+    (each rounds its weights before their products: neither is the other's exact oracle)."""
+    rng = np.random.default_rng(6)
+    arrays = [rng.standard_normal((2, 2, 100, 32), dtype=np.float32) for _ in range(3)]
+    with tg.device("cpu"):
+        for autocast in (False, True):  # the values compared below are the autocast ones
+            ours = [tg.tensor(a, requires_grad=True) for a in arrays]
+            with tg.autocast("cpu", dtype=tg.bfloat16, enabled=autocast):
+                out = F.scaled_dot_product_attention(*ours, is_causal=True)
+            grads = tg.grad((out.float() ** 2).sum(), ours)
+            calls = _attention_calls([out, *grads])
+            assert [(call.backward, call.bf16) for call in calls] == [(False, autocast), (True, autocast)]
+        got = [out.float().detach().numpy(), *(g.numpy() for g in grads)]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected_out = torch.nn.functional.scaled_dot_product_attention(*theirs, is_causal=True)
+    (expected_out.float() ** 2).sum().backward()
+    expected = [expected_out.float().detach().numpy(), *(t.grad.numpy() for t in theirs)]
+    for name, value, reference in zip(("out", "dq", "dk", "dv"), got, expected):
+        scale = np.abs(reference).max()
+        np.testing.assert_allclose(value, reference, rtol=0, atol=2**-6 * scale, err_msg=name)
 
 
 def test_program_stores_no_score_sized_buffer() -> None:

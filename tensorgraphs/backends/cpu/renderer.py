@@ -191,8 +191,12 @@ def _called(stmt: object) -> tuple[str, ...]:
     if isinstance(stmt, GemmCall):
         return (stmt.function,)
     if isinstance(stmt, AttentionCall):
-        return (attention.C_FUNCTIONS["backward" if stmt.backward else "forward"],)
+        return (_attention_function(stmt),)
     return ()
+
+
+def _attention_function(call: AttentionCall) -> str:
+    return attention.C_FUNCTIONS[attention.function_name(call.backward, call.bf16)]
 
 
 def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
@@ -211,6 +215,6 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
     if call.backward:
         assert call.out and call.lse and call.dout
         args += [array[call.out], array[call.lse], *operand(call.dout), *map(output, (call.dq, call.dk, call.dv))]
-        return f"(void){attention.C_FUNCTIONS['backward']}({', '.join(map(str, args))});"
-    args += [output(call.out), output(call.lse)]
-    return f"(void){attention.C_FUNCTIONS['forward']}({', '.join(map(str, args))});"
+    else:
+        args += [output(call.out), output(call.lse)]
+    return f"(void){_attention_function(call)}({', '.join(map(str, args))});"

@@ -21,7 +21,8 @@ SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY = "tg_attention"
 SOURCES = ("attention.c",)
 HEADER = SOURCE_DIR / "attention.h"
-C_FUNCTIONS = {"forward": "tg_attention_forward_f32", "backward": "tg_attention_backward_f32"}
+C_FUNCTIONS = {"forward": "tg_attention_forward_f32", "backward": "tg_attention_backward_f32",
+               "forward_bf16": "tg_attention_forward_bf16", "backward_bf16": "tg_attention_backward_bf16"}
 MASK_KINDS = {"none": 0, "bool": 1, "add": 2}
 
 
@@ -38,6 +39,11 @@ FORWARD_ARGTYPES = [_i64] * 6 + _OPERANDS + [Mask, _i32, _f32, _ptr, _ptr]
 BACKWARD_ARGTYPES = [_i64] * 6 + _OPERANDS + [Mask, _i32, _f32, _ptr, _ptr, _ptr, _i64, _i64, _i64] + [_ptr] * 3
 
 
+def function_name(backward: bool, bf16: bool) -> str:
+    """The key of `C_FUNCTIONS` computing the forward or backward pass, in float32 or on bfloat16 products."""
+    return ("backward" if backward else "forward") + ("_bf16" if bf16 else "")
+
+
 def library_path() -> Path:
     """The compiled library (built on first call) for generated programs to link against."""
     return build_library(LIBRARY, SOURCES, source_dir=SOURCE_DIR)
@@ -47,7 +53,8 @@ def library_path() -> Path:
 def _functions() -> dict[str, Callable[..., int]]:
     library = load_library(LIBRARY, SOURCES, source_dir=SOURCE_DIR)
     functions = {}
-    for name, argtypes in (("forward", FORWARD_ARGTYPES), ("backward", BACKWARD_ARGTYPES)):
+    for name in C_FUNCTIONS:
+        argtypes = BACKWARD_ARGTYPES if name.startswith("backward") else FORWARD_ARGTYPES
         function = getattr(library, C_FUNCTIONS[name])
         function.argtypes, function.restype = argtypes, ctypes.c_int
         functions[name] = function
@@ -84,14 +91,15 @@ def _problem(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | Non
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, causal: bool = False,
-            scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+            scale: float | None = None, bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(out, logsumexp) of softmax(scale * q k^T + mask) v for (B, H, L, E) arrays; mask bool (True = attend)
-    or float, broadcast to (B, H, L, S)."""
+    or float, broadcast to (B, H, L, S). `bf16`: the products on bfloat16 values (attention.h)."""
     sizes, operands, alive = _problem(q, k, v, mask)
     b, h, queries, _, e, ev = sizes
     scale = 1.0 / np.sqrt(max(e, 1)) if scale is None else scale
     out, lse = np.empty((b, h, queries, ev), np.float32), np.empty((b, h, queries), np.float32)
-    status = _functions()["forward"](*sizes, *operands, int(causal), scale, out.ctypes.data, lse.ctypes.data)
+    function = _functions()[function_name(False, bf16)]
+    status = function(*sizes, *operands, int(causal), scale, out.ctypes.data, lse.ctypes.data)
     del alive
     if status:
         raise MemoryError("attention forward: out of memory")
@@ -99,8 +107,8 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None
 
 
 def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, lse: np.ndarray, dout: np.ndarray,
-             mask: np.ndarray | None = None, causal: bool = False,
-             scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             mask: np.ndarray | None = None, causal: bool = False, scale: float | None = None,
+             bf16: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) of `forward` given its (out, lse) and the gradient `dout` of out."""
     sizes, operands, alive = _problem(q, k, v, mask)
     b, h, queries, s, e, ev = sizes
@@ -108,8 +116,9 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, lse: 
     out, lse = np.ascontiguousarray(out, np.float32), np.ascontiguousarray(lse, np.float32)
     dout, dout_strides = _heads("attention", dout)
     grads = tuple(np.empty(shape, np.float32) for shape in ((b, h, queries, e), (b, h, s, e), (b, h, s, ev)))
-    status = _functions()["backward"](*sizes, *operands, int(causal), scale, out.ctypes.data, lse.ctypes.data,
-                                      dout.ctypes.data, *dout_strides, *(g.ctypes.data for g in grads))
+    function = _functions()[function_name(True, bf16)]
+    status = function(*sizes, *operands, int(causal), scale, out.ctypes.data, lse.ctypes.data, dout.ctypes.data,
+                      *dout_strides, *(g.ctypes.data for g in grads))
     del alive
     if status:
         raise MemoryError("attention backward: out of memory")

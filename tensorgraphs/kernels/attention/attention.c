@@ -16,12 +16,19 @@
  * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread); per key
  * tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
  * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added atomically when a head is
- * split into key chunks). */
+ * split into key chunks).
+ *
+ * The bfloat16 variants run every tile product on pairs of bfloat16 values (VDPBF16PS where the CPU has it: two
+ * exact products added per lane): each operand is rounded to bfloat16 as it is paired (pair_rows, pair_columns),
+ * the sums stay float32, and so do the softmax, its running max and sum, lse and D. */
 #include "attention.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -40,6 +47,64 @@ static inline v16 splat(float x) { return (v16){0} + x; }
 static inline v16 pick(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* ---------------------------------------------------------------- bfloat16 pairs */
+
+typedef uint32_t v16w __attribute__((vector_size(64)));
+typedef uint32_t v16wu __attribute__((vector_size(64), aligned(4)));
+
+/* x rounded to the nearest bfloat16 (ties to even), as float bits with a zero low half; a NaN stays a NaN
+ * (quieted), as gemm's tg_bf16_bits. */
+static inline v16w bf16_bits(v16 x) {
+    v16w bits = (v16w)x, rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+    v16w nan = (v16w)(x != x);
+    return ((nan & (bits | 0x00400000u)) | (~nan & rounded)) & 0xFFFF0000u;
+}
+
+/* A pair of bfloat16 values in one 32-bit word: element 2p in the low half, 2p + 1 in the high half (VDPBF16PS's
+ * operand layout). Pairs are kept in float arrays, as the float whose bits they are. */
+static inline v16 pair_of(v16w low, v16w high) { return (v16)(high | (low >> 16)); }
+
+/* In place: rows 2p and 2p + 1 (of n floats, rows ld apart) become row p of n pairs (rows ld apart), for
+ * rows 0..rows (an odd last row pairs with zeros). Row p is written after rows 2p and 2p + 1 are read. */
+static void pair_rows(float *x, int64_t ld, int64_t rows, int64_t n) {
+    for (int64_t p = 0; p < (rows + 1) / 2; p++)
+        for (int64_t j = 0; j < n; j += LANES) {
+            v16w low = bf16_bits(load(x + 2 * p * ld + j));
+            v16w high = 2 * p + 1 < rows ? bf16_bits(load(x + (2 * p + 1) * ld + j)) : (v16w){0};
+            store(x + p * ld + j, pair_of(low, high));
+        }
+}
+
+/* In place: columns 2p and 2p + 1 of each row (cols floats, a multiple of 16, rows ld apart) become pair p of
+ * the row (cols / 2 pairs, rows ld apart). Each pair lands at or before the floats still to be read. */
+static void pair_columns(float *x, int64_t ld, int64_t rows, int64_t cols) {
+    const v16w evens = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c += 2 * LANES) {
+            float *row = x + r * ld;
+            v16w a = bf16_bits(load(row + c));
+            v16w b = c + LANES < cols ? bf16_bits(load(row + c + LANES)) : (v16w){0};
+            v16 pairs = pair_of(__builtin_shuffle(a, b, evens), __builtin_shuffle(a, b, evens + 1));
+            if (c + LANES < cols)
+                store(row + c / 2, pairs);
+            else
+                memcpy(row + c / 2, &pairs, sizeof(float) * LANES / 2);
+        }
+}
+
+/* acc + the products of a's and b's pairs, lane by lane (the high halves' product first, as VDPBF16PS). */
+static inline v16 dot_pairs(v16 acc, v16 a, v16 b) {
+#ifdef __AVX512BF16__
+    return (v16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+#else
+    const v16w high = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
+                       0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
+                       0xFFFF0000u, 0xFFFF0000u};
+    acc += (v16)((v16w)a & high) * (v16)((v16w)b & high);
+    return acc + (v16)((v16w)a << 16) * (v16)((v16w)b << 16);
+#endif
+}
 
 /* 2^x, as the generated programs' tg_exp2f (c_preamble.h): <= 1 ulp, 0 below -151, NaN stays NaN. */
 static inline v16 vexp2(v16 x) {
@@ -61,8 +126,9 @@ static inline v16 vexp2(v16 x) {
 
 #define LOG2E 1.44269504088896341f
 
-/* c (mr x 16nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x 16nv, rows ldb apart). */
-static inline __attribute__((always_inline)) void tile_block(const int mr, const int nv, int64_t kk,
+/* c (mr x 16nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x 16nv, rows ldb apart); with `bf16`
+ * kk counts pairs, and a and b hold pairs (a pair of a broadcast, times a vector of b's pairs). */
+static inline __attribute__((always_inline)) void tile_block(const int mr, const int nv, const int bf16, int64_t kk,
                                                              const float *a, int64_t ars, int64_t aks,
                                                              const float *b, int64_t ldb, float *c, int64_t ldc,
                                                              int zero) {
@@ -74,20 +140,25 @@ static inline __attribute__((always_inline)) void tile_block(const int mr, const
         for (int v = 0; v < nv; v++) bv[v] = load(b + x * ldb + LANES * v);
         for (int r = 0; r < mr; r++) {
             v16 av = splat(a[r * ars + x * aks]);
-            for (int v = 0; v < nv; v++) acc[r][v] += av * bv[v];
+            for (int v = 0; v < nv; v++) acc[r][v] = bf16 ? dot_pairs(acc[r][v], av, bv[v]) : acc[r][v] + av * bv[v];
         }
     }
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) store(c + r * ldc + LANES * v, acc[r][v]);
 }
 
-#define BLOCK(MR, NV) \
-    case (MR) * 8 + (NV): tile_block(MR, NV, kk, ai, ars, aks, bj, ldb, cij, ldc, zero); break;
+#define BLOCK(MR, NV)                                                                      \
+    case (MR) * 8 + (NV):                                                                  \
+        if (bf16)                                                                          \
+            tile_block(MR, NV, 1, kk, ai, ars, aks, bj, ldb, cij, ldc, zero);              \
+        else                                                                               \
+            tile_block(MR, NV, 0, kk, ai, ars, aks, bj, ldb, cij, ldc, zero);              \
+        break;
 #define BLOCKS(MR) BLOCK(MR, 1) BLOCK(MR, 2) BLOCK(MR, 3) BLOCK(MR, 4)
 
-/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of 16 (padded tiles). */
-static void tile_gemm(int64_t m, int64_t n, int64_t kk, const float *a, int64_t ars, int64_t aks, const float *b,
-                      int64_t ldb, float *c, int64_t ldc, int zero) {
+/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of 16 (padded tiles); with `bf16`, of pairs (tile_block). */
+static void tile_gemm(int bf16, int64_t m, int64_t n, int64_t kk, const float *a, int64_t ars, int64_t aks,
+                      const float *b, int64_t ldb, float *c, int64_t ldc, int zero) {
     for (int64_t j = 0; j < n; j += 4 * LANES) {
         int nv = (int)min64(4, (n - j) / LANES);
         for (int64_t i = 0; i < m; i += 6) {
@@ -108,7 +179,11 @@ typedef struct {
     tg_attention_mask mask;
     int32_t causal;
     float scale;
+    int32_t bf16; /* tile products on bfloat16 pairs */
 } problem;
+
+/* The reduction length of a tile product over n floats: n, or its pairs for bfloat16 (n is even: padded). */
+static inline int64_t reduced(const problem *p, int64_t n) { return p->bf16 ? n / 2 : n; }
 
 /* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere. */
 static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *src, int64_t rs, int64_t rows,
@@ -188,6 +263,10 @@ static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh,
               cols, p->e);
     pack_rows(keys->v + at * BK * p->dv, p->dv, BK, p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs, p->v_rs,
               cols, p->ev);
+    if (p->bf16) { /* K is the first operand of K Q^T (pairs along a row), V the second of P V (pairs of rows) */
+        pair_columns(keys->k + at * BK * p->dp, p->dp, BK, p->dp);
+        pair_rows(keys->v + at * BK * p->dv, p->dv, BK, p->dv);
+    }
 }
 
 #define QV (BQ / LANES) /* vectors of queries */
@@ -228,19 +307,21 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
                          const forward_scratch *w, float *out, float *lse) {
     int64_t b = bh / p->heads, h = bh % p->heads, rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
     pack_transposed(w->qt, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
+    if (p->bf16) pair_rows(w->qt, BQ, dp, BQ);
     memset(w->o, 0, sizeof(float) * BQ * dv);
     for (int64_t r = 0; r < BQ; r++) w->m[r] = -INFINITY, w->sum[r] = 0.0f;
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
         int64_t at = bh * keys->tiles + j0 / BK;
-        tile_gemm(BK, BQ, dp, keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1);
+        tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1);
         mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
         online_softmax(w);
         for (int64_t r = 0; r < BQ; r++)
             if (w->kept[r] != 1.0f)
                 for (int64_t c = 0; c < dv; c += LANES)
                     store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
-        tile_gemm(BQ, dv, BK, w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0);
+        if (p->bf16) pair_rows(w->st, BQ, BK, BQ); /* the weights, after their sums were taken in float32 */
+        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0);
     }
     float *o = out + (bh * p->l + i0) * p->ev;
     for (int64_t r = 0; r < rows; r++) {
@@ -250,39 +331,59 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
     }
 }
 
-static float *scratch(int64_t floats) {
-    return aligned_alloc(64, (size_t)round_up(floats > 0 ? floats : 1, 16) * sizeof(float));
+/* Scratch owned by one thread and kept across calls, grown only: allocating it afresh cost page faults on every
+ * call (a few MiB of packed keys and values), about as long as the products themselves. */
+typedef struct {
+    float *data;
+    int64_t floats;
+} reusable;
+
+static _Thread_local reusable packed_k, packed_v, unwanted_out, tile_scratch;
+
+/* At least `floats` floats (64-byte aligned) of `s`; NULL when out of memory. */
+static float *reserve(reusable *s, int64_t floats) {
+    if (floats <= s->floats && s->data) return s->data;
+    free(s->data);
+    s->floats = round_up(floats > 0 ? floats : 1, LANES);
+    s->data = aligned_alloc(64, (size_t)s->floats * sizeof(float));
+    return s->data;
+}
+
+/* arrays[i] = `sizes[i]` floats each (whole vectors), one after another in the thread's tile scratch. */
+static int carve(float **arrays, const int64_t *sizes, int count) {
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) total += round_up(sizes[i], LANES);
+    float *at = reserve(&tile_scratch, total);
+    for (int i = 0; i < count; i++) arrays[i] = at, at = at ? at + round_up(sizes[i], LANES) : NULL;
+    return at != NULL;
 }
 
 static problem make_problem(int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev, const float *q,
                             int64_t q_bs, int64_t q_hs, int64_t q_rs, const float *k, int64_t k_bs, int64_t k_hs,
                             int64_t k_rs, const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
-                            tg_attention_mask mask, int32_t causal, float scale) {
+                            tg_attention_mask mask, int32_t causal, float scale, int32_t bf16) {
     problem p = {heads, l, s, e, ev, round_up(e, LANES), round_up(ev, LANES), q, k, v, q_bs, q_hs, q_rs,
-                 k_bs, k_hs, k_rs, v_bs, v_hs, v_rs, mask, causal, scale};
+                 k_bs, k_hs, k_rs, v_bs, v_hs, v_rs, mask, causal, scale, bf16};
     return p;
 }
 
-int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
-                             const float *q, int64_t q_bs, int64_t q_hs, int64_t q_rs,
-                             const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs,
-                             const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
-                             tg_attention_mask mask, int32_t causal, float scale,
-                             float *out, float *lse) {
-    problem p = make_problem(heads, l, s, e, ev, q, q_bs, q_hs, q_rs, k, k_bs, k_hs, k_rs, v, v_bs, v_hs, v_rs,
-                             mask, causal, scale);
+#define OPERAND_ARGS \
+    heads, l, s, e, ev, q, q_bs, q_hs, q_rs, k, k_bs, k_hs, k_rs, v, v_bs, v_hs, v_rs, mask, causal, scale
+
+static int attention_forward(int32_t bf16, TG_ATTENTION_FORWARD_PARAMS) {
+    problem p = make_problem(OPERAND_ARGS, bf16);
     int64_t tiles = (l + BQ - 1) / BQ, work = batch * heads * tiles;
     packed_keys keys = {NULL, NULL, (s + BK - 1) / BK};
-    keys.k = scratch(batch * heads * keys.tiles * BK * p.dp);
-    keys.v = scratch(batch * heads * keys.tiles * BK * p.dv);
-    float *own = out ? NULL : scratch(batch * heads * l * ev); /* out not wanted: lse only */
-    out = out ? out : own;
+    keys.k = reserve(&packed_k, batch * heads * keys.tiles * BK * p.dp);
+    keys.v = reserve(&packed_v, batch * heads * keys.tiles * BK * p.dv);
+    out = out ? out : reserve(&unwanted_out, batch * heads * l * ev); /* out not wanted: lse only */
     int failed = !keys.k || !keys.v || !out;
 #pragma omp parallel reduction(| : failed)
     {
-        forward_scratch w = {scratch(p.dp * BQ), scratch(BK * BQ), scratch(BQ * p.dv), scratch(BQ), scratch(BQ),
-                             scratch(BQ)};
-        int ok = keys.k && keys.v && out && w.qt && w.st && w.o && w.m && w.sum && w.kept;
+        forward_scratch w;
+        const int64_t sizes[] = {p.dp * BQ, BK * BQ, BQ * p.dv, BQ, BQ, BQ};
+        _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
+        int ok = keys.k && keys.v && out && carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < batch * heads * keys.tiles; item++)
@@ -290,14 +391,14 @@ int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s,
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < work; item++)
             if (ok) forward_tile(&p, &keys, item / tiles, item % tiles * BQ, &w, out, lse);
-        free(w.qt), free(w.st), free(w.o), free(w.m), free(w.sum), free(w.kept);
     }
-    free(keys.k), free(keys.v), free(own);
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
 
+/* qa, da and sa: the bfloat16 variant's second pairing of q, dout and dS (pairs along a row, as a first operand;
+ * qi, doi and dp are paired by rows, as a second operand, or for their transposes). */
 typedef struct {
-    float *qi, *doi, *kj, *kt, *vt, *sc, *dp, *dk, *dv, *dq, *d;
+    float *qi, *doi, *kj, *kt, *vt, *sc, *dp, *dk, *dv, *dq, *d, *qa, *da, *sa;
 } backward_scratch;
 
 typedef struct {
@@ -311,20 +412,33 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
                           const backward_scratch *w, const gradients *g) {
     int64_t rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
     const float *dout = g->dout + b * g->do_bs + h * g->do_hs;
-    pack_rows(w->qi, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
+    const float *q = p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs;
+    pack_rows(w->qi, dp, BQ, q, p->q_rs, rows, p->e);
     pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
-    tile_gemm(BQ, BK, dp, w->qi, dp, 1, w->kt, BK, w->sc, BK, 1);
+    const float *qa = w->qi, *da = w->doi, *sa = w->dp;
+    if (p->bf16) {
+        pack_rows(w->qa, dp, BQ, q, p->q_rs, rows, p->e);
+        pack_rows(w->da, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
+        pair_columns(w->qa, dp, BQ, dp), pair_columns(w->da, dv, BQ, dv);
+        pair_rows(w->qi, dp, BQ, dp), pair_rows(w->doi, dv, BQ, dv);
+        qa = w->qa, da = w->da, sa = w->sa;
+    }
+    tile_gemm(p->bf16, BQ, BK, reduced(p, dp), qa, dp, 1, w->kt, BK, w->sc, BK, 1);
     mask_scores(p, b, h, i0, j0, w->sc, BK, 1);
-    tile_gemm(BQ, BK, dv, w->doi, dv, 1, w->vt, BK, w->dp, BK, 1);
+    tile_gemm(p->bf16, BQ, BK, reduced(p, dv), da, dv, 1, w->vt, BK, w->dp, BK, 1);
     for (int64_t r = 0; r < BQ; r++) {
         float *prob = w->sc + r * BK, *grad = w->dp + r * BK;
         row_exp(prob, r < rows ? lse[i0 + r] : -INFINITY);
         v16 d = splat(r < rows ? w->d[i0 + r] : 0.0f);
         for (int64_t c = 0; c < BK; c += LANES) store(grad + c, load(prob + c) * (load(grad + c) - d));
     }
-    if (g->dv) tile_gemm(BK, dv, BQ, w->sc, 1, BK, w->doi, dv, w->dv, dv, 0);
-    if (g->dk) tile_gemm(BK, dp, BQ, w->dp, 1, BK, w->qi, dp, w->dk, dp, 0);
-    if (g->dq) tile_gemm(BQ, dp, BK, w->dp, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0);
+    if (p->bf16) {
+        memcpy(w->sa, w->dp, sizeof(float) * BQ * BK);
+        pair_columns(w->sa, BK, BQ, BK), pair_rows(w->dp, BK, BQ, BK), pair_rows(w->sc, BK, BQ, BK);
+    }
+    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, w->doi, dv, w->dv, dv, 0);
+    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, w->qi, dp, w->dk, dp, 0);
+    if (g->dq) tile_gemm(p->bf16, BQ, dp, reduced(p, BK), sa, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0);
 }
 
 /* rows x cols of src (rows ld apart) times factor into dst (contiguous rows of cols). */
@@ -361,6 +475,7 @@ static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t 
         pack_rows(w->kj, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
         pack_transposed(w->kt, dp, BK, k + j0 * p->k_rs, p->k_rs, cols, p->e);
         pack_transposed(w->vt, dv, BK, v + j0 * p->v_rs, p->v_rs, cols, p->ev);
+        if (p->bf16) pair_rows(w->kj, dp, BK, dp), pair_rows(w->kt, BK, dp, BK), pair_rows(w->vt, BK, dv, BK);
         memset(w->dk, 0, sizeof(float) * BK * dp);
         memset(w->dv, 0, sizeof(float) * BK * dv);
         for (int64_t i0 = p->causal ? j0 / BQ * BQ : 0; i0 < p->l; i0 += BQ)
@@ -380,16 +495,8 @@ static int64_t max_threads(void) {
 #endif
 }
 
-int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
-                              const float *q, int64_t q_bs, int64_t q_hs, int64_t q_rs,
-                              const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs,
-                              const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
-                              tg_attention_mask mask, int32_t causal, float scale,
-                              const float *out, const float *lse,
-                              const float *dout, int64_t do_bs, int64_t do_hs, int64_t do_rs,
-                              float *dq, float *dk, float *dv) {
-    problem p = make_problem(heads, l, s, e, ev, q, q_bs, q_hs, q_rs, k, k_bs, k_hs, k_rs, v, v_bs, v_hs, v_rs,
-                             mask, causal, scale);
+static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
+    problem p = make_problem(OPERAND_ARGS, bf16);
     gradients g = {out, lse, dout, do_bs, do_hs, do_rs, dq, dk, dv};
     /* Work items are heads; with fewer than two per thread, each head's key tiles are split into chunks too */
     int64_t problems = batch * heads, key_tiles = (s + BK - 1) / BK, threads = max_threads();
@@ -399,12 +506,12 @@ int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        backward_scratch w = {scratch(BQ * p.dp), scratch(BQ * p.dv), scratch(BK * p.dp), scratch(p.dp * BK),
-                              scratch(p.dv * BK), scratch(BQ * BK), scratch(BQ * BK), scratch(BK * p.dp),
-                              scratch(BK * p.dv), scratch(round_up(l, BQ) * p.dp), scratch(l)};
-        float **all = (float **)&w;
-        int ok = 1;
-        for (size_t i = 0; i < sizeof w / sizeof(float *); i++) ok &= all[i] != NULL;
+        backward_scratch w;
+        const int64_t sizes[] = {BQ * p.dp, BQ * p.dv, BK * p.dp, p.dp * BK, p.dv * BK, BQ * BK, BQ * BK,
+                                 BK * p.dp, BK * p.dv, round_up(l, BQ) * p.dp, l, bf16 ? BQ * p.dp : 0,
+                                 bf16 ? BQ * p.dv : 0, bf16 ? BQ * BK : 0};
+        _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
+        int ok = carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < problems * chunks; item++)
@@ -412,7 +519,17 @@ int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s
                 int64_t first = item % chunks * per_chunk;
                 backward_chunk(&p, item / chunks, first, first + per_chunk, chunks > 1, &w, &g);
             }
-        for (size_t i = 0; i < sizeof w / sizeof(float *); i++) free(all[i]);
     }
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
+
+#define FORWARD_ARGS batch, OPERAND_ARGS, out, lse
+#define BACKWARD_ARGS batch, OPERAND_ARGS, out, lse, dout, do_bs, do_hs, do_rs, dq, dk, dv
+
+int tg_attention_forward_f32(TG_ATTENTION_FORWARD_PARAMS) { return attention_forward(0, FORWARD_ARGS); }
+
+int tg_attention_forward_bf16(TG_ATTENTION_FORWARD_PARAMS) { return attention_forward(1, FORWARD_ARGS); }
+
+int tg_attention_backward_f32(TG_ATTENTION_BACKWARD_PARAMS) { return attention_backward(0, BACKWARD_ARGS); }
+
+int tg_attention_backward_bf16(TG_ATTENTION_BACKWARD_PARAMS) { return attention_backward(1, BACKWARD_ARGS); }

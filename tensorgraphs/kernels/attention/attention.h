@@ -27,20 +27,23 @@ typedef struct {
     int32_t kind;
 } tg_attention_mask;
 
-int tg_attention_forward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
-                             const float *q, int64_t q_bs, int64_t q_hs, int64_t q_rs,
-                             const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs,
-                             const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
-                             tg_attention_mask mask, int32_t causal, float scale,
-                             float *out, float *lse);
-
+#define TG_ATTENTION_OPERANDS                                                                                  \
+    int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev, const float *q, int64_t q_bs,     \
+        int64_t q_hs, int64_t q_rs, const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs, const float *v,    \
+        int64_t v_bs, int64_t v_hs, int64_t v_rs, tg_attention_mask mask, int32_t causal, float scale
+#define TG_ATTENTION_FORWARD_PARAMS TG_ATTENTION_OPERANDS, float *out, float *lse
 /* out and lse are the forward pass's (contiguous); dout (B, H, L, Ev) is strided like q. */
-int tg_attention_backward_f32(int64_t batch, int64_t heads, int64_t l, int64_t s, int64_t e, int64_t ev,
-                              const float *q, int64_t q_bs, int64_t q_hs, int64_t q_rs,
-                              const float *k, int64_t k_bs, int64_t k_hs, int64_t k_rs,
-                              const float *v, int64_t v_bs, int64_t v_hs, int64_t v_rs,
-                              tg_attention_mask mask, int32_t causal, float scale,
-                              const float *out, const float *lse,
-                              const float *dout, int64_t do_bs, int64_t do_hs, int64_t do_rs,
-                              float *dq, float *dk, float *dv);
+#define TG_ATTENTION_BACKWARD_PARAMS                                                                           \
+    TG_ATTENTION_OPERANDS, const float *out, const float *lse, const float *dout, int64_t do_bs, int64_t do_hs, \
+        int64_t do_rs, float *dq, float *dk, float *dv
+
+int tg_attention_forward_f32(TG_ATTENTION_FORWARD_PARAMS);
+int tg_attention_backward_f32(TG_ATTENTION_BACKWARD_PARAMS);
+
+/* The same, with every tile product on bfloat16 values summed in float32, as torch's flash attention on the cpu
+ * computes bfloat16 inputs: q, k, v, dout, the weights P (for P V and dV = P^T dO) and the score gradients dS
+ * (for dQ and dK) are rounded to bfloat16 before their products; the softmax, its sums, lse and the outputs stay
+ * float32 (the weights' sums are taken before they are rounded). */
+int tg_attention_forward_bf16(TG_ATTENTION_FORWARD_PARAMS);
+int tg_attention_backward_bf16(TG_ATTENTION_BACKWARD_PARAMS);
 #endif

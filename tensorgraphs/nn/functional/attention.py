@@ -139,7 +139,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         return apply_composite(SCALED_DOT_PRODUCT_ATTENTION, q, k, v, *wide, is_causal=is_causal, scale=scale)
 
     # float16/bfloat16: scores, softmax and the weighted sum in float32, the result rounded once, as torch's fused
-    # attention on the cpu (which rounds only the weights before their product with v)
+    # attention on the cpu (which also rounds the weights, and in the backward pass the score gradients, before
+    # their products; so does the cpu device's fused kernel for bfloat16, schedule.attention)
     return ew.in_float32_for_halves(attention, q, k, v)
 
 

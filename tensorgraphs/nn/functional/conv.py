@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from tensorgraphs import dtypes
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.autocast import LOWER, autocast_op
-from tensorgraphs.frontend.tensor import Tensor, apply_composite
+from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, expand_to
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.nn.functional.arguments import require_float, require_same_dtype, tuple_of
 
@@ -55,15 +56,18 @@ def sliding_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dil
 # ---------------------------------------------------------------------------
 
 
-def _conv2d_infer(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilation: tuple, groups: int) -> tuple:
+def _conv2d_infer(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilation: tuple, groups: int,
+                  float32_sum: bool = False) -> tuple:
     sizes = tuple(window_count(x.shape[2 + i] + sum(padding[i]), w.shape[2 + i], stride[i], dilation[i])
                   for i in range(2))
-    return x.dtype, (x.shape[0], w.shape[0]) + sizes
+    return dtypes.float32 if float32_sum else x.dtype, (x.shape[0], w.shape[0]) + sizes
 
 
 def _conv2d_decomposition(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilation: tuple,
-                          groups: int) -> Tensor:
-    """Patches (N, groups, Ho*Wo, C/groups*kh*kw) @ kernels (groups, C/groups*kh*kw, O/groups)."""
+                          groups: int, float32_sum: bool = False) -> Tensor:
+    """Patches (N, groups, Ho*Wo, C/groups*kh*kw) @ kernels (groups, C/groups*kh*kw, O/groups). With `float32_sum`
+    float16/bfloat16 operands give the float32 sum unrounded (their products are exact in float32): patches
+    and kernels keep their dtype and are widened as the product reads them."""
     n, out_channels, (kh, kw) = x.shape[0], w.shape[0], w.shape[2:]
     group_channels = w.shape[1]
     windows = sliding_windows(pad_spatial(x, padding), (kh, kw), stride, dilation)
@@ -71,7 +75,11 @@ def _conv2d_decomposition(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads,
     patches = mv.reshape(windows, (n, groups, group_channels, kh * kw, ho, wo))
     patches = mv.reshape(mv.permute(patches, (0, 1, 4, 5, 2, 3)), (n, groups, ho * wo, group_channels * kh * kw))
     kernels = mv.reshape(w, (groups, out_channels // groups, group_channels * kh * kw))
-    out = linalg.matmul(patches, mv.mT(kernels))
+    kernels = mv.mT(kernels)
+    if float32_sum:  # widened after the broadcast, as the product reads them
+        kernels = expand_to(kernels, patches.shape[:2] + kernels.shape[1:])
+        patches, kernels = cast(patches, dtypes.float32), cast(kernels, dtypes.float32)
+    out = linalg.matmul(patches, kernels)
     return mv.reshape(mv.permute(out, (0, 1, 3, 2)), (n, out_channels, ho, wo))
 
 
@@ -113,12 +121,19 @@ def _check_output_size(op: str, input: Tensor, out_sizes: Sequence[int]) -> None
         fail(op, f"calculated output size {tuple(out_sizes)} for input of size {input.shape} is too small")
 
 
-def _add_bias(op: str, out: Tensor, bias: Tensor | None) -> Tensor:
+def _biased_conv2d(op: str, x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple, pads: Pads,
+                   dilation: tuple, groups: int) -> Tensor:
+    """The conv2d composite plus the bias over channels. float16/bfloat16 convolutions sum the products and the
+    bias in float32 and round once, as torch's cpu convolutions do (rounding the product, then its sum with the
+    bias, would round twice)."""
+    if bias is not None and bias.shape != (weight.shape[0],):
+        fail(op, f"expected bias of shape ({weight.shape[0]},), got {bias.shape}")
+    half = x.dtype in (dtypes.float16, dtypes.bfloat16)
+    out = conv2d_composite(op, x, weight, stride, pads, dilation, groups, float32_sum=half and bias is not None)
     if bias is None:
         return out
-    if bias.shape != (out.shape[1],):
-        fail(op, f"expected bias of shape ({out.shape[1]},), got {bias.shape}")
-    return ew.add(out, mv.reshape(bias, (out.shape[1],) + (1,) * (out.ndim - 2)))
+    out = ew.add(out, mv.reshape(cast(bias, out.dtype), (weight.shape[0], 1, 1)))
+    return cast(out, x.dtype)
 
 
 def conv_nd(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, stride: int | Sequence[int],
@@ -139,18 +154,18 @@ def conv_nd(op: str, input: Tensor, weight: Tensor, bias: Tensor | None, stride:
     if n == 1:
         x, weight = mv.unsqueeze(x, 2), mv.unsqueeze(weight, 2)
         stride, dilation, pads = (1,) + stride, (1,) + dilation, ((0, 0),) + pads
-    out = conv2d_composite(op, x, weight, stride, pads, dilation, groups)
+    out = _biased_conv2d(op, x, weight, bias, stride, pads, dilation, groups)
     if n == 1:
         out = mv.squeeze(out, 2)
-    out = _add_bias(op, out, bias)
     return out if batched else mv.squeeze(out, 0)
 
 
 def conv2d_composite(op: str, x: Tensor, weight: Tensor, stride: tuple, pads: Pads, dilation: tuple,
-                     groups: int) -> Tensor:
+                     groups: int, float32_sum: bool = False) -> Tensor:
     _, shape = _conv2d_infer(x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups)
     _check_output_size(op, x, shape[2:])
-    return apply_composite(CONV2D, x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups)
+    wide = {"float32_sum": True} if float32_sum else {}  # absent when off: float32 convs keep their signature
+    return apply_composite(CONV2D, x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups, **wide)
 
 
 @autocast_op(LOWER)
@@ -207,8 +222,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     flipped = mv.reshape(weight, (groups, in_channels // groups, out_per_group) + kernel)
     flipped = mv.reshape(mv.transpose(flipped, 1, 2), (groups * out_per_group, in_channels // groups) + kernel)
     flipped = mv.flip(flipped, (2, 3))
-    out = conv2d_composite(op, x, flipped, (1, 1), ((0, 0), (0, 0)), dilation, groups)
-    out = _add_bias(op, out, bias)
+    out = _biased_conv2d(op, x, flipped, bias, (1, 1), ((0, 0), (0, 0)), dilation, groups)
     return out if input.ndim == 4 else mv.squeeze(out, 0)
 
 
