@@ -21,22 +21,39 @@ Shape = tuple[int, ...]
 
 def _arg_key(arg: Any) -> Any:
     """Key for an op argument: floats by repr so -0.0 and 0.0 stay apart and NaN matches NaN."""
-    if isinstance(arg, float):
-        return ("float", repr(arg))
+    if arg is None:
+        return None
     if isinstance(arg, tuple):
         if all(type(a) is int for a in arg):  # shapes, axes: the common case, keyed whole
             return ("ints", arg)
         return tuple(_arg_key(a) for a in arg)
-    if isinstance(arg, (bool, int, str, type(None), DType, Op)):
+    if isinstance(arg, float):
+        return ("float", repr(arg))
+    if isinstance(arg, (bool, int, str, DType, Op)):
         return (type(arg).__name__, arg)
     return ("id", id(arg))  # buffers, composites: identity
+
+
+class _Interned(weakref.ref):
+    """The interning table's reference to a node, which drops the node's entry when the node dies."""
+
+    __slots__ = ("key",)
+
+
+_INTERNED: dict[tuple, _Interned] = {}
+
+
+def _forget(ref: _Interned, table: dict[tuple, _Interned] = _INTERNED) -> None:
+    if table.get(ref.key) is ref:
+        del table[ref.key]
 
 
 class Node:
     """One operation in the graph. `op` is a primitive `Op` or a `Composite`."""
 
     __slots__ = ("op", "dtype", "shape", "src", "arg", "__weakref__")
-    _interned: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+    _interned = _INTERNED
+    """Every live non-BUFFER node by its key (op, dtype, shape, sources, argument); weak, so unused nodes die."""
 
     op: Any
     dtype: DType
@@ -47,11 +64,16 @@ class Node:
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
         if op is Op.BUFFER:  # each holds its own buffer object: nothing to share, so not interned
             return cls._made(op, dtype, shape, src, arg)
-        key = (op, dtype, shape, tuple(map(id, src)), _arg_key(arg))
-        found = cls._interned.get(key)
-        if found is not None:
-            return found
-        node = cls._interned[key] = cls._made(op, dtype, shape, src, arg)
+        key = (op, dtype, shape, src, _arg_key(arg))  # sources by identity: a Node hashes and compares as an object
+        ref = cls._interned.get(key)
+        if ref is not None:
+            found = ref()
+            if found is not None:
+                return found
+        node = cls._made(op, dtype, shape, src, arg)
+        ref = _Interned(node, _forget)
+        ref.key = key
+        cls._interned[key] = ref
         return node
 
     @classmethod
