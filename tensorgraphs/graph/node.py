@@ -51,7 +51,7 @@ def _forget(ref: _Interned, table: dict[tuple, _Interned] = _INTERNED) -> None:
 class Node:
     """One operation in the graph. `op` is a primitive `Op` or a `Composite`."""
 
-    __slots__ = ("op", "dtype", "shape", "src", "arg", "__weakref__")
+    __slots__ = ("op", "dtype", "shape", "src", "arg", "arg_key", "__weakref__")
     _interned = _INTERNED
     """Every live non-BUFFER node by its key (op, dtype, shape, sources, argument); weak, so unused nodes die."""
 
@@ -60,24 +60,26 @@ class Node:
     shape: Shape
     src: tuple[Node, ...]
     arg: Any
+    arg_key: Any  # `arg` as nodes are keyed by it (`_arg_key`)
 
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
         if op is Op.BUFFER:  # each holds its own buffer object: nothing to share, so not interned
-            return cls._made(op, dtype, shape, src, arg)
-        key = (op, dtype, shape, src, _arg_key(arg))  # sources by identity: a Node hashes and compares as an object
+            return cls._made(op, dtype, shape, src, arg, ("id", id(arg)))
+        arg_key = _arg_key(arg)
+        key = (op, dtype, shape, src, arg_key)  # sources by identity: a Node hashes and compares as an object
         ref = cls._interned.get(key)
         if ref is not None:
             found = ref()
             if found is not None:
                 return found
-        node = cls._made(op, dtype, shape, src, arg)
+        node = cls._made(op, dtype, shape, src, arg, arg_key)
         ref = _Interned(node, _forget)
         ref.key = key
         cls._interned[key] = ref
         return node
 
     @classmethod
-    def _made(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any) -> Node:
+    def _made(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any, arg_key: Any) -> Node:
         node = object.__new__(cls)
         setattr_ = object.__setattr__  # past the immutability guard
         setattr_(node, "op", op)
@@ -85,6 +87,7 @@ class Node:
         setattr_(node, "shape", shape)
         setattr_(node, "src", src)
         setattr_(node, "arg", arg)
+        setattr_(node, "arg_key", arg_key)
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -117,18 +120,18 @@ class Node:
 def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> list[Node]:
     """Nodes reachable from `roots`, sources first; below a node where `stop` holds is not visited."""
     order: list[Node] = []
-    seen: set[int] = set()
+    seen: set[Node] = set()  # a Node hashes and compares by identity
     stack: list[tuple[Node, Iterator[Node]]] = []
     for root in roots:
-        if id(root) in seen:
+        if root in seen:
             continue
-        seen.add(id(root))
+        seen.add(root)
         stack.append((root, iter(() if stop and stop(root) else root.src)))
         while stack:
             node, children = stack[-1]
             for child in children:
-                if id(child) not in seen:
-                    seen.add(id(child))
+                if child not in seen:
+                    seen.add(child)
                     stack.append((child, iter(() if stop and stop(child) else child.src)))
                     break
             else:
@@ -138,7 +141,8 @@ def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> l
 
 
 def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tuple, list[Node]]:
-    """A key equal for graphs that compute the same thing from different input arrays, and those inputs in order."""
+    """A key equal for graphs that compute the same thing from different input arrays, and those inputs in order.
+    Ops, composites and dtypes are singletons, so the key holds them as they are (it is built at every eager step)."""
     position: dict[Node, int] = {}
     entries: list[tuple] = []
     inputs: list[Node] = []
@@ -146,10 +150,10 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
         position[node] = len(entries)
         if is_input(node):
             inputs.append(node)
-            entries.append(("input", node.dtype.name, node.shape))
+            entries.append(("input", node.dtype, node.shape))
         else:
-            op = (type(node.op).__name__, node.op.name)
-            entries.append((op, node.dtype.name, node.shape, _arg_key(node.arg), tuple(position[s] for s in node.src)))
+            entries.append((node.op, node.dtype, node.shape, node.arg_key,
+                            tuple(map(position.__getitem__, node.src))))
     return (tuple(entries), tuple(position[r] for r in roots)), inputs
 
 
@@ -278,6 +282,8 @@ def is_noop_view(op: Op, shape: Shape, arg: Any) -> bool:
 
 def _plain_ints(arg: Any) -> Any:
     """Nested tuples of Python ints, so equal arguments given as lists or numpy ints share one node."""
+    if type(arg) is tuple and all(type(a) is int for a in arg):
+        return arg
     return tuple(_plain_ints(a) if isinstance(a, (list, tuple)) else int(a) for a in arg)
 
 
