@@ -308,10 +308,14 @@ def _held(array: np.ndarray, dtype: DType) -> Node:
 
 
 def values_of(tensors: Sequence[Tensor]) -> list[np.ndarray]:
-    """The tensors' values as arrays of their storage type, for one tensor (`Tensor._value`) or many at once (an
+    """The tensors' values as arrays of their storage type (see `node_values`)."""
+    return node_values([t.node for t in tensors])
+
+
+def node_values(nodes: Sequence[Node]) -> list[np.ndarray]:
+    """The nodes' values as arrays of their storage type, for one tensor's (`Tensor._value`) or many at once (an
     optimizer step reads hundreds): held buffers are read directly (outside a trace, which reads every buffer
     through its graph), the rest realized together, as one graph."""
-    nodes = [t.node for t in tensors]
     direct = [n.op is Op.BUFFER and not tracing.traces_recording for n in nodes]
     tracing.refuse_placeholders("realize", [n for n, held in zip(nodes, direct) if held])
     pending = list(dict.fromkeys(n for n, held in zip(nodes, direct) if not held))
