@@ -7,7 +7,7 @@ are rounded to bfloat16 after every operation (see `round_to_storage`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,21 +20,18 @@ class DType:
     itemsize: int
     kind: str  # "b" bool, "u" unsigned int, "i" signed int, "f" float
     storage: type  # numpy scalar type used by the reference backend
+    # what every op asks of its operands' dtypes, as plain attributes (read for every node built)
+    is_floating_point: bool = field(init=False)
+    is_integer: bool = field(init=False)
+    is_bool: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_floating_point", self.kind == "f")
+        object.__setattr__(self, "is_integer", self.kind in "iu")
+        object.__setattr__(self, "is_bool", self.kind == "b")
 
     def __repr__(self) -> str:
         return f"tg.{self.name}"
-
-    @property
-    def is_floating_point(self) -> bool:
-        return self.kind == "f"
-
-    @property
-    def is_integer(self) -> bool:
-        return self.kind in "iu"
-
-    @property
-    def is_bool(self) -> bool:
-        return self.kind == "b"
 
     @property
     def bits(self) -> int:

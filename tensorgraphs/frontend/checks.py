@@ -26,6 +26,8 @@ def int_arg(op: str, name: str, value: Any, kind: type[TGError] = ArgumentTypeEr
 def ints_arg(op: str, name: str, values: Any) -> tuple[int, ...]:
     """An int or a sequence of ints as a tuple of ints."""
     if isinstance(values, (tuple, list)):
+        if all(type(v) is int for v in values):  # the common case, checked without naming each element
+            return tuple(values)
         return tuple(int_arg(op, f"{name}[{i}]", v) for i, v in enumerate(values))
     return (int_arg(op, name, values),)
 
@@ -34,6 +36,8 @@ def size_arg(op: str, args: tuple[Any, ...], name: str = "size") -> tuple[int, .
     """Sizes given as varargs (`zeros(2, 3)`) or as one sequence (`zeros((2, 3))`)."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = tuple(args[0])
+    if all(type(a) is int for a in args):  # the common case, checked without naming each element
+        return args
     return tuple(int_arg(op, f"{name}[{i}]", a) for i, a in enumerate(args))
 
 

@@ -24,7 +24,7 @@ from tensorgraphs.graph import composite as composites
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import DETACH, Composite, detach_node, make_node
 from tensorgraphs.graph.node import Node, Shape
-from tensorgraphs.graph.ops import MOVEMENT, Op
+from tensorgraphs.graph.ops import BINARY, MOVEMENT, REDUCE, UNARY, Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import HOST, Buffer
 from tensorgraphs.runtime.realize import default_device, device, realize
@@ -96,7 +96,11 @@ class Tensor:
     def result(node: Node, *parents: Tensor) -> Tensor:
         """Wrap a new node; it requires grad when recording, a parent does and it is float (as in PyTorch)."""
         out = Tensor(node)
-        out.requires_grad = is_grad_enabled() and node.dtype.is_floating_point and any(p.requires_grad for p in parents)
+        if node.dtype.is_floating_point:
+            for parent in parents:
+                if parent.requires_grad:
+                    out.requires_grad = is_grad_enabled()
+                    break
         return out
 
     def node_for_op(self) -> Node:
@@ -106,17 +110,22 @@ class Tensor:
         return self.node
 
     # -- properties ----------------------------------------------------------
+    # Read for every op built: a tensor that is no view, outside a trace, answers from its own node directly.
     @property
     def shape(self) -> Shape:
+        if self._base is None and not tracing.traces_recording:
+            return self._node.shape
         return self.node.shape
 
     @property
     def dtype(self) -> DType:
+        if self._base is None and not tracing.traces_recording:
+            return self._node.dtype
         return self.node.dtype
 
     @property
     def ndim(self) -> int:
-        return len(self.node.shape)
+        return len(self.shape)
 
     @property
     def device(self) -> device:
@@ -299,10 +308,14 @@ def _held(array: np.ndarray, dtype: DType) -> Node:
 
 
 def values_of(tensors: Sequence[Tensor]) -> list[np.ndarray]:
-    """The tensors' values as arrays of their storage type, for one tensor (`Tensor._value`) or many at once (an
+    """The tensors' values as arrays of their storage type (see `node_values`)."""
+    return node_values([t.node for t in tensors])
+
+
+def node_values(nodes: Sequence[Node]) -> list[np.ndarray]:
+    """The nodes' values as arrays of their storage type, for one tensor's (`Tensor._value`) or many at once (an
     optimizer step reads hundreds): held buffers are read directly (outside a trace, which reads every buffer
     through its graph), the rest realized together, as one graph."""
-    nodes = [t.node for t in tensors]
     direct = [n.op is Op.BUFFER and not tracing.traces_recording for n in nodes]
     tracing.refuse_placeholders("realize", [n for n, held in zip(nodes, direct) if held])
     pending = list(dict.fromkeys(n for n, held in zip(nodes, direct) if not held))
@@ -407,6 +420,8 @@ def normalize_dims(op: str, dim: int | Sequence[int] | None, ndim: int) -> tuple
 
 
 def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
+    if shapes and all(s == shapes[0] for s in shapes):
+        return tuple(shapes[0])
     ndim = max((len(s) for s in shapes), default=0)
     result = []
     for axis in range(ndim):
@@ -442,6 +457,11 @@ def operands(op: str, *values: Any, dtype: DType | None = None,
     float, so Python scalars convert to it directly (uint8 / -3 is -1/3, not 1/253).
     """
     tensors = [v for v in values if isinstance(v, Tensor)]
+    if len(tensors) == len(values):  # the common case: tensors of one dtype and shape are taken as they are
+        first_dtype, first_shape = tensors[0].dtype, tensors[0].shape
+        if (dtype is None or dtype is first_dtype) and (first_dtype.is_floating_point or not floating) and all(
+                t.dtype is first_dtype and t.shape == first_shape for t in tensors):
+            return list(tensors), first_dtype
     scalars = [v for v in values if not isinstance(v, Tensor)]
     for s in scalars:
         if not is_scalar(s):
@@ -460,7 +480,8 @@ def operands(op: str, *values: Any, dtype: DType | None = None,
         elif isinstance(v, tracing.NumberArgument):
             t = _number_tensor(v, dtype)
         else:
-            t = Tensor(g.const(v, dtype))
+            out.append(Tensor(g.const(v, dtype, shape)))
+            continue
         out.append(expand_to(t, shape))
     return out, dtype
 
@@ -468,20 +489,21 @@ def operands(op: str, *values: Any, dtype: DType | None = None,
 def apply(op: Op, *inputs: Tensor, arg: Any = None) -> Tensor:
     """Build one primitive node from already-checked inputs."""
     nodes = [t.node_for_op() for t in inputs]
-    if op in (Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT):
-        node = g.unary(op, nodes[0])
+    if op in BINARY:
+        node = g.binary(op, *nodes)
+    elif op in MOVEMENT:
+        node = g.movement(op, nodes[0], arg)
+    elif op in REDUCE:
+        node = g.reduce(op, nodes[0], arg)
     elif op is Op.WHERE:
         node = g.where(*nodes)
-    elif op in (Op.REDUCE_SUM, Op.REDUCE_MAX):
-        node = g.reduce(op, nodes[0], arg)
-    elif op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.PAD, Op.SHRINK, Op.FLIP):
-        node = g.movement(op, nodes[0], arg)
     elif op is Op.GATHER:
         node = g.gather(nodes[0], nodes[1], arg)
     elif op is Op.SCATTER_ADD:
         node = g.scatter_add(nodes[0], nodes[1], nodes[2], arg)
     else:
-        node = g.binary(op, *nodes)
+        assert op in UNARY and op is not Op.CAST, op
+        node = g.unary(op, nodes[0])
     return Tensor.result(node, *inputs)
 
 

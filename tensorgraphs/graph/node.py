@@ -21,41 +21,65 @@ Shape = tuple[int, ...]
 
 def _arg_key(arg: Any) -> Any:
     """Key for an op argument: floats by repr so -0.0 and 0.0 stay apart and NaN matches NaN."""
-    if isinstance(arg, float):
-        return ("float", repr(arg))
+    if arg is None:
+        return None
     if isinstance(arg, tuple):
         if all(type(a) is int for a in arg):  # shapes, axes: the common case, keyed whole
             return ("ints", arg)
         return tuple(_arg_key(a) for a in arg)
-    if isinstance(arg, (bool, int, str, type(None), DType, Op)):
+    if isinstance(arg, float):
+        return ("float", repr(arg))
+    if isinstance(arg, (bool, int, str, DType, Op)):
         return (type(arg).__name__, arg)
     return ("id", id(arg))  # buffers, composites: identity
+
+
+class _Interned(weakref.ref):
+    """The interning table's reference to a node, which drops the node's entry when the node dies."""
+
+    __slots__ = ("key",)
+
+
+_INTERNED: dict[tuple, _Interned] = {}
+
+
+def _forget(ref: _Interned, table: dict[tuple, _Interned] = _INTERNED) -> None:
+    if table.get(ref.key) is ref:
+        del table[ref.key]
 
 
 class Node:
     """One operation in the graph. `op` is a primitive `Op` or a `Composite`."""
 
-    __slots__ = ("op", "dtype", "shape", "src", "arg", "__weakref__")
-    _interned: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+    __slots__ = ("op", "dtype", "shape", "src", "arg", "arg_key", "__weakref__")
+    _interned = _INTERNED
+    """Every live non-BUFFER node by its key (op, dtype, shape, sources, argument); weak, so unused nodes die."""
 
     op: Any
     dtype: DType
     shape: Shape
     src: tuple[Node, ...]
     arg: Any
+    arg_key: Any  # `arg` as nodes are keyed by it (`_arg_key`)
 
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
         if op is Op.BUFFER:  # each holds its own buffer object: nothing to share, so not interned
-            return cls._made(op, dtype, shape, src, arg)
-        key = (op, dtype, shape, tuple(map(id, src)), _arg_key(arg))
-        found = cls._interned.get(key)
-        if found is not None:
-            return found
-        node = cls._interned[key] = cls._made(op, dtype, shape, src, arg)
+            return cls._made(op, dtype, shape, src, arg, ("id", id(arg)))
+        arg_key = _arg_key(arg)
+        key = (op, dtype, shape, src, arg_key)  # sources by identity: a Node hashes and compares as an object
+        ref = cls._interned.get(key)
+        if ref is not None:
+            found = ref()
+            if found is not None:
+                return found
+        node = cls._made(op, dtype, shape, src, arg, arg_key)
+        ref = _Interned(node, _forget)
+        ref.key = key
+        cls._interned[key] = ref
         return node
 
     @classmethod
-    def _made(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any) -> Node:
+    def _made(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any, arg_key: Any) -> Node:
         node = object.__new__(cls)
         setattr_ = object.__setattr__  # past the immutability guard
         setattr_(node, "op", op)
@@ -63,6 +87,7 @@ class Node:
         setattr_(node, "shape", shape)
         setattr_(node, "src", src)
         setattr_(node, "arg", arg)
+        setattr_(node, "arg_key", arg_key)
         return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -95,18 +120,18 @@ class Node:
 def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> list[Node]:
     """Nodes reachable from `roots`, sources first; below a node where `stop` holds is not visited."""
     order: list[Node] = []
-    seen: set[int] = set()
+    seen: set[Node] = set()  # a Node hashes and compares by identity
     stack: list[tuple[Node, Iterator[Node]]] = []
     for root in roots:
-        if id(root) in seen:
+        if root in seen:
             continue
-        seen.add(id(root))
+        seen.add(root)
         stack.append((root, iter(() if stop and stop(root) else root.src)))
         while stack:
             node, children = stack[-1]
             for child in children:
-                if id(child) not in seen:
-                    seen.add(id(child))
+                if child not in seen:
+                    seen.add(child)
                     stack.append((child, iter(() if stop and stop(child) else child.src)))
                     break
             else:
@@ -116,7 +141,8 @@ def toposort(roots: list[Node], stop: Callable[[Node], bool] | None = None) -> l
 
 
 def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tuple, list[Node]]:
-    """A key equal for graphs that compute the same thing from different input arrays, and those inputs in order."""
+    """A key equal for graphs that compute the same thing from different input arrays, and those inputs in order.
+    Ops, composites and dtypes are singletons, so the key holds them as they are (it is built at every eager step)."""
     position: dict[Node, int] = {}
     entries: list[tuple] = []
     inputs: list[Node] = []
@@ -124,10 +150,10 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
         position[node] = len(entries)
         if is_input(node):
             inputs.append(node)
-            entries.append(("input", node.dtype.name, node.shape))
+            entries.append(("input", node.dtype, node.shape))
         else:
-            op = (type(node.op).__name__, node.op.name)
-            entries.append((op, node.dtype.name, node.shape, _arg_key(node.arg), tuple(position[s] for s in node.src)))
+            entries.append((node.op, node.dtype, node.shape, node.arg_key,
+                            tuple(map(position.__getitem__, node.src))))
     return (tuple(entries), tuple(position[r] for r in roots)), inputs
 
 
@@ -256,6 +282,8 @@ def is_noop_view(op: Op, shape: Shape, arg: Any) -> bool:
 
 def _plain_ints(arg: Any) -> Any:
     """Nested tuples of Python ints, so equal arguments given as lists or numpy ints share one node."""
+    if type(arg) is tuple and all(type(a) is int for a in arg):
+        return arg
     return tuple(_plain_ints(a) if isinstance(a, (list, tuple)) else int(a) for a in arg)
 
 

@@ -52,6 +52,8 @@ class Op(Enum):
     ASSIGN = auto()  # src: (target, value)
     COPY = auto()  # arg: device name
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash is Python code on every graph lookup
+
 
 UNARY = frozenset({Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.CAST})
 BINARY = frozenset({Op.ADD, Op.MUL, Op.DIV, Op.MOD, Op.MAX, Op.CMPLT, Op.CMPNE, Op.AND, Op.OR, Op.XOR})

@@ -20,7 +20,7 @@ import numpy as np
 
 from tensorgraphs.dtypes import DType, float32
 from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
-from tensorgraphs.frontend.tensor import Tensor, live_buffer, values_of
+from tensorgraphs.frontend.tensor import Tensor, live_buffer, node_values
 from tensorgraphs.graph.node import Node
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import cached_executable, owned, placeholder, realize
@@ -167,16 +167,17 @@ class Optimizer:
         if not entries:
             return
         tensors = [t for _, param, state in entries for t in (param, param.grad, *_tensors(state))]
-        run, outputs = cached_executable(("optimizer step", self._layout(entries, tensors)),
+        nodes = [t.node for t in tensors]  # read once: the layout and the values come from the same nodes
+        run, outputs = cached_executable(("optimizer step", self._layout(entries, nodes)),
                                          lambda: self._step_graph(entries, tensors))
-        arrays = [*values_of(tensors), *(np.asarray(group["lr"], np.float32) for group in self.param_groups)]
+        arrays = [*node_values(nodes), *(np.asarray(group["lr"], np.float32) for group in self.param_groups)]
         for (index, key, dtype), value in zip(outputs, owned(run(arrays), arrays)):
             _, param, state = entries[index]
             target = param if key == "param" else _state_target(state, key, value.shape, dtype)
             target._hold(value)
 
-    def _layout(self, entries: list[Entry], tensors: list[Tensor]) -> Hashable:
-        """What the step's graph over `tensors` (each entry's parameter, gradient and state tensors) depends on
+    def _layout(self, entries: list[Entry], nodes: list[Node]) -> Hashable:
+        """What the step's graph over `nodes` (of each entry's parameter, gradient and state tensors) depends on
         besides the arrays' values (see the module docstring)."""
         groups = {id(group): index for index, group in enumerate(self.param_groups)}
         hyper = tuple(tuple((k, repr(v)) for k, v in sorted(group.items()) if k not in ("params", "lr"))
@@ -184,7 +185,6 @@ class Optimizer:
         per_param = tuple((groups[id(group)], tuple((k, None if isinstance(v, Tensor) else repr(v))
                                                     for k, v in state.items()))
                           for group, _, state in entries)
-        nodes = [t.node for t in tensors]
         return type(self), hyper, per_param, tuple((n.dtype, n.shape) for n in nodes)
 
     def _step_graph(self, entries: list[Entry],

@@ -35,7 +35,7 @@ def byte_span(array: np.ndarray) -> tuple[int, int]:
 class Buffer:
     """Storage for one tensor on one device. Identity matters: a BUFFER node refers to it."""
 
-    __slots__ = ("device", "dtype", "shape", "data", "grad_leaf", "live", "__weakref__")
+    __slots__ = ("device", "dtype", "shape", "data", "grad_leaf", "live", "placeholder", "__weakref__")
 
     def __init__(self, device: str, dtype: DType, shape: tuple[int, ...], data: np.ndarray) -> None:
         self.device = device
@@ -46,6 +46,7 @@ class Buffer:
         # where a compiled program reads this buffer's value at every call (a hyperparameter such as lr),
         # instead of the data it held when traced
         self.live: Callable[[], Any] | None = None
+        self.placeholder = False  # stands for a value only while a function is traced (`tracing.is_placeholder`)
 
     def __repr__(self) -> str:
         return f"Buffer({self.device}, {self.dtype.name}, {self.shape})"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -29,19 +28,19 @@ _state = threading.local()
 traces_recording = 0
 """How many traces are being recorded, on any thread: a cheap test before `active()` on hot paths."""
 _recording_lock = threading.Lock()
-_PLACEHOLDERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
-"""Buffers that only stand for a value while a function is traced (its arguments, stand-ins): their data is
-meaningless, so a graph that reads one after its trace would compute with made-up values."""
 
 
 def placeholder(node: Node) -> Node:
     """Mark a BUFFER node as a placeholder (see `is_placeholder`)."""
-    _PLACEHOLDERS.add(node.arg)
+    node.arg.placeholder = True
     return node
 
 
 def is_placeholder(node: Node) -> bool:
-    return node.op is Op.BUFFER and node.arg in _PLACEHOLDERS
+    """Whether `node` is a buffer that only stands for a value while a function is traced (its arguments,
+    stand-ins): its data is meaningless, so a graph that reads one after its trace would compute with made-up
+    values."""
+    return node.op is Op.BUFFER and node.arg.placeholder
 
 
 def refuse_placeholders(what: str, leaves: Iterable[Node]) -> None:
