@@ -74,63 +74,83 @@ typedef struct {
     int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
 } geometry;
 
-/* U[point][ci][co] = G g G^T; whether every weight is finite. */
+/* U[point][ci][co] = G g G^T; whether every weight is finite. U (four times the weights) is written with streaming
+ * stores: the GEMM reads it only after all of it is written, so caching it as it is written only evicts data. */
 static int transform_weights(const geometry *g, const float *weight, float *u) {
     int bad = 0;
     const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                              _mm512_set1_epi32((int32_t)(g->cin * 9)));
-#pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
-    for (int64_t ci = 0; ci < g->cin; ci++)
-        for (int64_t co = 0; co < g->cout; co += 16) {
-            __mmask16 valid = tg_tail_mask(g->cout - co);
-            const float *kernel = weight + (co * g->cin + ci) * 9;
-            v16 rows[3][PATCH], column[3], transformed[PATCH];
-            for (int l = 0; l < 3; l++) { /* G applied to each kernel column */
-                for (int k = 0; k < 3; k++) {
-                    column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernel + 3 * k + l, 4);
-                    bad |= not_finite(column[k]) != 0;
+#pragma omp parallel reduction(| : bad)
+    {
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t ci = 0; ci < g->cin; ci++)
+            for (int64_t co = 0; co < g->cout; co += 16) {
+                __mmask16 valid = tg_tail_mask(g->cout - co);
+                const float *kernel = weight + (co * g->cin + ci) * 9;
+                v16 rows[3][PATCH], column[3], transformed[PATCH];
+                for (int l = 0; l < 3; l++) { /* G applied to each kernel column */
+                    for (int k = 0; k < 3; k++) {
+                        column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernel + 3 * k + l, 4);
+                        bad |= not_finite(column[k]) != 0;
+                    }
+                    weight_transform(column, transformed);
+                    for (int xi = 0; xi < PATCH; xi++) rows[l][xi] = transformed[xi];
                 }
-                weight_transform(column, transformed);
-                for (int xi = 0; xi < PATCH; xi++) rows[l][xi] = transformed[xi];
+                for (int xi = 0; xi < PATCH; xi++) { /* then G^T to each row */
+                    v16 row[3] = {rows[0][xi], rows[1][xi], rows[2][xi]};
+                    weight_transform(row, transformed);
+                    for (int nu = 0; nu < PATCH; nu++) {
+                        float *at = u + ((xi * PATCH + nu) * g->cin + ci) * g->cout + co;
+                        if (valid == 0xFFFF && ((uintptr_t)at & 63) == 0)
+                            _mm512_stream_ps(at, transformed[nu]);
+                        else
+                            _mm512_mask_storeu_ps(at, valid, transformed[nu]);
+                    }
+                }
             }
-            for (int xi = 0; xi < PATCH; xi++) { /* then G^T to each row */
-                v16 row[3] = {rows[0][xi], rows[1][xi], rows[2][xi]};
-                weight_transform(row, transformed);
-                for (int nu = 0; nu < PATCH; nu++)
-                    _mm512_mask_storeu_ps(u + ((xi * PATCH + nu) * g->cin + ci) * g->cout + co, valid, transformed[nu]);
-            }
-        }
+        _mm_sfence(); /* each thread's streaming stores are visible before the GEMM starts */
+    }
     return !bad;
+}
+
+/* For the 16 tiles from p0: the image offset of each patch's corner, and its row and column (negative in the
+ * padding), stepping through tiles without dividing. */
+static void tile_corners(const geometry *g, int64_t p0, int32_t first[16], int32_t top[16], int32_t left[16]) {
+    int64_t per_image = g->tiles_h * g->tiles_w, image = p0 / per_image;
+    int64_t row = p0 % per_image / g->tiles_w, column = p0 % g->tiles_w;
+    for (int l = 0; l < 16; l++) {
+        top[l] = (int32_t)(row * TILE - g->pad_h), left[l] = (int32_t)(column * TILE - g->pad_w);
+        first[l] = (int32_t)(image * g->cin * g->h * g->w + (int64_t)top[l] * g->w + left[l]);
+        if (++column == g->tiles_w) {
+            column = 0;
+            if (++row == g->tiles_h) row = 0, image++;
+        }
+    }
 }
 
 /* V[point][ci][p] = B^T d B for tiles p (images, tile rows, tile columns in order); whether every input read is
  * finite (every input element lies in some patch). */
 static int transform_input(const geometry *g, const float *x, float *v) {
     int bad = 0;
-    int64_t plane = g->h * g->w, per_image = g->tiles_h * g->tiles_w;
 #pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
-    for (int64_t p0 = 0; p0 < g->tiles; p0 += 16)
-        for (int64_t ci = 0; ci < g->cin; ci++) {
-            int32_t base[16], top[16], left[16];
-            for (int l = 0; l < 16; l++) {
-                int64_t p = p0 + l < g->tiles ? p0 + l : p0, image = p / per_image, tile = p % per_image;
-                top[l] = (int32_t)(tile / g->tiles_w * TILE - g->pad_h);
-                left[l] = (int32_t)(tile % g->tiles_w * TILE - g->pad_w);
-                base[l] = (int32_t)(image * g->cin * plane + (int64_t)top[l] * g->w + left[l]);
-            }
+    for (int64_t ci = 0; ci < g->cin; ci++)
+        for (int64_t p0 = 0; p0 < g->tiles; p0 += 16) { /* V's rows are written in order */
+            int32_t first[16], top[16], left[16];
+            tile_corners(g, p0, first, top, left);
             __mmask16 valid = tg_tail_mask(g->tiles - p0), row_in[PATCH], column_in[PATCH];
-            __m512i first = _mm512_loadu_si512(base), row0 = _mm512_loadu_si512(top), col0 = _mm512_loadu_si512(left);
+            __m512i corner = _mm512_loadu_si512(first), row0 = _mm512_loadu_si512(top);
+            __m512i col0 = _mm512_loadu_si512(left);
             for (int k = 0; k < PATCH; k++) { /* unsigned compares: negative rows and columns are out too */
                 row_in[k] = _mm512_cmplt_epu32_mask(_mm512_add_epi32(row0, _mm512_set1_epi32(k)),
                                                     _mm512_set1_epi32((int32_t)g->h));
                 column_in[k] = _mm512_cmplt_epu32_mask(_mm512_add_epi32(col0, _mm512_set1_epi32(k)),
                                                        _mm512_set1_epi32((int32_t)g->w));
             }
-            const float *channel = x + ci * plane;
+            const float *channel = x + ci * g->h * g->w;
             v16 columns[PATCH][PATCH], d[PATCH], transformed[PATCH];
             for (int c = 0; c < PATCH; c++) { /* B^T applied to each patch column */
                 for (int r = 0; r < PATCH; r++) {
-                    __m512i index = _mm512_add_epi32(first, _mm512_set1_epi32((int32_t)(r * g->w + c)));
+                    __m512i index = _mm512_add_epi32(corner, _mm512_set1_epi32((int32_t)(r * g->w + c)));
                     d[r] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid & row_in[r] & column_in[c], index,
                                                     channel, 4);
                     bad |= not_finite(d[r]) != 0;
@@ -148,36 +168,64 @@ static int transform_input(const geometry *g, const float *x, float *v) {
     return !bad;
 }
 
-/* out = epilogue(A^T M A), each 4x4 tile cut at the output's edge, 16 output channels at a time. */
+/* r[c] = lane c of each of r[0..15]: a 16x16 transpose in registers (32-bit, 64-bit, then 128-bit interleaves). */
+static inline __attribute__((always_inline)) void transpose_16x16(v16 r[16]) {
+    v16 t[16];
+    for (int i = 0; i < 16; i += 2)
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 16; i += 4)
+        for (int half = 0; half < 2; half++) {
+            __m512d a = _mm512_castps_pd(t[i + half]), b = _mm512_castps_pd(t[i + half + 2]);
+            r[i + 2 * half] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * half + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88), r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+    }
+}
+
+/* out = epilogue(A^T M A), each 4x4 tile cut at the output's edge: 16 output channels of a tile at a time,
+ * transposed in registers so each channel's tile is four short row stores. */
 static void transform_output(const geometry *g, const float *m, const float *bias, float alpha,
                              const float *residual, int32_t activation, float *out) {
     int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
-    const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32((int32_t)positions));
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t p = 0; p < g->tiles; p++)
         for (int64_t co = 0; co < g->cout; co += 16) {
             __mmask16 valid = tg_tail_mask(g->cout - co);
             int64_t image = p / per_image, tile = p % per_image;
             int64_t top = tile / g->tiles_w * TILE, left = tile % g->tiles_w * TILE;
-            v16 rows[PATCH][TILE], column[PATCH], y[TILE];
+            v16 rows[PATCH][TILE], column[PATCH], y[TILE], tile_values[16];
             for (int xi = 0; xi < PATCH; xi++) { /* A^T applied to each row of the transformed tile */
                 for (int nu = 0; nu < PATCH; nu++)
                     column[nu] = _mm512_maskz_loadu_ps(valid, m + ((xi * PATCH + nu) * g->tiles + p) * g->cout + co);
                 output_transform(column, rows[xi]);
             }
-            v16 shift = bias ? _mm512_maskz_loadu_ps(valid, bias + co) : _mm512_setzero_ps();
-            float *corner = out + (image * g->cout + co) * positions + top * g->ow + left;
-            for (int j = 0; j < TILE && left + j < g->ow; j++) { /* then A to each column */
+            for (int j = 0; j < TILE; j++) { /* then A to each column */
                 for (int xi = 0; xi < PATCH; xi++) column[xi] = rows[xi][j];
                 output_transform(column, y);
-                for (int i = 0; i < TILE && top + i < g->oh; i++) {
-                    v16 value = tg_activate_ps(_mm512_fmadd_ps(y[i], _mm512_set1_ps(alpha), shift), activation);
-                    int64_t at = (corner - out) + i * g->ow + j;
-                    if (residual)
-                        value = _mm512_add_ps(value, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes,
-                                                                              residual + at, 4));
-                    _mm512_mask_i32scatter_ps(out + at, valid, lanes, value, 4);
+                for (int i = 0; i < TILE; i++) tile_values[i * TILE + j] = y[i];
+            }
+            transpose_16x16(tile_values); /* tile_values[channel], lane i * 4 + j */
+            int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
+            __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
+            for (int64_t c = 0; c < 16 && co + c < g->cout; c++) {
+                v16 shift = _mm512_set1_ps(bias ? bias[co + c] : 0.0f);
+                float values[16] __attribute__((aligned(64)));
+                _mm512_store_ps(values, tg_activate_ps(_mm512_fmadd_ps(tile_values[c], _mm512_set1_ps(alpha), shift),
+                                                       activation));
+                int64_t at = (image * g->cout + co + c) * positions + top * g->ow + left;
+                for (int64_t i = 0; i < height; i++) {
+                    __m128 row = _mm_load_ps(values + TILE * i);
+                    if (residual) row = _mm_add_ps(row, _mm_maskz_loadu_ps(width, residual + at + i * g->ow));
+                    _mm_mask_storeu_ps(out + at + i * g->ow, width, row);
                 }
             }
         }
