@@ -11,7 +11,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, walk
-from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, forced, route_of
+from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, code_hash, compiled_planner, forced, kernel_id, route_of
 from tensorgraphs.plan.signature import signature_of
 from tensorgraphs.schedule import convolution as conv
 from tensorgraphs.schedule.extern import gemm_enabled
@@ -173,3 +173,27 @@ def test_without_the_gemm_library_convs_decompose(monkeypatch: pytest.MonkeyPatc
     out = F.conv2d(tg.tensor(_floats((1, 2, 8, 8), 0)), tg.tensor(_floats((3, 2, 3, 3), 1)))
     assert route_of(out.node) == DECOMPOSE
     assert not _calls([out], ConvCall)
+
+
+@pytest.mark.parametrize("chosen", [conv.IMPLICIT_GEMM, conv.WINOGRAD, DECOMPOSE])
+def test_the_algorithm_measured_fastest_is_what_a_compiled_function_runs(chosen: str, tmp_path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows in the kernel database decide (as `tg tune` writes them); winograd, second in the table, runs only
+    where it measured faster."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))  # a kernel database of its own
+    x, weight = _floats((2, 6, 11, 9), 0), _floats((7, 6, 3, 3), 1)
+    (node,) = _conv_nodes(F.conv2d(tg.tensor(x), tg.tensor(weight), padding=1))
+    sig, planner = signature_of(node), compiled_planner()
+    assert route_of(node) == conv.IMPLICIT_GEMM  # nothing measured: the table's order
+    for candidate in (conv.IMPLICIT_GEMM, conv.WINOGRAD, DECOMPOSE):
+        planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
+                                     sig.dtype_key, sig.shape_key, sig.flops, sig.bytes,
+                                     [1e-6 if candidate == chosen else 1.0])
+    convolve = tg.compile(lambda a, b: F.conv2d(a, b, padding=1).relu())
+    out = convolve(tg.tensor(x), tg.tensor(weight))
+    (trace,) = [t for traces in convolve.traces.values() for t in traces]
+    calls = [s for kernel in trace.program.kernels for s in walk(kernel.body) if isinstance(s, ConvCall)]
+    assert [call.function for call in calls] == ([conv.C_FUNCTIONS[chosen]] if chosen != DECOMPOSE else [])
+    expected = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(weight).double(),
+                                                     padding=1)).numpy()
+    assert np.abs(out.numpy() - expected).max() < 3e-5 * np.abs(expected).max()
