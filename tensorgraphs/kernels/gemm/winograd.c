@@ -6,9 +6,8 @@
  *   V[point][ci][p]   = B^T d B          (the input patches, zero outside the image)
  *   M[point][p][co]   = V[point]^T @ U[point]   (tg_gemm_f32, batch 36: rows are tiles, columns channels)
  *   out tile (p, co)  = epilogue(A^T M A)
- * The transforms are vectorized over 16 tiles (input: masked gathers from the image) or 16 output channels (weights,
- * output: the epilogue's bias is a vector load, the result scattered to NCHW). */
-#include <omp.h>
+ * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding) or 16
+ * output channels (weights; output, whose tiles are then transposed in registers and stored row by row). */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -240,7 +239,7 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     geometry g = {n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
     g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE, g.tiles = n * g.tiles_h * g.tiles_w;
     winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
-               n * cin * h * w < INT32_MAX / 2 && 16 * g.oh * g.ow < INT32_MAX; /* gather offsets are int32 */
+               n * cin * h * w < INT32_MAX / 2; /* gather offsets are int32 */
     float *u = winograd ? reserve((size_t)POINTS * cin * (cout + g.tiles) + (size_t)POINTS * g.tiles * cout) : NULL;
     if (!u || !transform_weights(&g, weight, u) || !transform_input(&g, x, u + POINTS * cin * cout))
         return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
