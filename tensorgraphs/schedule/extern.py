@@ -392,7 +392,7 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool], bias_vector: Callable[[
     return rules
 
 
-EPILOGUE_KINDS.append(EpilogueKind(runs_as_gemm, lambda is_chain_end: epilogue_rules(is_chain_end),
+EPILOGUE_KINDS.append(EpilogueKind(runs_as_gemm, lambda is_chain_end: epilogue_rules(is_chain_end),  # late-bound
                                    _product_with_epilogue))
 
 
@@ -446,10 +446,11 @@ def fuse_epilogues(roots: list[Node], materialized: set[Node],
 
 def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
                  is_leaf: Callable[[Node], bool]) -> dict[Node, EpilogueChain]:
-    """Every product's chain, by its end. Walking the graph sources first, a rule extends a chain when every
-    node it replaces (the chain end and the op's inner nodes) is consumed only inside the op, the op's result
-    is float32, and its bias (a row vector, through reshapes and leading-dim slices) or residual (of the
-    result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain end)."""
+    """Every library call's chain (of each of `EPILOGUE_KINDS`), by its end. Walking the graph sources first, a rule
+    of the chain's kind extends it when every node it replaces (the chain end and the op's inner nodes) is consumed
+    only inside the op, the op's result is float32, and its bias (a vector, through reshapes and leading-dim
+    slices) or residual (of the result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain
+    end)."""
     consumers = _consumers(order, roots, is_leaf)
     position = {node: i for i, node in enumerate(order)}
     chains = {node: EpilogueChain(node, kind) for node in order
