@@ -8,7 +8,8 @@ BLAS, all after warm-up. It prints medians in GFLOP/s; the ratio to torch (media
 against the targets of issue 5 (GEMM >= 95% of torch, conv2d >= 80%, fused linear+gelu faster than torch's
 linear then gelu, gelu(h) @ W with gelu applied while packing h faster than torch's gelu then linear); the
 fraction of this machine's FMA peak (measured at start with a register-only FMA loop on every thread); and the
-spread of ours (interquartile range / median), which says how noisy the row was.
+spread of ours (interquartile range / median), which says how noisy the row was. A 3x3 stride-1 conv row has a
+second line, "winograd": our Winograd F(4x4, 3x3) kernel (its GFLOP/s count the direct algorithm's flops).
 
 On a machine shared with other work, `--threads 1 --clock cpu` compares the kernels by the CPU time of the one
 thread (time the thread was descheduled does not count), which is far less noisy than wall-clock time.
@@ -97,9 +98,10 @@ def timed_runs(candidates: dict[str, Callable[[], object]], min_time: float) -> 
 
 
 def measure(candidates: dict[str, Callable[[], object]], min_time: float) -> dict[str, list[float]]:
-    """Ours and torch interleaved (they share torch's OpenMP pool); BLAS alone afterwards, then a pause, because
-    OpenBLAS's own threads keep spinning after a call and would slow whatever runs next."""
-    times = timed_runs({name: candidates[name] for name in ("ours", "torch")}, min_time)
+    """Ours (and our Winograd conv, where a row has it) and torch interleaved (they share torch's OpenMP pool); BLAS
+    alone afterwards, then a pause, because OpenBLAS's own threads keep spinning after a call and would slow
+    whatever runs next."""
+    times = timed_runs({name: run for name, run in candidates.items() if name != "blas"}, min_time)
     if "blas" in candidates:
         times |= timed_runs({"blas": candidates["blas"]}, min_time)
         time.sleep(0.2)
@@ -167,6 +169,8 @@ def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: in
         "ours": lambda: gemm.conv2d(x, weight, stride=stride, padding=padding),
         "torch": lambda: torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding),
     }
+    if kernel == 3 and stride == 1:
+        candidates["winograd"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding, algorithm="winograd")
     return 2.0 * batch * cout * out_size * out_size * cin * kernel * kernel, candidates
 
 
@@ -212,6 +216,23 @@ def rows(groups: set[str], big: bool) -> list[tuple[str, str, float, Callable[[]
     return table
 
 
+def print_row(group: str, label: str, target: float, flops: float, times: dict[str, list[float]], ours: str,
+              peak: float) -> str:
+    """One row of the table for our implementation `ours` (GFLOP/s count the direct algorithm's flops); whether it
+    met the target ("ok", "MISS", or "" with none)."""
+    gflops = {name: flops / statistics.median(t) / 1e9 for name, t in times.items()}
+    quartiles = statistics.quantiles(times[ours], n=4)
+    ratio = statistics.median(t / o for o, t in zip(times[ours], times["torch"], strict=True))
+    met = "" if target == 0 else ("ok" if ratio >= target else "MISS")
+    print(
+        f"{group:<12} {label:<20} {gflops[ours]:6.0f} {gflops.get('blas', float('nan')):6.0f} "
+        f"{gflops['torch']:6.0f} {ratio:9.2f}x {target:5.2f} {met:<4} {100 * gflops[ours] / peak:4.0f}% "
+        f"{100 * (quartiles[2] - quartiles[0]) / statistics.median(times[ours]):5.0f}%",
+        flush=True,
+    )
+    return met
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big", action="store_true", help="add the 4096^3 square")
@@ -243,17 +264,9 @@ def main() -> None:
     for group, label, target, build in rows(set(options.only.split(",")), options.big):
         flops, candidates = build()
         times = measure(candidates, options.min_time)
-        gflops = {name: flops / statistics.median(t) / 1e9 for name, t in times.items()}
-        quartiles = statistics.quantiles(times["ours"], n=4)
-        ratio = statistics.median(t / o for o, t in zip(times["ours"], times["torch"], strict=True))
-        met = "" if target == 0 else ("ok" if ratio >= target else "MISS")
-        misses += met == "MISS"
-        print(
-            f"{group:<12} {label:<20} {gflops['ours']:6.0f} {gflops.get('blas', float('nan')):6.0f} "
-            f"{gflops['torch']:6.0f} {ratio:9.2f}x {target:5.2f} {met:<4} {100 * gflops['ours'] / peak:4.0f}% "
-            f"{100 * (quartiles[2] - quartiles[0]) / statistics.median(times['ours']):5.0f}%",
-            flush=True,
-        )
+        for ours, suffix in (("ours", ""), ("winograd", " winograd")):
+            if ours in times:
+                misses += print_row(group, label + suffix, target, flops, times, ours, peak) == "MISS"
     print(f"rows below target: {misses}; load average now {os.getloadavg()[0]:.1f}")
 
 

@@ -37,7 +37,7 @@ from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, CStyleRenderer, uses_host_calls
 from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
-from tensorgraphs.codegen.loop_ir import GemmCall, Kernel, walk
+from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, Kernel, walk
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
@@ -56,7 +56,9 @@ KERNEL_OBSERVERS: list[Callable[[str, float, float, float, float], None]] = []
 
 def kernel_work(kernel: Kernel) -> tuple[float, float]:
     """(flops of its library calls, bytes of the buffers it reads and writes once each): for a roofline."""
-    flops = sum(2.0 * s.batch * s.m * s.n * s.k for s in walk(kernel.body) if isinstance(s, GemmCall))
+    body = list(walk(kernel.body))
+    flops = sum(2.0 * s.batch * s.m * s.n * s.k for s in body if isinstance(s, GemmCall))
+    flops += sum(s.flops for s in body if isinstance(s, ConvCall))
     return flops, float(sum(b.size * b.dtype.itemsize for b in kernel.buffers))
 
 

@@ -9,6 +9,7 @@ Nothing here knows C: the renderer owns every spelling.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -239,6 +240,59 @@ class GemmCall:
 
 
 @dataclass(frozen=True)
+class ConvCall:
+    """out = activation(alpha * conv2d(x, weight) + bias) + residual by a conv2d kernel of the GEMM library
+    (`function`, tg_conv2d_f32's contract in gemm.h): float32, NCHW, groups 1, every array contiguous; x (batch,
+    channels, height, width), weight (out_channels, channels, *kernel), a bias per output channel, the residual and
+    out (batch, out_channels, *out_size). `x`, `weight` and `bias` start their `*_offset` elements into their
+    buffers; padding is (height, width), the same before and after."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    out_channels: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    x: str
+    weight: str
+    out: str
+    function: str
+    x_offset: int = 0
+    weight_offset: int = 0
+    bias: str | None = None
+    bias_offset: int = 0
+    residual: str | None = None
+    alpha: float = 1.0
+    activation: str = "none"
+
+    def __repr__(self) -> str:
+        geometry = (f"{self.batch}x{self.channels}x{self.height}x{self.width} -> {self.out_channels}, kernel "
+                    f"{list(self.kernel)}, stride {list(self.stride)}, padding {list(self.padding)}, dilation "
+                    f"{list(self.dilation)}")
+        text = f"{self.alpha!r} * conv" if self.alpha != 1.0 else "conv"
+        text += (f"[{geometry}]({_at_offset(self.x, self.x_offset)}, {_at_offset(self.weight, self.weight_offset)})"
+                 + (f" + {_at_offset(self.bias, self.bias_offset)}" if self.bias else ""))
+        text = f"{self.activation}({text})" if self.activation != "none" else text
+        text += f" + {self.residual}" if self.residual else ""
+        return f"{self.out} = {text} by {self.function}"
+
+    @property
+    def flops(self) -> float:
+        """Multiply-adds of the direct algorithm, twice."""
+        return 2.0 * self.batch * self.out_channels * self.channels * math.prod(self.kernel) * math.prod(
+            self.out_size)
+
+    @property
+    def out_size(self) -> tuple[int, int]:
+        return tuple((size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1  # type: ignore[return-value]
+                     for size, kernel, stride, pad, dilation in zip((self.height, self.width), self.kernel,
+                                                                     self.stride, self.padding, self.dilation))
+
+
+@dataclass(frozen=True)
 class StridedOperand:
     """An array read in place: element (b, h, i[, j]) at buffer[offset + b*strides[0] + h*strides[1] + ...], the
     last axis not listed when its stride is 1."""
@@ -319,11 +373,12 @@ class HostCall:
         return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after}){placed}"
 
 
-LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall)
+LIBRARY_CALLS = (GemmCall, ConvCall, AttentionCall, HostCall)
 """Statements that call a hand-written kernel library or the host: a whole kernel's work, never a cheap
 elementwise pass (nor one to run twice)."""
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall | HostCall
+Stmt = (Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | ConvCall | AttentionCall
+        | HostCall)
 
 
 @dataclass
@@ -376,6 +431,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     Store: ("buffer",),
     GemmCall: ("a", "b", "c"),
     GemmEpilogue: ("bias", "residual"),
+    ConvCall: ("x", "weight", "out", "bias", "residual"),
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
     HostCall: ("output", "after"),

@@ -26,9 +26,9 @@ from tensorgraphs.kernels.gemm import build as kernel_build
 
 OPTIMIZATIONS = ("-O0", "-O1", "-O2", "-O3")
 TARGETS = ("native", "x86-64-v3", "x86-64-v4")
-KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.PRODUCT_SOURCES),
+KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.SOURCES),
                   "attention": (attention.SOURCE_DIR, attention.SOURCES)}
-"""The sources defining what generated programs call (tg_gemm_f32, not the conv2d kernel beside it)."""
+"""The sources defining what generated programs call (the GEMM and conv2d kernels, the fused attention)."""
 AVX512_LIBRARIES = ("gemm",)
 """Kernel libraries written with AVX-512 intrinsics: they build only for targets that have it."""
 

@@ -1,5 +1,5 @@
-"""Hand-written native kernels (GEMM, convolution, BLAS, fused attention) that generated programs call by their C
-names."""
+"""Hand-written native kernels (GEMM, convolution, Winograd convolution, BLAS, fused attention) that generated
+programs call by their C names."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ _GEMM = NativeLibrary(gemm.HEADER, gemm.library_path)
 _ATTENTION = NativeLibrary(attention.HEADER, attention.library_path)
 LIBRARIES: dict[str, NativeLibrary] = {
     **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
+    gemm.C_FUNCTIONS["conv2d_winograd"]: NativeLibrary(gemm.WINOGRAD_HEADER, gemm.library_path),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path),
     **dict.fromkeys(attention.C_FUNCTIONS.values(), _ATTENTION),
 }

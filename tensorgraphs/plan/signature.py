@@ -99,6 +99,11 @@ def _matmul_flops(sig: Signature) -> int:
     return 2 * sig.output.size * sig.inputs[0].shape[-1]
 
 
+def _conv2d_flops(sig: Signature) -> int:
+    """Multiply-adds of the direct sum, twice: each output element over its group's channels and kernel taps."""
+    return 2 * sig.output.size * math.prod(sig.inputs[1].shape[1:])
+
+
 def _per_element(flops: int) -> Callable[[Signature], int]:
     return lambda sig: flops * sig.output.size
 
@@ -116,6 +121,7 @@ VIEWS = frozenset(op.name for op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRIN
 # Work of each composite (and primitive): rough operation counts, enough for a roofline and as a regression feature.
 FLOPS: dict[str, Callable[[Signature], int]] = {
     "matmul": _matmul_flops,
+    "conv2d": _conv2d_flops,
     "softmax": _per_element(5),
     "log_softmax": _per_element(5),
     "layer_norm": _per_element(8),

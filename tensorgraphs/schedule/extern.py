@@ -254,10 +254,12 @@ LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL = range(5)
 
 
 @dataclass(frozen=True)
-class _Chain:
-    """A product and the epilogue fused into it so far; `stage` is the last stage filled."""
+class EpilogueChain:
+    """A library call's result (`product`: a matrix product, or another `EpilogueKind`'s call) and the epilogue
+    fused into it so far; `stage` is the last stage filled."""
 
     product: Node
+    kind: EpilogueKind
     stage: int = LAYOUT
     alpha: float = 1.0
     bias: Node | None = None
@@ -273,15 +275,22 @@ class _Chain:
     def operands(self) -> tuple[Node, ...]:
         return tuple(n for n in (self.bias, self.residual) if n is not None)
 
+    def epilogue_params(self) -> dict[str, Any]:
+        """The fused node's epilogue parameters (its sources end with `operands()` on the new graph)."""
+        return {"alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
+                "activation": self.activation, "residual": self.residual is not None}
+
     def node(self, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
-        a, b = self.product.src
-        params = {"shape": shape, "alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
-                  "activation": self.activation, "residual": self.residual is not None}
-        sources = tuple(rebuilt[n] for n in (a, b, *self.operands()))
-        return make_node(GEMM_EPILOGUE, sources, params, dtypes.float32, shape)
+        return self.kind.build(self, shape, rebuilt)
 
 
-Update = Callable[[_Chain, Bindings], _Chain]
+def _product_with_epilogue(chain: EpilogueChain, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
+    a, b = chain.product.src
+    sources = tuple(rebuilt[n] for n in (a, b, *chain.operands()))
+    return make_node(GEMM_EPILOGUE, sources, {"shape": shape, **chain.epilogue_params()}, dtypes.float32, shape)
+
+
+Update = Callable[[EpilogueChain, Bindings], EpilogueChain]
 
 
 @dataclass(frozen=True)
@@ -292,6 +301,21 @@ class EpilogueRule:
     stage: int
     pattern: Pattern
     update: Update
+
+
+@dataclass(frozen=True)
+class EpilogueKind:
+    """Library calls whose kernel applies an epilogue (gemm.h's): `starts(node)` says whether `node` is such a call
+    (a chain starts there), `rules(is_chain_end)` are what extends a chain, `build(chain, shape, rebuilt)` is the
+    node a fused chain becomes on the new graph."""
+
+    starts: Callable[[Node], bool]
+    rules: Callable[[Callable[[Node], bool]], list[EpilogueRule]]
+    build: Callable[[EpilogueChain, tuple[int, ...], dict[Node, Node]], Node]
+
+
+EPILOGUE_KINDS: list[EpilogueKind] = []
+"""Every kind `fuse_epilogues` grows chains for: matrix products (here), convolutions (`schedule.convolution`)."""
 
 
 def _broadcast_constant(node: Node) -> Node | None:
@@ -343,27 +367,33 @@ def _setting(name: str, value: Callable[[Bindings], Any]) -> Update:
     return lambda chain, found: dataclasses.replace(chain, **{name: value(found)})
 
 
-def _setting_bias(chain: _Chain, found: Bindings) -> _Chain:
+def _setting_bias(chain: EpilogueChain, found: Bindings) -> EpilogueChain:
     """The bias read where its buffer holds it: through reshapes and slices (a block of a stacked bias)."""
     bias, offset = _storage_and_offset(_contiguous_chain(found["bias"]))
     return dataclasses.replace(chain, bias=bias, bias_offset=offset)
 
 
-def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
-    """What the GEMM can apply after a chain end (see gemm.h for the order)."""
+def epilogue_rules(is_chain_end: Callable[[Node], bool], bias_vector: Callable[[Node], bool] = _row_vector,
+                   layout: bool = True) -> list[EpilogueRule]:
+    """What the GEMM can apply after a chain end (see gemm.h for the order): a bias that is an EXPAND where
+    `bias_vector` holds (a row vector for a product), and with `layout` reshapes keeping the rows."""
     x = var("x", where=is_chain_end)
     scalar = var("alpha", where=lambda n: _broadcast_constant(n) is not None)
-    rules = [
-        EpilogueRule(LAYOUT, op(Op.RESHAPE, x, where=_keeps_rows), lambda chain, _: chain),
+    rules = [EpilogueRule(LAYOUT, op(Op.RESHAPE, x, where=_keeps_rows), lambda chain, _: chain)] if layout else []
+    rules += [
         EpilogueRule(ALPHA, op(Op.MUL, x, scalar),
                      _setting("alpha", lambda f: float(_broadcast_constant(f["alpha"]).arg))),
-        EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)), _setting_bias),
+        EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=bias_vector)), _setting_bias),
         EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
     ]
     for name, placeholder, template in activation_templates():
         rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
                                   _setting("activation", lambda _, name=name: name)))
     return rules
+
+
+EPILOGUE_KINDS.append(EpilogueKind(runs_as_gemm, lambda is_chain_end: epilogue_rules(is_chain_end),  # late-bound
+                                   _product_with_epilogue))
 
 
 def _consumers(order: list[Node], roots: list[Node], is_leaf: Callable[[Node], bool]) -> dict[Node, set[Node | None]]:
@@ -415,22 +445,28 @@ def fuse_epilogues(roots: list[Node], materialized: set[Node],
 
 
 def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
-                 is_leaf: Callable[[Node], bool]) -> dict[Node, _Chain]:
-    """Every product's chain, by its end. Walking the graph sources first, a rule extends a chain when every
-    node it replaces (the chain end and the op's inner nodes) is consumed only inside the op, the op's result
-    is float32, and its bias (a row vector, through reshapes and leading-dim slices) or residual (of the
-    result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain end)."""
+                 is_leaf: Callable[[Node], bool]) -> dict[Node, EpilogueChain]:
+    """Every library call's chain (of each of `EPILOGUE_KINDS`), by its end. Walking the graph sources first, a rule
+    of the chain's kind extends it when every node it replaces (the chain end and the op's inner nodes) is consumed
+    only inside the op, the op's result is float32, and its bias (a vector, through reshapes and leading-dim
+    slices) or residual (of the result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain
+    end)."""
     consumers = _consumers(order, roots, is_leaf)
     position = {node: i for i, node in enumerate(order)}
-    chains = {node: _Chain(node) for node in order if runs_as_gemm(node) and not is_leaf(node)}
+    chains = {node: EpilogueChain(node, kind) for node in order
+              if not is_leaf(node) and (kind := next((k for k in EPILOGUE_KINDS if k.starts(node)), None))}
     rejected: set[Node] = set()  # ends tried at this node and rule (a commutative op may bind x to either)
-    rules = epilogue_rules(lambda n: n in chains and n not in rejected)
+
+    def is_chain_end(kind: EpilogueKind) -> Callable[[Node], bool]:
+        return lambda n: n in chains and chains[n].kind is kind and n not in rejected
+
+    rules = [rule for kind in EPILOGUE_KINDS for rule in kind.rules(is_chain_end(kind))]
 
     def buffered(operand: Node) -> bool:
         return operand in position and operand.dtype == dtypes.float32 and (
             is_leaf(operand) or operand in materialized or operand in chains)
 
-    def extension(rule: EpilogueRule, node: Node, found: Bindings) -> _Chain | None:
+    def extension(rule: EpilogueRule, node: Node, found: Bindings) -> EpilogueChain | None:
         end, chain = found["x"], chains[found["x"]]
         if rule.stage != LAYOUT and rule.stage <= chain.stage:
             return None
@@ -443,7 +479,7 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
         fits = closed and shapes_fit and operands_fit
         return dataclasses.replace(extended, stage=max(chain.stage, rule.stage)) if fits else None
 
-    def first_extension(node: Node) -> tuple[Node, _Chain] | None:
+    def first_extension(node: Node) -> tuple[Node, EpilogueChain] | None:
         for rule in rules:
             rejected.clear()
             while (found := rule.pattern.match(node)) is not None:

@@ -5,13 +5,14 @@ Steps, each a plain function:
 1. `to_primitive`: every composite is replaced by its reference decomposition
    (recursively), except those the planner (`plan.choices.route_of`) runs otherwise: float32
    matrix products a GEMM library runs (`schedule.extern`: kept whole, their operands and
-   result materialized), attentions the fused attention kernel runs (`schedule.attention`:
+   result materialized), likewise convolutions a conv kernel runs (`schedule.convolution`), attentions
+   the fused attention kernel runs (`schedule.attention`:
    likewise, its operands read in place through strided views); scans (cumsum, cumprod:
    kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`) and host
    calls (`graph.host_call`: kept whole, their sources and result materialized; one call back); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
-   product's elementwise consumers that the GEMM applies itself (bias, activation, residual,
-   scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
+   product's (or convolution's) elementwise consumers that the kernel applies itself (bias,
+   activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
 2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
    inputs, roots and scatter-adds always; everything else is computed inside
    the kernels that consume it (`schedule.lower`). Fusion therefore follows from
@@ -63,6 +64,7 @@ from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.plan.choices import DECOMPOSE, route_of
 from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, runs_as_fused_attention
+from tensorgraphs.schedule.convolution import ConvLowering, conv_operand_bases, runs_as_conv_kernel
 from tensorgraphs.schedule.extern import (
     GemmLowering,
     fuse_epilogues,
@@ -139,10 +141,11 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
 
 def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
     """The buffers a library call on `node` reads its operands from: the fused attention kernel reads strided
-    views in place, a GEMM where its operands are stored (`gemm_operand_bases`)."""
+    views in place, a conv kernel or a GEMM where its operands are stored (`conv_operand_bases`,
+    `gemm_operand_bases`)."""
     if runs_as_fused_attention(node):
         return operand_bases(node, is_input)
-    return gemm_operand_bases(node)
+    return conv_operand_bases(node) if runs_as_conv_kernel(node) else gemm_operand_bases(node)
 
 
 def split_full_reduction(node: Node, forced: set[Node]) -> Node:
@@ -172,7 +175,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     materialized |= too_deep_to_inline(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
-    lowered: dict[Node, Lowering | GemmLowering | AttentionLowering | HostCallLowering] = {}
+    lowered: dict[Node, Lowering | GemmLowering | ConvLowering | AttentionLowering | HostCallLowering] = {}
     added = set(materialized)
     while True:
         buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
@@ -182,6 +185,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
             previous = lowered.get(n)
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
                 lower = (AttentionLowering if runs_as_fused_attention(n) else
+                         ConvLowering if runs_as_conv_kernel(n) else
                          HostCallLowering if runs_as_host_call(n) else
                          GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)

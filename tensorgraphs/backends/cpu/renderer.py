@@ -20,6 +20,7 @@ from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.c_renderer import C_PREAMBLE, STORAGE, CStyleRenderer, literal, render_index
 from tensorgraphs.codegen.loop_ir import (
     AttentionCall,
+    ConvCall,
     GemmCall,
     Kernel,
     Let,
@@ -92,8 +93,10 @@ class CpuRenderer(CStyleRenderer):
     def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
         return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
 
-    def library_call(self, call: GemmCall | AttentionCall) -> str:
-        return gemm_call(call, self.array) if isinstance(call, GemmCall) else attention_call(call, self.array)
+    def library_call(self, call: GemmCall | ConvCall | AttentionCall) -> str:
+        if isinstance(call, GemmCall):
+            return gemm_call(call, self.array)
+        return conv_call(call, self.array) if isinstance(call, ConvCall) else attention_call(call, self.array)
 
     @classmethod
     def includes(cls, kernels: list[Kernel]) -> str:
@@ -182,13 +185,27 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 
+def conv_call(call: ConvCall, array: dict[str, str]) -> str:
+    """A conv2d kernel's call with its fused epilogue (tg_conv2d_f32's arguments, gemm.h); arguments are checked when
+    the schedule is built, so its status is 0 unless scratch memory ran out."""
+
+    def pointer(name: str | None, offset: int = 0) -> str:
+        return "NULL" if name is None else f"{array[name]} + {offset}" if offset else array[name]
+
+    args = [call.batch, call.channels, call.height, call.width, call.out_channels, *call.kernel, *call.stride,
+            *call.padding, *call.dilation, pointer(call.x, call.x_offset), pointer(call.weight, call.weight_offset),
+            pointer(call.bias, call.bias_offset), pointer(call.out), literal(call.alpha, dtypes.float32),
+            pointer(call.residual), gemm.ACTIVATIONS[call.activation]]
+    return f"(void){call.function}({', '.join(map(str, args))});"
+
+
 def library_functions(kernels: list[Kernel]) -> set[str]:
     """The native libraries' C functions the program calls (it is linked against their libraries)."""
     return {function for kernel in kernels for stmt in kernel.body for function in _called(stmt)}
 
 
 def _called(stmt: object) -> tuple[str, ...]:
-    if isinstance(stmt, GemmCall):
+    if isinstance(stmt, (GemmCall, ConvCall)):
         return (stmt.function,)
     if isinstance(stmt, AttentionCall):
         return (_attention_function(stmt),)

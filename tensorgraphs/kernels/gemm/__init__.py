@@ -1,4 +1,5 @@
-"""The generated GEMM and conv2d kernels: C with AVX-512 intrinsics, built once per machine and cached.
+"""The generated GEMM and conv2d kernels (implicit im2col, Winograd): C with AVX-512 intrinsics, built once per
+machine and cached.
 
 Generated C calls them by name (`C_FUNCTIONS`, declared in `HEADER`, linked from `library_path()`); Python
 calls them on numpy arrays through `matmul` and `conv2d` below, which the tests and the benchmark use.
@@ -20,10 +21,14 @@ from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_
 LIBRARY = "tg_gemm"
 PRODUCT_SOURCES = ("gemm.c", "gemv.c")
 """The sources of tg_describe_gemm and tg_run_gemm_batch, which other kernel libraries link too."""
-SOURCES = (*PRODUCT_SOURCES, "conv.c")
+SOURCES = (*PRODUCT_SOURCES, "conv.c", "winograd.c")
 HEADER = SOURCE_DIR / "gemm.h"
+WINOGRAD_HEADER = SOURCE_DIR / "winograd.h"
+"""Declares tg_conv2d_winograd_f32 (tg_conv2d_f32's contract)."""
 C_FUNCTIONS = {"matmul": "tg_gemm_f32", "matmul_bf16": "tg_gemm_bf16", "matmul_bf16_f32": "tg_gemm_bf16_f32",
-               "conv2d": "tg_conv2d_f32"}
+               "conv2d": "tg_conv2d_f32", "conv2d_winograd": "tg_conv2d_winograd_f32"}
+CONV_ALGORITHMS = {"implicit_gemm": "conv2d", "winograd": "conv2d_winograd"}
+"""conv2d's kernels (keys of C_FUNCTIONS) by algorithm; both take tg_conv2d_f32's arguments (gemm.h)."""
 GEMM_FUNCTIONS = {("float32", "float32"): "matmul", ("bfloat16", "bfloat16"): "matmul_bf16",
                   ("bfloat16", "float32"): "matmul_bf16_f32"}
 """The product kernel (a key of C_FUNCTIONS) by (operand dtype, result dtype). Every array is float32: bfloat16
@@ -60,7 +65,8 @@ def library_path() -> Path:
 def _functions() -> dict[str, Callable[..., int]]:
     library = load_library(LIBRARY, SOURCES)
     functions = {}
-    for name, argtypes in (*((name, GEMM_ARGTYPES) for name in GEMM_FUNCTIONS.values()), ("conv2d", CONV_ARGTYPES)):
+    conv = ((name, CONV_ARGTYPES) for name in CONV_ALGORITHMS.values())
+    for name, argtypes in (*((name, GEMM_ARGTYPES) for name in GEMM_FUNCTIONS.values()), *conv):
         function = getattr(library, C_FUNCTIONS[name])
         function.argtypes, function.restype = argtypes, ctypes.c_int
         functions[name] = function
@@ -253,8 +259,12 @@ def conv2d(
     residual: np.ndarray | None = None,
     activation: str = "none",
     alpha: float = 1.0,
+    algorithm: str = "implicit_gemm",
 ) -> np.ndarray:
-    """torch.nn.functional.conv2d (NCHW, groups=1) as an implicit-im2col GEMM, with the GEMM's epilogue."""
+    """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue, by `algorithm` (`CONV_ALGORITHMS`): an
+    implicit-im2col GEMM, or Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM)."""
+    if algorithm not in CONV_ALGORITHMS:
+        fail("conv2d", f"algorithm must be one of {sorted(CONV_ALGORITHMS)}, got {algorithm!r}", ArgumentError)
     x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
     if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
         fail("conv2d", f"input {x.shape} and weight {weight.shape} do not fit (need NCHW and (Cout, Cin, kH, kW))")
@@ -273,7 +283,8 @@ def conv2d(
     )
     geometry = (batch, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw)
     pointers = [None if array is None else _address(array) for array in (x, weight, bias, out, residual)]
-    status = _functions()["conv2d"](*geometry, *pointers[:4], alpha, pointers[4], ACTIVATIONS[activation])
+    function = _functions()[CONV_ALGORITHMS[algorithm]]
+    status = function(*geometry, *pointers[:4], alpha, pointers[4], ACTIVATIONS[activation])
     _check_status("conv2d", status)
     return out
 

@@ -1,0 +1,253 @@
+/* conv2d 3x3, stride 1 by Winograd's minimal filtering F(4x4, 3x3) (Lavin and Gray, 2015): each 4x4 output tile is
+ * A^T [(G g G^T) . (B^T d B)] A for the tile's 6x6 input patch d and the 3x3 kernel g, so the products over input
+ * channels become 36 independent GEMMs (one per point of the 6x6 transformed tile) with 2.25 multiplies per output
+ * and channel instead of 9. In the transformed domain, with P tiles over all images:
+ *   U[point][ci][co]  = G g G^T          (the weights)
+ *   V[point][ci][p]   = B^T d B          (the input patches, zero outside the image)
+ *   M[point][p][co]   = V[point]^T @ U[point]   (tg_gemm_f32, batch 36: rows are tiles, columns channels)
+ *   out tile (p, co)  = epilogue(A^T M A)
+ * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding) or 16
+ * output channels (weights; output, whose tiles are then transposed in registers and stored row by row). */
+#include <stdlib.h>
+
+#include "gemm_internal.h"
+#include "winograd.h"
+
+enum { TILE = 4, PATCH = 6, POINTS = PATCH * PATCH };
+
+typedef __m512 v16;
+
+/* B^T d for a column d0..d5 of a patch (and, applied to rows, d B). */
+static inline __attribute__((always_inline)) void input_transform(const v16 d[PATCH], v16 r[PATCH]) {
+    const v16 two = _mm512_set1_ps(2.0f), four = _mm512_set1_ps(4.0f), five = _mm512_set1_ps(5.0f);
+    r[0] = _mm512_add_ps(_mm512_fnmadd_ps(five, d[2], _mm512_mul_ps(four, d[0])), d[4]);
+    r[1] = _mm512_fnmadd_ps(four, _mm512_add_ps(d[1], d[2]), _mm512_add_ps(d[3], d[4]));
+    r[2] = _mm512_fmadd_ps(four, _mm512_sub_ps(d[1], d[2]), _mm512_sub_ps(d[4], d[3]));
+    r[3] = _mm512_fmadd_ps(two, _mm512_sub_ps(d[3], d[1]), _mm512_sub_ps(d[4], d[2]));
+    r[4] = _mm512_fnmadd_ps(two, _mm512_sub_ps(d[3], d[1]), _mm512_sub_ps(d[4], d[2]));
+    r[5] = _mm512_add_ps(_mm512_fnmadd_ps(five, d[3], _mm512_mul_ps(four, d[1])), d[5]);
+}
+
+/* G g for a column g0..g2 of a kernel. */
+static inline __attribute__((always_inline)) void weight_transform(const v16 g[3], v16 u[PATCH]) {
+    const v16 sum_outer = _mm512_add_ps(g[0], g[2]);
+    u[0] = _mm512_mul_ps(g[0], _mm512_set1_ps(1.0f / 4));
+    u[1] = _mm512_mul_ps(_mm512_add_ps(sum_outer, g[1]), _mm512_set1_ps(-1.0f / 6));
+    u[2] = _mm512_mul_ps(_mm512_sub_ps(sum_outer, g[1]), _mm512_set1_ps(-1.0f / 6));
+    const v16 even = _mm512_fmadd_ps(g[0], _mm512_set1_ps(1.0f / 24), _mm512_mul_ps(g[2], _mm512_set1_ps(1.0f / 6)));
+    u[3] = _mm512_fmadd_ps(g[1], _mm512_set1_ps(1.0f / 12), even);
+    u[4] = _mm512_fnmadd_ps(g[1], _mm512_set1_ps(1.0f / 12), even);
+    u[5] = g[2];
+}
+
+/* A^T m for a column m0..m5 of a transformed tile. */
+static inline __attribute__((always_inline)) void output_transform(const v16 m[PATCH], v16 y[TILE]) {
+    const v16 plus12 = _mm512_add_ps(m[1], m[2]), minus12 = _mm512_sub_ps(m[1], m[2]);
+    const v16 plus34 = _mm512_add_ps(m[3], m[4]), minus34 = _mm512_sub_ps(m[3], m[4]);
+    y[0] = _mm512_add_ps(_mm512_add_ps(m[0], plus12), plus34);
+    y[1] = _mm512_fmadd_ps(_mm512_set1_ps(2.0f), minus34, minus12);
+    y[2] = _mm512_fmadd_ps(_mm512_set1_ps(4.0f), plus34, plus12);
+    y[3] = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(8.0f), minus34, minus12), m[5]);
+}
+
+/* Lanes holding a NaN or an infinity. */
+static inline __mmask16 not_finite(v16 x) { return _mm512_fpclass_ps_mask(x, 0x99); }
+
+/* Grow-only scratch of the calling thread (the transformed operands), so page faults are paid once. */
+static _Thread_local struct {
+    float *data;
+    size_t capacity;
+} scratch;
+
+static float *reserve(size_t count) {
+    if (count > scratch.capacity) {
+        free(scratch.data);
+        size_t bytes = (count * sizeof(float) + 4095) & ~(size_t)4095;
+        scratch.data = aligned_alloc(4096, bytes);
+        scratch.capacity = scratch.data ? bytes / sizeof(float) : 0;
+    }
+    return scratch.data;
+}
+
+typedef struct {
+    int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
+} geometry;
+
+/* U[point][ci][co] = G g G^T; whether every weight is finite. U (four times the weights) is written with streaming
+ * stores: the GEMM reads it only after all of it is written, so caching it as it is written only evicts data. */
+static int transform_weights(const geometry *g, const float *weight, float *u) {
+    int bad = 0;
+    const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32((int32_t)(g->cin * 9)));
+#pragma omp parallel reduction(| : bad)
+    {
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t ci = 0; ci < g->cin; ci++)
+            for (int64_t co = 0; co < g->cout; co += 16) {
+                __mmask16 valid = tg_tail_mask(g->cout - co);
+                const float *kernel = weight + (co * g->cin + ci) * 9;
+                v16 rows[3][PATCH], column[3], transformed[PATCH];
+                for (int l = 0; l < 3; l++) { /* G applied to each kernel column */
+                    for (int k = 0; k < 3; k++) {
+                        column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernel + 3 * k + l, 4);
+                        bad |= not_finite(column[k]) != 0;
+                    }
+                    weight_transform(column, transformed);
+                    for (int xi = 0; xi < PATCH; xi++) rows[l][xi] = transformed[xi];
+                }
+                for (int xi = 0; xi < PATCH; xi++) { /* then G^T to each row */
+                    v16 row[3] = {rows[0][xi], rows[1][xi], rows[2][xi]};
+                    weight_transform(row, transformed);
+                    for (int nu = 0; nu < PATCH; nu++) {
+                        float *at = u + ((xi * PATCH + nu) * g->cin + ci) * g->cout + co;
+                        if (valid == 0xFFFF && ((uintptr_t)at & 63) == 0)
+                            _mm512_stream_ps(at, transformed[nu]);
+                        else
+                            _mm512_mask_storeu_ps(at, valid, transformed[nu]);
+                    }
+                }
+            }
+        _mm_sfence(); /* each thread's streaming stores are visible before the GEMM starts */
+    }
+    return !bad;
+}
+
+/* For the 16 tiles from p0: the image offset of each patch's corner, and its row and column (negative in the
+ * padding), stepping through tiles without dividing. */
+static void tile_corners(const geometry *g, int64_t p0, int32_t first[16], int32_t top[16], int32_t left[16]) {
+    int64_t per_image = g->tiles_h * g->tiles_w, image = p0 / per_image;
+    int64_t row = p0 % per_image / g->tiles_w, column = p0 % g->tiles_w;
+    for (int l = 0; l < 16; l++) {
+        top[l] = (int32_t)(row * TILE - g->pad_h), left[l] = (int32_t)(column * TILE - g->pad_w);
+        first[l] = (int32_t)(image * g->cin * g->h * g->w + (int64_t)top[l] * g->w + left[l]);
+        if (++column == g->tiles_w) {
+            column = 0;
+            if (++row == g->tiles_h) row = 0, image++;
+        }
+    }
+}
+
+/* V[point][ci][p] = B^T d B for tiles p (images, tile rows, tile columns in order); whether every input read is
+ * finite (every input element lies in some patch). */
+static int transform_input(const geometry *g, const float *x, float *v) {
+    int bad = 0;
+#pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
+    for (int64_t ci = 0; ci < g->cin; ci++)
+        for (int64_t p0 = 0; p0 < g->tiles; p0 += 16) { /* V's rows are written in order */
+            int32_t first[16], top[16], left[16];
+            tile_corners(g, p0, first, top, left);
+            __mmask16 valid = tg_tail_mask(g->tiles - p0), row_in[PATCH], column_in[PATCH];
+            __m512i corner = _mm512_loadu_si512(first), row0 = _mm512_loadu_si512(top);
+            __m512i col0 = _mm512_loadu_si512(left);
+            for (int k = 0; k < PATCH; k++) { /* unsigned compares: negative rows and columns are out too */
+                row_in[k] = _mm512_cmplt_epu32_mask(_mm512_add_epi32(row0, _mm512_set1_epi32(k)),
+                                                    _mm512_set1_epi32((int32_t)g->h));
+                column_in[k] = _mm512_cmplt_epu32_mask(_mm512_add_epi32(col0, _mm512_set1_epi32(k)),
+                                                       _mm512_set1_epi32((int32_t)g->w));
+            }
+            const float *channel = x + ci * g->h * g->w;
+            v16 columns[PATCH][PATCH], d[PATCH], transformed[PATCH];
+            for (int c = 0; c < PATCH; c++) { /* B^T applied to each patch column */
+                for (int r = 0; r < PATCH; r++) {
+                    __m512i index = _mm512_add_epi32(corner, _mm512_set1_epi32((int32_t)(r * g->w + c)));
+                    d[r] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid & row_in[r] & column_in[c], index,
+                                                    channel, 4);
+                    bad |= not_finite(d[r]) != 0;
+                }
+                input_transform(d, transformed);
+                for (int xi = 0; xi < PATCH; xi++) columns[xi][c] = transformed[xi];
+            }
+            for (int xi = 0; xi < PATCH; xi++) { /* then B to each row */
+                input_transform(columns[xi], transformed);
+                for (int nu = 0; nu < PATCH; nu++)
+                    _mm512_mask_storeu_ps(v + ((xi * PATCH + nu) * g->cin + ci) * g->tiles + p0, valid,
+                                          transformed[nu]);
+            }
+        }
+    return !bad;
+}
+
+/* r[c] = lane c of each of r[0..15]: a 16x16 transpose in registers (32-bit, 64-bit, then 128-bit interleaves). */
+static inline __attribute__((always_inline)) void transpose_16x16(v16 r[16]) {
+    v16 t[16];
+    for (int i = 0; i < 16; i += 2)
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 16; i += 4)
+        for (int half = 0; half < 2; half++) {
+            __m512d a = _mm512_castps_pd(t[i + half]), b = _mm512_castps_pd(t[i + half + 2]);
+            r[i + 2 * half] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * half + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88), r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+    }
+}
+
+/* out = epilogue(A^T M A), each 4x4 tile cut at the output's edge: 16 output channels of a tile at a time,
+ * transposed in registers so each channel's tile is four short row stores. */
+static void transform_output(const geometry *g, const float *m, const float *bias, float alpha,
+                             const float *residual, int32_t activation, float *out) {
+    int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t p = 0; p < g->tiles; p++)
+        for (int64_t co = 0; co < g->cout; co += 16) {
+            __mmask16 valid = tg_tail_mask(g->cout - co);
+            int64_t image = p / per_image, tile = p % per_image;
+            int64_t top = tile / g->tiles_w * TILE, left = tile % g->tiles_w * TILE;
+            v16 rows[PATCH][TILE], column[PATCH], y[TILE], tile_values[16];
+            for (int xi = 0; xi < PATCH; xi++) { /* A^T applied to each row of the transformed tile */
+                for (int nu = 0; nu < PATCH; nu++)
+                    column[nu] = _mm512_maskz_loadu_ps(valid, m + ((xi * PATCH + nu) * g->tiles + p) * g->cout + co);
+                output_transform(column, rows[xi]);
+            }
+            for (int j = 0; j < TILE; j++) { /* then A to each column */
+                for (int xi = 0; xi < PATCH; xi++) column[xi] = rows[xi][j];
+                output_transform(column, y);
+                for (int i = 0; i < TILE; i++) tile_values[i * TILE + j] = y[i];
+            }
+            transpose_16x16(tile_values); /* tile_values[channel], lane i * 4 + j */
+            int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
+            __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
+            for (int64_t c = 0; c < 16 && co + c < g->cout; c++) {
+                v16 shift = _mm512_set1_ps(bias ? bias[co + c] : 0.0f);
+                float values[16] __attribute__((aligned(64)));
+                _mm512_store_ps(values, tg_activate_ps(_mm512_fmadd_ps(tile_values[c], _mm512_set1_ps(alpha), shift),
+                                                       activation));
+                int64_t at = (image * g->cout + co + c) * positions + top * g->ow + left;
+                for (int64_t i = 0; i < height; i++) {
+                    __m128 row = _mm_load_ps(values + TILE * i);
+                    if (residual) row = _mm_add_ps(row, _mm_maskz_loadu_ps(width, residual + at + i * g->ow));
+                    _mm_mask_storeu_ps(out + at + i * g->ow, width, row);
+                }
+            }
+        }
+}
+
+int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
+                           int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                           int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
+                           float alpha, const float *residual, int32_t activation) {
+    int winograd = kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 &&
+                   pad_h >= 0 && pad_w >= 0 && activation >= TG_ACT_NONE && activation <= TG_ACT_GELU_TANH;
+    geometry g = {n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
+    g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE, g.tiles = n * g.tiles_h * g.tiles_w;
+    winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
+               n * cin * h * w < INT32_MAX / 2; /* gather offsets are int32 */
+    float *u = winograd ? reserve((size_t)POINTS * cin * (cout + g.tiles) + (size_t)POINTS * g.tiles * cout) : NULL;
+    if (!u || !transform_weights(&g, weight, u) || !transform_input(&g, x, u + POINTS * cin * cout))
+        return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
+                             weight, bias, out, alpha, residual, activation);
+    float *v = u + POINTS * cin * cout, *m = v + POINTS * cin * g.tiles;
+    int status = tg_gemm_f32(POINTS, g.tiles, cout, cin, v, cin * g.tiles, 1, g.tiles, u, cin * cout, cout, 1, m,
+                             g.tiles * cout, cout, 1.0f, NULL, 0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE,
+                             TG_ACT_NONE);
+    if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out);
+    return status;
+}

@@ -1,0 +1,159 @@
+"""Convolutions run by a conv2d kernel of the GEMM library instead of their decomposition (patches and a matmul).
+
+A float32 `conv2d` composite with one group, NCHW, and the same padding before and after each spatial dim has
+two candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`):
+"implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from the image) and, for 3x3 kernels at
+stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer multiplies but about ten times
+the rounding error, so it has to measure faster to be chosen). Run by a kernel, the composite is kept whole by
+the scheduler: one `ConvCall` reading x and the weight where their buffers hold them (through reshapes, as a
+product's operands: `extern.operand_storage`) and writing a buffer of its own.
+
+Its elementwise consumers that the kernel applies before storing (a scale, a bias per output channel: the
+frontend adds conv's bias after the composite, an activation, a residual; gemm.h's epilogue) are fused into the
+call by `extern.fuse_epilogues`, which grows conv chains with the rules of `EPILOGUE_KIND`.
+
+Only the forward pass runs here: conv2d has no gradient rule of its own, so autograd differentiates its
+decomposition and the gradients are matmuls (planned as such).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tensorgraphs import dtypes
+from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam
+from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
+from tensorgraphs.graph.node import Node
+from tensorgraphs.kernels import gemm
+from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
+from tensorgraphs.schedule.extern import (
+    ACTIVATIONS,
+    EPILOGUE_KINDS,
+    EpilogueChain,
+    EpilogueKind,
+    LibraryCallLowering,
+    epilogue_rules,
+    gemm_enabled,
+    operand_storage,
+)
+
+CONV2D = "conv2d"
+INT32_ELEMENTS = 1 << 30
+"""Arrays at least this large are left to the decomposition (the kernels index images with 32-bit offsets)."""
+
+
+def _conv_params(node: Node) -> dict[str, Any]:
+    return dict(node.arg)
+
+
+def _kernel_fits(node: Node) -> bool:
+    """Whether a conv2d kernel computes `node`: float32 NCHW with one group, each padding the same on both sides
+    (the kernels take one per dim), nothing empty or too large, on a machine that runs the GEMM library."""
+    if not gemm_enabled() or not is_composite(node) or node.op.name != CONV2D:
+        return False
+    x, weight = node.src
+    params = _conv_params(node)
+    floats = all(n.dtype == dtypes.float32 for n in (node, x, weight))
+    symmetric = all(before == after >= 0 for before, after in params["padding"])
+    sizes = (x.size, weight.size, node.size)
+    return floats and params["groups"] == 1 and symmetric and 0 < min(sizes) and max(sizes) < INT32_ELEMENTS
+
+
+def _winograd_fits(node: Node) -> bool:
+    """`_kernel_fits`, with a 3x3 kernel at stride 1 without dilation (F(4x4, 3x3))."""
+    if not _kernel_fits(node):
+        return False
+    params = _conv_params(node)
+    return node.src[1].shape[2:] == (3, 3) and params["stride"] == (1, 1) and params["dilation"] == (1, 1)
+
+
+IMPLICIT_GEMM, WINOGRAD = "implicit_gemm", "winograd"
+CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0), Candidate(WINOGRAD, _winograd_fits, prior=1.1))
+register_candidates(CONV2D, *CONV_CANDIDATES)
+C_FUNCTIONS = {name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, WINOGRAD)}
+"""The kernel's C function by candidate."""
+
+
+def _epilogue_decomposition(x: Any, weight: Any, *operands: Any, alpha: float, bias: bool, bias_offset: int,
+                            activation: str, residual: bool, algorithm: str, **conv: Any) -> Any:
+    """What the fused call computes, in gemm.h's order (the reference for the kernel)."""
+    given = iter(operands)
+    out = as_value(make_node(REGISTRY[CONV2D], (as_node(x), as_node(weight)), conv, x.dtype,
+                             _out_shape(x.shape, weight.shape, conv))) * alpha
+    if bias:
+        channels = out.shape[1]
+        out = out + next(given).reshape(-1).narrow(0, bias_offset, channels).reshape(channels, 1, 1)
+    if activation != "none":
+        out = as_value(ACTIVATIONS[activation](as_node(out)))
+    return out + next(given).reshape(out.shape) if residual else out
+
+
+def _out_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], conv: dict[str, Any]) -> tuple[int, ...]:
+    sizes = tuple((x_shape[2 + i] + sum(conv["padding"][i]) - conv["dilation"][i] * (weight_shape[2 + i] - 1) - 1)
+                  // conv["stride"][i] + 1 for i in range(2))
+    return (x_shape[0], weight_shape[0], *sizes)
+
+
+CONV_EPILOGUE = Composite("conv2d_epilogue", lambda x, w, *_, **params: (x.dtype, _out_shape(x.shape, w.shape, params)),
+                          _epilogue_decomposition)
+"""A conv2d with its epilogue: sources (x, weight, bias?, residual?), the bias a vector over the output channels
+(starting `bias_offset` elements into its buffer), the residual shaped like the result, both contiguous buffers;
+`algorithm` is the candidate that runs it. Made by `fuse_epilogues` only, so it is not registered."""
+
+
+def _channel_vector(node: Node) -> bool:
+    """An EXPAND of a vector over the channels (dim 1) of an NCHW result."""
+    source = node.src[0]
+    return node.ndim == 4 and source.ndim == 4 and source.shape[1] == node.shape[1] == source.size
+
+
+def runs_as_conv_kernel(node: Node) -> bool:
+    """Whether `node` is a conv2d the planner runs by a kernel, or such a conv with its epilogue."""
+    return node.op is CONV_EPILOGUE or (is_composite(node) and node.op.name == CONV2D
+                                        and route_of(node) in C_FUNCTIONS)
+
+
+def _conv_with_epilogue(chain: EpilogueChain, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
+    conv = chain.product
+    sources = tuple(rebuilt[n] for n in (*conv.src, *chain.operands()))
+    params = {**_conv_params(conv), **chain.epilogue_params(), "algorithm": route_of(conv)}
+    return make_node(CONV_EPILOGUE, sources, params, dtypes.float32, shape)
+
+
+EPILOGUE_KIND = EpilogueKind(
+    lambda node: is_composite(node) and node.op.name == CONV2D and runs_as_conv_kernel(node),
+    lambda is_chain_end: epilogue_rules(is_chain_end, bias_vector=_channel_vector, layout=False),
+    _conv_with_epilogue,
+)
+EPILOGUE_KINDS.append(EPILOGUE_KIND)
+
+
+def conv_operand_bases(node: Node) -> list[Node]:
+    """The nodes whose buffers the kernel of `node` reads x and the weight from."""
+    return [operand_storage(operand)[0] for operand in node.src[:2]]
+
+
+class ConvLowering(LibraryCallLowering):
+    """The kernel of one conv2d call and its epilogue."""
+
+    def kernel(self) -> Kernel:
+        x, weight, *operands = self.node.src
+        params = _conv_params(self.node)
+        (x_base, x_offset), (w_base, w_offset) = operand_storage(x), operand_storage(weight)
+        read = {self.buffers[n]: n for n in (x_base, w_base, *operands)}
+        buffers = [KernelParam(name, n.dtype, n.size, False) for name, n in read.items()]
+        out = self.buffers[self.node]
+        buffers.append(KernelParam(out, self.node.dtype, self.node.size, True))
+        given = iter(self.buffers[o] for o in operands)
+        fused = self.node.op is CONV_EPILOGUE
+        bias = next(given) if fused and params["bias"] else None
+        residual = next(given) if fused and params["residual"] else None
+        call = ConvCall(
+            *x.shape, weight.shape[0], tuple(weight.shape[2:]), params["stride"],
+            tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
+            self.buffers[w_base], out, C_FUNCTIONS[params["algorithm"] if fused else route_of(self.node)],
+            x_offset, w_offset, bias, params["bias_offset"] if bias else 0, residual,
+            params["alpha"] if fused else 1.0, params["activation"] if fused else "none")
+        assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
+        return Kernel(self.name, buffers, [call])

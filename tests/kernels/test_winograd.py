@@ -1,0 +1,80 @@
+"""conv2d by Winograd F(4x4, 3x3) (winograd.c) against torch.nn.functional.conv2d in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tensorgraphs.errors import ArgumentError
+from tensorgraphs.kernels import gemm
+
+pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+
+# (batch, cin, h, w, cout, padding): sizes not multiples of the 4x4 output tile nor of 16 channels
+CASES = [
+    (1, 3, 5, 7, 5, 0),
+    (2, 17, 13, 11, 19, 1),
+    (3, 5, 9, 6, 33, 1),
+    (1, 1, 3, 3, 1, 0),  # one output element
+    (2, 20, 7, 7, 40, (1, 0)),  # ResNet's last stage shape, rectangular padding
+    (1, 4, 30, 2, 3, 1),  # a tall strip: more tiles than one 16-tile vector in one image column
+]
+TOLERANCE = 3e-5
+"""Largest error relative to the largest |output| (F(4x4, 3x3) in float32 loses about 10x the precision of the
+direct sum: its transforms scale by up to 8 and cancel)."""
+
+
+def random(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, padding: int | tuple) -> torch.Tensor:
+    return torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(weight).double(),
+                                      None if bias is None else torch.from_numpy(bias).double(), padding=padding)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual"])
+def test_winograd_agrees_with_float64_torch(case, epilogue):
+    batch, cin, h, w, cout, padding = case
+    x, weight, bias = random((batch, cin, h, w), 1), random((cout, cin, 3, 3), 2), random((cout,), 3)
+    arguments: dict = {}
+    if epilogue == "bias_relu":
+        expected, arguments = torch.relu(reference(x, weight, bias, padding)), dict(bias=bias, activation="relu")
+    else:
+        expected = reference(x, weight, None, padding)
+    if epilogue == "residual":
+        residual = random(tuple(expected.shape), 4)
+        expected, arguments = 0.5 * expected + torch.from_numpy(residual), dict(residual=residual, alpha=0.5)
+    actual = gemm.conv2d(x, weight, padding=padding, algorithm="winograd", **arguments)
+    error = np.abs(actual - expected.numpy()).max() / np.abs(expected.numpy()).max()
+    assert error < TOLERANCE, f"{case} {epilogue}: relative error {error}"
+
+
+def test_other_geometries_run_the_implicit_gemm():
+    x, weight = random((2, 3, 9, 9), 1), random((4, 3, 3, 3), 2)
+    for stride, dilation, kernel in ((2, 1, 3), (1, 2, 3), (1, 1, 5)):
+        w = random((4, 3, kernel, kernel), 2)
+        expected = gemm.conv2d(x, w, stride=stride, padding=1, dilation=dilation)
+        actual = gemm.conv2d(x, w, stride=stride, padding=1, dilation=dilation, algorithm="winograd")
+        np.testing.assert_array_equal(actual, expected)
+    with pytest.raises(ArgumentError, match="algorithm"):
+        gemm.conv2d(x, weight, algorithm="fft")
+
+
+@pytest.mark.parametrize("where", ["input", "weight"])
+def test_nan_and_inf_propagate_as_in_torch(where):
+    """A NaN or infinity reaches exactly the outputs whose windows hold it, as in the direct sum (the transforms
+    alone would spread it over the whole tile: inf - inf)."""
+    x, weight = random((2, 4, 10, 9), 1), random((6, 4, 3, 3), 2)
+    if where == "input":
+        x[0, 1, 3, 4], x[1, 2, 7, 0], x[1, 0, 0, 8] = np.nan, np.inf, -np.inf
+    else:
+        weight[2, 1, 0, 0], weight[4, 3, 2, 1] = np.nan, np.inf
+    expected = reference(x, weight, None, 1).numpy()
+    actual = gemm.conv2d(x, weight, padding=1, algorithm="winograd")
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-4, atol=1e-4)
