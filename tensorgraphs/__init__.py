@@ -98,6 +98,8 @@ from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
 from tensorgraphs import amp, cpu, cuda, data, distributed, onnx, optim, utils  # noqa: E402  (onnx: lazily)
 from tensorgraphs.amp import GradScaler, autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402
 from tensorgraphs.serialization import load, save  # noqa: E402
+from tensorgraphs import quantization  # noqa: E402
+from tensorgraphs.quantization import qint8, qint32, quantize_per_channel, quantize_per_tensor, quint8  # noqa: E402
 
 half, double, long, short = float16, float64, int64, int16
 float = float32

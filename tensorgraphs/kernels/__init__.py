@@ -1,5 +1,5 @@
-"""Hand-written native kernels (GEMM, convolution, Winograd convolution, BLAS, fused attention) that generated
-programs call by their C names."""
+"""Hand-written native kernels (GEMM, int8 GEMM, convolution, Winograd convolution, BLAS, fused attention) that
+generated programs call by their C names."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from tensorgraphs.kernels import attention, blas, gemm
+from tensorgraphs.kernels.gemm import int8
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ LIBRARIES: dict[str, NativeLibrary] = {
     **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
     gemm.C_FUNCTIONS["conv2d_winograd"]: NativeLibrary(gemm.WINOGRAD_HEADER, gemm.library_path),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path),
+    **dict.fromkeys(int8.C_FUNCTIONS.values(), NativeLibrary(int8.HEADER, int8.library_path)),
     **dict.fromkeys(attention.C_FUNCTIONS.values(), _ATTENTION),
 }
 """C function -> the native library providing it."""

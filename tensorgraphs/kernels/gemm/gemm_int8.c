@@ -1,0 +1,182 @@
+/* int8 GEMM on AVX-512 VNNI (see gemm_int8.h for the contract).
+ *
+ * Activations are made a row-major u8 matrix with rows padded to whole groups of 4 bytes (quantized from float32,
+ * or shifted from s8, by all threads together; u8 rows already so padded are read in place). The register tile is
+ * QMR rows x 64 columns of int32 accumulators: per group of 4 k, a 32-bit broadcast of 4 activation bytes per row
+ * and one VPDPBUSD per 16 columns adds 4 products to each lane. Tiles are shared among the threads panel by panel,
+ * so a thread reuses its panel of packed weights (k x 64 bytes, in L2) for every row block. The epilogue (zero-point
+ * compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epilogue.h"
+#include "gemm.h"
+#include "gemm_int8.h"
+
+#define QMR 6
+#define QNV 4 /* 16-lane vectors per panel: 64 columns */
+#define QNR (QNV * 16)
+#define TG_ALWAYS_INLINE static inline __attribute__((always_inline))
+
+typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Grow-only scratch owned by the calling thread (the quantized activations), reused across calls. */
+static _Thread_local struct {
+    uint8_t *data;
+    size_t capacity;
+} activation_scratch;
+
+static uint8_t *scratch_reserve(size_t bytes) {
+    if (bytes <= activation_scratch.capacity) return activation_scratch.data;
+    free(activation_scratch.data);
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    activation_scratch.data = aligned_alloc(4096, bytes);
+    activation_scratch.capacity = activation_scratch.data ? bytes : 0;
+    return activation_scratch.data;
+}
+
+/* How the activations are given and what the epilogue makes of the sums. */
+typedef struct {
+    int64_t m, n, k;
+    const void *a;
+    int64_t a_rs;
+    enum { A_U8, A_S8, A_F32 } a_kind;
+    float inv_scale, zero_point_f, scale;
+    int32_t zero_point, quant_max;
+    const int8_t *w_packed;
+    const int32_t *w_colsum;
+    const float *w_scale, *bias;
+    void *c;
+    int64_t c_rs;
+    int32_t activation;
+} qgemm;
+
+/* ---------------------------------------------------------------- activations */
+
+/* Row i of the activations as u8, padded with zeros to `kp` bytes. Quantizing mirrors the reference decomposition:
+ * x * inv_scale and + zero_point rounded separately (built with -ffp-contract=off), then rounded half to even;
+ * NaN compares false both ways and is sent to quant_max. */
+static void activation_row(const qgemm *g, int64_t i, uint8_t *dst, int64_t kp) {
+    if (g->a_kind == A_F32) {
+        const float *x = (const float *)g->a + i * g->a_rs;
+        __m512 inv = _mm512_set1_ps(g->inv_scale), zp = _mm512_set1_ps(g->zero_point_f);
+        __m512 top = _mm512_set1_ps((float)g->quant_max);
+        for (int64_t k = 0; k < kp; k += 16) {
+            __mmask16 mask = tg_tail_mask(g->k - k);
+            __m512 v = _mm512_maskz_loadu_ps(mask, x + k);
+            __m512 t = _mm512_add_ps(_mm512_mul_ps(v, inv), zp);
+            __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __mmask16 below_top = _mm512_cmp_ps_mask(r, top, _CMP_LE_OQ); /* false for NaN */
+            r = _mm512_mask_blend_ps(below_top, top, _mm512_max_ps(r, _mm512_setzero_ps()));
+            __m128i bytes = _mm512_cvtusepi32_epi8(_mm512_cvttps_epu32(r));
+            _mm_mask_storeu_epi8(dst + k, (__mmask16)tg_tail_mask(kp - k), _mm_maskz_mov_epi8(mask, bytes));
+        }
+        return;
+    }
+    const uint8_t *src = (const uint8_t *)g->a + i * g->a_rs;
+    uint8_t flip = g->a_kind == A_S8 ? 0x80 : 0;
+    for (int64_t k = 0; k < kp; k++) dst[k] = k < g->k ? (uint8_t)(src[k] ^ flip) : 0;
+}
+
+/* ---------------------------------------------------------------- micro-kernel */
+
+/* Rows row0.. (m_valid of them) times one panel; nv and the epilogue kind are constants after inlining. */
+TG_ALWAYS_INLINE void tile(const int nv, const int float_out, const qgemm *g, const uint8_t *a, int64_t a_rs,
+                           int64_t kq, int64_t row0, int64_t m_valid, int64_t panel) {
+    const int32_t *b = (const int32_t *)g->w_packed + panel * kq * QNR;
+    const uint8_t *rows[QMR];
+    for (int i = 0; i < QMR; i++) rows[i] = a + (row0 + (i < m_valid ? i : m_valid - 1)) * a_rs;
+    __m512i acc[QMR][QNV];
+    _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_si512();
+    for (int64_t p = 0; p < kq; p++) {
+        __m512i bv[QNV];
+        _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) bv[v] = _mm512_loadu_si512(b + p * QNR + v * 16);
+        _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++) {
+            __m512i ai = _mm512_set1_epi32(*(const unaligned_i32 *)(rows[i] + 4 * p));
+            _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbusd_epi32(acc[i][v], ai, bv[v]);
+        }
+    }
+    int64_t col0 = panel * QNR;
+    __m512i zp = _mm512_set1_epi32(g->zero_point);
+    _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++) {
+        if (i >= m_valid) break;
+        _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) {
+            int64_t col = col0 + v * 16;
+            __mmask16 mask = tg_tail_mask(g->n - col);
+            __m512i sums = _mm512_sub_epi32(acc[i][v], _mm512_mullo_epi32(zp, _mm512_maskz_loadu_epi32(mask, g->w_colsum + col)));
+            if (!float_out) {
+                _mm512_mask_storeu_epi32((int32_t *)g->c + (row0 + i) * g->c_rs + col, mask, sums);
+                continue;
+            }
+            __m512 scale = _mm512_mul_ps(_mm512_set1_ps(g->scale), _mm512_maskz_loadu_ps(mask, g->w_scale + col));
+            __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale);
+            if (g->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, g->bias + col));
+            _mm512_mask_storeu_ps((float *)g->c + (row0 + i) * g->c_rs + col, mask, tg_activate_ps(y, g->activation));
+        }
+    }
+}
+
+static void run_tile(const qgemm *g, const uint8_t *a, int64_t a_rs, int64_t kq, int64_t row0, int64_t panel) {
+    int64_t m_valid = g->m - row0 < QMR ? g->m - row0 : QMR;
+    int64_t vectors = ceil_div(g->n - panel * QNR, 16);
+    int float_out = g->a_kind == A_F32;
+#define QTILE(nv) (float_out ? tile(nv, 1, g, a, a_rs, kq, row0, m_valid, panel) \
+                             : tile(nv, 0, g, a, a_rs, kq, row0, m_valid, panel))
+    if (vectors >= 4) QTILE(4);
+    else if (vectors == 3) QTILE(3);
+    else if (vectors == 2) QTILE(2);
+    else QTILE(1);
+#undef QTILE
+}
+
+/* ---------------------------------------------------------------- driver */
+
+static int run_qgemm(const qgemm *g) {
+    if (g->m <= 0 || g->n <= 0) return TG_GEMM_OK;
+    if (g->activation < TG_ACT_NONE || g->activation > TG_ACT_GELU_TANH) return TG_GEMM_BAD_ACTIVATION;
+    int64_t kq = ceil_div(g->k, 4), kp = 4 * kq, row_blocks = ceil_div(g->m, QMR), panels = ceil_div(g->n, QNR);
+    int in_place = g->a_kind == A_U8 && g->a_rs == kp; /* u8 rows already whole groups of 4 */
+    uint8_t *a = in_place ? (uint8_t *)g->a : scratch_reserve((size_t)(g->m * kp + 64));
+    if (!a) return TG_GEMM_NO_MEMORY;
+    double work = (double)g->m * g->n * (double)kp;
+    int threads = work >= (1 << 20) ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        if (!in_place) {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < g->m; i++) activation_row(g, i, a + i * kp, kp);
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t panel = 0; panel < panels; panel++)
+            for (int64_t block = 0; block < row_blocks; block++) run_tile(g, a, kp, kq, block * QMR, panel);
+    }
+    return TG_GEMM_OK;
+}
+
+int tg_qgemm_u8s8_s32(int64_t m, int64_t n, int64_t k, const uint8_t *a, int64_t a_rs, int32_t a_zero_point,
+                      const int8_t *w_packed, const int32_t *w_colsum, int32_t *c, int64_t c_rs) {
+    qgemm g = {.m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_kind = A_U8, .zero_point = a_zero_point,
+               .w_packed = w_packed, .w_colsum = w_colsum, .c = c, .c_rs = c_rs};
+    return run_qgemm(&g);
+}
+
+int tg_qgemm_s8s8_s32(int64_t m, int64_t n, int64_t k, const int8_t *a, int64_t a_rs, int32_t a_zero_point,
+                      const int8_t *w_packed, const int32_t *w_colsum, int32_t *c, int64_t c_rs) {
+    qgemm g = {.m = m, .n = n, .k = k, .a = a, .a_rs = a_rs, .a_kind = A_S8, .zero_point = a_zero_point + 128,
+               .w_packed = w_packed, .w_colsum = w_colsum, .c = c, .c_rs = c_rs};
+    return run_qgemm(&g);
+}
+
+int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, const float *x_scale,
+                   const float *x_zero_point, int32_t quant_max, const int8_t *w_packed, const int32_t *w_colsum,
+                   const float *w_scale, const float *bias, float *out, int64_t out_rs, int32_t activation) {
+    qgemm g = {.m = m, .n = n, .k = k, .a = x, .a_rs = x_rs, .a_kind = A_F32, .inv_scale = 1.0f / *x_scale,
+               .zero_point_f = *x_zero_point, .scale = *x_scale, .zero_point = (int32_t)*x_zero_point,
+               .quant_max = quant_max, .w_packed = w_packed, .w_colsum = w_colsum, .w_scale = w_scale,
+               .bias = bias, .c = out, .c_rs = out_rs, .activation = activation};
+    return run_qgemm(&g);
+}
