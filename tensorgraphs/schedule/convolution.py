@@ -5,8 +5,9 @@ two candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by
 "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from the image) and, for 3x3 kernels at
 stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer multiplies but about ten times
 the rounding error, so it has to measure faster to be chosen). Run by a kernel, the composite is kept whole by
-the scheduler: one `ConvCall` reading x and the weight where their buffers hold them (through reshapes, as a
-product's operands: `extern.operand_storage`) and writing a buffer of its own.
+the scheduler: one `ConvCall` reading x and the weight where their buffers hold them in NCHW order (through
+reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else is materialized first) and
+writing a buffer of its own.
 
 Its elementwise consumers that the kernel applies before storing (a scale, a bias per output channel: the
 frontend adds conv's bias after the composite, an activation, a residual; gemm.h's epilogue) are fused into the
@@ -33,9 +34,9 @@ from tensorgraphs.schedule.extern import (
     EpilogueChain,
     EpilogueKind,
     LibraryCallLowering,
+    contiguous_storage,
     epilogue_rules,
     gemm_enabled,
-    operand_storage,
 )
 
 CONV2D = "conv2d"
@@ -131,7 +132,7 @@ EPILOGUE_KINDS.append(EPILOGUE_KIND)
 
 def conv_operand_bases(node: Node) -> list[Node]:
     """The nodes whose buffers the kernel of `node` reads x and the weight from."""
-    return [operand_storage(operand)[0] for operand in node.src[:2]]
+    return [contiguous_storage(operand)[0] for operand in node.src[:2]]
 
 
 class ConvLowering(LibraryCallLowering):
@@ -140,7 +141,7 @@ class ConvLowering(LibraryCallLowering):
     def kernel(self) -> Kernel:
         x, weight, *operands = self.node.src
         params = _conv_params(self.node)
-        (x_base, x_offset), (w_base, w_offset) = operand_storage(x), operand_storage(weight)
+        (x_base, x_offset), (w_base, w_offset) = contiguous_storage(x), contiguous_storage(weight)
         read = {self.buffers[n]: n for n in (x_base, w_base, *operands)}
         buffers = [KernelParam(name, n.dtype, n.size, False) for name, n in read.items()]
         out = self.buffers[self.node]

@@ -177,6 +177,12 @@ def _storage_and_offset(chain: list[Node]) -> tuple[Node, int]:
     return storage, sum(_leading_slice_start(node) or 0 for node in views)
 
 
+def contiguous_storage(view: Node) -> tuple[Node, int]:
+    """The node whose buffer holds `view`'s elements in `view`'s own order (through reshapes, slices of the leading
+    dim and casts widening bfloat16; never a transpose), and the element offset where they start there."""
+    return _storage_and_offset(_contiguous_chain(view))
+
+
 def operand_dtype(product: Node) -> dtypes.DType:
     """What the library rounds a product's operands to while packing them: bfloat16 for a bfloat16 product, and
     for a float32 product of bfloat16 values (each operand a widened bfloat16 node under its views), which sums

@@ -168,6 +168,22 @@ def test_conv1d_and_transposed_conv_run_by_the_kernel() -> None:
     np.testing.assert_allclose(transposed.numpy(), torch_transposed.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("view", ["transposed", "expanded", "channel_slice", "batch_slice"])
+def test_operands_that_are_not_nchw_buffers_are_materialized_first(view: str) -> None:
+    """The kernel reads x and the weight as contiguous NCHW arrays: views in another order (a transpose, a
+    broadcast, a slice of channels) are copied into one first; a slice of the batch is read in place."""
+    x, weight = _floats((3, 6, 9, 7), 0), _floats((4, 3, 3, 3), 1)
+    views = {"transposed": lambda a: a[:, :3].transpose(2, 3), "expanded": lambda a: a[:1, :1].expand(2, 3, 9, 7),
+             "channel_slice": lambda a: a[:, 2:5], "batch_slice": lambda a: a.reshape(6, 3, 9, 7)[2:5]}
+    convolve = tg.compile(lambda a, b: F.conv2d(views[view](a), b, padding=1))
+    out = convolve(tg.tensor(x), tg.tensor(weight))
+    expected = torch.nn.functional.conv2d(views[view](torch.from_numpy(x)), torch.from_numpy(weight), padding=1)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-4, atol=1e-5)
+    (trace,) = [t for traces in convolve.traces.values() for t in traces]
+    calls = [s for kernel in trace.program.kernels for s in walk(kernel.body) if isinstance(s, ConvCall)]
+    assert len(calls) == 1 and calls[0].x_offset == (2 * 3 * 9 * 7 if view == "batch_slice" else 0), calls
+
+
 def test_without_the_gemm_library_convs_decompose(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TG_GEMM", "0")
     out = F.conv2d(tg.tensor(_floats((1, 2, 8, 8), 0)), tg.tensor(_floats((3, 2, 3, 3), 1)))

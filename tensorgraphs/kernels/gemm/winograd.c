@@ -4,8 +4,10 @@
  * and channel instead of 9. In the transformed domain, with P tiles over all images:
  *   U[point][ci][co]  = G g G^T          (the weights)
  *   V[point][ci][p]   = B^T d B          (the input patches, zero outside the image)
- *   M[point][p][co]   = V[point]^T @ U[point]   (tg_gemm_f32, batch 36: rows are tiles, columns channels)
+ *   M[point][p][co]   = V[point]^T @ U[point]   (tg_gemm_f32: rows are tiles, columns channels)
  *   out tile (p, co)  = epilogue(A^T M A)
+ * U is four times the size of the weights (38 MB for ResNet-18's last layer): it is made one row of 6 points at a
+ * time from G g (twice their size), just before the batch of 6 GEMMs that reads it, while it is still cached.
  * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding) or 16
  * output channels (weights; output, whose tiles are then transposed in registers and stored row by row). */
 #include <stdlib.h>
@@ -73,43 +75,43 @@ typedef struct {
     int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
 } geometry;
 
-/* U[point][ci][co] = G g G^T; whether every weight is finite. U (four times the weights) is written with streaming
- * stores: the GEMM reads it only after all of it is written, so caching it as it is written only evicts data. */
-static int transform_weights(const geometry *g, const float *weight, float *u) {
+/* T[xi][l][ci][co] = (G g)[xi][l], G applied to each kernel column; whether every weight is finite. */
+static int transform_weight_columns(const geometry *g, const float *weight, float *t) {
     int bad = 0;
     const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                              _mm512_set1_epi32((int32_t)(g->cin * 9)));
-#pragma omp parallel reduction(| : bad)
-    {
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t ci = 0; ci < g->cin; ci++)
-            for (int64_t co = 0; co < g->cout; co += 16) {
-                __mmask16 valid = tg_tail_mask(g->cout - co);
-                const float *kernel = weight + (co * g->cin + ci) * 9;
-                v16 rows[3][PATCH], column[3], transformed[PATCH];
-                for (int l = 0; l < 3; l++) { /* G applied to each kernel column */
-                    for (int k = 0; k < 3; k++) {
-                        column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernel + 3 * k + l, 4);
-                        bad |= not_finite(column[k]) != 0;
-                    }
-                    weight_transform(column, transformed);
-                    for (int xi = 0; xi < PATCH; xi++) rows[l][xi] = transformed[xi];
+#pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
+    for (int64_t ci = 0; ci < g->cin; ci++)
+        for (int64_t co = 0; co < g->cout; co += 16) {
+            __mmask16 valid = tg_tail_mask(g->cout - co);
+            const float *kernel = weight + (co * g->cin + ci) * 9;
+            v16 column[3], transformed[PATCH];
+            for (int l = 0; l < 3; l++) {
+                for (int k = 0; k < 3; k++) {
+                    column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernel + 3 * k + l, 4);
+                    bad |= not_finite(column[k]) != 0;
                 }
-                for (int xi = 0; xi < PATCH; xi++) { /* then G^T to each row */
-                    v16 row[3] = {rows[0][xi], rows[1][xi], rows[2][xi]};
-                    weight_transform(row, transformed);
-                    for (int nu = 0; nu < PATCH; nu++) {
-                        float *at = u + ((xi * PATCH + nu) * g->cin + ci) * g->cout + co;
-                        if (valid == 0xFFFF && ((uintptr_t)at & 63) == 0)
-                            _mm512_stream_ps(at, transformed[nu]);
-                        else
-                            _mm512_mask_storeu_ps(at, valid, transformed[nu]);
-                    }
-                }
+                weight_transform(column, transformed);
+                for (int xi = 0; xi < PATCH; xi++)
+                    _mm512_mask_storeu_ps(t + ((xi * 3 + l) * g->cin + ci) * g->cout + co, valid, transformed[xi]);
             }
-        _mm_sfence(); /* each thread's streaming stores are visible before the GEMM starts */
-    }
+        }
     return !bad;
+}
+
+/* U[nu][ci][co] = (G g G^T)[xi][nu] for one row xi of the transformed kernels, from T. */
+static void transform_weight_row(const geometry *g, const float *t, int xi, float *u) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t ci = 0; ci < g->cin; ci++)
+        for (int64_t co = 0; co < g->cout; co += 16) {
+            __mmask16 valid = tg_tail_mask(g->cout - co);
+            v16 row[3], transformed[PATCH];
+            for (int l = 0; l < 3; l++)
+                row[l] = _mm512_maskz_loadu_ps(valid, t + ((xi * 3 + l) * g->cin + ci) * g->cout + co);
+            weight_transform(row, transformed);
+            for (int nu = 0; nu < PATCH; nu++)
+                _mm512_mask_storeu_ps(u + (nu * g->cin + ci) * g->cout + co, valid, transformed[nu]);
+        }
 }
 
 /* For the 16 tiles from p0: the image offset of each patch's corner, and its row and column (negative in the
@@ -240,14 +242,20 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE, g.tiles = n * g.tiles_h * g.tiles_w;
     winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
                n * cin * h * w < INT32_MAX / 2; /* gather offsets are int32 */
-    float *u = winograd ? reserve((size_t)POINTS * cin * (cout + g.tiles) + (size_t)POINTS * g.tiles * cout) : NULL;
-    if (!u || !transform_weights(&g, weight, u) || !transform_input(&g, x, u + POINTS * cin * cout))
+    /* T (twice the weights), U for one row of points at a time (so it is read while still cached), V and M */
+    size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
+    float *t = winograd ? reserve(3 * PATCH * weights + PATCH * weights + rows * (cin + cout)) : NULL;
+    float *u = t + 3 * PATCH * weights, *v = u + PATCH * weights, *m = v + rows * cin;
+    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v))
         return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
                              weight, bias, out, alpha, residual, activation);
-    float *v = u + POINTS * cin * cout, *m = v + POINTS * cin * g.tiles;
-    int status = tg_gemm_f32(POINTS, g.tiles, cout, cin, v, cin * g.tiles, 1, g.tiles, u, cin * cout, cout, 1, m,
-                             g.tiles * cout, cout, 1.0f, NULL, 0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE,
-                             TG_ACT_NONE);
+    int status = TG_GEMM_OK;
+    for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
+        transform_weight_row(&g, t, xi, u);
+        status = tg_gemm_f32(PATCH, g.tiles, cout, cin, v + xi * PATCH * cin * g.tiles, cin * g.tiles, 1, g.tiles, u,
+                             cin * cout, cout, 1, m + xi * PATCH * g.tiles * cout, g.tiles * cout, cout, 1.0f, NULL,
+                             0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
+    }
     if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out);
     return status;
 }
