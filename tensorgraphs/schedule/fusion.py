@@ -71,6 +71,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.host_call import HostCallLowering
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
+from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
 
@@ -142,6 +143,8 @@ def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
     views in place, a GEMM where its operands are stored (`gemm_operand_bases`)."""
     if runs_as_fused_attention(node):
         return operand_bases(node, is_input)
+    if runs_as_int8_gemm(node):
+        return list(node.src)
     return gemm_operand_bases(node)
 
 
@@ -183,6 +186,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
                 lower = (AttentionLowering if runs_as_fused_attention(n) else
                          HostCallLowering if runs_as_host_call(n) else
+                         QuantizedLinearLowering if runs_as_int8_gemm(n) else
                          GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
