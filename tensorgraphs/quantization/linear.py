@@ -24,8 +24,8 @@ ACTIVATIONS = ("none", "relu")
 spells out)."""
 
 
-def _infer(x: Tensor, scale: Tensor, zero_point: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor,
-           *bias: Tensor, quant_max: int, activation: str) -> tuple:
+def _infer(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor, *bias: Tensor, quant_max: int,
+           activation: str) -> tuple:
     return dtypes.float32, x.shape[:-1] + colsum.shape
 
 
@@ -36,9 +36,10 @@ def _unpacked(packed: Tensor, n: int, k: int) -> Tensor:
     return mv.narrow(mv.narrow(rows, 0, 0, n), 1, 0, k)
 
 
-def _decomposition(x: Tensor, scale: Tensor, zero_point: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor,
-                   *bias: Tensor, quant_max: int, activation: str) -> Tensor:
+def _decomposition(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor, *bias: Tensor, quant_max: int,
+                   activation: str) -> Tensor:
     """What tg_qlinear_f32 computes (gemm_int8.h), in its order."""
+    scale, zero_point = dynamic_qparams(x, quant_max)
     q = apply_composite(QUANTIZE, x, scale, zero_point, dtype=quint8.name)
     q = ew.minimum(q, quant_max) if quant_max < quint8.qmax else q
     shifted = ew.sub(cast(q, dtypes.int32), cast(zero_point, dtypes.int32))
@@ -50,14 +51,15 @@ def _decomposition(x: Tensor, scale: Tensor, zero_point: Tensor, packed: Tensor,
 
 
 QUANTIZED_LINEAR = register(Composite("quantized_linear", infer=_infer, decompose=_decomposition))
-"""quantized_linear(x, scale, zero_point, packed, colsum, w_scale, bias?; quant_max, activation): x (..., k) float32
-quantized to [0, quant_max] with the 0-d float32 scale and (integer-valued) zero point, times the packed int8
-weights (n output channels, their row sums `colsum`), dequantized by scale * w_scale, plus bias, activated."""
+"""quantized_linear(x, packed, colsum, w_scale, bias?; quant_max, activation): x (..., k) float32 quantized to
+[0, quant_max] from its own range (`dynamic_qparams`), times the packed int8 weights (n output channels, their row
+sums `colsum`), dequantized by scale * w_scale, plus bias, activated."""
 
 
 def dynamic_qparams(x: Tensor, quant_max: int) -> tuple[Tensor, Tensor]:
-    """torch's dynamic quantization parameters of x, as 0-d float32 tensors: the range [min(x, 0), max(x, 0)] over
-    [0, quant_max] (scale 0.1 for an all-zero x), the zero point where 0.0 lands, rounded and clamped."""
+    """The dynamic quantization parameters of x as torch chooses them (in float32, where torch uses double), as 0-d
+    tensors: the range [min(x, 0), max(x, 0)] over [0, quant_max] (scale 0.1 for an all-zero x), the zero point where
+    0.0 lands, rounded and clamped."""
     with_zero = mv.pad_dim(mv.flatten(x), 0, 0, 1)  # the range holds 0.0, and an empty x has one
     low, high = rd.amin(with_zero), rd.amax(with_zero)
     scale = ew.div(ew.sub(high, low), float(quant_max))
@@ -70,7 +72,6 @@ def quantized_linear(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor,
                      quant_max: int = 255, activation: str = "none") -> Tensor:
     """x @ W.T + bias with x quantized per call (dynamic quantization) and W int8 weights packed by
     `kernels.gemm.int8.pack_weights` (`packed`, row sums `colsum`) with float32 scales per output channel."""
-    scale, zero_point = dynamic_qparams(x.detach(), quant_max)
-    sources: list[Any] = [x.detach(), scale, zero_point, packed, colsum, w_scale]
+    sources: list[Any] = [x.detach(), packed, colsum, w_scale]
     sources += [] if bias is None else [cast(bias.detach(), dtypes.float32)]
     return apply_composite(QUANTIZED_LINEAR, *sources, quant_max=quant_max, activation=activation)

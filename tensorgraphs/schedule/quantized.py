@@ -1,6 +1,6 @@
 """Quantized linear layers (`quantized_linear` composites) run by the int8 GEMM (`tensorgraphs.kernels.gemm.int8`)
-instead of lowered loops: one call reading the activations, their quantization parameters and the packed weights
-from their buffers (materialized where they are views) and writing the float32 result.
+instead of lowered loops: one call reading the activations (it chooses their quantization parameters itself) and the
+packed weights from their buffers (materialized where they are views) and writing the float32 result.
 
 TG_GEMM=0 turns it off with the other GEMM libraries (the decomposition is scheduled instead).
 """
@@ -38,7 +38,7 @@ class QuantizedLinearLowering(LibraryCallLowering):
     """The kernel of one quantized linear layer: one tg_qlinear_f32 call on contiguous buffers."""
 
     def kernel(self) -> Kernel:
-        x, scale, zero_point, packed, colsum, w_scale, *bias = self.node.src
+        x, packed, colsum, w_scale, *bias = self.node.src
         k, n = x.shape[-1], colsum.shape[0]
         params = {self.buffers[s]: KernelParam(self.buffers[s], s.dtype, s.size, False) for s in self.node.src}
         out = self.buffers[self.node]
@@ -46,6 +46,6 @@ class QuantizedLinearLowering(LibraryCallLowering):
         arg = dict(self.node.arg)
         name = self.buffers.__getitem__
         call = NativeCall(int8.C_FUNCTIONS["linear"], (
-            math.prod(x.shape[:-1]), n, k, name(x), k, name(scale), name(zero_point), arg["quant_max"], name(packed),
-            name(colsum), name(w_scale), name(bias[0]) if bias else None, out, n, ACTIVATIONS[arg["activation"]]))
+            math.prod(x.shape[:-1]), n, k, name(x), k, arg["quant_max"], name(packed), name(colsum), name(w_scale),
+            name(bias[0]) if bias else None, out, n, ACTIVATIONS[arg["activation"]]))
         return Kernel(self.name, list(params.values()), [call])

@@ -40,6 +40,19 @@ def test_int8_gemm_matches_the_decomposition(x_shape, n, bias, activation, quant
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize(("scale", "special"), [(1.0, float("nan")), (1.0, float("inf")), (0.0, 0.0)])
+def test_special_activations_match_the_decomposition(scale, special):
+    """NaN (every output NaN), Inf, all zeros (the default scale 0.1)."""
+    packed, colsum, scales, bias = _layer(20, 30, 5)
+    x = np.random.default_rng(6).standard_normal((8, 30)).astype(np.float32) * np.float32(scale)
+    x[3, 7] = special
+    x = tg.tensor(x)
+    layer = lambda x: quantized_linear(x, packed, colsum, scales, bias, activation="relu")  # noqa: E731
+    with tg.device("numpy"):
+        expected = layer(x).numpy()
+    np.testing.assert_array_equal(tg.compile(layer)(x).numpy(), expected)
+
+
 def test_a_layer_is_one_library_call():
     packed, colsum, scales, bias = _layer(70, 33, 3)
     x = tg.randn(9, 33)

@@ -28,7 +28,7 @@ PANEL = 64
 
 _i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QGEMM_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _i32, _ptr, _ptr, _ptr, _i64]
-_QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32]
+_QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32]
 
 
 @functools.cache
@@ -110,20 +110,18 @@ def qgemm(a: np.ndarray, packed: np.ndarray, colsum: np.ndarray, zero_point: int
     return out
 
 
-def qlinear(x: np.ndarray, scale: float, zero_point: float, packed: np.ndarray, colsum: np.ndarray,
-            w_scale: np.ndarray, bias: np.ndarray | None = None, *, quant_max: int = 255,
-            activation: str = "none") -> np.ndarray:
-    """A linear layer on float32 x (m, k) quantized to u8 with (scale, zero_point) on the fly (gemm_int8.h)."""
+def qlinear(x: np.ndarray, packed: np.ndarray, colsum: np.ndarray, w_scale: np.ndarray,
+            bias: np.ndarray | None = None, *, quant_max: int = 255, activation: str = "none") -> np.ndarray:
+    """A linear layer on float32 x (m, k) quantized dynamically to [0, quant_max] (gemm_int8.h)."""
     x = np.ascontiguousarray(x, np.float32)
     (m, k), n = x.shape, _weights("qlinear", packed, colsum, x.shape[1])
     if activation not in ACTIVATIONS:
         fail("qlinear", f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
-    params = np.array([scale, zero_point], np.float32)
     w_scale = np.ascontiguousarray(w_scale, np.float32)
     bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
     out = np.empty((m, n), np.float32)
     _check("qlinear", _functions()["linear"](
-        m, n, k, x.ctypes.data, k, params.ctypes.data, params.ctypes.data + 4, quant_max, packed.ctypes.data,
+        m, n, k, x.ctypes.data, k, quant_max, packed.ctypes.data,
         colsum.ctypes.data, w_scale.ctypes.data, None if bias is None else bias.ctypes.data, out.ctypes.data, n,
         ACTIVATIONS[activation]))
     return out
