@@ -3,9 +3,10 @@
  * Activations are made a row-major u8 matrix with rows padded to whole groups of 4 bytes (quantized from float32,
  * or shifted from s8, by all threads together; u8 rows already so padded are read in place). The register tile is
  * QMR rows x 64 columns of int32 accumulators: per group of 4 k, a 32-bit broadcast of 4 activation bytes per row
- * and one VPDPBUSD per 16 columns adds 4 products to each lane. Tiles are shared among the threads panel by panel,
- * so a thread reuses its panel of packed weights (k x 64 bytes, in L2) for every row block. The epilogue (zero-point
- * compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
+ * and one VPDPBUSD per 16 columns adds 4 products to each lane. Tiles are handed out panel by panel, so a thread
+ * reuses a panel of packed weights (k x 64 bytes, in L2) for the next row blocks; one at a time, not split in
+ * advance, so a thread the OS deschedules does not hold back the others (they take its tiles). The epilogue
+ * (zero-point compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -181,10 +182,10 @@ static int run_qgemm(const qgemm *g) {
 #pragma omp parallel num_threads(threads)
     {
         if (!in_place) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)
             for (int64_t i = 0; i < g->m; i++) activation_row(g, i, a + i * kp, kp);
         }
-#pragma omp for collapse(2) schedule(static)
+#pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t panel = 0; panel < panels; panel++)
             for (int64_t block = 0; block < row_blocks; block++) run_tile(g, a, kp, kq, block * QMR, panel);
     }
