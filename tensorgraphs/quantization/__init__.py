@@ -1,7 +1,9 @@
 """Quantization with PyTorch's names: quantized tensors (`quantize_per_tensor`, `quantize_per_channel`,
-`dequantize`, `int_repr`) and dynamic quantization of models (`quantize_dynamic`)."""
+`dequantize`, `int_repr`), dynamic quantization of models (`quantize_dynamic`) and static post-training
+quantization (`prepare`, calibration, `convert`)."""
 
 from tensorgraphs.quantization.dynamic import DynamicQuantizedLinear, quantize_dynamic
+from tensorgraphs.quantization.static import MinMaxObserver, StaticQuantizedLinear, convert, prepare
 from tensorgraphs.quantization.tensor import (
     QuantizedDType,
     QuantizedTensor,
@@ -12,5 +14,6 @@ from tensorgraphs.quantization.tensor import (
     quint8,
 )
 
-__all__ = ["DynamicQuantizedLinear", "QuantizedDType", "QuantizedTensor", "qint8", "qint32", "quantize_dynamic",
-           "quantize_per_channel", "quantize_per_tensor", "quint8"]
+__all__ = ["DynamicQuantizedLinear", "MinMaxObserver", "QuantizedDType", "QuantizedTensor", "StaticQuantizedLinear",
+           "convert", "prepare", "qint8", "qint32", "quantize_dynamic", "quantize_per_channel", "quantize_per_tensor",
+           "quint8"]

@@ -40,6 +40,8 @@ def per_channel_symmetric(weight: Tensor) -> QuantizedTensor:
 class DynamicQuantizedLinear(Module):
     """A Linear layer with int8 weights per output channel and activations quantized per call."""
 
+    activation_qparams: tuple[float, int] | None = None  # (scale, zero point) of static quantization
+
     def __init__(self, in_features: int, out_features: int, weight: QuantizedTensor, bias: Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -62,7 +64,7 @@ class DynamicQuantizedLinear(Module):
         if input.shape[-1:] != (self.in_features,):
             fail("DynamicQuantizedLinear", f"input {input.shape} does not end in in_features={self.in_features}")
         return quantized_linear(cast(input, dtypes.float32), self.packed_weight, self.weight_colsum,
-                                self.weight_scale, self.bias)
+                                self.weight_scale, self.bias, qparams=self.activation_qparams)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, dtype=tg.qint8, "
@@ -85,16 +87,16 @@ def quantize_dynamic(model: Module, qconfig_spec: Any = None, dtype: Any = qint8
     if unknown:
         fail("quantize_dynamic", f"no quantized version of {', '.join(t.__name__ for t in unknown)} "
              f"(supported: {', '.join(t.__name__ for t in mapping)})", kind=ArgumentError)
+    return swap_modules(model, {t: mapping[t].from_float for t in types}, inplace)
+
+
+def swap_modules(model: Module, replace: dict[type, Any], inplace: bool) -> Module:
+    """`model` (a copy, unless `inplace`) with every submodule whose type is a key of `replace` replaced by what that
+    key's function makes of it, in place in its parent (a Sequential keeps its order)."""
     model = model if inplace else copy.deepcopy(model)
-    if type(model) in types:
-        return mapping[type(model)].from_float(model)
-    _swap(model, types, mapping)
+    if type(model) in replace:
+        return replace[type(model)](model)
+    for name, child in list(model._modules.items()):
+        if child is not None:
+            model._modules[name] = swap_modules(child, replace, inplace=True)
     return model
-
-
-def _swap(module: Module, types: set[type], mapping: dict) -> None:
-    for name, child in list(module._modules.items()):
-        if type(child) in types:
-            module._modules[name] = mapping[type(child)].from_float(child)  # in place: Sequential keeps its order
-        elif child is not None:
-            _swap(child, types, mapping)

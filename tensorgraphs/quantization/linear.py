@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tensorgraphs import dtypes
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
+from tensorgraphs.frontend.creation import full
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.quantization.tensor import QUANTIZE, quint8
@@ -25,7 +28,7 @@ spells out)."""
 
 
 def _infer(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor, *bias: Tensor, quant_max: int,
-           activation: str) -> tuple:
+           activation: str, qparams: tuple[float, int] | None) -> tuple:
     return dtypes.float32, x.shape[:-1] + colsum.shape
 
 
@@ -37,9 +40,12 @@ def _unpacked(packed: Tensor, n: int, k: int) -> Tensor:
 
 
 def _decomposition(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor, *bias: Tensor, quant_max: int,
-                   activation: str) -> Tensor:
+                   activation: str, qparams: tuple[float, int] | None) -> Tensor:
     """What tg_qlinear_f32 computes (gemm_int8.h), in its order."""
-    scale, zero_point = dynamic_qparams(x, quant_max)
+    if qparams is None:
+        scale, zero_point = dynamic_qparams(x, quant_max)
+    else:
+        scale, zero_point = (full((), value, dtype=dtypes.float32) for value in qparams)
     q = apply_composite(QUANTIZE, x, scale, zero_point, dtype=quint8.name)
     q = ew.minimum(q, quant_max) if quant_max < quint8.qmax else q
     shifted = ew.sub(cast(q, dtypes.int32), cast(zero_point, dtypes.int32))
@@ -51,9 +57,10 @@ def _decomposition(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor, *
 
 
 QUANTIZED_LINEAR = register(Composite("quantized_linear", infer=_infer, decompose=_decomposition))
-"""quantized_linear(x, packed, colsum, w_scale, bias?; quant_max, activation): x (..., k) float32 quantized to
-[0, quant_max] from its own range (`dynamic_qparams`), times the packed int8 weights (n output channels, their row
-sums `colsum`), dequantized by scale * w_scale, plus bias, activated."""
+"""quantized_linear(x, packed, colsum, w_scale, bias?; quant_max, activation, qparams): x (..., k) float32 quantized
+to [0, quant_max] with qparams (scale, zero point) or, when None, from its own range (`dynamic_qparams`), times the
+packed int8 weights (n output channels, their row sums `colsum`), dequantized by scale * w_scale, plus bias,
+activated."""
 
 
 def dynamic_qparams(x: Tensor, quant_max: int) -> tuple[Tensor, Tensor]:
@@ -69,9 +76,12 @@ def dynamic_qparams(x: Tensor, quant_max: int) -> tuple[Tensor, Tensor]:
 
 
 def quantized_linear(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor, bias: Tensor | None = None, *,
-                     quant_max: int = 255, activation: str = "none") -> Tensor:
-    """x @ W.T + bias with x quantized per call (dynamic quantization) and W int8 weights packed by
-    `kernels.gemm.int8.pack_weights` (`packed`, row sums `colsum`) with float32 scales per output channel."""
+                     quant_max: int = 255, activation: str = "none",
+                     qparams: tuple[float, int] | None = None) -> Tensor:
+    """x @ W.T + bias with x quantized with `qparams` (scale, zero point: static quantization) or, when None, per
+    call from its range (dynamic quantization), and W int8 weights packed by `kernels.gemm.int8.pack_weights`
+    (`packed`, row sums `colsum`) with float32 scales per output channel."""
     sources: list[Any] = [x.detach(), packed, colsum, w_scale]
     sources += [] if bias is None else [cast(bias.detach(), dtypes.float32)]
-    return apply_composite(QUANTIZED_LINEAR, *sources, quant_max=quant_max, activation=activation)
+    qparams = None if qparams is None else (float(np.float32(qparams[0])), int(qparams[1]))
+    return apply_composite(QUANTIZED_LINEAR, *sources, quant_max=quant_max, activation=activation, qparams=qparams)

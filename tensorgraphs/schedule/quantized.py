@@ -1,6 +1,7 @@
 """Quantized linear layers (`quantized_linear` composites) run by the int8 GEMM (`tensorgraphs.kernels.gemm.int8`)
-instead of lowered loops: one call reading the activations (it chooses their quantization parameters itself) and the
-packed weights from their buffers (materialized where they are views) and writing the float32 result.
+instead of lowered loops: one call reading the activations (choosing their quantization parameters itself, unless
+they are static) and the packed weights from their buffers (materialized where they are views) and writing the
+float32 result.
 
 TG_GEMM=0 turns it off with the other GEMM libraries (the decomposition is scheduled instead).
 """
@@ -46,6 +47,6 @@ class QuantizedLinearLowering(LibraryCallLowering):
         arg = dict(self.node.arg)
         name = self.buffers.__getitem__
         call = NativeCall(int8.C_FUNCTIONS["linear"], (
-            math.prod(x.shape[:-1]), n, k, name(x), k, arg["quant_max"], name(packed), name(colsum), name(w_scale),
-            name(bias[0]) if bias else None, out, n, ACTIVATIONS[arg["activation"]]))
+            math.prod(x.shape[:-1]), n, k, name(x), k, *(arg["qparams"] or (0.0, 0)), arg["quant_max"], name(packed),
+            name(colsum), name(w_scale), name(bias[0]) if bias else None, out, n, ACTIVATIONS[arg["activation"]]))
         return Kernel(self.name, list(params.values()), [call])

@@ -206,12 +206,13 @@ int tg_qgemm_s8s8_s32(int64_t m, int64_t n, int64_t k, const int8_t *a, int64_t 
     return run_qgemm(&g);
 }
 
-int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, int32_t quant_max,
-                   const int8_t *w_packed, const int32_t *w_colsum, const float *w_scale, const float *bias,
-                   float *out, int64_t out_rs, int32_t activation) {
-    qgemm g = {.m = m, .n = n, .k = k, .a = x, .a_rs = x_rs, .a_kind = A_F32, .quant_max = quant_max,
-               .w_packed = w_packed, .w_colsum = w_colsum, .w_scale = w_scale, .bias = bias, .c = out,
-               .c_rs = out_rs, .activation = activation};
-    if (m > 0 && n > 0) choose_qparams(&g);
+int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, float x_scale,
+                   int32_t x_zero_point, int32_t quant_max, const int8_t *w_packed, const int32_t *w_colsum,
+                   const float *w_scale, const float *bias, float *out, int64_t out_rs, int32_t activation) {
+    qgemm g = {.m = m, .n = n, .k = k, .a = x, .a_rs = x_rs, .a_kind = A_F32, .scale = x_scale,
+               .inv_scale = 1.0f / x_scale, .zero_point = x_zero_point, .zero_point_f = (float)x_zero_point,
+               .quant_max = quant_max, .w_packed = w_packed, .w_colsum = w_colsum, .w_scale = w_scale,
+               .bias = bias, .c = out, .c_rs = out_rs, .activation = activation};
+    if (x_scale == 0.0f && m > 0 && n > 0) choose_qparams(&g);
     return run_qgemm(&g);
 }

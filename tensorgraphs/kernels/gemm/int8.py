@@ -28,7 +28,8 @@ PANEL = 64
 
 _i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QGEMM_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _i32, _ptr, _ptr, _ptr, _i64]
-_QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32]
+_QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, ctypes.c_float, _i32, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64,
+                     _i32]
 
 
 @functools.cache
@@ -111,8 +112,10 @@ def qgemm(a: np.ndarray, packed: np.ndarray, colsum: np.ndarray, zero_point: int
 
 
 def qlinear(x: np.ndarray, packed: np.ndarray, colsum: np.ndarray, w_scale: np.ndarray,
-            bias: np.ndarray | None = None, *, quant_max: int = 255, activation: str = "none") -> np.ndarray:
-    """A linear layer on float32 x (m, k) quantized dynamically to [0, quant_max] (gemm_int8.h)."""
+            bias: np.ndarray | None = None, *, quant_max: int = 255, activation: str = "none",
+            qparams: tuple[float, int] | None = None) -> np.ndarray:
+    """A linear layer on float32 x (m, k) quantized to [0, quant_max] with `qparams` (scale, zero point), or with
+    parameters chosen from x when None (dynamic quantization; gemm_int8.h)."""
     x = np.ascontiguousarray(x, np.float32)
     (m, k), n = x.shape, _weights("qlinear", packed, colsum, x.shape[1])
     if activation not in ACTIVATIONS:
@@ -121,7 +124,7 @@ def qlinear(x: np.ndarray, packed: np.ndarray, colsum: np.ndarray, w_scale: np.n
     bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
     out = np.empty((m, n), np.float32)
     _check("qlinear", _functions()["linear"](
-        m, n, k, x.ctypes.data, k, quant_max, packed.ctypes.data,
+        m, n, k, x.ctypes.data, k, *(qparams or (0.0, 0)), quant_max, packed.ctypes.data,
         colsum.ctypes.data, w_scale.ctypes.data, None if bias is None else bias.ctypes.data, out.ctypes.data, n,
         ACTIVATIONS[activation]))
     return out
