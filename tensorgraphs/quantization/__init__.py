@@ -3,8 +3,7 @@
 quantization (`prepare`, calibration, `convert`)."""
 
 from tensorgraphs.quantization.dynamic import DynamicQuantizedLinear, quantize_dynamic
-from tensorgraphs.quantization.static import MinMaxObserver, StaticQuantizedLinear, convert, prepare
-from tensorgraphs.quantization.tensor import (
+from tensorgraphs.quantization.quantized_tensor import (
     QuantizedDType,
     QuantizedTensor,
     qint8,
@@ -13,6 +12,7 @@ from tensorgraphs.quantization.tensor import (
     quantize_per_tensor,
     quint8,
 )
+from tensorgraphs.quantization.static import MinMaxObserver, StaticQuantizedLinear, convert, prepare
 
 __all__ = ["DynamicQuantizedLinear", "MinMaxObserver", "QuantizedDType", "QuantizedTensor", "StaticQuantizedLinear",
            "convert", "prepare", "qint8", "qint32", "quantize_dynamic", "quantize_per_channel", "quantize_per_tensor",

@@ -23,7 +23,7 @@ from tensorgraphs.kernels.gemm import int8
 from tensorgraphs.nn.linear import Linear
 from tensorgraphs.nn.module import Module
 from tensorgraphs.quantization.linear import quantized_linear
-from tensorgraphs.quantization.tensor import QuantizedTensor, qint8, quantize_per_channel, to_quantized_dtype
+from tensorgraphs.quantization.quantized_tensor import QuantizedTensor, qint8, quantize_per_channel, to_quantized_dtype
 
 _EPS = float(np.finfo(np.float32).eps)
 

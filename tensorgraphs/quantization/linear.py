@@ -20,7 +20,7 @@ from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.creation import full
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast
 from tensorgraphs.graph.composite import Composite, register
-from tensorgraphs.quantization.tensor import QUANTIZE, quint8
+from tensorgraphs.quantization.quantized_tensor import QUANTIZE, quint8
 
 ACTIVATIONS = ("none", "relu")
 """The activations the layer applies after its bias (the kernel's `gemm.ACTIVATIONS` that the decomposition
@@ -85,3 +85,24 @@ def quantized_linear(x: Tensor, packed: Tensor, colsum: Tensor, w_scale: Tensor,
     sources += [] if bias is None else [cast(bias.detach(), dtypes.float32)]
     qparams = None if qparams is None else (float(np.float32(qparams[0])), int(qparams[1]))
     return apply_composite(QUANTIZED_LINEAR, *sources, quant_max=quant_max, activation=activation, qparams=qparams)
+
+
+def _matmul_integer_infer(a: Tensor, packed: Tensor, colsum: Tensor, *, zero_point: int) -> tuple:
+    return dtypes.int32, a.shape[:-1] + colsum.shape
+
+
+def _matmul_integer_decomposition(a: Tensor, packed: Tensor, colsum: Tensor, *, zero_point: int) -> Tensor:
+    weights = cast(_unpacked(packed, colsum.shape[0], a.shape[-1]), dtypes.int32)
+    return linalg.matmul(ew.sub(cast(a, dtypes.int32), zero_point), mv.mT(weights))
+
+
+MATMUL_INTEGER = register(Composite("matmul_integer", infer=_matmul_integer_infer,
+                                    decompose=_matmul_integer_decomposition))
+"""matmul_integer(a, packed, colsum; zero_point): (a - zero_point) @ W.T in int32, a (..., k) uint8 or int8 and W
+the packed int8 weights (ONNX's MatMulInteger with a constant B)."""
+
+
+def matmul_integer(a: Tensor, packed: Tensor, colsum: Tensor, zero_point: int = 0) -> Tensor:
+    """(a - zero_point) @ W.T in int32 for u8 or s8 activations and int8 weights packed by
+    `kernels.gemm.int8.pack_weights`."""
+    return apply_composite(MATMUL_INTEGER, a.detach(), packed, colsum, zero_point=int(zero_point))

@@ -19,7 +19,7 @@ from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.linear import Linear
 from tensorgraphs.nn.module import Module
 from tensorgraphs.quantization.dynamic import DynamicQuantizedLinear, per_channel_symmetric, swap_modules
-from tensorgraphs.quantization.tensor import quint8
+from tensorgraphs.quantization.quantized_tensor import quint8
 
 
 class MinMaxObserver(Module):

@@ -10,7 +10,7 @@ import tensorgraphs as tg
 from tensorgraphs.codegen.loop_ir import NativeCall, walk
 from tensorgraphs.kernels.gemm import int8
 from tensorgraphs.plan.choices import route_of
-from tensorgraphs.quantization.linear import quantized_linear
+from tensorgraphs.quantization.linear import matmul_integer, quantized_linear
 from tensorgraphs.schedule import schedule_kernels
 
 pytestmark = [pytest.mark.device("cpu", compile=True),
@@ -68,3 +68,19 @@ def test_gemm_off_runs_the_decomposition(monkeypatch):
     packed, colsum, scales, bias = _layer(7, 5, 4)
     y = quantized_linear(tg.randn(3, 5), packed, colsum, scales, bias)
     assert route_of(y.node) == "decompose"
+
+
+@pytest.mark.parametrize(("dtype", "zero_point"), [(np.uint8, 0), (np.uint8, 128), (np.int8, -3)])
+@pytest.mark.parametrize(("shape", "n"), [((9, 33), 70), ((2, 3, 64), 5), ((1, 1), 1)])
+def test_integer_product_matches_the_decomposition_and_numpy(dtype, zero_point, shape, n):
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(7)
+    a = rng.integers(info.min, info.max + 1, shape, dtype=dtype)
+    w = rng.integers(-128, 128, (n, shape[-1]), dtype=np.int8)
+    packed, colsum = (tg.tensor(v) for v in int8.pack_weights(w))
+    product = lambda a: matmul_integer(a, packed, colsum, zero_point)  # noqa: E731
+    got = tg.compile(product)(tg.tensor(a)).numpy()
+    with tg.device("numpy"):
+        np.testing.assert_array_equal(got, product(tg.tensor(a)).numpy())
+    np.testing.assert_array_equal(got, (a.astype(np.int64) - zero_point) @ w.T.astype(np.int64))
+    assert route_of(product(tg.tensor(a)).node) == "int8_gemm"
