@@ -93,3 +93,17 @@ def test_weights_must_fit_the_activations():
     packed, colsum = int8.pack_weights(_weights(8, 16, 0))
     with pytest.raises(ShapeError, match="do not fit k = 12"):
         int8.qgemm(np.zeros((2, 12), np.uint8), packed, colsum)
+
+
+def test_quantizing_rounds_the_product_before_adding_the_zero_point():
+    """x * (1 / scale) + zero_point is two roundings, as torch and the decomposition take it: a fused multiply-add
+    (gcc contracts one unless told not to) rounds these x to the next integer up or down."""
+    x = np.array([[0.69495004, 0.59655005, 0.43664986, 0.64575005, 0.99015003, 0.53504986, -0.8302499, 0.8056498]],
+                 np.float32)
+    w = np.eye(8, dtype=np.int8)
+    packed, colsum = int8.pack_weights(w)
+    scale, zero_point = np.float32(0.0123), 100
+    t = (x * (np.float32(1) / scale)).astype(np.float32) + np.float32(zero_point)
+    expected = (np.rint(t) - zero_point).astype(np.float32) * scale
+    got = int8.qlinear(x, packed, colsum, np.ones(8, np.float32), qparams=(float(scale), zero_point))
+    np.testing.assert_array_equal(got, expected)

@@ -7,6 +7,10 @@
  * reuses a panel of packed weights (k x 64 bytes, in L2) for the next row blocks; one at a time, not split in
  * advance, so a thread the OS deschedules does not hold back the others (they take its tiles). The epilogue
  * (zero-point compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
+/* Quantizing and dequantizing round every step, as the reference decomposition does (and whatever the build flags:
+ * an exported library compiles this file with its own): no multiply-add contracted into an fma. */
+#pragma GCC optimize("fp-contract=off")
+
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -59,7 +63,7 @@ typedef struct {
 /* ---------------------------------------------------------------- activations */
 
 /* Row i of the activations as u8, padded with zeros to `kp` bytes. Quantizing mirrors the reference decomposition:
- * x * inv_scale and + zero_point rounded separately (built with -ffp-contract=off), then rounded half to even;
+ * x * inv_scale and + zero_point rounded separately (no contraction, see the top), then rounded half to even;
  * NaN compares false both ways and is sent to quant_max. */
 static void activation_row(const qgemm *g, int64_t i, uint8_t *dst, int64_t kp) {
     if (g->a_kind == A_F32) {

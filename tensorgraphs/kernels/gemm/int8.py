@@ -16,11 +16,10 @@ import numpy as np
 from tensorgraphs.errors import ArgumentError, ShapeError, fail
 from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import ACTIVATIONS, STATUS
-from tensorgraphs.kernels.gemm.build import FLAGS, SOURCE_DIR, build_library, load_library
+from tensorgraphs.kernels.gemm.build import SOURCE_DIR, build_library, load_library
 
 LIBRARY = "tg_gemm_int8"
 SOURCES = ("gemm_int8.c",)
-BUILD_FLAGS = (*FLAGS, "-ffp-contract=off")  # quantizing and dequantizing round each step as the reference does
 HEADER = SOURCE_DIR / "gemm_int8.h"
 C_FUNCTIONS = {"u8": "tg_qgemm_u8s8_s32", "s8": "tg_qgemm_s8s8_s32", "linear": "tg_qlinear_f32"}
 PANEL = 64
@@ -45,12 +44,12 @@ def available() -> bool:
 
 def library_path() -> Path:
     """The compiled library (built on first call) for generated programs to link against."""
-    return build_library(LIBRARY, SOURCES, BUILD_FLAGS)
+    return build_library(LIBRARY, SOURCES)
 
 
 @functools.cache
 def _functions() -> dict[str, Callable[..., int]]:
-    library = load_library(LIBRARY, SOURCES, BUILD_FLAGS)
+    library = load_library(LIBRARY, SOURCES)
     functions = {}
     for name, c_name in C_FUNCTIONS.items():
         function = getattr(library, c_name)
