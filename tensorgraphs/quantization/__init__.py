@@ -12,8 +12,14 @@ from tensorgraphs.quantization.quantized_tensor import (
     quantize_per_tensor,
     quint8,
 )
-from tensorgraphs.quantization.static import MinMaxObserver, StaticQuantizedLinear, convert, prepare
+from tensorgraphs.quantization.static import (
+    MinMaxObserver,
+    StaticQuantizedConv2d,
+    StaticQuantizedLinear,
+    convert,
+    prepare,
+)
 
-__all__ = ["DynamicQuantizedLinear", "MinMaxObserver", "QuantizedDType", "QuantizedTensor", "StaticQuantizedLinear",
-           "convert", "prepare", "qint8", "qint32", "quantize_dynamic", "quantize_per_channel", "quantize_per_tensor",
-           "quint8"]
+__all__ = ["DynamicQuantizedLinear", "MinMaxObserver", "QuantizedDType", "QuantizedTensor", "StaticQuantizedConv2d",
+           "StaticQuantizedLinear", "convert", "prepare", "qint8", "qint32", "quantize_dynamic",
+           "quantize_per_channel", "quantize_per_tensor", "quint8"]

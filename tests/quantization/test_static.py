@@ -80,3 +80,35 @@ def test_static_kernel_matches_oracle():
     expected = ((q - zero_point) @ w.T.astype(np.int64)).astype(np.float32) * (scale * w_scale)
     got = int8.qlinear(x, packed, colsum, w_scale, qparams=(float(scale), zero_point))
     np.testing.assert_array_equal(got, expected)
+
+
+def test_conv2d_is_quantized_statically_as_a_product_of_patches():
+    tg.manual_seed(5)
+    model = tg.nn.Sequential(tg.nn.Conv2d(3, 8, 3, stride=2, padding=1), tg.nn.ReLU(),
+                             tg.nn.Conv2d(8, 4, 2, bias=False))
+    prepared = tg.quantization.prepare(model)
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        prepared(tg.tensor(rng.standard_normal((2, 3, 9, 11)).astype(np.float32)))
+    quantized = tg.quantization.convert(prepared)
+    assert [type(m).__name__ for m in quantized] == ["StaticQuantizedConv2d", "ReLU", "StaticQuantizedConv2d"]
+    x = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+    got = tg.compile(lambda x: quantized(x))(tg.tensor(x)).numpy()
+    expected = torch.from_numpy(x).double()
+    for layer, conv in ((quantized[0], model[0]), (quantized[2], model[2])):  # fake-quantized, in float64
+        scale, zero_point = layer.activation_qparams
+        t = (expected.float() * (np.float32(1) / np.float32(scale))).float() + zero_point
+        q = torch.clamp(torch.round(t), 0, 255).double()
+        weights = torch.from_numpy(layer.weight().dequantize().numpy()).double().reshape(conv.weight.shape)
+        bias = None if conv.bias is None else torch.from_numpy(conv.bias.detach().numpy()).double()
+        expected = torch.nn.functional.conv2d((q - zero_point) * scale, weights, bias, conv.stride, conv.padding)
+        expected = torch.relu(expected) if layer is quantized[0] else expected
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_conv_is_refused_at_convert():
+    prepared = tg.quantization.prepare(tg.nn.Sequential(tg.nn.Conv2d(4, 4, 3, groups=2)))
+    prepared(tg.randn(1, 4, 5, 5))
+    with pytest.raises(tg.TGError, match="groups=1"):
+        tg.quantization.convert(prepared)
