@@ -373,12 +373,25 @@ class HostCall:
         return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after}){placed}"
 
 
-LIBRARY_CALLS = (GemmCall, ConvCall, AttentionCall, HostCall)
+@dataclass(frozen=True)
+class NativeCall:
+    """A call of a kernel library's C function `function` (`tensorgraphs.kernels.LIBRARIES`) whose arguments are
+    `args` in order: a str is a buffer (passed as its array), None a NULL pointer, a number a literal (a float as
+    float32). What it reads and writes is its kernel's parameters."""
+
+    function: str
+    args: tuple[str | int | float | None, ...]
+
+    def __repr__(self) -> str:
+        return f"{self.function}({', '.join(map(repr, self.args))})"
+
+
+LIBRARY_CALLS = (GemmCall, ConvCall, AttentionCall, HostCall, NativeCall)
 """Statements that call a hand-written kernel library or the host: a whole kernel's work, never a cheap
 elementwise pass (nor one to run twice)."""
 
 Stmt = (Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | ConvCall | AttentionCall
-        | HostCall)
+        | HostCall | NativeCall)
 
 
 @dataclass
@@ -446,6 +459,8 @@ def rename_buffer(stmt: Any, old: str, new: str) -> Any:
     changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}
     if isinstance(stmt, GemmCall):
         changes["epilogue"] = rename_buffer(stmt.epilogue, old, new)
+    if isinstance(stmt, NativeCall) and old in stmt.args:
+        changes["args"] = tuple(new if arg == old else arg for arg in stmt.args)
     if isinstance(stmt, HostCall) and old in stmt.sources:
         changes["sources"] = tuple(new if name == old else name for name in stmt.sources)
     if isinstance(stmt, AttentionCall):

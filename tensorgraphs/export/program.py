@@ -24,6 +24,7 @@ from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArg
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.export.names import unique
 from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels.gemm import int8
 from tensorgraphs.runtime.tracing import Captured
 
 SAFETENSORS_DTYPES = {
@@ -186,6 +187,7 @@ def _place_outputs(layout: ProgramLayout, slots: list[Source], updates: dict[int
 
 
 EXPORTABLE_FUNCTIONS = {**dict.fromkeys(gemm.C_FUNCTIONS.values(), "gemm"),
+                        **dict.fromkeys(int8.C_FUNCTIONS.values(), "gemm_int8"),
                         **dict.fromkeys(attention.C_FUNCTIONS.values(), "attention")}
 """The native functions an exported library contains (by their kernel library's name in `build.KERNEL_SOURCES`)."""
 

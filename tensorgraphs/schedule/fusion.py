@@ -73,6 +73,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.host_call import HostCallLowering
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
+from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
 
@@ -145,6 +146,8 @@ def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
     `gemm_operand_bases`)."""
     if runs_as_fused_attention(node):
         return operand_bases(node, is_input)
+    if runs_as_int8_gemm(node):
+        return list(node.src)
     return conv_operand_bases(node) if runs_as_conv_kernel(node) else gemm_operand_bases(node)
 
 
@@ -187,6 +190,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
                 lower = (AttentionLowering if runs_as_fused_attention(n) else
                          ConvLowering if runs_as_conv_kernel(n) else
                          HostCallLowering if runs_as_host_call(n) else
+                         QuantizedLinearLowering if runs_as_int8_gemm(n) else
                          GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]

@@ -286,6 +286,19 @@ def _unary_infos() -> list[OpInfo]:
             unary_samples(),
         )
     )
+    for qdtype in ("qint8", "quint8", "qint32"):  # integers bit for bit (rounding ties, saturation), then values
+        # (not qint32's values: torch computes q - zero_point in int32, which wraps at the ends of the range)
+        for part in ("int_repr", "dequantize") if qdtype != "qint32" else ("int_repr",):
+            infos.append(
+                OpInfo(
+                    f"quantize_per_tensor(0.25, 3, {qdtype}).{part}",
+                    lambda x, d=qdtype, p=part: getattr(tg.quantize_per_tensor(x, 0.25, 3, getattr(tg, d)), p)(),
+                    lambda x, d=qdtype, p=part: getattr(torch.quantize_per_tensor(x, 0.25, 3, getattr(torch, d)), p)(),
+                    unary_samples(-80.0, 80.0),
+                    dtypes=("float32",),
+                    differentiable=False,
+                )
+            )
     return infos
 
 

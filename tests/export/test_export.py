@@ -32,6 +32,17 @@ def test_mlp_outputs_equal_the_compiled_program_bit_for_bit(tmp_path: Path) -> N
     assert not np.array_equal(got[0][0], got[1][0])  # the inputs reach the library
 
 
+def test_dynamically_quantized_mlp_outputs_equal_the_compiled_program_bit_for_bit(tmp_path: Path) -> None:
+    tg.manual_seed(0)
+    model = tg.quantization.quantize_dynamic(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+    xs = [tg.randn(8, 16) for _ in range(2)]
+    compiled = tg.compile(model)
+    exported = tg.export(compiled, (xs[0],), tmp_path, name="qmlp")  # calls the int8 GEMM, built in
+    (got,) = run_c(exported, [[x.numpy()] for x in xs])
+    for x, have in zip(xs, got):
+        np.testing.assert_array_equal(have[0], compiled(x).detach().numpy())
+
+
 def test_cnn_outputs_equal_the_compiled_program_bit_for_bit(tmp_path: Path) -> None:
     tg.manual_seed(1)
     model = digits_cnn(channels=4).eval()

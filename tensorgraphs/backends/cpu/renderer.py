@@ -27,6 +27,7 @@ from tensorgraphs.codegen.loop_ir import (
     Load,
     Local,
     Loop,
+    NativeCall,
     ParallelAxis,
     Reduce,
     Store,
@@ -93,7 +94,9 @@ class CpuRenderer(CStyleRenderer):
     def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
         return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
 
-    def library_call(self, call: GemmCall | ConvCall | AttentionCall) -> str:
+    def library_call(self, call: GemmCall | ConvCall | AttentionCall | NativeCall) -> str:
+        if isinstance(call, NativeCall):
+            return native_call(call, self.array)
         if isinstance(call, GemmCall):
             return gemm_call(call, self.array)
         return conv_call(call, self.array) if isinstance(call, ConvCall) else attention_call(call, self.array)
@@ -209,11 +212,26 @@ def _called(stmt: object) -> tuple[str, ...]:
         return (stmt.function,)
     if isinstance(stmt, AttentionCall):
         return (_attention_function(stmt),)
+    if isinstance(stmt, NativeCall):
+        return (stmt.function,)
     return ()
 
 
 def _attention_function(call: AttentionCall) -> str:
     return attention.C_FUNCTIONS[attention.function_name(call.backward, call.bf16)]
+
+
+def native_call(call: NativeCall, array: dict[str, str]) -> str:
+    """A library function called with buffers, NULLs and literals (its status is 0 unless memory ran out)."""
+
+    def argument(arg: str | int | float | None) -> str:
+        if arg is None:
+            return "NULL"
+        if isinstance(arg, str):
+            return array[arg]
+        return literal(arg, dtypes.float32) if isinstance(arg, float) else str(arg)
+
+    return f"(void){call.function}({', '.join(map(argument, call.args))});"
 
 
 def attention_call(call: AttentionCall, array: dict[str, str]) -> str:

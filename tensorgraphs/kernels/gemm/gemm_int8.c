@@ -3,9 +3,15 @@
  * Activations are made a row-major u8 matrix with rows padded to whole groups of 4 bytes (quantized from float32,
  * or shifted from s8, by all threads together; u8 rows already so padded are read in place). The register tile is
  * QMR rows x 64 columns of int32 accumulators: per group of 4 k, a 32-bit broadcast of 4 activation bytes per row
- * and one VPDPBUSD per 16 columns adds 4 products to each lane. Tiles are shared among the threads panel by panel,
- * so a thread reuses its panel of packed weights (k x 64 bytes, in L2) for every row block. The epilogue (zero-point
- * compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
+ * and one VPDPBUSD per 16 columns adds 4 products to each lane. Tiles are handed out panel by panel, so a thread
+ * reuses a panel of packed weights (k x 64 bytes, in L2) for the next row blocks; one at a time, not split in
+ * advance, so a thread the OS deschedules does not hold back the others (they take its tiles). The epilogue
+ * (zero-point compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
+/* Quantizing and dequantizing round every step, as the reference decomposition does (and whatever the build flags:
+ * an exported library compiles this file with its own): no multiply-add contracted into an fma. */
+#pragma GCC optimize("fp-contract=off")
+
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +63,7 @@ typedef struct {
 /* ---------------------------------------------------------------- activations */
 
 /* Row i of the activations as u8, padded with zeros to `kp` bytes. Quantizing mirrors the reference decomposition:
- * x * inv_scale and + zero_point rounded separately (built with -ffp-contract=off), then rounded half to even;
+ * x * inv_scale and + zero_point rounded separately (no contraction, see the top), then rounded half to even;
  * NaN compares false both ways and is sent to quant_max. */
 static void activation_row(const qgemm *g, int64_t i, uint8_t *dst, int64_t kp) {
     if (g->a_kind == A_F32) {
@@ -133,6 +139,39 @@ static void run_tile(const qgemm *g, const uint8_t *a, int64_t a_rs, int64_t kq,
 #undef QTILE
 }
 
+/* ---------------------------------------------------------------- dynamic quantization */
+
+/* The activations' quantization parameters, as the reference decomposition computes them in float32: the range
+ * [min(x, 0), max(x, 0)] (NaN if x holds one) over [0, quant_max], scale 0.1 for an all-zero range, and the zero
+ * point where 0.0 lands, rounded half to even and clamped. */
+static void choose_qparams(qgemm *g) {
+    const float *x = g->a;
+    float low = 0.0f, high = 0.0f;
+    int nan = 0;
+#pragma omp parallel for schedule(static) reduction(min : low) reduction(max : high) reduction(| : nan) \
+    if (g->m * g->k >= 65536)
+    for (int64_t i = 0; i < g->m; i++) {
+        __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+        __mmask16 unordered = 0;
+        for (int64_t k = 0; k < g->k; k += 16) {
+            __mmask16 mask = tg_tail_mask(g->k - k);
+            __m512 v = _mm512_maskz_loadu_ps(mask, x + i * g->a_rs + k);
+            lo = _mm512_min_ps(lo, v), hi = _mm512_max_ps(hi, v);
+            unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        }
+        float row_low = _mm512_reduce_min_ps(lo), row_high = _mm512_reduce_max_ps(hi);
+        low = row_low < low ? row_low : low, high = row_high > high ? row_high : high;
+        nan |= unordered != 0;
+    }
+    if (nan) low = high = NAN;
+    float top = (float)g->quant_max, scale = (high - low) / top;
+    if (scale == 0.0f) scale = 0.1f;
+    float zero_point = nearbyintf(-low / scale);
+    zero_point = zero_point > top ? top : zero_point < 0.0f ? 0.0f : zero_point;
+    g->scale = scale, g->inv_scale = 1.0f / scale, g->zero_point_f = zero_point;
+    g->zero_point = nan ? 0 : (int32_t)zero_point;
+}
+
 /* ---------------------------------------------------------------- driver */
 
 static int run_qgemm(const qgemm *g) {
@@ -147,10 +186,10 @@ static int run_qgemm(const qgemm *g) {
 #pragma omp parallel num_threads(threads)
     {
         if (!in_place) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)
             for (int64_t i = 0; i < g->m; i++) activation_row(g, i, a + i * kp, kp);
         }
-#pragma omp for collapse(2) schedule(static)
+#pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t panel = 0; panel < panels; panel++)
             for (int64_t block = 0; block < row_blocks; block++) run_tile(g, a, kp, kq, block * QMR, panel);
     }
@@ -171,12 +210,13 @@ int tg_qgemm_s8s8_s32(int64_t m, int64_t n, int64_t k, const int8_t *a, int64_t 
     return run_qgemm(&g);
 }
 
-int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, const float *x_scale,
-                   const float *x_zero_point, int32_t quant_max, const int8_t *w_packed, const int32_t *w_colsum,
+int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, float x_scale,
+                   int32_t x_zero_point, int32_t quant_max, const int8_t *w_packed, const int32_t *w_colsum,
                    const float *w_scale, const float *bias, float *out, int64_t out_rs, int32_t activation) {
-    qgemm g = {.m = m, .n = n, .k = k, .a = x, .a_rs = x_rs, .a_kind = A_F32, .inv_scale = 1.0f / *x_scale,
-               .zero_point_f = *x_zero_point, .scale = *x_scale, .zero_point = (int32_t)*x_zero_point,
+    qgemm g = {.m = m, .n = n, .k = k, .a = x, .a_rs = x_rs, .a_kind = A_F32, .scale = x_scale,
+               .inv_scale = 1.0f / x_scale, .zero_point = x_zero_point, .zero_point_f = (float)x_zero_point,
                .quant_max = quant_max, .w_packed = w_packed, .w_colsum = w_colsum, .w_scale = w_scale,
                .bias = bias, .c = out, .c_rs = out_rs, .activation = activation};
+    if (x_scale == 0.0f && m > 0 && n > 0) choose_qparams(&g);
     return run_qgemm(&g);
 }

@@ -19,13 +19,16 @@ int tg_qgemm_u8s8_s32(int64_t m, int64_t n, int64_t k, const uint8_t *a, int64_t
 int tg_qgemm_s8s8_s32(int64_t m, int64_t n, int64_t k, const int8_t *a, int64_t a_rs, int32_t a_zero_point,
                       const int8_t *w_packed, const int32_t *w_colsum, int32_t *c, int64_t c_rs);
 
-/* A linear layer on float32 activations quantized on the fly:
- *   q(i,k) = clamp(nearbyint(x[i*x_rs + k] * (1 / *x_scale) + *x_zero_point), 0, quant_max)  (NaN: quant_max)
- *   out[i*out_rs + j] = activation(float(sum_k (q(i,k) - *x_zero_point) * W[j][k]) * (*x_scale * w_scale[j])
- *                                  + bias[j])
+/* A linear layer on float32 activations x (m x k) quantized with x_scale and x_zero_point (static quantization),
+ * or, when x_scale is 0, with parameters chosen from x as torch's dynamic quantization does:
+ *   low = min(x, 0), high = max(x, 0) (both NaN if x holds a NaN), scale = (high - low) / quant_max (0.1 if that
+ *   is 0), zero_point = clamp(nearbyint(-low / scale), 0, quant_max);
+ * then
+ *   q(i,k) = clamp(nearbyint(x[i*x_rs + k] * (1 / scale) + zero_point), 0, quant_max)  (NaN: quant_max)
+ *   out[i*out_rs + j] = activation(float(sum_k (q(i,k) - zero_point) * W[j][k]) * (scale * w_scale[j]) + bias[j])
  * each operation rounded once in float32, in this order (torch's quantize and dequantize arithmetic); bias may be
  * NULL; activation is enum tg_activation (gemm.h). */
-int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, const float *x_scale,
-                   const float *x_zero_point, int32_t quant_max, const int8_t *w_packed, const int32_t *w_colsum,
-                   const float *w_scale, const float *bias, float *out, int64_t out_rs, int32_t activation);
+int tg_qlinear_f32(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_rs, float x_scale,
+                   int32_t x_zero_point, int32_t quant_max, const int8_t *w_packed, const int32_t *w_colsum, const float *w_scale, const float *bias,
+                   float *out, int64_t out_rs, int32_t activation);
 #endif

@@ -16,11 +16,10 @@ import numpy as np
 from tensorgraphs.errors import ArgumentError, ShapeError, fail
 from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import ACTIVATIONS, STATUS
-from tensorgraphs.kernels.gemm.build import FLAGS, SOURCE_DIR, build_library, load_library
+from tensorgraphs.kernels.gemm.build import SOURCE_DIR, build_library, load_library
 
 LIBRARY = "tg_gemm_int8"
 SOURCES = ("gemm_int8.c",)
-BUILD_FLAGS = (*FLAGS, "-ffp-contract=off")  # quantizing and dequantizing round each step as the reference does
 HEADER = SOURCE_DIR / "gemm_int8.h"
 C_FUNCTIONS = {"u8": "tg_qgemm_u8s8_s32", "s8": "tg_qgemm_s8s8_s32", "linear": "tg_qlinear_f32"}
 PANEL = 64
@@ -28,7 +27,8 @@ PANEL = 64
 
 _i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 _QGEMM_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _i32, _ptr, _ptr, _ptr, _i64]
-_QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32]
+_QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, ctypes.c_float, _i32, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _i64,
+                     _i32]
 
 
 @functools.cache
@@ -44,12 +44,12 @@ def available() -> bool:
 
 def library_path() -> Path:
     """The compiled library (built on first call) for generated programs to link against."""
-    return build_library(LIBRARY, SOURCES, BUILD_FLAGS)
+    return build_library(LIBRARY, SOURCES)
 
 
 @functools.cache
 def _functions() -> dict[str, Callable[..., int]]:
-    library = load_library(LIBRARY, SOURCES, BUILD_FLAGS)
+    library = load_library(LIBRARY, SOURCES)
     functions = {}
     for name, c_name in C_FUNCTIONS.items():
         function = getattr(library, c_name)
@@ -110,20 +110,20 @@ def qgemm(a: np.ndarray, packed: np.ndarray, colsum: np.ndarray, zero_point: int
     return out
 
 
-def qlinear(x: np.ndarray, scale: float, zero_point: float, packed: np.ndarray, colsum: np.ndarray,
-            w_scale: np.ndarray, bias: np.ndarray | None = None, *, quant_max: int = 255,
-            activation: str = "none") -> np.ndarray:
-    """A linear layer on float32 x (m, k) quantized to u8 with (scale, zero_point) on the fly (gemm_int8.h)."""
+def qlinear(x: np.ndarray, packed: np.ndarray, colsum: np.ndarray, w_scale: np.ndarray,
+            bias: np.ndarray | None = None, *, quant_max: int = 255, activation: str = "none",
+            qparams: tuple[float, int] | None = None) -> np.ndarray:
+    """A linear layer on float32 x (m, k) quantized to [0, quant_max] with `qparams` (scale, zero point), or with
+    parameters chosen from x when None (dynamic quantization; gemm_int8.h)."""
     x = np.ascontiguousarray(x, np.float32)
     (m, k), n = x.shape, _weights("qlinear", packed, colsum, x.shape[1])
     if activation not in ACTIVATIONS:
         fail("qlinear", f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
-    params = np.array([scale, zero_point], np.float32)
     w_scale = np.ascontiguousarray(w_scale, np.float32)
     bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
     out = np.empty((m, n), np.float32)
     _check("qlinear", _functions()["linear"](
-        m, n, k, x.ctypes.data, k, params.ctypes.data, params.ctypes.data + 4, quant_max, packed.ctypes.data,
+        m, n, k, x.ctypes.data, k, *(qparams or (0.0, 0)), quant_max, packed.ctypes.data,
         colsum.ctypes.data, w_scale.ctypes.data, None if bias is None else bias.ctypes.data, out.ctypes.data, n,
         ACTIVATIONS[activation]))
     return out

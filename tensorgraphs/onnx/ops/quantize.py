@@ -7,10 +7,12 @@ import numpy as np
 
 import tensorgraphs as tg
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.kernels.gemm import int8
 from tensorgraphs.onnx.dtypes import tg_dtype
 from tensorgraphs.onnx.lowering import OnnxNode, Value, lowers, tensor
 from tensorgraphs.onnx.ops.nn import conv
 from tensorgraphs.onnx.ops.shape import axis_of
+from tensorgraphs.quantization.linear import matmul_integer as integer_product
 
 
 def _along(node: OnnxNode, parameter: Tensor, x: Tensor) -> Tensor:
@@ -57,10 +59,24 @@ def _minus(x: Value, zero: Value | None) -> Tensor:
     return x if zero is None else tg.sub(x, tensor(zero).to(tg.int32))
 
 
+def _packed_product(a: Value, b: Value, a_zero: Value | None, b_zero: Value | None) -> Tensor | None:
+    """The product by the int8 GEMM (`quantization.linear.matmul_integer`, weights packed here, once) when B is a
+    constant int8 matrix with zero points 0 and A's zero point is one number."""
+    if not (isinstance(b, np.ndarray) and b.dtype == np.int8 and b.ndim == 2 and tensor(a).ndim >= 1):
+        return None
+    if (b_zero is not None and np.any(np.asarray(b_zero) != 0)) or (a_zero is not None and np.size(a_zero) != 1):
+        return None
+    packed, colsum = int8.pack_weights(np.ascontiguousarray(b.T))
+    zero_point = 0 if a_zero is None else int(np.asarray(a_zero).reshape(()))
+    return integer_product(tensor(a), tg.tensor(packed), tg.tensor(colsum), zero_point)
+
+
 @lowers("MatMulInteger")
 def matmul_integer(node: OnnxNode, a: Value, b: Value, a_zero: Value | None = None,
                    b_zero: Value | None = None) -> Tensor:
     """int32 products of the zero-point-shifted operands (a's zero point per row, b's per column)."""
+    if (packed := _packed_product(a, b, a_zero, b_zero)) is not None:
+        return packed
     a_zero = None if a_zero is None or tensor(a_zero).ndim == 0 else tg.unsqueeze(tensor(a_zero), -1)
     return tg.matmul(_minus(a, a_zero), _minus(b, b_zero))
 

@@ -86,4 +86,4 @@ def test_scale_and_zero_point_as_tensors_are_lazy():
 def test_errors_name_the_call(call, message):
     with pytest.raises(tg.TGError, match=message) as raised:
         call()
-    assert "test_tensor.py" in str(raised.value)
+    assert "test_quantized_tensor.py" in str(raised.value)
