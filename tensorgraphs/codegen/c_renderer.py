@@ -30,6 +30,7 @@ from tensorgraphs.codegen.loop_ir import (
     LIBRARY_CALLS,
     Accumulate,
     AttentionCall,
+    FftCall,
     GemmCall,
     HostCall,
     Kernel,
@@ -352,7 +353,7 @@ class CStyleRenderer:
                 f"{pad}        {t}[{t}_j * {n} + {t}_i] = {t}_kept;",
                 f"{pad}    }}", f"{pad}}}"]
 
-    def library_call(self, call: GemmCall | AttentionCall) -> str:
+    def library_call(self, call: GemmCall | AttentionCall | FftCall) -> str:
         """The call of a kernel library; a target without libraries never gets one (the planner decomposes)."""
         raise UnsupportedError(f"{type(self).__name__} calls no kernel library: {call!r} should have been "
                                "decomposed (its planner candidate must not apply to this target)")

@@ -317,11 +317,29 @@ class HostCall:
         return f"{self.output}[{sum(self.sizes)}] = host {self.function}({', '.join(self.sources)}{after}){placed}"
 
 
-LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall)
+@dataclass(frozen=True)
+class FftCall:
+    """`y` = the unnormalized transform `kind` ("c2c", "r2c" or "c2r", `kernels.fft` C_FUNCTIONS) of length `n`
+    of each of the `batch` contiguous rows of `x`, float32, complex values as (re, im) pairs (fft.h)."""
+
+    kind: str
+    batch: int
+    n: int
+    inverse: bool
+    x: str
+    y: str
+
+    def __repr__(self) -> str:
+        direction = " inverse" if self.inverse else ""
+        return f"{self.y} = fft.{self.kind}[{self.batch}x{self.n}{direction}]({self.x})"
+
+
+LIBRARY_CALLS = (GemmCall, AttentionCall, HostCall, FftCall)
 """Statements that call a hand-written kernel library or the host: a whole kernel's work, never a cheap
 elementwise pass (nor one to run twice)."""
 
-Stmt = Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall | HostCall
+Stmt = (Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | AttentionCall | HostCall
+        | FftCall)
 
 
 @dataclass
@@ -377,6 +395,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
     HostCall: ("output", "after"),
+    FftCall: ("x", "y"),
 }
 """The fields of loop IR statements that name a buffer."""
 

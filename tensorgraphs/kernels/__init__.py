@@ -1,4 +1,4 @@
-"""Hand-written native kernels (GEMM, convolution, BLAS, fused attention) that generated programs call by their C
+"""Hand-written native kernels (GEMM, convolution, BLAS, fused attention, FFT) that generated programs call by their C
 names."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tensorgraphs.kernels import attention, blas, gemm
+from tensorgraphs.kernels import attention, blas, fft, gemm
 
 
 @dataclass(frozen=True)
@@ -25,5 +25,6 @@ LIBRARIES: dict[str, NativeLibrary] = {
     **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path),
     **dict.fromkeys(attention.C_FUNCTIONS.values(), _ATTENTION),
+    **dict.fromkeys(fft.C_FUNCTIONS.values(), NativeLibrary(fft.HEADER, fft.library_path)),
 }
 """C function -> the native library providing it."""

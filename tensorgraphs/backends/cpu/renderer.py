@@ -20,6 +20,7 @@ from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.c_renderer import C_PREAMBLE, STORAGE, CStyleRenderer, literal, render_index
 from tensorgraphs.codegen.loop_ir import (
     AttentionCall,
+    FftCall,
     GemmCall,
     Kernel,
     Let,
@@ -33,7 +34,7 @@ from tensorgraphs.codegen.loop_ir import (
     TransposeLocal,
     walk,
 )
-from tensorgraphs.kernels import LIBRARIES, attention, gemm
+from tensorgraphs.kernels import LIBRARIES, attention, fft, gemm
 
 PREAMBLE = C_PREAMBLE + (Path(__file__).parent / "cpu_preamble.h").read_text()
 """The cpu target's: C_PREAMBLE with vector transposes and streaming stores."""
@@ -92,7 +93,9 @@ class CpuRenderer(CStyleRenderer):
     def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
         return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
 
-    def library_call(self, call: GemmCall | AttentionCall) -> str:
+    def library_call(self, call: GemmCall | AttentionCall | FftCall) -> str:
+        if isinstance(call, FftCall):
+            return fft_call(call, self.array)
         return gemm_call(call, self.array) if isinstance(call, GemmCall) else attention_call(call, self.array)
 
     @classmethod
@@ -192,6 +195,8 @@ def _called(stmt: object) -> tuple[str, ...]:
         return (stmt.function,)
     if isinstance(stmt, AttentionCall):
         return (attention.C_FUNCTIONS["backward" if stmt.backward else "forward"],)
+    if isinstance(stmt, FftCall):
+        return (fft.C_FUNCTIONS[stmt.kind],)
     return ()
 
 
@@ -214,3 +219,10 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
         return f"(void){attention.C_FUNCTIONS['backward']}({', '.join(map(str, args))});"
     args += [output(call.out), output(call.lse)]
     return f"(void){attention.C_FUNCTIONS['forward']}({', '.join(map(str, args))});"
+
+
+def fft_call(call: FftCall, array: dict[str, str]) -> str:
+    """The FFT library call (fft.h); its status is 0 unless scratch memory ran out."""
+    flags = [int(call.inverse)] if call.kind == "c2c" else []
+    args = [call.batch, call.n, *flags, array[call.x], array[call.y]]
+    return f"(void){fft.C_FUNCTIONS[call.kind]}({', '.join(map(str, args))});"
