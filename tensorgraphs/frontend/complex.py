@@ -31,6 +31,7 @@ class ComplexTensor:
 
     __slots__ = ("pair",)
     __array_priority__ = 1000
+    tensor_operators_defer = True  # real_tensor * complex_tensor: Tensor's operators leave it to ours
 
     def __init__(self, pair: Tensor) -> None:
         if pair.ndim == 0 or pair.shape[-1] != 2 or pair.dtype not in COMPLEX_OF:
@@ -209,7 +210,7 @@ def complex_leaf(data: Any, dtype: dtypes.DType | None = None, requires_grad: bo
     give complex64, numpy arrays keep their precision (complex128 for complex128)."""
     array = np.asarray(data)
     if dtype is None:
-        dtype = dtypes.complex128 if array.dtype == np.complex128 else dtypes.complex64
+        dtype = dtypes.complex128 if isinstance(data, np.ndarray) and data.dtype == np.complex128 else dtypes.complex64
     if dtype not in REAL_OF:
         fail("tensor", f"expected complex64 or complex128 for complex data, got {dtype!r}", kind=DTypeError)
     real = REAL_OF[dtype]
