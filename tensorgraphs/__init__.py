@@ -98,6 +98,7 @@ from tensorgraphs import rewrite  # noqa: E402
 from tensorgraphs.graph.show import show  # noqa: E402
 from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
 from tensorgraphs import amp, cpu, cuda, data, distributed, fft, onnx, optim, utils  # noqa: E402  (onnx: lazily)
+from tensorgraphs.stft import istft, stft  # noqa: E402
 from tensorgraphs.frontend.complex import (  # noqa: E402
     ComplexTensor, angle, complex_from as complex, conj, imag, is_complex, polar, real, view_as_complex, view_as_real,
 )
