@@ -1,8 +1,9 @@
 """torch.stft and torch.istft: short-time Fourier transforms on tg.fft's transforms.
 
-Frames are gathered from the (centered, padded) signal, windowed and transformed as one batch of rows (one call
-of the FFT library on the cpu device); the inverse transforms the frames back, windows them and overlap-adds them
-(a scatter-add), dividing by the summed squared window as torch does. Both are differentiable.
+The (centered, padded) signal's frames are windowed and transformed as one batch (`spectral.framed_r2c`: on the cpu
+device one call of the FFT library reading the frames in place and writing torch's layout); the inverse transforms
+the frames back, windows them and overlap-adds them (a scatter-add), dividing by the summed squared window as torch
+does. Both are differentiable.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tensorgraphs.frontend import creation
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.complex import ComplexTensor
+from tensorgraphs.frontend.spectral import frame_positions, framed_r2c
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.runtime import tracing
 
@@ -39,12 +41,6 @@ def _full_window(op: str, window: Tensor | None, win: int, n_fft: int, dtype: dt
     return mv.pad_dim(window.to(dtype), 0, left, n_fft - win - left)
 
 
-def _frame_positions(frames: int, n_fft: int, hop: int) -> Tensor:
-    """Signal index of each frame's samples: hop * t + k, flattened (frames * n_fft,)."""
-    starts = mv.unsqueeze(ew.mul(creation.arange(frames, dtype=dtypes.int64), hop), 1)
-    return ew.add(starts, mv.unsqueeze(creation.arange(n_fft, dtype=dtypes.int64), 0)).reshape(-1)
-
-
 def stft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: int | None = None,
          window: Tensor | None = None, center: bool = True, pad_mode: str = "reflect", normalized: bool = False,
          onesided: bool | None = None, return_complex: bool | None = None) -> ComplexTensor | Tensor:
@@ -57,20 +53,21 @@ def stft(input: Tensor, n_fft: int, hop_length: int | None = None, win_length: i
         fail("stft", f"expected a real 1-D or 2-D floating signal, got {getattr(input, 'dtype', type(input))} "
              f"of shape {getattr(input, 'shape', None)}", kind=DTypeError)
     hop, win = _settings("stft", n_fft, hop_length, win_length)
-    signal = input if input.ndim == 2 else mv.unsqueeze(input, 0)
-    if center:
-        signal = mv.pad(signal, [n_fft // 2, n_fft // 2], mode=pad_mode)
-    length = signal.shape[-1]
+    full_window = _full_window("stft", window, win, n_fft, input.dtype)
+    onesided = True if onesided is None else onesided
+    reflected = center and pad_mode == "reflect" and onesided and n_fft // 2 < input.shape[-1]  # read in place
+    signal = mv.pad(input, [n_fft // 2] * 2, mode=pad_mode) if center and not reflected else input
+    length = signal.shape[-1] + (2 * (n_fft // 2) if reflected else 0)
     if length < n_fft:
         fail("stft", f"the (padded) signal of length {length} is shorter than n_fft={n_fft}", kind=ArgumentError)
-    count = 1 + (length - n_fft) // hop
-    frames = mv.index_select(signal, 1, _frame_positions(count, n_fft, hop)).reshape(signal.shape[0], count, n_fft)
-    windowed = ew.mul(frames, _full_window("stft", window, win, n_fft, signal.dtype))
-    norm = "ortho" if normalized else "backward"
-    onesided = True if onesided is None else onesided
-    spectrum = tg_fft.rfft(windowed, norm=norm) if onesided else tg_fft.fft(windowed, norm=norm)
-    pairs = mv.transpose(spectrum.pair, 1, 2)  # (batch, freq, frames, 2)
-    pairs = pairs if input.ndim == 2 else pairs[0]
+    if onesided:
+        pairs = framed_r2c(signal, full_window, hop, n_fft // 2 if reflected else 0)  # (..., freq, frames, 2)
+    else:
+        count = 1 + (length - n_fft) // hop
+        frames = mv.index_select(signal, -1, frame_positions(count, n_fft, hop)).reshape(*input.shape[:-1], count,
+                                                                                          n_fft)
+        pairs = mv.transpose(tg_fft.fft(ew.mul(frames, full_window)).pair, -3, -2)
+    pairs = ew.mul(pairs, n_fft ** -0.5) if normalized else pairs
     return ComplexTensor(pairs) if return_complex else pairs
 
 
@@ -94,7 +91,7 @@ def istft(input: ComplexTensor, n_fft: int, hop_length: int | None = None, win_l
     frames = tg_fft.irfft(ComplexTensor(mv.transpose(half, 1, 2)), n=n_fft, norm="ortho" if normalized else "backward")
     full_window = _full_window("istft", window, win, n_fft, frames.dtype)
     expected = n_fft + hop * (count - 1)
-    positions = _frame_positions(count, n_fft, hop)
+    positions = frame_positions(count, n_fft, hop)
     signal = mv.scatter_add(creation.zeros(batch, expected, dtype=frames.dtype), 1,
                             mv.expand(mv.unsqueeze(positions, 0), batch, count * n_fft),
                             ew.mul(frames, full_window).reshape(batch, count * n_fft))

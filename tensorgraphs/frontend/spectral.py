@@ -1,11 +1,11 @@
 """Discrete Fourier transforms as three composites on real pairs (complex values as a trailing (re, im) dim).
 
-`fft_c2c` (complex -> complex), `fft_r2c` (real -> the first n // 2 + 1 frequencies) and `fft_c2r` (those ->
-real) transform the last axis, unnormalized; `tg.fft` builds torch's functions on them (length, dim, norm). The
-cpu device runs them by the FFT library (`kernels.fft`, `schedule.fft`); their reference decompositions are
-mixed-radix transforms in primitives (each level a reshape, a twiddle product and a small DFT as a matrix
-product), so the numpy device and every other target run them too. All three are linear, so each gradient is
-another transform (the adjoint).
+`fft_c2c` (complex -> complex), `fft_r2c` (real -> the first n // 2 + 1 frequencies) and `fft_c2r` (those -> real)
+transform the last axis, unnormalized (`fft_stft`: r2c of a signal's windowed frames, for tg.stft); `tg.fft` builds
+torch's functions on them (length, dim, norm). The cpu device runs them by the FFT library (`kernels.fft`,
+`schedule.fft`); their reference decompositions are mixed-radix transforms in primitives (each level a reshape, a
+twiddle product and a small DFT as a matrix product), so the numpy device and every other target run them too. All
+three are linear, so each gradient is another transform (the adjoint).
 """
 
 from __future__ import annotations
@@ -113,9 +113,34 @@ def _c2r_grad(out: Tensor, grad: Tensor, x: Tensor, n: int) -> tuple[Tensor]:
     return (ew.mul(r2c(grad), _hermitian_weights(n, grad.dtype)),)
 
 
+def _stft_infer(signal: Tensor, window: Tensor, hop: int, pad: int) -> tuple:
+    *batch, length = signal.shape
+    n = window.shape[0]
+    return signal.dtype, (*batch, n // 2 + 1, 1 + (length + 2 * pad - n) // hop, 2)
+
+
+def frame_positions(frames: int, n: int, hop: int) -> Tensor:
+    """Signal index of each frame's samples: hop t + k, flattened (frames * n,)."""
+    starts = mv.unsqueeze(ew.mul(creation.arange(frames, dtype=dtypes.int64), hop), 1)
+    return ew.add(starts, mv.unsqueeze(creation.arange(n, dtype=dtypes.int64), 0)).reshape(-1)
+
+
+def _stft_decomposition(signal: Tensor, window: Tensor, hop: int, pad: int) -> Tensor:
+    """The signal reflect-padded, its frames gathered and windowed, transformed, frequency moved before frame
+    (torch.stft's layout)."""
+    padded = mv.pad(signal, [pad, pad], mode="reflect") if pad else signal
+    *batch, length = padded.shape
+    n = window.shape[0]
+    count = 1 + (length - n) // hop
+    frames = mv.index_select(padded, -1, frame_positions(count, n, hop)).reshape(*batch, count, n)
+    return mv.transpose(r2c(ew.mul(frames, window)), -3, -2)
+
+
 FFT_C2C = register(Composite("fft_c2c", _c2c_infer, _c2c_decomposition, _c2c_grad))
 FFT_R2C = register(Composite("fft_r2c", _r2c_infer, _r2c_decomposition, _r2c_grad))
 FFT_C2R = register(Composite("fft_c2r", _c2r_infer, _c2r_decomposition, _c2r_grad))
+FFT_STFT = register(Composite("fft_stft", _stft_infer, _stft_decomposition))
+"""Differentiated through its decomposition (a gather, a product and `fft_r2c`)."""
 
 
 def c2c(x: Tensor, inverse: bool) -> Tensor:
@@ -132,3 +157,10 @@ def c2r(x: Tensor, n: int) -> Tensor:
     """The real inverse DFT, unnormalized, of length n of the Hermitian spectrum whose frequencies
     0 .. n // 2 are the pairs x (..., n // 2 + 1, 2)."""
     return apply_composite(FFT_C2R, x, n=int(n))
+
+
+def framed_r2c(signal: Tensor, window: Tensor, hop: int, pad: int = 0) -> Tensor:
+    """r2c of every frame (n = window's length samples, hop apart) of each signal (..., length), reflected `pad`
+    samples beyond each end, times the window, as pairs (..., n // 2 + 1, frames, 2): the spectrogram in
+    torch.stft's layout, unnormalized."""
+    return apply_composite(FFT_STFT, signal, window, hop=int(hop), pad=int(pad))

@@ -41,3 +41,15 @@ def test_real_transforms(n, batch):
 def test_long_single_row_runs_threaded_passes():
     x = np.random.default_rng(0).standard_normal(2 ** 17).astype(np.float32)
     _close(_complex(fft.transform("r2c", x, x.size).reshape(-1, 2)), np.fft.rfft(x))
+
+
+@pytest.mark.parametrize(("batch", "length", "n", "hop", "pad"), [(1, 100, 16, 4, 0), (3, 4000, 256, 64, 128),
+                                                                 (2, 50, 10, 7, 0), (9, 40, 32, 3, 16)])
+def test_stft_reads_windowed_frames_and_writes_frequency_before_frame(batch, length, n, hop, pad):
+    rng = np.random.default_rng(length)
+    x, window = rng.standard_normal((batch, length)).astype(np.float32), rng.random(n).astype(np.float32)
+    padded = np.pad(x, ((0, 0), (pad, pad)), mode="reflect")
+    starts = np.arange(1 + (padded.shape[1] - n) // hop) * hop
+    frames = padded[:, starts[:, None] + np.arange(n)] * window  # (batch, frames, n)
+    want = np.fft.rfft(frames).transpose(0, 2, 1)
+    _close(_complex(fft.stft(x, window, hop, pad)), want)

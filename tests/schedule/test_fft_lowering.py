@@ -58,3 +58,21 @@ def test_a_transform_along_a_leading_dim_reads_materialized_rows():
 
 def test_float64_runs_the_decomposition():
     assert _calls(tg.view_as_real(tg.fft.rfft(tg.ones(16, dtype=tg.float64)))) == []
+
+
+@pytest.mark.parametrize(("n", "hop", "center"), [(64, 16, False), (30, 7, False), (64, 16, True)])
+def test_stft_frames_are_read_in_place_by_one_call(n, hop, center):
+    signal = np.random.default_rng(n).standard_normal((2, 300)).astype(np.float32)
+    window = tg.tensor(np.hanning(n).astype(np.float32))
+    transform = lambda s: tg.view_as_real(tg.stft(s, n, hop, window=window, center=center, return_complex=True))  # noqa: E731
+    (call,) = _calls(transform(tg.tensor(signal)))
+    pad = n // 2 if center else 0  # reflected by the kernel
+    assert (call.kind, call.batch, call.n, call.hop, call.pad) == ("stft", 2, n, hop, pad)
+    assert call.frames == 1 + (300 + 2 * pad - n) // hop
+    got, reference = _on_both(transform, signal)
+    np.testing.assert_allclose(got, reference, atol=1e-4)
+
+
+def test_odd_frames_run_the_decomposition():
+    transform = tg.stft(tg.ones(100), 15, 5, center=False, return_complex=True)
+    assert [call.kind for call in _calls(tg.view_as_real(transform))] == ["r2c"]

@@ -223,6 +223,9 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
 
 def fft_call(call: FftCall, array: dict[str, str]) -> str:
     """The FFT library call (fft.h); its status is 0 unless scratch memory ran out."""
-    flags = [int(call.inverse)] if call.kind == "c2c" else []
-    args = [call.batch, call.n, *flags, array[call.x], array[call.y]]
+    if call.kind == "stft":
+        args = [call.batch, call.length, call.frames, call.n, call.hop, call.pad, array[call.x],
+                array[call.window] if call.window else "NULL", array[call.y]]
+    else:
+        args = [call.batch, call.n, *([int(call.inverse)] if call.kind == "c2c" else []), array[call.x], array[call.y]]
     return f"(void){fft.C_FUNCTIONS[call.kind]}({', '.join(map(str, args))});"

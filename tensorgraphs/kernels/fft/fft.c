@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16
+#define LANES 8
 #define MAX_STAGES 64
 #define PARALLEL_MIN 16384 /* butterflies of one pass worth splitting across threads */
 
@@ -258,6 +258,11 @@ struct job {
     const float *x;
     float *y;
     group_fn run;
+    /* r2c only: row r is frame r % frames of signal r / frames (`length` samples, frames `hop` apart), times
+     * `window` when given, the signal reflected `pad` samples beyond each end; its frequency k is written at
+     * [r / frames][k][r % frames] (frames 1: plain rows). */
+    int64_t frames, hop, length, pad;
+    const float *window;
 };
 
 /* Every group of rows, across threads when there are enough groups, else each group's passes. `work_per_lane`:
@@ -301,14 +306,34 @@ static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
 
 /* r2c of even n: Z, the n/2-point transform of z_j = x_2j + i x_2j+1, split into X_k for k <= n/2. */
 static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
-    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1, frames = jb->frames;
     const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
-    const float *x = jb->x + row * n;
-    for (int64_t l = 0; l < lanes; l++)
-        for (int64_t j = 0; j < h; j++)
-            in.re[j * lanes + l] = x[l * n + 2 * j], in.im[j * lanes + l] = x[l * n + 2 * j + 1];
+    const float *source[LANES];
+    float *target[LANES];
+    int64_t first[LANES], edge = 0; /* the frame's first sample (in the reflect-padded signal's terms) */
+    for (int64_t l = 0; l < lanes; l++) {
+        const int64_t signal = (row + l) / frames, frame = (row + l) % frames;
+        first[l] = frame * jb->hop - jb->pad;
+        source[l] = jb->x + signal * jb->length + first[l];
+        target[l] = jb->y + 2 * (signal * width * frames + frame);
+        edge |= first[l] < 0 || first[l] + n > jb->length;
+    }
+    const float *w = jb->window;
+    if (edge) /* a frame reaching into the padding reads the signal reflected at its ends */
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t l = 0; l < lanes; l++) {
+                int64_t at = first[l] + j;
+                at = at < 0 ? -at : at >= jb->length ? 2 * (jb->length - 1) - at : at;
+                const float value = source[l][at - first[l]] * (w ? w[j] : 1.0f);
+                (j % 2 ? in.im : in.re)[j / 2 * lanes + l] = value;
+            }
+    else
+        for (int64_t j = 0; j < h; j++) {
+            const float even = w ? w[2 * j] : 1.0f, odd = w ? w[2 * j + 1] : 1.0f;
+            for (int64_t l = 0; l < lanes; l++)
+                in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
+        }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
-    float *y = jb->y + 2 * row * width;
 #pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
     for (int64_t k = 0; k <= h; k++)
         for (int64_t l = 0; l < lanes; l++) {
@@ -316,8 +341,8 @@ static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
             const float zr = z.re[at], zi = z.im[at], cr = z.re[mirror], ci = -z.im[mirror];
             const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
             const float wr = jb->half.re[k], wi = jb->half.im[k];
-            y[2 * (l * width + k)] = er + CMUL_RE(or_, oi, wr, wi);
-            y[2 * (l * width + k) + 1] = ei + CMUL_IM(or_, oi, wr, wi);
+            target[l][2 * k * frames] = er + CMUL_RE(or_, oi, wr, wi);
+            target[l][2 * k * frames + 1] = ei + CMUL_IM(or_, oi, wr, wi);
         }
 }
 
@@ -375,23 +400,33 @@ static void c2r_odd_group(const job *jb, int64_t row, int64_t lanes, float *work
 
 int tg_fft_c2c_f32(int64_t batch, int64_t n, int32_t inverse, const float *x, float *y) {
     if (n == 0 || batch == 0) return TG_FFT_OK;
-    job jb = {build_plan(n, inverse ? 1 : -1), n, {0}, x, y, c2c_group};
+    job jb = {.pl = build_plan(n, inverse ? 1 : -1), .n = n, .x = x, .y = y, .run = c2c_group};
     return jb.pl ? for_groups(&jb, batch, 4 * n) : TG_FFT_NO_MEMORY;
 }
 
-static int real_transform(int64_t batch, int64_t n, int sign, const float *x, float *y, group_fn even, group_fn odd) {
+static int real_transform(job *jb, int64_t batch, int sign, group_fn even, group_fn odd) {
+    const int64_t n = jb->n;
     if (n == 0 || batch == 0) return TG_FFT_OK;
     const int halved = n % 2 == 0 && n > 2;
-    job jb = {build_plan(halved ? n / 2 : n, sign), n, {0}, x, y, halved ? even : odd};
-    if (!jb.pl) return TG_FFT_NO_MEMORY;
-    if (halved && !(jb.half = half_twiddles(jb.pl, n)).re) return TG_FFT_NO_MEMORY;
-    return for_groups(&jb, batch, 4 * n);
+    jb->pl = build_plan(halved ? n / 2 : n, sign), jb->run = halved ? even : odd;
+    if (!jb->pl) return TG_FFT_NO_MEMORY;
+    if (halved && !(jb->half = half_twiddles(jb->pl, n)).re) return TG_FFT_NO_MEMORY;
+    return for_groups(jb, batch, 4 * n);
 }
 
 int tg_fft_r2c_f32(int64_t batch, int64_t n, const float *x, float *y) {
-    return real_transform(batch, n, -1, x, y, r2c_group, r2c_odd_group);
+    job jb = {.n = n, .x = x, .y = y, .frames = 1, .hop = n, .length = n};
+    return real_transform(&jb, batch, -1, r2c_group, r2c_odd_group);
 }
 
 int tg_fft_c2r_f32(int64_t batch, int64_t n, const float *x, float *y) {
-    return real_transform(batch, n, 1, x, y, c2r_group, c2r_odd_group);
+    job jb = {.n = n, .x = x, .y = y};
+    return real_transform(&jb, batch, 1, c2r_group, c2r_odd_group);
+}
+
+int tg_fft_stft_f32(int64_t batch, int64_t length, int64_t frames, int64_t n, int64_t hop, int64_t pad,
+                    const float *x, const float *window, float *y) {
+    if (n % 2 || n <= 2 || pad >= length) return TG_FFT_BAD_LENGTH;
+    job jb = {.n = n, .x = x, .y = y, .frames = frames, .hop = hop, .length = length, .pad = pad, .window = window};
+    return real_transform(&jb, batch * frames, -1, r2c_group, r2c_odd_group);
 }
