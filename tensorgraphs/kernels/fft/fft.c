@@ -7,6 +7,10 @@
  * pass on. */
 #include "fft.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -305,6 +309,36 @@ static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
 }
 
 /* r2c of even n: Z, the n/2-point transform of z_j = x_2j + i x_2j+1, split into X_k for k <= n/2. */
+/* in.re[j LANES + l] = source[l][2 j] w[2 j], in.im likewise from 2 j + 1: 8 x 8 blocks transposed in registers
+ * (AVX2), a scalar loop elsewhere. */
+static void gather_lanes(const float *const *source, const float *w, planar in, int64_t h) {
+#if defined(__AVX2__) && LANES == 8
+    for (int64_t j = 0; j < h; j += 4) {
+        __m256 r[8], t[8], u[8];
+        for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_ps(source[l] + 2 * j);
+        for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+        for (int l = 0; l < 8; l += 4) {
+            u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
+            u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
+        }
+        for (int c = 0; c < 4; c++) { /* column c and c + 4 of the block: floats 2 j + c and 2 j + c + 4 */
+            const __m256 low = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20), high = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+            for (int half = 0; half < 2; half++) {
+                const int column = c + 4 * half;
+                const __m256 v = _mm256_mul_ps(half ? high : low, _mm256_set1_ps(w ? w[2 * j + column] : 1.0f));
+                _mm256_storeu_ps((column % 2 ? in.im : in.re) + (j + column / 2) * 8, v);
+            }
+        }
+    }
+#else
+    for (int64_t j = 0; j < h; j++)
+        for (int64_t l = 0; l < LANES; l++) {
+            in.re[j * LANES + l] = source[l][2 * j] * (w ? w[2 * j] : 1.0f);
+            in.im[j * LANES + l] = source[l][2 * j + 1] * (w ? w[2 * j + 1] : 1.0f);
+        }
+#endif
+}
+
 static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
     const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1, frames = jb->frames;
     const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
@@ -327,6 +361,8 @@ static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
                 const float value = source[l][at - first[l]] * (w ? w[j] : 1.0f);
                 (j % 2 ? in.im : in.re)[j / 2 * lanes + l] = value;
             }
+    else if (lanes == LANES && h % 4 == 0)
+        gather_lanes(source, w, in, h);
     else
         for (int64_t j = 0; j < h; j++) {
             const float even = w ? w[2 * j] : 1.0f, odd = w ? w[2 * j + 1] : 1.0f;
@@ -334,16 +370,25 @@ static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
                 in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
         }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
+    int adjacent = 1; /* the lanes' outputs interleave: consecutive frames, frequency before frame */
+    for (int64_t l = 1; l < lanes; l++) adjacent &= target[l] == target[0] + 2 * l;
 #pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
-    for (int64_t k = 0; k <= h; k++)
+    for (int64_t k = 0; k <= h; k++) {
+        const int64_t at = (k % h) * lanes, mirror = ((h - k) % h) * lanes;
+        const float wr = jb->half.re[k], wi = jb->half.im[k];
+        float re[LANES], im[LANES];
         for (int64_t l = 0; l < lanes; l++) {
-            const int64_t at = (k % h) * lanes + l, mirror = ((h - k) % h) * lanes + l;
-            const float zr = z.re[at], zi = z.im[at], cr = z.re[mirror], ci = -z.im[mirror];
+            const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
             const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
-            const float wr = jb->half.re[k], wi = jb->half.im[k];
-            target[l][2 * k * frames] = er + CMUL_RE(or_, oi, wr, wi);
-            target[l][2 * k * frames + 1] = ei + CMUL_IM(or_, oi, wr, wi);
+            re[l] = er + CMUL_RE(or_, oi, wr, wi), im[l] = ei + CMUL_IM(or_, oi, wr, wi);
         }
+        if (adjacent && lanes == LANES) {
+            float *out = target[0] + 2 * k * frames;
+            for (int l = 0; l < LANES; l++) out[2 * l] = re[l], out[2 * l + 1] = im[l];
+        } else {
+            for (int64_t l = 0; l < lanes; l++) target[l][2 * k * frames] = re[l], target[l][2 * k * frames + 1] = im[l];
+        }
+    }
 }
 
 /* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
