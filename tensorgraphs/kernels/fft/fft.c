@@ -58,9 +58,10 @@ static double angle_of(int sign, int64_t k, int64_t n) { return sign * 2.0 * M_P
 static plan *build_plan(int64_t n, int sign);
 static void transform(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel);
 
-/* Radix 4 while it divides, then 2, then odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
+/* Radix 8 while it divides, then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
 static int factorize(int64_t n, int *radix) {
     int count = 0;
+    while (n % 8 == 0) radix[count++] = 8, n /= 8;
     while (n % 4 == 0) radix[count++] = 4, n /= 4;
     while (n % 2 == 0) radix[count++] = 2, n /= 2;
     for (int p = 3; p <= TG_FFT_MAX_RADIX && n > 1; p += 2)
@@ -174,6 +175,33 @@ static void pass(const float *restrict xr, const float *restrict xi, float *rest
                 yr[to + q + s] = CMUL_RE(u1r, u1i, w1r, w1i), yi[to + q + s] = CMUL_IM(u1r, u1i, w1r, w1i);
                 yr[to + q + 2 * s] = CMUL_RE(u2r, u2i, w2r, w2i), yi[to + q + 2 * s] = CMUL_IM(u2r, u2i, w2r, w2i);
                 yr[to + q + 3 * s] = CMUL_RE(u3r, u3i, w3r, w3i), yi[to + q + 3 * s] = CMUL_IM(u3r, u3i, w3r, w3i);
+            }
+        } else if (p == 8) {
+            const float *w = tw.re + 7 * j, *v = tw.im + 7 * j, turn = (float)sign, root = (float)M_SQRT1_2;
+#pragma GCC ivdep
+            for (int64_t q = qlo; q < qhi; q++) {
+                float er[4], ei[4], or_[4], oi[4], br[8], bi[8];
+                for (int r = 0; r < 4; r++) { /* radix 2 across r and r + 4, odd halves turned by W8^r */
+                    const int64_t i0 = at + q + r * sm, i1 = i0 + 4 * sm;
+                    er[r] = xr[i0] + xr[i1], ei[r] = xi[i0] + xi[i1];
+                    or_[r] = xr[i0] - xr[i1], oi[r] = xi[i0] - xi[i1];
+                }
+                const float o1r = root * (or_[1] - turn * oi[1]), o1i = root * (oi[1] + turn * or_[1]);
+                const float o2r = -turn * oi[2], o2i = turn * or_[2];
+                const float o3r = root * (-or_[3] - turn * oi[3]), o3i = root * (-oi[3] + turn * or_[3]);
+                or_[1] = o1r, oi[1] = o1i, or_[2] = o2r, oi[2] = o2i, or_[3] = o3r, oi[3] = o3i;
+                for (int odd = 0; odd < 2; odd++) { /* 4-point transforms: even outputs from e, odd from o */
+                    const float *ar = odd ? or_ : er, *ai = odd ? oi : ei;
+                    const float t0r = ar[0] + ar[2], t0i = ai[0] + ai[2], t1r = ar[0] - ar[2], t1i = ai[0] - ai[2];
+                    const float t2r = ar[1] + ar[3], t2i = ai[1] + ai[3], dr = ar[1] - ar[3], di = ai[1] - ai[3];
+                    const float t3r = -turn * di, t3i = turn * dr;
+                    br[odd] = t0r + t2r, bi[odd] = t0i + t2i, br[odd + 2] = t1r + t3r, bi[odd + 2] = t1i + t3i;
+                    br[odd + 4] = t0r - t2r, bi[odd + 4] = t0i - t2i, br[odd + 6] = t1r - t3r, bi[odd + 6] = t1i - t3i;
+                }
+                yr[to + q] = br[0], yi[to + q] = bi[0];
+                for (int k = 1; k < 8; k++)
+                    yr[to + q + k * s] = CMUL_RE(br[k], bi[k], w[k - 1], v[k - 1]),
+                    yi[to + q + k * s] = CMUL_IM(br[k], bi[k], w[k - 1], v[k - 1]);
             }
         } else {
             for (int k = 0; k < p; k++) {
