@@ -857,6 +857,11 @@ def _irfft_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
     return [S(pairs(3, 5)), S(pairs(2, 5), n=9), S(pairs(4, 3), n=4, dim=0, norm="ortho"), S(pairs(7), norm="forward")]
 
 
+def _stft_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
+    return [S(x(2, 64), n_fft=16, hop_length=4), S(x(50), n_fft=12, hop_length=5, center=False),
+            S(x(40), n_fft=8, pad_mode="constant", normalized=True)]
+
+
 def _as_pairs(transform: Callable[..., Any], view_as_real: Callable[[Any], Any]) -> Callable[..., Any]:
     def call(x: Any, **kwargs: Any) -> Any:
         out = transform(x, **kwargs)
@@ -873,10 +878,13 @@ def _fft_infos() -> list[OpInfo]:
                     dtypes=floats, tolerances=tol)
              for name, cases in (("fft", _fft_cases), ("ifft", _fft_cases), ("rfft", _fft_cases),
                                  ("fftn", _fftn_cases), ("rfftn", _fftn_cases))]
+    stft = OpInfo("stft", lambda x, **kw: tg.view_as_real(tg.stft(x, return_complex=True, **kw)),
+                  lambda x, **kw: torch.view_as_real(torch.stft(x, return_complex=True, **kw)),
+                  case_samples(_stft_cases), dtypes=floats, tolerances=tol)
     irfft = OpInfo("fft.irfft", lambda x, **kw: tg.fft.irfft(tg.view_as_complex(x), **kw),
                    lambda x, **kw: torch.fft.irfft(torch.view_as_complex(x), **kw), case_samples(_irfft_cases),
                    dtypes=floats, tolerances=tol)
-    return [*infos, irfft]
+    return [*infos, irfft, stft]
 
 
 def _linalg_infos() -> list[OpInfo]:
