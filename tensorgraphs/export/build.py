@@ -21,13 +21,13 @@ from pathlib import Path
 from tensorgraphs.backends.cpu.driver import GCC
 from tensorgraphs.codegen import compiler
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.kernels import attention
+from tensorgraphs.kernels import attention, fft
 from tensorgraphs.kernels.gemm import build as kernel_build
 
 OPTIMIZATIONS = ("-O0", "-O1", "-O2", "-O3")
 TARGETS = ("native", "x86-64-v3", "x86-64-v4")
-KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, ("gemm.c",)), "attention": (attention.SOURCE_DIR,
-                                                                                   attention.SOURCES)}
+KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, ("gemm.c",)),
+                  "attention": (attention.SOURCE_DIR, attention.SOURCES), "fft": (fft.SOURCE_DIR, fft.SOURCES)}
 """The sources defining what generated programs call (tg_gemm_f32, not the conv2d kernel beside it)."""
 AVX512_LIBRARIES = ("gemm",)
 """Kernel libraries written with AVX-512 intrinsics: they build only for targets that have it."""
