@@ -138,7 +138,7 @@ class ComplexTensor:
 
     def __matmul__(self, other: Any) -> ComplexTensor:
         other = as_complex(other, self)
-        a, b, c, d = self.real, self.imag, other.real, other.imag
+        a, b, c, d = self.real, self.imag, other.real, other.imag  # of one dtype, as tg.matmul requires
         return complex_from(ew.sub(matmul(a, c), matmul(b, d)), ew.add(matmul(a, d), matmul(b, c)))
 
     def __rmatmul__(self, other: Any) -> ComplexTensor:
@@ -196,8 +196,8 @@ def as_complex(value: Any, like: ComplexTensor) -> ComplexTensor:
     """`value` (a complex or real tensor, a Python number) as a complex tensor of `like`'s real dtype."""
     if isinstance(value, ComplexTensor):
         return value
-    if isinstance(value, Tensor):
-        real = value.to(like.pair.dtype)
+    if isinstance(value, Tensor):  # a float64 one widens the result to complex128, as in torch
+        real = value if value.dtype == dtypes.float64 and value.ndim else value.to(like.pair.dtype)
         return complex_from(real, creation.zeros_like(real))
     if isinstance(value, numbers.Number):
         number = complex(value)

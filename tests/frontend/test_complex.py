@@ -75,6 +75,16 @@ def test_dtypes_follow_torch():
     assert tg.is_complex(tg.tensor([1j])) and not tg.is_complex(tg.ones(2))
 
 
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_a_float64_operand_widens_to_complex128_as_in_torch(name):
+    a, _ = _values(3)
+    wide = np.random.default_rng(3).standard_normal(6)
+    want = OPS[name](torch, torch.from_numpy(a), torch.from_numpy(wide))
+    got = OPS[name](tg, tg.tensor(a), tg.tensor(wide))
+    assert got.dtype == tg.complex128 and want.dtype == torch.complex128
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_view_as_complex_needs_pairs():
     with pytest.raises(tg.ShapeError, match="last dim has size 2"):
         tg.view_as_complex(tg.ones(3, 3))
