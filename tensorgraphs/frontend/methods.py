@@ -104,6 +104,7 @@ for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half":
                       "byte": dtypes.uint8, "short": dtypes.int16, "char": dtypes.int8}.items():
     setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
 Tensor.cpu = lambda self: self
+Tensor.is_complex = lambda self: False  # complex values are frontend.complex.ComplexTensor
 Tensor.graph = lambda self: graph_text(self)  # the graph as indented text (tg.show prints it)
 Tensor.__getitem__ = mv.getitem
 

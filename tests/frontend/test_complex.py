@@ -73,6 +73,7 @@ def test_dtypes_follow_torch():
     assert tg.tensor([1.0, 2.0], dtype=tg.complex64).dtype == tg.complex64
     assert tg.view_as_real(tg.tensor(np.ones(2, np.complex128))).dtype == tg.float64
     assert tg.is_complex(tg.tensor([1j])) and not tg.is_complex(tg.ones(2))
+    assert tg.tensor([1j]).is_complex() and not tg.ones(2).is_complex()
 
 
 @pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
