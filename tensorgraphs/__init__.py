@@ -11,6 +11,8 @@ from tensorgraphs.frontend.backward import grad
 from tensorgraphs.dtypes import (
     bfloat16,
     bool_ as bool,
+    complex64,
+    complex128,
     float16,
     float32,
     float64,
@@ -95,7 +97,11 @@ from tensorgraphs.runtime.realize import default_device, device, set_default_dev
 from tensorgraphs import rewrite  # noqa: E402
 from tensorgraphs.graph.show import show  # noqa: E402
 from tensorgraphs import nn  # noqa: E402  (after Tensor methods exist)
-from tensorgraphs import amp, cpu, cuda, data, distributed, onnx, optim, utils  # noqa: E402  (onnx: lazily)
+from tensorgraphs import amp, cpu, cuda, data, distributed, fft, onnx, optim, utils  # noqa: E402  (onnx: lazily)
+from tensorgraphs.stft import istft, stft  # noqa: E402
+from tensorgraphs.frontend.complex import (  # noqa: E402
+    ComplexTensor, angle, complex_from as complex, conj, imag, is_complex, polar, real, view_as_complex, view_as_real,
+)
 from tensorgraphs.amp import GradScaler, autocast, get_autocast_dtype, is_autocast_enabled  # noqa: E402
 from tensorgraphs.serialization import load, save  # noqa: E402
 from tensorgraphs import quantization  # noqa: E402

@@ -18,17 +18,19 @@ from tensorgraphs.errors import ArgumentError, ArgumentTypeError, DTypeError, Un
 class DType:
     name: str
     itemsize: int
-    kind: str  # "b" bool, "u" unsigned int, "i" signed int, "f" float
+    kind: str  # "b" bool, "u" unsigned int, "i" signed int, "f" float, "c" complex (frontend.complex: never a node's)
     storage: type  # numpy scalar type used by the reference backend
     # what every op asks of its operands' dtypes, as plain attributes (read for every node built)
     is_floating_point: bool = field(init=False)
     is_integer: bool = field(init=False)
     is_bool: bool = field(init=False)
+    is_complex: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_floating_point", self.kind == "f")
         object.__setattr__(self, "is_integer", self.kind in "iu")
         object.__setattr__(self, "is_bool", self.kind == "b")
+        object.__setattr__(self, "is_complex", self.kind == "c")
 
     def __repr__(self) -> str:
         return f"tg.{self.name}"
@@ -49,6 +51,8 @@ float16 = DType("float16", 2, "f", np.float16)
 bfloat16 = DType("bfloat16", 2, "f", np.float32)
 float32 = DType("float32", 4, "f", np.float32)
 float64 = DType("float64", 8, "f", np.float64)
+complex64 = DType("complex64", 8, "c", np.complex64)  # a tensor of float32 (re, im) pairs (frontend.complex)
+complex128 = DType("complex128", 16, "c", np.complex128)
 
 ALL_DTYPES = (bool_, uint8, uint32, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 FLOAT_DTYPES = (float16, bfloat16, float32, float64)

@@ -209,12 +209,6 @@ def test_int_like_arguments_are_accepted_as_torch_does(name: str) -> None:
     np.testing.assert_array_equal(got.numpy(), expected.numpy())
 
 
-@pytest.mark.parametrize("data", [[1 + 2j], np.ones(2, np.complex64)])
-def test_complex_data_is_unsupported_at_the_users_line(data: Any) -> None:
-    with raises_on_next_line(tg.UnsupportedError, "tensor", "complex"):
-        tg.tensor(data)
-
-
 @pytest.mark.parametrize("data", [[[1], [1, 2]], None, object()])
 def test_data_that_is_no_array_of_numbers_raises_at_the_users_line(data: Any) -> None:
     with raises_on_next_line(tg.ArgumentError, "tensor", "could not convert"):

@@ -31,6 +31,7 @@ from tensorgraphs.codegen.loop_ir import (
     Accumulate,
     AttentionCall,
     ConvCall,
+    FftCall,
     GemmCall,
     HostCall,
     Kernel,
@@ -354,7 +355,7 @@ class CStyleRenderer:
                 f"{pad}        {t}[{t}_j * {n} + {t}_i] = {t}_kept;",
                 f"{pad}    }}", f"{pad}}}"]
 
-    def library_call(self, call: GemmCall | ConvCall | AttentionCall | NativeCall) -> str:
+    def library_call(self, call: GemmCall | ConvCall | AttentionCall | NativeCall | FftCall) -> str:
         """The call of a kernel library; a target without libraries never gets one (the planner decomposes)."""
         raise UnsupportedError(f"{type(self).__name__} calls no kernel library: {call!r} should have been "
                                "decomposed (its planner candidate must not apply to this target)")

@@ -386,12 +386,38 @@ class NativeCall:
         return f"{self.function}({', '.join(map(repr, self.args))})"
 
 
-LIBRARY_CALLS = (GemmCall, ConvCall, AttentionCall, HostCall, NativeCall)
+@dataclass(frozen=True)
+class FftCall:
+    """`y` = the unnormalized transform `kind` ("c2c", "r2c", "c2r" or "stft", `kernels.fft` C_FUNCTIONS) of
+    length `n` of each of the `batch` contiguous rows of `x`, float32, complex values as (re, im) pairs (fft.h).
+    "stft" transforms the `frames` frames, `hop` apart, of each of `batch` signals of `length` samples reflected
+    `pad` samples beyond each end, times `window`."""
+
+    kind: str
+    batch: int
+    n: int
+    inverse: bool
+    x: str
+    y: str
+    window: str | None = None
+    frames: int = 1
+    hop: int = 0
+    length: int = 0
+    pad: int = 0
+
+    def __repr__(self) -> str:
+        direction = " inverse" if self.inverse else ""
+        framing = f", {self.frames} frames hop {self.hop} pad {self.pad}, window {self.window}"
+        framing = framing if self.kind == "stft" else ""
+        return f"{self.y} = fft.{self.kind}[{self.batch}x{self.n}{direction}]({self.x}{framing})"
+
+
+LIBRARY_CALLS = (GemmCall, ConvCall, AttentionCall, HostCall, NativeCall, FftCall)
 """Statements that call a hand-written kernel library or the host: a whole kernel's work, never a cheap
 elementwise pass (nor one to run twice)."""
 
 Stmt = (Let | Load | Store | Loop | Reduce | Accumulate | Local | TransposeLocal | GemmCall | ConvCall | AttentionCall
-        | HostCall | NativeCall)
+        | HostCall | NativeCall | FftCall)
 
 
 @dataclass
@@ -448,6 +474,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
     HostCall: ("output", "after"),
+    FftCall: ("x", "y", "window"),
 }
 """The fields of loop IR statements that name a buffer."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from tensorgraphs.backends.cpu.driver import GCC
 from tensorgraphs.codegen import compiler
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels import attention, fft, gemm
 from tensorgraphs.kernels.gemm import build as kernel_build
 from tensorgraphs.kernels.gemm import int8
 
@@ -29,8 +29,9 @@ OPTIMIZATIONS = ("-O0", "-O1", "-O2", "-O3")
 TARGETS = ("native", "x86-64-v3", "x86-64-v4")
 KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.SOURCES),
                   "gemm_int8": (kernel_build.SOURCE_DIR, int8.SOURCES),
-                  "attention": (attention.SOURCE_DIR, attention.SOURCES)}
-"""The sources defining what generated programs call (the GEMM, conv2d and int8 kernels, the fused attention)."""
+                  "attention": (attention.SOURCE_DIR, attention.SOURCES), "fft": (fft.SOURCE_DIR, fft.SOURCES)}
+"""The sources defining what generated programs call (the GEMM, conv2d and int8 kernels, the fused attention, the
+FFT)."""
 AVX512_LIBRARIES = ("gemm", "gemm_int8")
 """Kernel libraries written with AVX-512 intrinsics: they build only for targets that have it."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tensorgraphs.export.names import c_string
 from tensorgraphs.export.program import ArraySpec, ExportedProgram
 from tensorgraphs.export.weights import header as file_header
-from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels import attention, fft, gemm
 from tensorgraphs.kernels.gemm import int8
 from tensorgraphs.memory.arena import HUGE_PAGE_BYTES
 
@@ -26,7 +26,7 @@ CONTEXT = (Path(__file__).parent / "context.c").read_text()  # NAME: the library
 API_FUNCTIONS = ("create", "last_error", "num_inputs", "num_outputs", "input_rank", "input_shape", "input_name",
                  "input_dtype", "input_bytes", "output_rank", "output_shape", "output_name", "output_dtype",
                  "output_bytes", "run", "save", "destroy")
-KERNEL_HEADERS = {"gemm": gemm.HEADER, "gemm_int8": int8.HEADER, "attention": attention.HEADER}
+KERNEL_HEADERS = {"gemm": gemm.HEADER, "gemm_int8": int8.HEADER, "attention": attention.HEADER, "fft": fft.HEADER}
 OPENMP_STUBS = """#if !defined(_OPENMP)
 /* Built without OpenMP (no_openmp): the kernel libraries' team queries answer "one thread". */
 int omp_get_max_threads(void) { return 1; }

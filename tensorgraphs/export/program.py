@@ -23,7 +23,7 @@ from tensorgraphs.backends.native import Program, ProgramLayout
 from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.export.names import unique
-from tensorgraphs.kernels import attention, gemm
+from tensorgraphs.kernels import attention, fft, gemm
 from tensorgraphs.kernels.gemm import int8
 from tensorgraphs.runtime.tracing import Captured
 
@@ -70,7 +70,7 @@ class ExportedProgram:
     copies: list[tuple[str, int, int]]  # after a call: ("output" | "tensor", index, slot) copied from the slot
     swaps: list[int]  # tensors whose new value is in their spare buffer after a call
     arena_bytes: int
-    libraries: tuple[str, ...]  # kernel libraries the program calls: "gemm", "attention"
+    libraries: tuple[str, ...]  # kernel libraries the program calls: "gemm", "attention", "fft"
 
 
 def describe(trace: _Trace, args: tuple[Any, ...], argument_names: list[str], tensor_names: Mapping[int, str],
@@ -188,7 +188,8 @@ def _place_outputs(layout: ProgramLayout, slots: list[Source], updates: dict[int
 
 EXPORTABLE_FUNCTIONS = {**dict.fromkeys(gemm.C_FUNCTIONS.values(), "gemm"),
                         **dict.fromkeys(int8.C_FUNCTIONS.values(), "gemm_int8"),
-                        **dict.fromkeys(attention.C_FUNCTIONS.values(), "attention")}
+                        **dict.fromkeys(attention.C_FUNCTIONS.values(), "attention"),
+                        **dict.fromkeys(fft.C_FUNCTIONS.values(), "fft")}
 """The native functions an exported library contains (by their kernel library's name in `build.KERNEL_SOURCES`)."""
 
 

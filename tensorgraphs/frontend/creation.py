@@ -27,7 +27,12 @@ def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
 
 @_accepts_device
 def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """A new leaf holding a copy of `data` (inside a traced function, a copy made at every call)."""
+    """A new leaf holding a copy of `data` (inside a traced function, a copy made at every call); complex data
+    or dtype gives a `frontend.complex.ComplexTensor`."""
+    if _is_complex(data, dtype):
+        from tensorgraphs.frontend.complex import complex_leaf  # it builds on this module
+
+        return complex_leaf(data, dtype, requires_grad)
     if isinstance(data, Tensor):
         data = data.detach()
         t = data if dtype is None else cast(data, dtypes.to_dtype(dtype))
@@ -36,6 +41,19 @@ def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: b
     if t.node.op is not g.Op.BUFFER:
         t = Tensor(fresh_buffer(t.node))
     return _leaf(t, requires_grad)
+
+
+def _is_complex(data: Any, dtype: Any) -> bool:
+    if dtype is not None and not isinstance(dtype, (str, type)) and getattr(dtype, "is_complex", False):
+        return True
+    if isinstance(data, (complex, np.complexfloating)):
+        return True
+    if isinstance(data, np.ndarray):
+        return data.dtype.kind == "c"
+    try:
+        return isinstance(data, (list, tuple)) and np.asarray(data).dtype.kind == "c"
+    except ValueError:  # ragged: host_array names the problem
+        return False
 
 
 def from_numpy(array: np.ndarray) -> Tensor:

@@ -104,6 +104,7 @@ for _name, _dtype in {"float": dtypes.float32, "double": dtypes.float64, "half":
                       "byte": dtypes.uint8, "short": dtypes.int16, "char": dtypes.int8}.items():
     setattr(Tensor, _name, lambda self, _d=_dtype: cast(self, _d))
 Tensor.cpu = lambda self: self
+Tensor.is_complex = lambda self: False  # complex values are frontend.complex.ComplexTensor
 Tensor.graph = lambda self: graph_text(self)  # the graph as indented text (tg.show prints it)
 Tensor.__getitem__ = mv.getitem
 
@@ -123,5 +124,18 @@ _OPERATORS = {
     "__lshift__": ew.bitwise_left_shift, "__rshift__": ew.bitwise_right_shift,
     "__lt__": ew.lt, "__gt__": ew.gt, "__le__": ew.le, "__ge__": ew.ge, "__eq__": ew.eq, "__ne__": ew.ne,
 }
+_DEFERRING = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__matmul__", "__rmatmul__")
+"""Operators that leave an operand whose class sets `tensor_operators_defer` (a complex tensor) to its own
+reflected method, as Python does on NotImplemented."""
+
+
+def _deferring(fn: Any) -> Any:
+    def operator(a: Tensor, b: Any) -> Any:
+        return NotImplemented if getattr(b, "tensor_operators_defer", False) else fn(a, b)
+
+    return operator
+
+
 for _name, _fn in _OPERATORS.items():
-    setattr(Tensor, _name, _fn)
+    setattr(Tensor, _name, _deferring(_fn) if _name in _DEFERRING else _fn)

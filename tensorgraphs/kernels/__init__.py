@@ -1,5 +1,5 @@
-"""Hand-written native kernels (GEMM, int8 GEMM, convolution, Winograd convolution, BLAS, fused attention) that
-generated programs call by their C names."""
+"""Hand-written native kernels (GEMM, int8 GEMM, convolution, Winograd convolution, BLAS, fused attention, FFT)
+that generated programs call by their C names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tensorgraphs.kernels import attention, blas, gemm
+from tensorgraphs.kernels import attention, blas, fft, gemm
 from tensorgraphs.kernels.gemm import int8
 
 
@@ -28,5 +28,6 @@ LIBRARIES: dict[str, NativeLibrary] = {
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path),
     **dict.fromkeys(int8.C_FUNCTIONS.values(), NativeLibrary(int8.HEADER, int8.library_path)),
     **dict.fromkeys(attention.C_FUNCTIONS.values(), _ATTENTION),
+    **dict.fromkeys(fft.C_FUNCTIONS.values(), NativeLibrary(fft.HEADER, fft.library_path)),
 }
 """C function -> the native library providing it."""

@@ -71,6 +71,7 @@ from tensorgraphs.schedule.extern import (
     gemm_operand_bases,
     transposed_product,
 )
+from tensorgraphs.schedule.fft import FftLowering, runs_as_fft
 from tensorgraphs.schedule.host_call import HostCallLowering
 from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
 from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
@@ -146,7 +147,7 @@ def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
     `gemm_operand_bases`)."""
     if runs_as_fused_attention(node):
         return operand_bases(node, is_input)
-    if runs_as_int8_gemm(node):
+    if runs_as_int8_gemm(node) or runs_as_fft(node):
         return list(node.src)
     return conv_operand_bases(node) if runs_as_conv_kernel(node) else gemm_operand_bases(node)
 
@@ -178,7 +179,8 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     materialized |= too_deep_to_inline(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
-    lowered: dict[Node, Lowering | GemmLowering | ConvLowering | AttentionLowering | HostCallLowering] = {}
+    lowered: dict[Node, Lowering | GemmLowering | ConvLowering | AttentionLowering | HostCallLowering
+                        | FftLowering] = {}
     added = set(materialized)
     while True:
         buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
@@ -191,6 +193,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
                          ConvLowering if runs_as_conv_kernel(n) else
                          HostCallLowering if runs_as_host_call(n) else
                          QuantizedLinearLowering if runs_as_int8_gemm(n) else
+                         FftLowering if runs_as_fft(n) else
                          GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]

@@ -851,6 +851,55 @@ def _einsum_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
     ]
 
 
+# -- Fourier transforms: complex values compared as their (re, im) pairs ------------------------------------
+
+
+def _fft_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
+    return [S(x(3, 8)), S(x(2, 5), n=7), S(x(4, 6), dim=0, norm="ortho"), S(x(12), n=9, norm="forward"),
+            S(x(2, 97))]
+
+
+def _fftn_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
+    return [S(x(3, 4, 6)), S(x(4, 6), s=(3, 8), norm="ortho"), S(x(2, 3, 5), dim=(0, 2))]
+
+
+def _irfft_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
+    def pairs(*shape: int) -> TensorArg:
+        return x(*shape, 2, view="contiguous")
+
+    return [S(pairs(3, 5)), S(pairs(2, 5), n=9), S(pairs(4, 3), n=4, dim=0, norm="ortho"), S(pairs(7), norm="forward")]
+
+
+def _stft_cases(x: Any, idx: Any, dtype: str) -> list[Sample]:
+    return [S(x(2, 64), n_fft=16, hop_length=4), S(x(50), n_fft=12, hop_length=5, center=False),
+            S(x(40), n_fft=8, pad_mode="constant", normalized=True)]
+
+
+def _as_pairs(transform: Callable[..., Any], view_as_real: Callable[[Any], Any]) -> Callable[..., Any]:
+    def call(x: Any, **kwargs: Any) -> Any:
+        out = transform(x, **kwargs)
+        return view_as_real(out.resolve_conj() if hasattr(out, "resolve_conj") else out)
+
+    return call
+
+
+def _fft_infos() -> list[OpInfo]:
+    tol = {"float32": (1e-4, 1e-4)}
+    floats = ("float32", "float64")
+    infos = [OpInfo(f"fft.{name}", _as_pairs(getattr(tg.fft, name), tg.view_as_real),
+                    _as_pairs(torch_attr(f"fft.{name}"), torch_attr("view_as_real")), case_samples(cases),
+                    dtypes=floats, tolerances=tol)
+             for name, cases in (("fft", _fft_cases), ("ifft", _fft_cases), ("rfft", _fft_cases),
+                                 ("fftn", _fftn_cases), ("rfftn", _fftn_cases))]
+    stft = OpInfo("stft", lambda x, **kw: tg.view_as_real(tg.stft(x, return_complex=True, **kw)),
+                  lambda x, **kw: torch.view_as_real(torch.stft(x, return_complex=True, **kw)),
+                  case_samples(_stft_cases), dtypes=floats, tolerances=tol)
+    irfft = OpInfo("fft.irfft", lambda x, **kw: tg.fft.irfft(tg.view_as_complex(x), **kw),
+                   lambda x, **kw: torch.fft.irfft(torch.view_as_complex(x), **kw), case_samples(_irfft_cases),
+                   dtypes=floats, tolerances=tol)
+    return [*infos, irfft, stft]
+
+
 def _linalg_infos() -> list[OpInfo]:
     floats_and_ints = ("float32", "float64", "float16", "bfloat16", "int64", "int32")
     tol = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2), "float32": (1e-5, 1e-5)}
@@ -1084,6 +1133,7 @@ OP_INFOS: list[OpInfo] = (
     + _movement_infos()
     + _sorting_infos()
     + _linalg_infos()
+    + _fft_infos()
     + _inplace_infos()
 )
 _BY_NAME = {info.name: info for info in OP_INFOS}

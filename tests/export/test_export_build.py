@@ -81,3 +81,18 @@ def test_bad_options_are_refused_before_building(tmp_path: Path, options: BuildO
 def test_a_target_without_avx512_refuses_the_gemm_library(tmp_path: Path) -> None:
     with pytest.raises(tg.ArgumentError, match="x86-64-v3 cannot run"):
         tg.export(mlp(), (tg.randn(8, 16),), tmp_path, name="mlp", options=BuildOptions(target="x86-64-v3"))
+
+
+def test_a_spectrogram_calls_the_fft_library_from_c(tmp_path: Path) -> None:
+    window = tg.tensor(np.hanning(64).astype(np.float32))
+
+    def spectrogram(signal: tg.Tensor) -> tg.Tensor:
+        return tg.view_as_real(tg.stft(signal, 64, 16, window=window, return_complex=True)).abs().sum(-1)
+
+    signals = [np.random.default_rng(seed).standard_normal(1000).astype(np.float32) for seed in range(2)]
+    exported = tg.export(spectrogram, (tg.tensor(signals[0]),), tmp_path, name="spectrogram")
+    assert "fft" in exported.program.libraries
+    (got,) = run_c(exported, [[s] for s in signals])
+    compiled = tg.compile(spectrogram)
+    for signal, step in zip(signals, got):
+        np.testing.assert_allclose(step[0], compiled(tg.tensor(signal)).numpy(), rtol=1e-6, atol=1e-6)

@@ -21,6 +21,7 @@ from tensorgraphs.codegen.c_renderer import C_PREAMBLE, STORAGE, CStyleRenderer,
 from tensorgraphs.codegen.loop_ir import (
     AttentionCall,
     ConvCall,
+    FftCall,
     GemmCall,
     Kernel,
     Let,
@@ -35,7 +36,7 @@ from tensorgraphs.codegen.loop_ir import (
     TransposeLocal,
     walk,
 )
-from tensorgraphs.kernels import LIBRARIES, attention, gemm
+from tensorgraphs.kernels import LIBRARIES, attention, fft, gemm
 
 PREAMBLE = C_PREAMBLE + (Path(__file__).parent / "cpu_preamble.h").read_text()
 """The cpu target's: C_PREAMBLE with vector transposes and streaming stores."""
@@ -94,9 +95,11 @@ class CpuRenderer(CStyleRenderer):
     def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
         return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
 
-    def library_call(self, call: GemmCall | ConvCall | AttentionCall | NativeCall) -> str:
+    def library_call(self, call: GemmCall | ConvCall | AttentionCall | NativeCall | FftCall) -> str:
         if isinstance(call, NativeCall):
             return native_call(call, self.array)
+        if isinstance(call, FftCall):
+            return fft_call(call, self.array)
         if isinstance(call, GemmCall):
             return gemm_call(call, self.array)
         return conv_call(call, self.array) if isinstance(call, ConvCall) else attention_call(call, self.array)
@@ -214,6 +217,8 @@ def _called(stmt: object) -> tuple[str, ...]:
         return (_attention_function(stmt),)
     if isinstance(stmt, NativeCall):
         return (stmt.function,)
+    if isinstance(stmt, FftCall):
+        return (fft.C_FUNCTIONS[stmt.kind],)
     return ()
 
 
@@ -253,3 +258,13 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
     else:
         args += [output(call.out), output(call.lse)]
     return f"(void){_attention_function(call)}({', '.join(map(str, args))});"
+
+
+def fft_call(call: FftCall, array: dict[str, str]) -> str:
+    """The FFT library call (fft.h); its status is 0 unless scratch memory ran out."""
+    if call.kind == "stft":
+        args = [call.batch, call.length, call.frames, call.n, call.hop, call.pad, array[call.x],
+                array[call.window] if call.window else "NULL", array[call.y]]
+    else:
+        args = [call.batch, call.n, *([int(call.inverse)] if call.kind == "c2c" else []), array[call.x], array[call.y]]
+    return f"(void){fft.C_FUNCTIONS[call.kind]}({', '.join(map(str, args))});"

@@ -1,0 +1,505 @@
+/* Fast Fourier transforms (fft.h): Stockham autosort passes, Bluestein for large prime factors, the real
+ * transforms as a complex one of half the length.
+ *
+ * Rows are transformed LANES at a time in planar form: real and imaginary parts in separate arrays, element j
+ * of lane l at [j * lanes + l]. A Stockham pass's innermost loop then runs over contiguous floats (lanes times
+ * the pass's stride), which the compiler vectorizes; a single long row (lanes = 1) vectorizes from its third
+ * pass on. */
+#include "fft.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 8
+#define MAX_STAGES 64
+#define PARALLEL_MIN 16384 /* butterflies of one pass worth splitting across threads */
+
+typedef struct {
+    float *re, *im;
+} planar;
+
+typedef struct plan {
+    int64_t n;
+    int sign;
+    int stages;
+    int radix[MAX_STAGES];
+    planar twiddle[MAX_STAGES]; /* pass i: W_len^(j k) at [j (p - 1) + k - 1], len the pass's sub-length */
+    planar roots[MAX_STAGES];   /* pass i: W_p^k, k < p, for the generic butterfly */
+    /* Bluestein (stages == 0, n > 1): chirp w_j = exp(sign pi i j^2 / n), the filter's transform / m. */
+    int64_t m;
+    struct plan *forward, *inverse;
+    planar chirp, filter;
+    planar half; /* W_n^k, k <= n/2: the real transforms' split (built on first use) */
+    struct plan *next;
+} plan;
+
+static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
+static plan *plans;
+
+static int allocate(planar *a, int64_t count) {
+    a->re = malloc(sizeof(float) * (size_t)(count + 1));
+    a->im = malloc(sizeof(float) * (size_t)(count + 1));
+    return a->re && a->im;
+}
+
+static void set_root(planar a, int64_t at, double angle) {
+    a.re[at] = (float)cos(angle), a.im[at] = (float)sin(angle);
+}
+
+static double angle_of(int sign, int64_t k, int64_t n) { return sign * 2.0 * M_PI * (double)(k % n) / (double)n; }
+
+static plan *build_plan(int64_t n, int sign);
+static void transform(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel);
+
+/* Radix 8 while it divides, then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
+static int factorize(int64_t n, int *radix) {
+    int count = 0;
+    while (n % 8 == 0) radix[count++] = 8, n /= 8;
+    while (n % 4 == 0) radix[count++] = 4, n /= 4;
+    while (n % 2 == 0) radix[count++] = 2, n /= 2;
+    for (int p = 3; p <= TG_FFT_MAX_RADIX && n > 1; p += 2)
+        while (n % p == 0) radix[count++] = p, n /= p;
+    return n == 1 ? count : 0;
+}
+
+static int build_stockham(plan *pl) {
+    int64_t len = pl->n;
+    for (int i = 0; i < pl->stages; i++) {
+        const int p = pl->radix[i];
+        const int64_t m = len / p;
+        if (!allocate(&pl->twiddle[i], m * (p - 1)) || !allocate(&pl->roots[i], p)) return 0;
+        for (int64_t j = 0; j < m; j++)
+            for (int k = 1; k < p; k++) set_root(pl->twiddle[i], j * (p - 1) + k - 1, angle_of(pl->sign, j * k, len));
+        for (int k = 0; k < p; k++) set_root(pl->roots[i], k, angle_of(pl->sign, k, p));
+        len = m;
+    }
+    return 1;
+}
+
+static int build_bluestein(plan *pl) {
+    const int64_t n = pl->n;
+    int64_t m = 1;
+    while (m < 2 * n - 1) m *= 2;
+    pl->m = m;
+    pl->forward = build_plan(m, -1);
+    pl->inverse = build_plan(m, 1);
+    planar b;
+    float *work = malloc(sizeof(float) * (size_t)(2 * m));
+    if (!pl->forward || !pl->inverse || !work || !allocate(&pl->chirp, n) || !allocate(&pl->filter, m) ||
+        !allocate(&b, m)) {
+        free(work);
+        return 0;
+    }
+    memset(b.re, 0, sizeof(float) * (size_t)m), memset(b.im, 0, sizeof(float) * (size_t)m);
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t square = (int64_t)((unsigned __int128)j * j % (unsigned __int128)(2 * n));
+        const double angle = pl->sign * M_PI * (double)square / (double)n;
+        set_root(pl->chirp, j, angle);
+        b.re[j] = (float)(cos(angle) / m), b.im[j] = (float)(-sin(angle) / m);
+        if (j) b.re[m - j] = b.re[j], b.im[m - j] = b.im[j];
+    }
+    transform(pl->forward, b, pl->filter, work, 1, 0);
+    free(b.re), free(b.im), free(work);
+    return 1;
+}
+
+static plan *build_plan(int64_t n, int sign) {
+    pthread_mutex_lock(&plans_lock);
+    plan *pl = plans;
+    while (pl && (pl->n != n || pl->sign != sign)) pl = pl->next;
+    pthread_mutex_unlock(&plans_lock);
+    if (pl) return pl;
+    pl = calloc(1, sizeof(plan));
+    if (!pl) return NULL;
+    pl->n = n, pl->sign = sign;
+    pl->stages = n > 1 ? factorize(n, pl->radix) : 0;
+    const int ok = pl->stages || n == 1 ? build_stockham(pl) : build_bluestein(pl);
+    if (!ok) return NULL; /* out of memory: what was allocated stays (rare, and the process is in trouble) */
+    pthread_mutex_lock(&plans_lock);
+    pl->next = plans, plans = pl;
+    pthread_mutex_unlock(&plans_lock);
+    return pl;
+}
+
+static planar half_twiddles(plan *pl, int64_t n) {
+    pthread_mutex_lock(&plans_lock);
+    if (!pl->half.re) {
+        planar half;
+        if (allocate(&half, n / 2 + 1)) {
+            for (int64_t k = 0; k <= n / 2; k++) set_root(half, k, angle_of(pl->sign, k, n));
+            pl->half = half;
+        }
+    }
+    pthread_mutex_unlock(&plans_lock);
+    return pl->half;
+}
+
+#define CMUL_RE(ar, ai, br, bi) ((ar) * (br) - (ai) * (bi))
+#define CMUL_IM(ar, ai, br, bi) ((ar) * (bi) + (ai) * (br))
+
+/* One Stockham pass over butterflies j in [jlo, jhi), q in [qlo, qhi): a_r = x[q + s (j + r m)], the p-point
+ * transform b, y[q + s (p j + k)] = b_k W_len^(j k). */
+static void pass(const float *restrict xr, const float *restrict xi, float *restrict yr, float *restrict yi,
+                 int64_t len, int64_t s, int p, planar tw, planar roots, int sign, int64_t jlo, int64_t jhi,
+                 int64_t qlo, int64_t qhi) {
+    const int64_t m = len / p, sm = s * m;
+    for (int64_t j = jlo; j < jhi; j++) {
+        const int64_t at = j * s, to = p * j * s; /* indexing the restrict arguments themselves vectorizes */
+        if (p == 2) {
+            const float wr = tw.re[j], wi = tw.im[j];
+#pragma GCC ivdep /* q < s: the p output runs of length s never overlap */
+            for (int64_t q = qlo; q < qhi; q++) {
+                const float dr = xr[at + q] - xr[at + q + sm], di = xi[at + q] - xi[at + q + sm];
+                yr[to + q] = xr[at + q] + xr[at + q + sm], yi[to + q] = xi[at + q] + xi[at + q + sm];
+                yr[to + q + s] = CMUL_RE(dr, di, wr, wi), yi[to + q + s] = CMUL_IM(dr, di, wr, wi);
+            }
+        } else if (p == 4) {
+            const float w1r = tw.re[3 * j], w1i = tw.im[3 * j], w2r = tw.re[3 * j + 1], w2i = tw.im[3 * j + 1];
+            const float w3r = tw.re[3 * j + 2], w3i = tw.im[3 * j + 2], turn = (float)sign;
+#pragma GCC ivdep /* q < s: the p output runs of length s never overlap */
+            for (int64_t q = qlo; q < qhi; q++) {
+                const int64_t i0 = at + q, i1 = i0 + sm, i2 = i1 + sm, i3 = i2 + sm;
+                const float t0r = xr[i0] + xr[i2], t0i = xi[i0] + xi[i2], t1r = xr[i0] - xr[i2], t1i = xi[i0] - xi[i2];
+                const float t2r = xr[i1] + xr[i3], t2i = xi[i1] + xi[i3], dr = xr[i1] - xr[i3], di = xi[i1] - xi[i3];
+                const float t3r = -turn * di, t3i = turn * dr; /* (a1 - a3) * sign i */
+                const float u1r = t1r + t3r, u1i = t1i + t3i, u2r = t0r - t2r, u2i = t0i - t2i;
+                const float u3r = t1r - t3r, u3i = t1i - t3i;
+                yr[to + q] = t0r + t2r, yi[to + q] = t0i + t2i;
+                yr[to + q + s] = CMUL_RE(u1r, u1i, w1r, w1i), yi[to + q + s] = CMUL_IM(u1r, u1i, w1r, w1i);
+                yr[to + q + 2 * s] = CMUL_RE(u2r, u2i, w2r, w2i), yi[to + q + 2 * s] = CMUL_IM(u2r, u2i, w2r, w2i);
+                yr[to + q + 3 * s] = CMUL_RE(u3r, u3i, w3r, w3i), yi[to + q + 3 * s] = CMUL_IM(u3r, u3i, w3r, w3i);
+            }
+        } else if (p == 8) {
+            const float *w = tw.re + 7 * j, *v = tw.im + 7 * j, turn = (float)sign, root = (float)M_SQRT1_2;
+#pragma GCC ivdep
+            for (int64_t q = qlo; q < qhi; q++) {
+                float er[4], ei[4], or_[4], oi[4], br[8], bi[8];
+                for (int r = 0; r < 4; r++) { /* radix 2 across r and r + 4, odd halves turned by W8^r */
+                    const int64_t i0 = at + q + r * sm, i1 = i0 + 4 * sm;
+                    er[r] = xr[i0] + xr[i1], ei[r] = xi[i0] + xi[i1];
+                    or_[r] = xr[i0] - xr[i1], oi[r] = xi[i0] - xi[i1];
+                }
+                const float o1r = root * (or_[1] - turn * oi[1]), o1i = root * (oi[1] + turn * or_[1]);
+                const float o2r = -turn * oi[2], o2i = turn * or_[2];
+                const float o3r = root * (-or_[3] - turn * oi[3]), o3i = root * (-oi[3] + turn * or_[3]);
+                or_[1] = o1r, oi[1] = o1i, or_[2] = o2r, oi[2] = o2i, or_[3] = o3r, oi[3] = o3i;
+                for (int odd = 0; odd < 2; odd++) { /* 4-point transforms: even outputs from e, odd from o */
+                    const float *ar = odd ? or_ : er, *ai = odd ? oi : ei;
+                    const float t0r = ar[0] + ar[2], t0i = ai[0] + ai[2], t1r = ar[0] - ar[2], t1i = ai[0] - ai[2];
+                    const float t2r = ar[1] + ar[3], t2i = ai[1] + ai[3], dr = ar[1] - ar[3], di = ai[1] - ai[3];
+                    const float t3r = -turn * di, t3i = turn * dr;
+                    br[odd] = t0r + t2r, bi[odd] = t0i + t2i, br[odd + 2] = t1r + t3r, bi[odd + 2] = t1i + t3i;
+                    br[odd + 4] = t0r - t2r, bi[odd + 4] = t0i - t2i, br[odd + 6] = t1r - t3r, bi[odd + 6] = t1i - t3i;
+                }
+                yr[to + q] = br[0], yi[to + q] = bi[0];
+                for (int k = 1; k < 8; k++)
+                    yr[to + q + k * s] = CMUL_RE(br[k], bi[k], w[k - 1], v[k - 1]),
+                    yi[to + q + k * s] = CMUL_IM(br[k], bi[k], w[k - 1], v[k - 1]);
+            }
+        } else {
+            for (int k = 0; k < p; k++) {
+                const float wr = k ? tw.re[j * (p - 1) + k - 1] : 1.0f, wi = k ? tw.im[j * (p - 1) + k - 1] : 0.0f;
+    #pragma GCC ivdep /* q < s: the p output runs of length s never overlap */
+            for (int64_t q = qlo; q < qhi; q++) {
+                    float sr = xr[at + q], si = xi[at + q];
+                    for (int r = 1; r < p; r++) {
+                        const int64_t root = (int64_t)r * k % p;
+                        const float vr = xr[at + q + r * sm], vi = xi[at + q + r * sm];
+                        sr += CMUL_RE(vr, vi, roots.re[root], roots.im[root]);
+                        si += CMUL_IM(vr, vi, roots.re[root], roots.im[root]);
+                    }
+                    yr[to + q + k * s] = CMUL_RE(sr, si, wr, wi), yi[to + q + k * s] = CMUL_IM(sr, si, wr, wi);
+                }
+            }
+        }
+    }
+}
+
+static void stockham(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel) {
+    const int64_t size = pl->n * lanes;
+    if (pl->stages == 0) {
+        memcpy(y.re, x.re, sizeof(float) * (size_t)size), memcpy(y.im, x.im, sizeof(float) * (size_t)size);
+        return;
+    }
+    const planar spare = {scratch, scratch + size};
+    int64_t len = pl->n, s = lanes;
+    planar from = x;
+    for (int i = 0; i < pl->stages; i++) {
+        const planar to = (pl->stages - i) % 2 ? y : spare;
+        const int p = pl->radix[i];
+        const int64_t m = len / p;
+        const int chunks = parallel && m * s >= PARALLEL_MIN ? 4 * omp_get_max_threads() : 1;
+        const int by_j = m >= chunks; /* split the longer of the two loops */
+#pragma omp parallel for schedule(static) if (chunks > 1)
+        for (int c = 0; c < chunks; c++) {
+            const int64_t extent = by_j ? m : s, lo = extent * c / chunks, hi = extent * (c + 1) / chunks;
+            pass(from.re, from.im, to.re, to.im, len, s, p, pl->twiddle[i], pl->roots[i], pl->sign, by_j ? lo : 0, by_j ? hi : m,
+                 by_j ? 0 : lo, by_j ? s : hi);
+        }
+        from = to, len /= p, s *= p;
+    }
+}
+
+/* y = the transform of x (`lanes` transforms, planar; x is kept); scratch: `scratch_floats`. */
+static void transform(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel) {
+    if (pl->stages || pl->n == 1) {
+        stockham(pl, x, y, scratch, lanes, parallel);
+        return;
+    }
+    const int64_t n = pl->n, size = pl->m * lanes;
+    const planar a = {scratch, scratch + size}, b = {scratch + 2 * size, scratch + 3 * size};
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t l = 0; l < lanes; l++) {
+            const float vr = x.re[j * lanes + l], vi = x.im[j * lanes + l], wr = pl->chirp.re[j], wi = pl->chirp.im[j];
+            b.re[j * lanes + l] = CMUL_RE(vr, vi, wr, wi), b.im[j * lanes + l] = CMUL_IM(vr, vi, wr, wi);
+        }
+    memset(b.re + n * lanes, 0, sizeof(float) * (size_t)(size - n * lanes));
+    memset(b.im + n * lanes, 0, sizeof(float) * (size_t)(size - n * lanes));
+    stockham(pl->forward, b, a, scratch + 4 * size, lanes, parallel);
+    for (int64_t k = 0; k < pl->m; k++)
+        for (int64_t l = 0; l < lanes; l++) {
+            const float vr = a.re[k * lanes + l], vi = a.im[k * lanes + l], fr = pl->filter.re[k], fi = pl->filter.im[k];
+            a.re[k * lanes + l] = CMUL_RE(vr, vi, fr, fi), a.im[k * lanes + l] = CMUL_IM(vr, vi, fr, fi);
+        }
+    stockham(pl->inverse, a, b, scratch + 4 * size, lanes, parallel);
+    for (int64_t k = 0; k < n; k++)
+        for (int64_t l = 0; l < lanes; l++) {
+            const float vr = b.re[k * lanes + l], vi = b.im[k * lanes + l], wr = pl->chirp.re[k], wi = pl->chirp.im[k];
+            y.re[k * lanes + l] = CMUL_RE(vr, vi, wr, wi), y.im[k * lanes + l] = CMUL_IM(vr, vi, wr, wi);
+        }
+}
+
+static int64_t scratch_floats(const plan *pl, int64_t lanes) {
+    return (pl->stages || pl->n == 1 ? 2 * pl->n : 6 * pl->m) * lanes;
+}
+
+/* What one kind of transform does to a group of `lanes` rows starting at `row`. */
+typedef struct job job;
+typedef void (*group_fn)(const job *jb, int64_t row, int64_t lanes, float *work, int parallel);
+struct job {
+    plan *pl;
+    int64_t n;
+    planar half;
+    const float *x;
+    float *y;
+    group_fn run;
+    /* r2c only: row r is frame r % frames of signal r / frames (`length` samples, frames `hop` apart), times
+     * `window` when given, the signal reflected `pad` samples beyond each end; its frequency k is written at
+     * [r / frames][k][r % frames] (frames 1: plain rows). */
+    int64_t frames, hop, length, pad;
+    const float *window;
+};
+
+/* Every group of rows, across threads when there are enough groups, else each group's passes. `work_per_lane`:
+ * floats one lane needs besides the transform's scratch. */
+static int for_groups(const job *jb, int64_t batch, int64_t work_per_lane) {
+    const int64_t groups = (batch + LANES - 1) / LANES, lanes = batch < LANES ? batch : LANES;
+    const size_t floats = (size_t)(scratch_floats(jb->pl, lanes) + work_per_lane * lanes);
+    int failed = 0;
+    if (groups > 1) {
+#pragma omp parallel reduction(| : failed)
+        {
+            float *work = malloc(sizeof(float) * floats);
+            if (!work) failed = 1;
+#pragma omp for schedule(dynamic)
+            for (int64_t g = 0; g < groups; g++)
+                if (work) jb->run(jb, g * LANES, batch - g * LANES < LANES ? batch - g * LANES : LANES, work, 0);
+            free(work);
+        }
+    } else {
+        float *work = malloc(sizeof(float) * floats);
+        if (!work) return TG_FFT_NO_MEMORY;
+        jb->run(jb, 0, lanes, work, 1);
+        free(work);
+    }
+    return failed ? TG_FFT_NO_MEMORY : TG_FFT_OK;
+}
+
+static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, size = n * lanes;
+    const planar in = {work, work + size}, out = {work + 2 * size, work + 3 * size};
+    const float *x = jb->x + 2 * row * n;
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t j = 0; j < n; j++)
+            in.re[j * lanes + l] = x[2 * (l * n + j)], in.im[j * lanes + l] = x[2 * (l * n + j) + 1];
+    transform(jb->pl, in, out, work + 4 * size, lanes, parallel);
+    float *y = jb->y + 2 * row * n;
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t k = 0; k < n; k++)
+            y[2 * (l * n + k)] = out.re[k * lanes + l], y[2 * (l * n + k) + 1] = out.im[k * lanes + l];
+}
+
+/* r2c of even n: Z, the n/2-point transform of z_j = x_2j + i x_2j+1, split into X_k for k <= n/2. */
+/* in.re[j LANES + l] = source[l][2 j] w[2 j], in.im likewise from 2 j + 1: 8 x 8 blocks transposed in registers
+ * (AVX2), a scalar loop elsewhere. */
+static void gather_lanes(const float *const *source, const float *w, planar in, int64_t h) {
+#if defined(__AVX2__) && LANES == 8
+    for (int64_t j = 0; j < h; j += 4) {
+        __m256 r[8], t[8], u[8];
+        for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_ps(source[l] + 2 * j);
+        for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+        for (int l = 0; l < 8; l += 4) {
+            u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
+            u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
+        }
+        for (int c = 0; c < 4; c++) { /* column c and c + 4 of the block: floats 2 j + c and 2 j + c + 4 */
+            const __m256 low = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20), high = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+            for (int half = 0; half < 2; half++) {
+                const int column = c + 4 * half;
+                const __m256 v = _mm256_mul_ps(half ? high : low, _mm256_set1_ps(w ? w[2 * j + column] : 1.0f));
+                _mm256_storeu_ps((column % 2 ? in.im : in.re) + (j + column / 2) * 8, v);
+            }
+        }
+    }
+#else
+    for (int64_t j = 0; j < h; j++)
+        for (int64_t l = 0; l < LANES; l++) {
+            in.re[j * LANES + l] = source[l][2 * j] * (w ? w[2 * j] : 1.0f);
+            in.im[j * LANES + l] = source[l][2 * j + 1] * (w ? w[2 * j + 1] : 1.0f);
+        }
+#endif
+}
+
+static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1, frames = jb->frames;
+    const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
+    const float *source[LANES];
+    float *target[LANES];
+    int64_t first[LANES], edge = 0; /* the frame's first sample (in the reflect-padded signal's terms) */
+    for (int64_t l = 0; l < lanes; l++) {
+        const int64_t signal = (row + l) / frames, frame = (row + l) % frames;
+        first[l] = frame * jb->hop - jb->pad;
+        source[l] = jb->x + signal * jb->length + first[l];
+        target[l] = jb->y + 2 * (signal * width * frames + frame);
+        edge |= first[l] < 0 || first[l] + n > jb->length;
+    }
+    const float *w = jb->window;
+    if (edge) /* a frame reaching into the padding reads the signal reflected at its ends */
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t l = 0; l < lanes; l++) {
+                int64_t at = first[l] + j;
+                at = at < 0 ? -at : at >= jb->length ? 2 * (jb->length - 1) - at : at;
+                const float value = source[l][at - first[l]] * (w ? w[j] : 1.0f);
+                (j % 2 ? in.im : in.re)[j / 2 * lanes + l] = value;
+            }
+    else if (lanes == LANES && h % 4 == 0)
+        gather_lanes(source, w, in, h);
+    else
+        for (int64_t j = 0; j < h; j++) {
+            const float even = w ? w[2 * j] : 1.0f, odd = w ? w[2 * j + 1] : 1.0f;
+            for (int64_t l = 0; l < lanes; l++)
+                in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
+        }
+    transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
+    int adjacent = 1; /* the lanes' outputs interleave: consecutive frames, frequency before frame */
+    for (int64_t l = 1; l < lanes; l++) adjacent &= target[l] == target[0] + 2 * l;
+#pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
+    for (int64_t k = 0; k <= h; k++) {
+        const int64_t at = (k % h) * lanes, mirror = ((h - k) % h) * lanes;
+        const float wr = jb->half.re[k], wi = jb->half.im[k];
+        float re[LANES], im[LANES];
+        for (int64_t l = 0; l < lanes; l++) {
+            const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
+            const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
+            re[l] = er + CMUL_RE(or_, oi, wr, wi), im[l] = ei + CMUL_IM(or_, oi, wr, wi);
+        }
+        if (adjacent && lanes == LANES) {
+            float *out = target[0] + 2 * k * frames;
+            for (int l = 0; l < LANES; l++) out[2 * l] = re[l], out[2 * l + 1] = im[l];
+        } else {
+            for (int64_t l = 0; l < lanes; l++) target[l][2 * k * frames] = re[l], target[l][2 * k * frames + 1] = im[l];
+        }
+    }
+}
+
+/* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
+ * direction), the spectrum of z_j = x_2j + i x_2j+1; the zero and n/2 frequencies' imaginary parts read as 0. */
+static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
+    const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
+    const float *x = jb->x + 2 * row * width;
+#pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
+    for (int64_t k = 0; k < h; k++)
+        for (int64_t l = 0; l < lanes; l++) {
+            const float *a = x + 2 * (l * width + k), *b = x + 2 * (l * width + h - k);
+            const float ar = a[0], ai = k ? a[1] : 0.0f, br = b[0], bi = k ? -b[1] : 0.0f;
+            const float er = ar + br, ei = ai + bi, dr = ar - br, di = ai - bi;
+            const float wr = jb->half.re[k], wi = jb->half.im[k];
+            const float or_ = CMUL_RE(dr, di, wr, wi), oi = CMUL_IM(dr, di, wr, wi);
+            in.re[k * lanes + l] = er - oi, in.im[k * lanes + l] = ei + or_;
+        }
+    transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
+    float *y = jb->y + row * n;
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t j = 0; j < h; j++)
+            y[l * n + 2 * j] = z.re[j * lanes + l], y[l * n + 2 * j + 1] = z.im[j * lanes + l];
+}
+
+/* The real transforms of odd n (and n <= 2) as a complex one of length n. */
+static void r2c_odd_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, size = n * lanes, width = n / 2 + 1;
+    const planar in = {work, work + size}, out = {work + 2 * size, work + 3 * size};
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t j = 0; j < n; j++) in.re[j * lanes + l] = jb->x[(row + l) * n + j], in.im[j * lanes + l] = 0.0f;
+    transform(jb->pl, in, out, work + 4 * size, lanes, parallel);
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t k = 0; k < width; k++) {
+            jb->y[2 * ((row + l) * width + k)] = out.re[k * lanes + l];
+            jb->y[2 * ((row + l) * width + k) + 1] = out.im[k * lanes + l];
+        }
+}
+
+static void c2r_odd_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, size = n * lanes, width = n / 2 + 1;
+    const planar in = {work, work + size}, out = {work + 2 * size, work + 3 * size};
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t from = k < width ? k : n - k;
+            const float *a = jb->x + 2 * ((row + l) * width + from);
+            const int real_only = k == 0 || 2 * k == n;
+            in.re[k * lanes + l] = a[0], in.im[k * lanes + l] = real_only ? 0.0f : k < width ? a[1] : -a[1];
+        }
+    transform(jb->pl, in, out, work + 4 * size, lanes, parallel);
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t j = 0; j < n; j++) jb->y[(row + l) * n + j] = out.re[j * lanes + l];
+}
+
+int tg_fft_c2c_f32(int64_t batch, int64_t n, int32_t inverse, const float *x, float *y) {
+    if (n == 0 || batch == 0) return TG_FFT_OK;
+    job jb = {.pl = build_plan(n, inverse ? 1 : -1), .n = n, .x = x, .y = y, .run = c2c_group};
+    return jb.pl ? for_groups(&jb, batch, 4 * n) : TG_FFT_NO_MEMORY;
+}
+
+static int real_transform(job *jb, int64_t batch, int sign, group_fn even, group_fn odd) {
+    const int64_t n = jb->n;
+    if (n == 0 || batch == 0) return TG_FFT_OK;
+    const int halved = n % 2 == 0 && n > 2;
+    jb->pl = build_plan(halved ? n / 2 : n, sign), jb->run = halved ? even : odd;
+    if (!jb->pl) return TG_FFT_NO_MEMORY;
+    if (halved && !(jb->half = half_twiddles(jb->pl, n)).re) return TG_FFT_NO_MEMORY;
+    return for_groups(jb, batch, 4 * n);
+}
+
+int tg_fft_r2c_f32(int64_t batch, int64_t n, const float *x, float *y) {
+    job jb = {.n = n, .x = x, .y = y, .frames = 1, .hop = n, .length = n};
+    return real_transform(&jb, batch, -1, r2c_group, r2c_odd_group);
+}
+
+int tg_fft_c2r_f32(int64_t batch, int64_t n, const float *x, float *y) {
+    job jb = {.n = n, .x = x, .y = y};
+    return real_transform(&jb, batch, 1, c2r_group, c2r_odd_group);
+}
+
+int tg_fft_stft_f32(int64_t batch, int64_t length, int64_t frames, int64_t n, int64_t hop, int64_t pad,
+                    const float *x, const float *window, float *y) {
+    if (n % 2 || n <= 2 || pad >= length) return TG_FFT_BAD_LENGTH;
+    job jb = {.n = n, .x = x, .y = y, .frames = frames, .hop = hop, .length = length, .pad = pad, .window = window};
+    return real_transform(&jb, batch * frames, -1, r2c_group, r2c_odd_group);
+}

@@ -1,0 +1,55 @@
+"""The FFT kernels (kernels/fft) against numpy.fft: every path (radix 4/2, odd radices, Bluestein, the real
+transforms' even split and odd fallback, rows as lanes and a single row's threaded passes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorgraphs.kernels import fft
+
+LENGTHS = [1, 2, 3, 4, 5, 6, 8, 12, 15, 16, 30, 64, 97, 100, 210, 1000, 1024, 131, 1031, 4096]
+
+
+def _complex(pairs: np.ndarray) -> np.ndarray:
+    return pairs[..., 0] + 1j * pairs[..., 1]
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, atol=2e-5 * max(1.0, float(np.abs(want).max())), rtol=0)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("batch", [1, 3, 17])
+def test_complex_transforms(n, batch):
+    rng = np.random.default_rng(n + batch)
+    x = rng.standard_normal((batch, n, 2)).astype(np.float32)
+    _close(_complex(fft.transform("c2c", x, n).reshape(batch, n, 2)), np.fft.fft(_complex(x)))
+    _close(_complex(fft.transform("c2c", x, n, inverse=True).reshape(batch, n, 2)), np.fft.ifft(_complex(x)) * n)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("batch", [1, 3, 17])
+def test_real_transforms(n, batch):
+    rng = np.random.default_rng(n * batch)
+    x = rng.standard_normal((batch, n)).astype(np.float32)
+    _close(_complex(fft.transform("r2c", x, n).reshape(batch, -1, 2)), np.fft.rfft(x))
+    spectrum = rng.standard_normal((batch, n // 2 + 1, 2)).astype(np.float32)  # DC/Nyquist imaginary parts dropped
+    _close(fft.transform("c2r", spectrum, n).reshape(batch, n), np.fft.irfft(_complex(spectrum), n) * n)
+
+
+def test_long_single_row_runs_threaded_passes():
+    x = np.random.default_rng(0).standard_normal(2 ** 17).astype(np.float32)
+    _close(_complex(fft.transform("r2c", x, x.size).reshape(-1, 2)), np.fft.rfft(x))
+
+
+@pytest.mark.parametrize(("batch", "length", "n", "hop", "pad"), [(1, 100, 16, 4, 0), (3, 4000, 256, 64, 128),
+                                                                 (2, 50, 10, 7, 0), (9, 40, 32, 3, 16)])
+def test_stft_reads_windowed_frames_and_writes_frequency_before_frame(batch, length, n, hop, pad):
+    rng = np.random.default_rng(length)
+    x, window = rng.standard_normal((batch, length)).astype(np.float32), rng.random(n).astype(np.float32)
+    padded = np.pad(x, ((0, 0), (pad, pad)), mode="reflect")
+    starts = np.arange(1 + (padded.shape[1] - n) // hop) * hop
+    frames = padded[:, starts[:, None] + np.arange(n)] * window  # (batch, frames, n)
+    want = np.fft.rfft(frames).transpose(0, 2, 1)
+    _close(_complex(fft.stft(x, window, hop, pad)), want)
