@@ -1,0 +1,90 @@
+"""tg.compile(dynamic=...): one program for many sizes, each size's result as its own static program's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorgraphs as tg
+import tensorgraphs.nn as nn
+from tensorgraphs.errors import ArgumentError
+
+SIZES = (6, 3, 17, 40, 9, 128, 6)
+
+
+def data(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def mlp() -> nn.Module:
+    tg.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def mlp_reference(model: nn.Module, x: np.ndarray) -> np.ndarray:
+    """The MLP in numpy, from its weights."""
+    w1, b1, w2, b2 = (p.detach().numpy().astype(np.float64) for p in model.parameters())
+    return np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+
+
+@pytest.mark.parametrize("dynamic", [{"x": {0: tg.Dim("batch", 1, 4096)}}, {"x": {0: "batch"}}, True])
+def test_one_program_for_many_batch_sizes(dynamic: object) -> None:
+    model = mlp()
+    forward = tg.compile(lambda x: model(x), dynamic=dynamic)
+    for seed, batch in enumerate(SIZES):
+        x = data(batch, 16, seed=seed)
+        np.testing.assert_allclose(forward(x).numpy(), mlp_reference(model, x), rtol=1e-4, atol=1e-5)
+    assert forward.compiled_programs == 1 and forward.stats.programs == 1
+    shared = [trace for traces in forward.traces.values() for trace in traces if not trace.own_library]
+    assert len(shared) == len(set(SIZES))  # every size, the first one too, runs the template's library
+
+
+def test_each_size_keeps_its_static_programs_verified_memory_plan() -> None:
+    model = mlp()
+    forward = tg.compile(lambda x: model(x), dynamic={"x": {0: "batch"}})
+    static = tg.compile(lambda x: model(x))
+    for batch in SIZES:
+        x = data(batch, 16)
+        sized, alone = forward.traced(x).program, static.traced(x).program
+        assert sized.memory.arena_bytes == alone.memory.arena_bytes
+        assert sized.memory.offsets == alone.memory.offsets
+    assert forward.compiled_programs == 1 and static.compiled_programs == len(set(SIZES))
+
+
+def test_a_size_outside_the_range_compiles_its_own_program() -> None:
+    model = mlp()
+    forward = tg.compile(lambda x: model(x), dynamic={"x": {0: tg.Dim("batch", 2, 64)}})
+    for batch in (5, 9, 100, 1):
+        x = data(batch, 16)
+        np.testing.assert_allclose(forward(x).numpy(), mlp_reference(model, x), rtol=1e-4, atol=1e-5)
+    assert forward.compiled_programs == 3  # the template, then 100 and 1 each on their own
+
+
+def test_a_size_used_as_a_value_recompiles_instead_of_reusing() -> None:
+    """The mean over the batch divides by its size: no template fits, so every size compiles, and is right."""
+    forward = tg.compile(lambda x: (x - x.mean(0)) * x.shape[0], dynamic={"x": {0: "batch"}})
+    for batch in (4, 7, 12):
+        x = data(batch, 8)
+        np.testing.assert_allclose(forward(x).numpy(), (x - x.mean(0)) * batch, rtol=1e-5, atol=1e-5)
+    assert forward.compiled_programs == 3
+
+
+def test_dimensions_named_alike_share_a_symbol() -> None:
+    forward = tg.compile(lambda x, y: (x * y).sum(1), dynamic={"x": {0: "batch"}, "y": {0: "batch"}})
+    for batch in (5, 8, 11):
+        x, y = data(batch, 8), data(batch, 8, seed=1)
+        np.testing.assert_allclose(forward(x, y).numpy(), (x * y).sum(1), rtol=1e-5, atol=1e-5)
+    assert forward.compiled_programs == 1
+    with pytest.raises(ArgumentError, match="named 'batch' differ"):
+        forward(data(5, 8), data(6, 8))
+
+
+def test_bad_specifications_raise_naming_the_argument() -> None:
+    with pytest.raises(ArgumentError, match="min <= max"):
+        tg.Dim("batch", 8, 4)
+    forward = tg.compile(lambda x: x * 2, dynamic={"z": {0: "batch"}})
+    with pytest.raises(ArgumentError, match="'z'"):
+        forward(data(4, 2))
+    forward = tg.compile(lambda x: x * 2, dynamic={"x": {2: "batch"}})
+    with pytest.raises(ArgumentError, match="dimension 2"):
+        forward(data(4, 2))
