@@ -283,10 +283,17 @@ class CompiledFunction:
         if found is None:
             return None
         family, sizes = found
-        try:
-            return self._new_trace(args, keywords, binder=family.binder(sizes))
-        except NotAnInstance:
-            return None
+
+        def instance() -> _Trace | None:
+            try:
+                return self._new_trace(args, keywords, binder=family.binder(sizes))
+            except NotAnInstance:
+                return None
+
+        trace = instance() if family.templates else None  # the templates fitted so far
+        if trace is None and family.fit(sizes, shapes, render):  # then one fitted near these sizes
+            trace = instance()
+        return trace
 
     def _finish(self, trace: _Trace, outputs: list[np.ndarray], graphs: list[Node | None] | None = None,
                 args: tuple[Any, ...] = ()) -> Any:

@@ -5,23 +5,27 @@ dimension 0 of argument `x` as the symbol `batch` (or `tg.Dim("batch", 1, 4096)`
 of equal size share a symbol under `dynamic=True`; dimensions named alike must be equal.
 
 A call traces and renders its program as before (each size keeps its own trace, schedule and verified memory
-plan), but compiles nothing when the source is an instance of the family's `SizeTemplate`: the template's library
-runs with the call's sizes. The template is fitted once per family from programs rendered (never compiled) at a
-few probe sizes near the first call's. A symbol the function cannot vary (its size is tied to a parameter's)
-stays fixed at the first call's value. A size outside its `Dim` range, or whose program is no instance of the
-template, compiles a program of its own: a guard that fails costs a compile, never a wrong result.
+plan), but compiles nothing when the source is an instance of one of its family's `SizeTemplate`s: that
+template's library runs with the call's sizes. A template is fitted from programs rendered (never compiled) at
+a few probe sizes near a call's; a size whose program is an instance of none (the renderer parallelizes a loop
+only past some work, say) fits another, up to MAX_TEMPLATES per family. A symbol the function cannot vary (its
+size is tied to a parameter's) stays fixed at the first call's value. A size outside its `Dim` range, or whose
+program is an instance of no template, compiles a program of its own: a guard that fails costs a compile, never
+a wrong result.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tensorgraphs.codegen.size_template import SizeTemplate, probe_offsets
 from tensorgraphs.errors import ArgumentError, fail
 
 MAX_SIZE = 2**31 - 1
+MAX_TEMPLATES = 4
+"""Templates a family fits at most (each probe set costs about a dozen traces); later sizes compile alone."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,9 @@ class Family:
     free: list[Dim]  # the symbols that vary
     marks: list[list[Mark]]  # where each free symbol is, in the arguments
     fixed: dict[Mark, int]  # marked dimensions the function could not vary, at their traced size
-    template: SizeTemplate | None = None
-    library: str = ""  # the template rendered
-    used: bool = False  # a call ran the library (it is compiled)
+    templates: list[tuple[SizeTemplate, str]] = field(default_factory=list)  # each with its library's source
+    used: set[int] = field(default_factory=set)  # the templates whose library a call ran (it is compiled)
+    fits: int = 0  # templates fitted or tried
 
     def sizes(self, shapes: Mapping[int, tuple[int, ...]]) -> tuple[int, ...] | None:
         """The free symbols' sizes in a call with these argument shapes, or None if the family does not hold."""
@@ -76,14 +80,35 @@ class Family:
         return sizes if all(dim.min <= s <= dim.max for dim, s in zip(self.free, sizes)) else None
 
     def binder(self, sizes: tuple[int, ...]) -> Callable[[str], tuple[str, tuple[int, ...]]]:
+        """For `Program`: the library of the first template the source at `sizes` is an instance of."""
         def bind(source: str) -> tuple[str, tuple[int, ...]]:
-            assert self.template is not None
-            if not self.template.matches(source, sizes):
-                raise NotAnInstance(str(sizes))
-            self.used = True
-            return self.library, sizes
+            for index, (template, library) in enumerate(self.templates):
+                if template.matches(source, sizes):
+                    self.used.add(index)
+                    return library, sizes
+            raise NotAnInstance(str(sizes))
 
         return bind
+
+    def fit(self, sizes: tuple[int, ...], shapes: Mapping[int, tuple[int, ...]],
+            render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> bool:
+        """Fit another template from probes near `sizes`; False if none fits or the family has fitted enough."""
+        if self.fits >= MAX_TEMPLATES:
+            return False
+        self.fits += 1
+        for direction in (1, -1):  # probes above the sizes, else below (a threshold may lie on one side)
+            probes = _probes(self.free, sizes, direction)
+            if probes is None:
+                return False
+            try:
+                samples = [(probe, render(_resized(shapes, self.marks, probe))) for probe in probes]
+            except Exception:  # noqa: BLE001  (a size the function cannot take: no template, this size compiles alone)
+                return False
+            template = SizeTemplate.fit(samples)
+            if template is not None:
+                self.templates.append((template, template.render()))
+                return True
+        return False
 
 
 def parameter_names(fn: Callable[..., Any]) -> list[str]:
@@ -112,7 +137,7 @@ class DynamicShapes:
     @property
     def programs(self) -> int:
         """Template libraries compiled so far."""
-        return sum(f.used for families in self.families.values() for f in families)
+        return sum(len(f.used) for families in self.families.values() for f in families)
 
     def symbols(self, shapes: Mapping[int, tuple[int, ...]], keywords: Sequence[str]) -> dict[Dim, list[Mark]]:
         """The symbols marked in a call with these tensor argument shapes (index -> shape), each with where it is."""
@@ -147,13 +172,13 @@ class DynamicShapes:
 
     def family(self, key: tuple, shapes: Mapping[int, tuple[int, ...]], keywords: Sequence[str],
                render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> tuple[Family, tuple[int, ...]] | None:
-        """The family a call belongs to (made, its template fitted from probes, on first sight) and its sizes;
-        None when no family can hold the call. `render(shapes)` renders the program for other argument shapes,
-        raising if the function cannot be traced at them."""
+        """The family a call belongs to (made on first sight: which symbols vary) and its sizes; None when no
+        family can hold the call. `render(shapes)` renders the program for other argument shapes, raising if the
+        function cannot be traced at them."""
         for family in self.families.get(key, []):
             sizes = family.sizes(shapes)
             if sizes is not None:
-                return (family, sizes) if family.template is not None else None
+                return family, sizes
         symbols = self.symbols(shapes, keywords)
         if any(not dim.min <= shapes[i][d] <= dim.max for dim, marks in symbols.items() for i, d in marks):
             return None
@@ -163,11 +188,7 @@ class DynamicShapes:
         self.families.setdefault(key, []).append(family)
         sizes = family.sizes(shapes)
         assert sizes is not None
-        family.template = _fit(family, sizes, shapes, render) if free else None
-        if family.template is None:
-            return None
-        family.library = family.template.render()
-        return family, sizes
+        return (family, sizes) if free else None
 
 
 def _resized(shapes: Mapping[int, tuple[int, ...]], marks: Sequence[list[Mark]],
@@ -179,19 +200,24 @@ def _resized(shapes: Mapping[int, tuple[int, ...]], marks: Sequence[list[Mark]],
     return {i: tuple(shape) for i, shape in out.items()}
 
 
-def _probes(dims: Sequence[Dim], sizes: Sequence[int]) -> list[tuple[int, ...]] | None:
-    """Sizes near `sizes` to render at (`probe_offsets`), inside every symbol's range; None if it is too narrow."""
-    steps = []
-    for dim, size in zip(dims, sizes):
-        top = max(max(o) for o in probe_offsets(1))
-        if size + top <= dim.max:
-            steps.append(1)
-        elif size - top >= dim.min:
-            steps.append(-1)
-        else:
-            return None
-    return [tuple(s + step * o for s, step, o in zip(sizes, steps, offsets))
-            for offsets in probe_offsets(len(dims))]
+def _probes(dims: Sequence[Dim], sizes: Sequence[int], direction: int) -> list[tuple[int, ...]] | None:
+    """Sizes from `sizes` on in `direction` (or the other way, near a bound) to render at (`probe_offsets`); a size
+    of 1 stays 1 (it broadcasts: programs differ), so the template holds for it alone. None if no room."""
+    varying = [k for k, size in enumerate(sizes) if size != 1]
+    top = max(max(offsets) for offsets in probe_offsets(1))
+    steps = {}
+    for k in varying:
+        steps[k] = next((step for step in (direction, -direction)
+                         if dims[k].min <= sizes[k] + step * top <= dims[k].max), 0)
+    if not varying or 0 in steps.values():
+        return None
+    probes = []
+    for offsets in probe_offsets(len(varying)):
+        probe = list(sizes)
+        for k, offset in zip(varying, offsets):
+            probe[k] += steps[k] * offset
+        probes.append(tuple(probe))
+    return probes
 
 
 def _varies(dim: Dim, marks: list[Mark], shapes: Mapping[int, tuple[int, ...]],
@@ -206,16 +232,3 @@ def _varies(dim: Dim, marks: list[Mark], shapes: Mapping[int, tuple[int, ...]],
     except Exception:  # noqa: BLE001  (any failure: the function cannot take that size, so it stays fixed)
         return False
     return True
-
-
-def _fit(family: Family, sizes: tuple[int, ...], shapes: Mapping[int, tuple[int, ...]],
-         render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> SizeTemplate | None:
-    """The template of the family's programs, from programs rendered at probe sizes; None if there is none."""
-    probes = _probes(family.free, sizes)
-    if probes is None:
-        return None
-    try:
-        samples = [(probe, render(_resized(shapes, family.marks, probe))) for probe in probes]
-    except Exception:  # noqa: BLE001  (a probe the function cannot take: no template, each size compiles alone)
-        return None
-    return SizeTemplate.fit(samples)

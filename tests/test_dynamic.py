@@ -88,3 +88,30 @@ def test_bad_specifications_raise_naming_the_argument() -> None:
     forward = tg.compile(lambda x: x * 2, dynamic={"x": {2: "batch"}})
     with pytest.raises(ArgumentError, match="dimension 2"):
         forward(data(4, 2))
+
+
+def test_encoder_layer_with_dynamic_batch_and_sequence_matches_the_reference() -> None:
+    tg.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True, norm_first=True)
+    layer.eval()
+    forward = tg.compile(lambda x: layer(x), dynamic={"x": {0: tg.Dim("batch", 1, 64), 1: tg.Dim("seq", 2, 512)}})
+    sizes = [(2, 9), (3, 11), (1, 20), (4, 7), (2, 33)]
+    with tg.no_grad():
+        for seed, (batch, seq) in enumerate(sizes):
+            x = data(batch, seq, 32, seed=seed)
+            with tg.device("numpy"):
+                expected = layer(tg.tensor(x)).numpy()
+            np.testing.assert_allclose(forward(x).numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert forward.compiled_programs <= 2
+    shared = [trace for traces in forward.traces.values() for trace in traces if not trace.own_library]
+    assert len(shared) >= len(sizes) - 1
+
+
+def test_a_compiled_module_names_its_forward_arguments() -> None:
+    model = mlp()
+    compiled = tg.compile(model, dynamic={"input": {0: "batch"}})
+    for batch in (5, 9, 13):
+        x = data(batch, 16, seed=batch)
+        np.testing.assert_allclose(compiled(tg.tensor(x)).detach().numpy(), mlp_reference(model, x),
+                                   rtol=1e-4, atol=1e-5)
+    assert compiled.compiled_forward.compiled_programs == 1

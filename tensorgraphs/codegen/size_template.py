@@ -53,6 +53,16 @@ class Polynomial:
     def __call__(self, sizes: Sequence[int]) -> int:
         return sum(c * math.prod(s**e for s, e in zip(sizes, exps)) for c, exps in self.terms)
 
+    def widened(self, symbols: Sequence[int], count: int) -> Polynomial:
+        """This polynomial of the given `symbols` as one of all `count` symbols."""
+        def widen(exps: Monomial) -> Monomial:
+            full = [0] * count
+            for k, e in zip(symbols, exps):
+                full[k] = e
+            return tuple(full)
+
+        return Polynomial(tuple((c, widen(exps)) for c, exps in self.terms))
+
     def render(self) -> str:
         parts = []
         for c, exps in self.terms:
@@ -83,12 +93,15 @@ class SizeTemplate:
     symbols: int
     text: tuple[str, ...]  # the fixed text around each literal
     literals: tuple[int | Polynomial, ...]  # a fixed value or a hole
+    pinned: tuple[tuple[int, int], ...] = ()  # (symbol, size): symbols every sample had at one size
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[Sequence[int], str]]) -> SizeTemplate | None:
         """The template every (sizes, source) sample is an instance of, or None (their text differs, or a literal
         is no polynomial of the sizes)."""
         points = [tuple(sizes) for sizes, _ in samples]
+        varying = [k for k in range(len(points[0])) if len({p[k] for p in points}) > 1]
+        pinned = tuple((k, points[0][k]) for k in range(len(points[0])) if k not in varying)
         split = [_split(source) for _, source in samples]
         text, _ = split[0]
         if any(other != text or len(numbers) != len(split[0][1]) for other, numbers in split):
@@ -98,11 +111,11 @@ class SizeTemplate:
             if len(set(values)) == 1:
                 literals.append(values[0])
                 continue
-            poly = _fit(points, values)
+            poly = _fit([tuple(p[k] for k in varying) for p in points], values) if varying else None
             if poly is None:
                 return None
-            literals.append(poly)
-        return cls(len(points[0]), tuple(text), tuple(literals))
+            literals.append(poly.widened(varying, len(points[0])))
+        return cls(len(points[0]), tuple(text), tuple(literals), pinned)
 
     @property
     def holes(self) -> int:
@@ -111,7 +124,8 @@ class SizeTemplate:
     def matches(self, source: str, sizes: Sequence[int]) -> bool:
         """Whether `source` is this template at `sizes`: the template's program run with `sizes` is `source`."""
         text, numbers = _split(source)
-        return (tuple(text) == self.text and len(numbers) == len(self.literals)
+        return (all(sizes[k] == size for k, size in self.pinned)
+                and tuple(text) == self.text and len(numbers) == len(self.literals)
                 and all(n == (v(sizes) if isinstance(v, Polynomial) else v) for n, v in zip(numbers, self.literals)))
 
     def render(self) -> str:

@@ -41,3 +41,10 @@ def test_no_template_for_a_literal_beyond_degree_three() -> None:
         return program(batch, seq).replace("+ 64]", f"+ {batch**4}]")
 
     assert SizeTemplate.fit(samples(quartic)) is None
+
+
+def test_a_symbol_at_one_size_in_every_sample_is_pinned() -> None:
+    points = [(1, 7 + k) for k in range(5)]
+    template = SizeTemplate.fit([(p, program(*p)) for p in points])
+    assert template is not None and template.pinned == ((0, 1),)
+    assert template.matches(program(1, 40), (1, 40)) and not template.matches(program(2, 40), (2, 40))
