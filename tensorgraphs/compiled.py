@@ -264,7 +264,8 @@ class CompiledFunction:
         """The call's trace running its dynamic-shape family's library, or None where it cannot (see `dynamic`)."""
         assert self.dynamic is not None
         shapes = {i: tuple(a.shape) for i, a in enumerate(args) if _is_tensor_like(a)}
-        symbols = self.dynamic.symbols(shapes, keywords)
+        names = self.dynamic.argument_names(len(args), keywords)
+        symbols = self.dynamic.symbols(shapes, names)
         marked = {mark for marks in symbols.values() for mark in marks}
         general = [key if key[0] not in ("tensor", "array") else
                    (*key[:2], tuple(None if (i, d) in marked else n for d, n in enumerate(key[2])), *key[3:])
@@ -279,7 +280,7 @@ class CompiledFunction:
                 return rendered.source
             raise AssertionError("a probe trace compiled a program")
 
-        found = self.dynamic.family(family_key, shapes, keywords, render)
+        found = self.dynamic.family(family_key, shapes, names, render)
         if found is None:
             return None
         family, sizes = found

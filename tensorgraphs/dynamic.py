@@ -139,8 +139,14 @@ class DynamicShapes:
         """Template libraries compiled so far."""
         return sum(len(f.used) for families in self.families.values() for f in families)
 
-    def symbols(self, shapes: Mapping[int, tuple[int, ...]], keywords: Sequence[str]) -> dict[Dim, list[Mark]]:
-        """The symbols marked in a call with these tensor argument shapes (index -> shape), each with where it is."""
+    def argument_names(self, count: int, keywords: Sequence[str]) -> list[str | None]:
+        """The parameter name of each of a call's `count` arguments, the last `keywords` passed by name."""
+        positional = count - len(keywords)
+        return [*self.names[:positional], *[None] * (positional - len(self.names)), *keywords]
+
+    def symbols(self, shapes: Mapping[int, tuple[int, ...]], names: Sequence[str | None]) -> dict[Dim, list[Mark]]:
+        """The symbols marked in a call with these tensor argument shapes (index -> shape) and argument names
+        (`argument_names`), each with where it is."""
         found: dict[Dim, list[Mark]] = {}
         if self.spec is True:
             by_size: dict[int, list[Mark]] = {}
@@ -149,10 +155,8 @@ class DynamicShapes:
                     if size > 1:
                         by_size.setdefault(size, []).append((i, d))
             return {Dim(f"size{k}"): marks for k, marks in enumerate(by_size.values())}
-        positional = len(shapes) and max(shapes) + 1 - len(keywords)
         for name, dims in (self.spec or {}).items():
-            index = (positional + list(keywords).index(name) if name in keywords
-                     else self.names.index(name) if name in self.names else None)
+            index = list(names).index(name) if name in names else None
             if index is None or index not in shapes:
                 fail("compile", f"dynamic names {name!r}, which is not a tensor argument of this call "
                      f"(parameters: {', '.join(self.names) or 'unknown'})", kind=ArgumentError)
@@ -170,7 +174,7 @@ class DynamicShapes:
                      kind=ArgumentError)
         return found
 
-    def family(self, key: tuple, shapes: Mapping[int, tuple[int, ...]], keywords: Sequence[str],
+    def family(self, key: tuple, shapes: Mapping[int, tuple[int, ...]], names: Sequence[str | None],
                render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> tuple[Family, tuple[int, ...]] | None:
         """The family a call belongs to (made on first sight: which symbols vary) and its sizes; None when no
         family can hold the call. `render(shapes)` renders the program for other argument shapes, raising if the
@@ -179,7 +183,7 @@ class DynamicShapes:
             sizes = family.sizes(shapes)
             if sizes is not None:
                 return family, sizes
-        symbols = self.symbols(shapes, keywords)
+        symbols = self.symbols(shapes, names)
         if any(not dim.min <= shapes[i][d] <= dim.max for dim, marks in symbols.items() for i, d in marks):
             return None
         free = [dim for dim, marks in symbols.items() if _varies(dim, marks, shapes, render)]

@@ -115,3 +115,16 @@ def test_a_compiled_module_names_its_forward_arguments() -> None:
         np.testing.assert_allclose(compiled(tg.tensor(x)).detach().numpy(), mlp_reference(model, x),
                                    rtol=1e-4, atol=1e-5)
     assert compiled.compiled_forward.compiled_programs == 1
+
+
+def test_arguments_are_found_by_name_passed_either_way() -> None:
+    def scaled(x: tg.Tensor, factor: float, y: tg.Tensor) -> tg.Tensor:
+        return x * factor + y
+
+    forward = tg.compile(scaled, dynamic={"y": {0: "batch"}, "x": {0: "batch"}})
+    for batch in (5, 8, 11):
+        x, y = data(batch, 3), data(batch, 3, seed=1)
+        np.testing.assert_allclose(forward(x, 2.0, y=y).numpy(), x * 2.0 + y, rtol=1e-6)
+        np.testing.assert_allclose(forward(x, 3.0, y).numpy(), x * 3.0 + y, rtol=1e-6)
+        np.testing.assert_allclose(forward(x, y=y[:, :1], factor=4.0).numpy(), x * 4.0 + y[:, :1], rtol=1e-6)
+    assert forward.compiled_programs == 3  # y by keyword, by position, then both keywords: three signatures
