@@ -119,6 +119,7 @@ from tensorgraphs.profiler import install_from_environment as _install_profiler,
 
 _install_profiler()
 from tensorgraphs.compiled import CompiledFunction  # noqa: E402  (trace once, replay compiled)
+from tensorgraphs.dynamic import Dim  # noqa: E402  (a symbolic dimension for tg.compile(dynamic=...))
 from tensorgraphs.nn.compiled_module import CompiledModule, compile  # noqa: E402
 from tensorgraphs.export import export  # noqa: E402  (a compiled program as a C library)
 

@@ -33,6 +33,7 @@ from step to step inside the call; the results come back stacked (its Receiver).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import sys
 import time
@@ -44,7 +45,8 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.backends.native import NativeBackend, Program, run_explained
+from tensorgraphs.backends.native import Binder, NativeBackend, Program, run_explained
+from tensorgraphs.dynamic import DynamicShapes, DynamicSpec, NotAnInstance, RenderedSource, parameter_names
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
@@ -99,6 +101,11 @@ class _Trace:
         memory = self.program.memory
         return CompileStats(self.program.kernel_count, memory.arena_bytes, memory.naive_bytes, self.compile_seconds)
 
+    @property
+    def own_library(self) -> bool:
+        """Whether the program was compiled for this trace alone (not a dynamic-shape template's library)."""
+        return not self.program.sizes
+
     def holds(self, args: tuple[Any, ...]) -> bool:
         """Whether this trace fits the call: a gradient absent when traced must still be (and vice versa), every
         module called must be in the mode it was in (`train()`/`eval()`: dropout, batch norm), grad mode must be
@@ -115,17 +122,20 @@ class _Trace:
 
 @dataclass(frozen=True)
 class CompileStats:
-    """What one compiled signature costs: kernels per call, temporary bytes planned vs without reuse."""
+    """What one compiled signature costs: kernels per call, temporary bytes planned vs without reuse; and
+    (from `CompiledFunction.stats`) how many programs the function has compiled in all."""
 
     kernels: int
     arena_bytes: int
     naive_bytes: int
     compile_seconds: float
+    programs: int = 1
 
     def __str__(self) -> str:
         share = f" ({self.arena_bytes / self.naive_bytes:.1%})" if self.naive_bytes else ""
+        programs = f", {self.programs} programs compiled in all" if self.programs > 1 else ""
         return (f"{self.kernels} kernels, arena {_binary_size(self.arena_bytes)} of {_binary_size(self.naive_bytes)} "
-                f"naive{share}, compiled in {self.compile_seconds:.2f} s")
+                f"naive{share}, compiled in {self.compile_seconds:.2f} s{programs}")
 
 
 def _binary_size(count: int) -> str:
@@ -144,9 +154,10 @@ class CompiledFunction:
     what they are computed from does (arguments, parameters), and `backward()` on them works as in eager code
     (`runtime.differentiable`); `fn` must then not call `backward()` itself."""
 
-    def __init__(self, fn: Callable[..., Any], differentiable: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], differentiable: bool = False, dynamic: DynamicSpec = None) -> None:
         self.fn = fn
         self.differentiable = differentiable
+        self.dynamic = DynamicShapes(dynamic, parameter_names(fn)) if dynamic else None
         self.traces: dict[tuple, list[_Trace]] = {}
         self._latest: _Trace | None = None
         functools.update_wrapper(self, fn)
@@ -156,12 +167,14 @@ class CompiledFunction:
         """Stats of the signature traced or called most recently (call the function once first)."""
         if self._latest is None:
             fail("compile", "no stats yet: call the compiled function once so that it is traced", kind=ArgumentError)
-        return self._latest.stats()
+        return dataclasses.replace(self._latest.stats(), programs=self.compiled_programs)
 
     @property
     def compiled_programs(self) -> int:
-        """How many programs calls so far have compiled: one per input signature and trace condition."""
-        return sum(len(candidates) for candidates in self.traces.values())
+        """How many programs calls so far have compiled: one per input signature and trace condition, except
+        that sizes of dynamic dimensions share one (`tensorgraphs.dynamic`)."""
+        own = sum(trace.own_library for candidates in self.traces.values() for trace in candidates)
+        return own + (self.dynamic.programs if self.dynamic else 0)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         trace, inputs = self._bound(args, kwargs)
@@ -229,18 +242,62 @@ class CompiledFunction:
         if trace is None:
             started = time.perf_counter()
             with planning_for(getattr(self.fn, "__qualname__", repr(self.fn))):  # for tg tune / tg explain
-                try:
-                    trace = self._trace(args, keywords, numbers_as_inputs=True)
-                except Exception:
-                    if not any(_is_number(a) for a in args):
-                        raise
-                    trace = self._trace(args, keywords, numbers_as_inputs=False)  # a use tracing cannot follow
+                trace = self._sized_trace(args, keywords, signature) if self.dynamic else None
+                if trace is None:
+                    trace = self._new_trace(args, keywords)
             trace.compile_seconds = time.perf_counter() - started
             candidates.append(trace)
             names = [""] * (len(args) - len(keywords)) + [f"{k}=" for k in keywords]
             described = ", ".join(name + _describe_key(key) for name, key in zip(names, signature[1:]))
             RECENT_TRACES.append((getattr(self.fn, "__qualname__", repr(self.fn)), described, trace.stats()))
         self._latest = trace
+        return trace
+
+    def _new_trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], binder: Binder | None = None) -> _Trace:
+        """A trace of the call, numbers as program inputs where tracing can follow their use."""
+        try:
+            return self._trace(args, keywords, numbers_as_inputs=True, binder=binder)
+        except (RenderedSource, NotAnInstance):
+            raise
+        except Exception:
+            if not any(_is_number(a) for a in args):
+                raise
+            return self._trace(args, keywords, numbers_as_inputs=False, binder=binder)  # a use tracing cannot follow
+
+    def _sized_trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], signature: tuple) -> _Trace | None:
+        """The call's trace running its dynamic-shape family's library, or None where it cannot (see `dynamic`)."""
+        assert self.dynamic is not None
+        shapes = {i: tuple(a.shape) for i, a in enumerate(args) if _is_tensor_like(a)}
+        names = self.dynamic.argument_names(len(args), keywords)
+        symbols = self.dynamic.symbols(shapes, names)
+        marked = {mark for marks in symbols.values() for mark in marks}
+        general = [key if key[0] not in ("tensor", "array") else
+                   (*key[:2], tuple(None if (i, d) in marked else n for d, n in enumerate(key[2])), *key[3:])
+                   for i, key in enumerate(signature[1:])]
+        family_key = (signature[0], *general, tuple(tuple(marks) for marks in symbols.values()))
+
+        def render(probe: Mapping[int, tuple[int, ...]]) -> str:
+            stand_ins = tuple(_stand_in(a, probe[i]) if i in probe else a for i, a in enumerate(args))
+            try:
+                self._new_trace(stand_ins, keywords, binder=_render_only)
+            except RenderedSource as rendered:
+                return rendered.source
+            raise AssertionError("a probe trace compiled a program")
+
+        found = self.dynamic.family(family_key, shapes, names, render)
+        if found is None:
+            return None
+        family, sizes = found
+
+        def instance() -> _Trace | None:
+            try:
+                return self._new_trace(args, keywords, binder=family.binder(sizes))
+            except NotAnInstance:
+                return None
+
+        trace = instance() if family.templates else None  # the templates fitted so far
+        if trace is None and family.fit(sizes, shapes, render):  # then one fitted near these sizes
+            trace = instance()
         return trace
 
     def _finish(self, trace: _Trace, outputs: list[np.ndarray], graphs: list[Node | None] | None = None,
@@ -258,9 +315,11 @@ class CompiledFunction:
                    for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
         return results[0] if trace.single else tuple(results)
 
-    def _trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], numbers_as_inputs: bool) -> _Trace:
+    def _trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], numbers_as_inputs: bool,
+               binder: Binder | None = None) -> _Trace:
         """Trace `fn` on placeholders of `args` (the last `len(keywords)` passed by those names): tensors always,
-        Python numbers if `numbers_as_inputs` (else the trace holds for their values only)."""
+        Python numbers if `numbers_as_inputs` (else the trace holds for their values only). `binder`: see
+        `Program`."""
         placeholders: dict[Node, int] = {}
         numbers: dict[Node, int] = {}  # placeholder -> position of a number argument
         traced_args: list[Any] = []
@@ -294,7 +353,7 @@ class CompiledFunction:
         if shared:  # each is a state of its own: give it an array of its own, and trace again
             for tensor in shared:
                 _set_array(tensor, np.array(tensor._value()))
-            return self._trace(args, keywords, numbers_as_inputs)
+            return self._trace(args, keywords, numbers_as_inputs, binder)
         results = roots[:len(outputs)]
         state_inputs = {s.tensor.node if s.kind == "value" else s.tensor.grad.node: s for s in states
                         if s.kind == "value" or (s.kind == "grad" and s.tensor.grad is not None)}
@@ -306,7 +365,8 @@ class CompiledFunction:
         graphed = self.differentiable and not effects.grads  # no backward inside: results can be differentiated
         # a differentiable result's graph reads state as it was before the call, so it is never updated in place
         donate = {} if graphed else {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
-        program, inputs = backend.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate)
+        program, inputs = backend.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate,
+                                          binder)
         _refuse_earlier_placeholders(inputs, captured, {*placeholders, *numbers})
         readers: list[Reader] = []
         sources: dict[int, tracing.Captured] = {}
@@ -503,6 +563,18 @@ class _Live:
 
     def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
         return self.read()
+
+
+def _render_only(source: str) -> tuple[str, tuple[int, ...]]:
+    raise RenderedSource(source)
+
+
+def _stand_in(value: Tensor | np.ndarray, shape: tuple[int, ...]) -> Tensor | np.ndarray:
+    """An argument of `value`'s kind, dtype and grad requirement with another shape, for tracing only."""
+    if isinstance(value, np.ndarray):
+        return np.broadcast_to(np.zeros((), value.dtype), shape)
+    stand_in = _wrap(np.broadcast_to(np.zeros((), value.dtype.storage), shape), value.dtype)
+    return stand_in.requires_grad_(value.requires_grad)
 
 
 def _fixed(array: np.ndarray) -> Reader:

@@ -38,6 +38,7 @@ from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, CStyleRenderer, uses_host_calls
 from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
 from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, Kernel, walk
+from tensorgraphs.codegen.size_template import SIZES_ARRAY
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
@@ -118,21 +119,32 @@ class ProgramLayout:
     arena_bytes: int
 
 
+Binder = Callable[[str], tuple[str, tuple[int, ...]]]
+"""Given a program's rendered source, the source of the library to run instead and the values of its size
+array (`codegen.size_template`): one library serves many sizes. It may raise to refuse the source."""
+
+
+@functools.cache
+def _library_lock(source: str) -> threading.Lock:
+    """One run at a time per library: programs sharing one set its sizes before running it."""
+    return threading.Lock()
+
+
 class Program:
     """A compiled schedule: `run(inputs)` returns the roots' values (one native call).
 
-    `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison).
+    `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison). With
+    `binder`, the program runs the library it names (a template for many sizes) with its sizes set.
     """
 
     def __init__(self, schedule: Schedule, inputs: list[Node], target: CTarget, reuse_memory: bool = True,
-                 donated: Sequence[tuple[int, int]] = ()) -> None:
+                 donated: Sequence[tuple[int, int]] = (), binder: Binder | None = None) -> None:
         self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
         memory.verify_plan(schedule, self.memory)
         if _debug("memory"):
             print(self.memory, file=sys.stderr)
-        self.arena = self.runtime.arena(self.memory.arena_bytes)
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
@@ -145,7 +157,10 @@ class Program:
         self._buffer_names = [b.name for b in schedule.buffers]
         libraries = target.renderer.libraries(self.kernels)
         self._link = tuple(flag for library in libraries for flag in link_library(library))
-        library = self._load(source)
+        library_source, self.sizes = binder(source) if binder else (source, ())
+        library = self._load(library_source)
+        self._set_sizes = self._size_setter(library)
+        self.arena = self.runtime.arena(self.memory.arena_bytes)
         self._entry = library.tg_program
         self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._entry.restype = ctypes.c_int
@@ -180,7 +195,8 @@ class Program:
         self._output_slots = [i for i, slot in enumerate(self._slots)
                               if slot.role not in ("input", "captured") and i not in self._in_place_slots]
         self._output_specs = [(self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots]
-        self._running = threading.Lock()  # one run at a time: runs share the arena, the slots and the pool
+        # one run at a time: runs share the arena, the slots and the pool (and a template library its sizes)
+        self._running = _library_lock(library_source) if self.sizes else threading.Lock()
         self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
 
     def _update_in_place(self, schedule: Schedule, inputs: list[Node],
@@ -203,6 +219,18 @@ class Program:
             self.kernels[k] = memory.read_through_output(self.kernels[k], donor, target)
             updated[output] = position
         return updated
+
+    def _size_setter(self, library: ctypes.CDLL) -> Callable[[], None]:
+        """What sets the library's sizes to this program's before a run (nothing for a library of one size)."""
+        if not self.sizes:
+            return lambda: None
+        array = (ctypes.c_int64 * len(self.sizes)).in_dll(library, SIZES_ARRAY)
+        sizes = list(self.sizes)
+
+        def set_sizes() -> None:
+            array[:] = sizes
+
+        return set_sizes
 
     def _load(self, source: str) -> ctypes.CDLL:
         library = load(source, self.target.driver, self._link)
@@ -234,6 +262,7 @@ class Program:
             if KERNEL_OBSERVERS:
                 self._run_timed(arrays)
             else:
+                self._set_sizes()
                 _check_status(self._interruptible(self.runtime.launch, self._entry, arrays))
             return [self.runtime.to_host(arrays[i]) for i in self._outputs]
 
@@ -318,6 +347,7 @@ class Program:
                 arrays.append(array)
             for output_slot, input_slot in self._in_place_slots.items():
                 arrays[output_slot] = arrays[input_slot]
+            self._set_sizes()
             _check_status(self._interruptible(self.runtime.launch, self._steps_entry, arrays, steps, advance,
                                               swap_with))
             # every run ends with a swap: after an even number the newest state is back in the input's array
@@ -367,9 +397,10 @@ class NativeBackend:
         self.interpret_below = interpret_below
 
     def program(self, roots: list[Node], known: Mapping[Node, Any] | None = None,
-                donate: Mapping[Node, int] | None = None) -> tuple[Program, list[Node]]:
+                donate: Mapping[Node, int] | None = None, binder: Binder | None = None) -> tuple[Program, list[Node]]:
         """The compiled program for `roots` and the nodes whose arrays it takes, in order. `donate` maps input
-        nodes to the root each may be overwritten with (see `Program.updated_in_place`)."""
+        nodes to the root each may be overwritten with (see `Program.updated_in_place`); `binder` (see
+        `Program`) makes a program of its own, never cached here."""
         known = {} if known is None else known
         is_input = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
         key, inputs = structure(roots, is_input)
@@ -377,13 +408,15 @@ class NativeBackend:
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
         key = (key, donated)
         with targeting(self.target.features):  # the planner offers only what this target can run
-            found = self._programs.get(key)
+            found = None if binder else self._programs.get(key)
             if found is None or not still_taken(found.routes):
                 given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
                 with collecting() as planned:
                     schedule = schedule_kernels(roots, given.__contains__)
-                found = Program(schedule, inputs, self.target, donated=donated)
+                found = Program(schedule, inputs, self.target, donated=donated, binder=binder)
                 found.routes = routes_taken(planned)
+                if binder:
+                    return found, inputs
                 self._programs[key] = found
                 if len(self._programs) > PROGRAM_CACHE_SIZE:
                     self._programs.popitem(last=False)

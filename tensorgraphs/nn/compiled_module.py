@@ -14,6 +14,7 @@ import copy
 from typing import Any, Callable
 
 from tensorgraphs.compiled import CompiledFunction
+from tensorgraphs.dynamic import DynamicSpec
 from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.nn.module import IncompatibleKeys, Module
 from tensorgraphs.runtime import tracing
@@ -24,10 +25,11 @@ _ORIGINAL = "_orig_mod"
 class CompiledModule(Module):
     """`module` with a compiled, differentiable forward; other attributes are read from `module`."""
 
-    def __init__(self, module: Module) -> None:
+    def __init__(self, module: Module, dynamic: DynamicSpec = None) -> None:
         super().__init__()
         self._orig_mod = module
-        object.__setattr__(self, "compiled_forward", CompiledFunction(module, differentiable=True))
+        self._dynamic = dynamic
+        object.__setattr__(self, "compiled_forward", CompiledFunction(module, differentiable=True, dynamic=dynamic))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if tracing.active() is not None:  # inside a compiled function: part of its program
@@ -44,7 +46,7 @@ class CompiledModule(Module):
             return getattr(modules[_ORIGINAL], name)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompiledModule:
-        return CompiledModule(copy.deepcopy(self._orig_mod, memo))  # compiled again when first called
+        return CompiledModule(copy.deepcopy(self._orig_mod, memo), self._dynamic)  # compiled again when first called
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True,
                         assign: bool = False) -> IncompatibleKeys:
@@ -57,8 +59,10 @@ class CompiledModule(Module):
 
 def compile(target: Callable[..., Any] | Module | None = None, **options: Any) -> Any:
     """Compile a function (`CompiledFunction`) or a module (`CompiledModule`) for the cpu backend; usable as a
-    decorator, with or without arguments. torch.compile's options (`mode`, `fullgraph`, `dynamic`, `backend`,
-    `options`) are accepted and change nothing; `disable=True` returns `target` itself."""
+    decorator, with or without arguments. `dynamic=True` or `{argument: {dimension: name or tg.Dim}}` compiles
+    one program for many sizes of those dimensions (`tensorgraphs.dynamic`). torch.compile's other options
+    (`mode`, `fullgraph`, `backend`, `options`) are accepted and change nothing; `disable=True` returns `target`
+    itself."""
     unknown = set(options) - {"mode", "fullgraph", "dynamic", "backend", "options", "disable"}
     if unknown:
         fail("compile", f"unknown option(s) {', '.join(sorted(unknown))}; torch.compile's are mode, fullgraph, "
@@ -68,5 +72,5 @@ def compile(target: Callable[..., Any] | Module | None = None, **options: Any) -
     if options.get("disable"):
         return target
     if isinstance(target, Module):
-        return CompiledModule(target)
-    return CompiledFunction(target)
+        return CompiledModule(target, dynamic=options.get("dynamic"))
+    return CompiledFunction(target, dynamic=options.get("dynamic"))

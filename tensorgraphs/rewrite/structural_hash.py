@@ -8,13 +8,16 @@ shared gets another. Keys are blake2b digests of op names, dtypes, shapes and
 arguments: stable across processes, unlike Python's salted `hash`.
 
 `node_digest` is the same digest with every buffer anonymous; it is memoized
-per node and gives the deterministic operand order of the canonical form.
+per node. `precedes` orders operands by the digest with sizes left out too, so a
+graph traced at another batch or sequence length gets the same canonical form
+(and one program template, `tensorgraphs.dynamic`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 import weakref
 from typing import Callable, Sequence
 
@@ -22,30 +25,38 @@ from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
 
 _digests: weakref.WeakKeyDictionary[Node, bytes] = weakref.WeakKeyDictionary()
+_order_digests: weakref.WeakKeyDictionary[Node, bytes] = weakref.WeakKeyDictionary()
 _ordinals: weakref.WeakKeyDictionary[Node, int] = weakref.WeakKeyDictionary()
 _next_ordinal = itertools.count()
 
 
-def _describe(node: Node, source_digests: list[bytes], leaf_label: Callable[[Node], str]) -> bytes:
+def _describe(node: Node, source_digests: list[bytes], leaf_label: Callable[[Node], str], sized: bool = True) -> bytes:
     op_name = node.op.name if isinstance(node.op, Op) else f"composite:{node.op.name}"
     arg = leaf_label(node) if node.op is Op.BUFFER else repr(node.arg)
-    text = f"{op_name}|{node.dtype.name}|{node.shape}|{arg}|".encode()
-    return hashlib.blake2b(text + b"".join(source_digests), digest_size=16).digest()
+    text = f"{op_name}|{node.dtype.name}|{node.shape}|{arg}|"
+    if not sized:
+        text = _NUMBER.sub("#", text)
+    return hashlib.blake2b(text.encode() + b"".join(source_digests), digest_size=16).digest()
+
+
+_NUMBER = re.compile(r"\d+")
 
 
 def _anonymous(node: Node) -> str:
     return "input"
 
 
-def node_digest(node: Node) -> bytes:
-    """Structure of the graph below `node` with all buffers alike (memoized while the node lives)."""
-    known = _digests.get(node)
+def node_digest(node: Node, sized: bool = True) -> bytes:
+    """Structure of the graph below `node` with all buffers alike (memoized while the node lives); without
+    `sized`, every number (sizes, constants, arguments) left out as well."""
+    digests = _digests if sized else _order_digests
+    known = digests.get(node)
     if known is not None:
         return known
-    for n in toposort([node], stop=_digests.__contains__):
-        if n not in _digests:
-            _digests[n] = _describe(n, [_digests[s] for s in n.src], _anonymous)
-    return _digests[node]
+    for n in toposort([node], stop=digests.__contains__):
+        if n not in digests:
+            digests[n] = _describe(n, [digests[s] for s in n.src], _anonymous, sized)
+    return digests[node]
 
 
 def structural_hash(roots: Node | Sequence[Node]) -> str:
@@ -61,11 +72,12 @@ def structural_hash(roots: Node | Sequence[Node]) -> str:
 
 
 def precedes(a: Node, b: Node) -> bool:
-    """Canonical operand order: constants last, then by structure, then by first time asked (stable ties)."""
+    """Canonical operand order: constants last, then by structure whatever the sizes, then by first time asked
+    (stable ties)."""
     a_const, b_const = a.op is Op.CONST, b.op is Op.CONST
     if a_const != b_const:
         return b_const
-    da, db = node_digest(a), node_digest(b)
+    da, db = node_digest(a, sized=False), node_digest(b, sized=False)
     if da != db:
         return da < db
     return _ordinal(a) < _ordinal(b)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 import tensorgraphs as tg
+from tensorgraphs.graph.node import toposort
 from tensorgraphs.rewrite import node_digest, optimize, structural_hash
 
 rng = np.random.default_rng(0)
@@ -69,3 +70,17 @@ def test_key_is_stable_text() -> None:
     a = tg.tensor(np.ones(3, np.float32))
     key = structural_hash((a * 2).node)
     assert isinstance(key, str) and len(key) == 32 and key == structural_hash([(a * 2).node])
+
+
+def test_operand_order_is_the_same_at_every_size() -> None:
+    """The canonical form of a graph traced at another row count differs only in sizes (one program template)."""
+    w = weights(2)
+
+    def wiring(rows: int) -> list[tuple[str, tuple[int, ...]]]:
+        x = tg.tensor(rng.standard_normal((rows, D), dtype=np.float32))
+        (root,) = optimize([block(x, w).node])
+        order = toposort([root])
+        index = {n: i for i, n in enumerate(order)}
+        return [(n.op.name, tuple(index[s] for s in n.src)) for n in order]
+
+    assert wiring(5) == wiring(7) == wiring(16)

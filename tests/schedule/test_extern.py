@@ -211,9 +211,9 @@ def test_training_step_fuses_bias_keeps_pre_activations_and_adds_no_kernel(monke
 
 def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/memory.py's pre-LN layer, small: out_proj and the second FFN linear take bias and residual, the first
-    FFN linear its bias (relu's backward reads the pre-activation), the q and v projections theirs (blocks of
-    in_proj_bias; k's is added after the heads' transpose), the attention scores their scale (the attention
-    decomposed: fused, its scores are never a product of their own)."""
+    FFN linear its bias (relu's backward reads the pre-activation), the q, k and v projections theirs (blocks of
+    in_proj_bias), the attention scores their scale (the attention decomposed: fused, its scores are never a
+    product of their own)."""
     monkeypatch.setenv("TG_ATTENTION", "0")
     tg.manual_seed(0)
     layer = tg.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
@@ -223,8 +223,8 @@ def test_transformer_layer_training_step_adds_no_kernel(monkeypatch: pytest.Monk
     fused = schedule_kernels(roots)
     epilogues = [call.epilogue for call in _gemm_calls(fused)]
     assert sum(e.bias is not None and e.residual is not None for e in epilogues) == 2, epilogues
-    assert sum(e.bias is not None and e.residual is None for e in epilogues) == 3, epilogues
-    assert sorted(e.bias_offset for e in epilogues if e.bias is not None and e.residual is None) == [0, 0, 32]
+    assert sum(e.bias is not None and e.residual is None for e in epilogues) == 4, epilogues
+    assert sorted(e.bias_offset for e in epilogues if e.bias is not None and e.residual is None) == [0, 0, 16, 32]
     assert any(math.isclose(e.alpha, 1 / math.sqrt(16 // 2)) for e in epilogues), epilogues  # q @ k^T / sqrt(d)
     monkeypatch.setattr(extern, "epilogue_rules", lambda is_chain_end: [])
     assert len(fused.kernels) <= len(schedule_kernels(roots).kernels)
