@@ -159,6 +159,8 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     refuse_values("realize")
     name = default_device()
     known = realized_values(name)
+    if all(n in known for n in nodes):  # computed before (a loss its backward pass computed): nothing to run
+        return [known[n] for n in nodes]
     backend = BACKENDS[name]
     if hasattr(backend, "prepare"):
         key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or n in known)

@@ -110,3 +110,28 @@ def test_owned_keeps_disjoint_parts_of_one_allocation_and_copies_overlapping_one
     assert all(values[i] is parts[i] for i in range(3))
     assert all(not np.shares_memory(values[i], block) for i in (3, 4))
     np.testing.assert_array_equal(np.concatenate(values), np.concatenate(parts))
+
+
+def test_an_eager_training_step_is_two_native_calls_after_the_first(monkeypatch: pytest.MonkeyPatch,
+                                                                    count_calls) -> None:
+    """Forward and backward run as one program, every parameter's update as another (README: Eager mode)."""
+    from tensorgraphs.backends import native
+
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.ReLU(), tg.nn.Linear(16, 3))
+    optimizer = tg.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = tg.randn(4, 8), tg.tensor([0, 2, 1, 1])
+
+    def step() -> float:
+        loss = tg.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    first = step()
+    calls = count_calls(native.Program, "run")
+    losses = [step() for _ in range(3)]
+    assert calls["run"] == 2 * 3
+    assert losses[-1] < first
