@@ -26,7 +26,7 @@ from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node, structure, toposort, with_sources
-from tensorgraphs.graph.ops import Op
+from tensorgraphs.graph.ops import MOVEMENT, Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.rewrite.engine import rewriting_key
 from tensorgraphs.runtime.buffer import HOST, Buffer, byte_span
@@ -163,16 +163,38 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
         return [known[n] for n in nodes]
     backend = BACKENDS[name]
     if hasattr(backend, "prepare"):
-        key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or n in known)
-        refuse_placeholders("realize", inputs)
+        key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or is_data_view(n) or n in known)
+        refuse_placeholders("realize", map(view_source, inputs))
         run, _ = cached_executable(("graph", key), lambda: (*graph_without_data(nodes, inputs), None))
-        values = run([known[n] if n in known else n.arg.data for n in inputs])
+        values = run([known[n] if n in known else input_value(n) for n in inputs])
     else:
         refuse_placeholders("realize", toposort(nodes, stop=known.__contains__))
         values = backend.evaluate(optimize(nodes, stop=known.__contains__), known=known)
     for node, value in zip(nodes, values):
         known[node] = value
     return values
+
+
+def view_source(node: Node) -> Node:
+    """The node under `node`'s movement ops (itself if it is none)."""
+    while node.op in MOVEMENT:
+        node = node.src[0]
+    return node
+
+
+def is_data_view(node: Node) -> bool:
+    """Whether `node` is a view (movement ops only) of a buffer no leaf differentiates into: a batch sliced from a
+    data set, at another offset at each step. Eager graphs take its value as an input array, so they keep one
+    structure (and one compiled program) while the slice moves."""
+    if node.op not in MOVEMENT:
+        return False
+    source = view_source(node)
+    return source.op is Op.BUFFER and source.arg.grad_leaf is None
+
+
+def input_value(node: Node) -> np.ndarray:
+    """The array of an eager graph's input: a buffer's data, or a data view of one (`is_data_view`) read from it."""
+    return node.arg.data if node.op is Op.BUFFER else REFERENCE.evaluate([node])[0]
 
 
 EXECUTABLE_CACHE_SIZE = 512

@@ -135,3 +135,26 @@ def test_an_eager_training_step_is_two_native_calls_after_the_first(monkeypatch:
     losses = [step() for _ in range(3)]
     assert calls["run"] == 2 * 3
     assert losses[-1] < first
+
+
+@pytest.mark.parametrize("interpret_below", [0, 1 << 30])
+def test_batches_sliced_at_new_offsets_reuse_one_graph(interpret_below: int, rewrites: list[int],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice of a data buffer (no leaf differentiates into it) is an input array of the eager graph, so a
+    batch taken at another offset each step is not a new structure: nothing is rewritten after the first step."""
+    monkeypatch.setattr(CPU, "interpret_below", interpret_below)
+    rng = np.random.default_rng(4)
+    data_np, w_np = rng.standard_normal((40, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    data, w = tg.tensor(data_np), tg.tensor(w_np, requires_grad=True)
+    counts = []
+    for offset in (0, 7, 19, 30):
+        batch = data[offset:offset + 8].t()
+        loss = (batch.t() * w).tanh().sum()
+        w.grad = None
+        loss.backward()
+        expected = np.tanh(data_np[offset:offset + 8] * w_np)
+        np.testing.assert_allclose(loss.item(), expected.sum(), rtol=1e-5)
+        np.testing.assert_allclose(w.grad.numpy(), ((1 - expected**2) * data_np[offset:offset + 8]).sum(0), rtol=1e-5)
+        np.testing.assert_allclose((batch * 2.0).numpy(), data_np[offset:offset + 8].T * 2, rtol=1e-6)
+        counts.append(len(rewrites))
+    assert counts[0] > 0 and counts[-1] == counts[0]
