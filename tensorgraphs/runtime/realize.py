@@ -26,7 +26,7 @@ from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node, structure, toposort, with_sources
-from tensorgraphs.graph.ops import MOVEMENT, Op
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.rewrite.engine import rewriting_key
 from tensorgraphs.runtime.buffer import HOST, Buffer, byte_span
@@ -175,18 +175,23 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     return values
 
 
+SLICING = frozenset({Op.SHRINK, Op.RESHAPE})
+"""The views a data view is made of: they select data without growing or reordering it, so reading one into an
+array of its own copies no more than the program reads (a transpose or a broadcast stays in the graph)."""
+
+
 def view_source(node: Node) -> Node:
-    """The node under `node`'s movement ops (itself if it is none)."""
-    while node.op in MOVEMENT:
+    """The node under `node`'s slicing views (itself if it is none)."""
+    while node.op in SLICING:
         node = node.src[0]
     return node
 
 
 def is_data_view(node: Node) -> bool:
-    """Whether `node` is a view (movement ops only) of a buffer no leaf differentiates into: a batch sliced from a
-    data set, at another offset at each step. Eager graphs take its value as an input array, so they keep one
+    """Whether `node` is a slice (`SLICING` views only) of a buffer no leaf differentiates into: a batch taken from
+    a data set, at another offset at each step. Eager graphs take its value as an input array, so they keep one
     structure (and one compiled program) while the slice moves."""
-    if node.op not in MOVEMENT:
+    if node.op not in SLICING:
         return False
     source = view_source(node)
     return source.op is Op.BUFFER and source.arg.grad_leaf is None
