@@ -175,26 +175,27 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     return values
 
 
-SLICING = frozenset({Op.SHRINK, Op.RESHAPE})
-"""The views a data view is made of: they select data without growing or reordering it, so reading one into an
-array of its own copies no more than the program reads (a transpose or a broadcast stays in the graph)."""
+DATA_VIEWS = frozenset({Op.SHRINK, Op.RESHAPE, Op.PERMUTE, Op.FLIP})
+"""The views a data view is made of: none grows the data (a broadcast or a padding stays in the graph)."""
 
 
 def view_source(node: Node) -> Node:
-    """The node under `node`'s slicing views (itself if it is none)."""
-    while node.op in SLICING:
+    """The node under `node`'s `DATA_VIEWS` (itself if it is none)."""
+    while node.op in DATA_VIEWS:
         node = node.src[0]
     return node
 
 
 def is_data_view(node: Node) -> bool:
-    """Whether `node` is a slice (`SLICING` views only) of a buffer no leaf differentiates into: a batch taken from
-    a data set, at another offset at each step. Eager graphs take its value as an input array, so they keep one
-    structure (and one compiled program) while the slice moves."""
-    if node.op not in SLICING:
-        return False
-    source = view_source(node)
-    return source.op is Op.BUFFER and source.arg.grad_leaf is None
+    """Whether `node` is a slice (`DATA_VIEWS`, a SHRINK among them) of a buffer no leaf differentiates into: a batch
+    taken from a data set, at another offset at each step. Eager graphs take its value as an input array, so they
+    keep one structure (and one compiled program) while the slice moves; the array copies no more than the slice.
+    Without a SHRINK (a frozen weight's transpose) the view stays in the graph, which reads it in place."""
+    sliced = False
+    while node.op in DATA_VIEWS:
+        sliced = sliced or node.op is Op.SHRINK
+        node = node.src[0]
+    return sliced and node.op is Op.BUFFER and node.arg.grad_leaf is None
 
 
 def input_value(node: Node) -> np.ndarray:
