@@ -22,9 +22,12 @@ from tensorgraphs.runtime.realize import (
     cached_executable,
     default_device,
     graph_without_data,
+    input_value,
+    is_data_view,
     owned,
     placeholder,
     realized_values,
+    view_source,
 )
 
 
@@ -51,7 +54,7 @@ def _grad_leaves(node: Node) -> list[tuple[Node, Tensor]]:
 
 def _leaf_of(node: Node) -> Tensor | None:
     """The leaf that requires grad and owns the BUFFER `node`, if any."""
-    owner = node.arg.grad_leaf
+    owner = node.arg.grad_leaf if node.op is Op.BUFFER else None
     leaf = None if owner is None else owner()
     return leaf if leaf is not None and leaf.requires_grad else None
 
@@ -99,15 +102,15 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
             leaf.grad = Tensor(total.node)
         run_post_accumulate_grad_hooks(totals)
         return
-    key, inputs = structure([output.node, seed], lambda n: n.op is Op.BUFFER)
-    tracing.refuse_placeholders("backward", inputs)
+    key, inputs = structure([output.node, seed], lambda n: n.op is Op.BUFFER or is_data_view(n))
+    tracing.refuse_placeholders("backward", map(view_source, inputs))
     owners = [_leaf_of(n) for n in inputs]
     leaves = list(dict.fromkeys(leaf for leaf in owners if leaf is not None))
     number = {leaf: i for i, leaf in enumerate(leaves)}
     layout = (key, tuple(-1 if leaf is None else number[leaf] for leaf in owners),
               tuple(None if leaf.grad is None else (leaf.grad.dtype, leaf.grad.shape) for leaf in leaves))
     run, updated = cached_executable(("backward", layout), lambda: _backward_graph(output, seed, inputs, owners))
-    arrays = [n.arg.data for n in inputs] + [leaf.grad._value() for leaf in leaves if leaf.grad is not None]
+    arrays = [input_value(n) for n in inputs] + [leaf.grad._value() for leaf in leaves if leaf.grad is not None]
     values = owned(run(arrays), arrays)
     realized_values(default_device())[output.node] = values[0]  # a later `loss.item()` reuses it
     for index, value in zip(updated, values[1:]):

@@ -57,7 +57,7 @@ class Tensor:
         present value (`frontend.inplace_ops`)."""
         base = self._base
         if base is not None:
-            base_node = base.node
+            base_node = base._node if base._base is None and not tracing.traces_recording else base.node
             if self._seen is not base_node:
                 self._node, self._seen = replay(self._steps, base_node), base_node
             return self._node
@@ -125,7 +125,9 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        if self._base is None and not tracing.traces_recording:
+            return len(self._node.shape)
+        return len(self.node.shape)
 
     @property
     def device(self) -> device:
@@ -242,9 +244,10 @@ class Tensor:
 
     def _hold(self, array: np.ndarray) -> None:
         """`assign` of an array nothing else holds (see `realize.owned`), kept as it is: no copy, no fresh pages."""
-        self.node = _held(array, self.dtype)
+        node = _held(array, self.dtype)
         if self.requires_grad:
-            self.node.arg.grad_leaf = weakref.ref(self)
+            node.arg.grad_leaf = weakref.ref(self)
+        self.node = node
 
     # Operators and methods are attached by tensorgraphs.frontend.methods.
 
@@ -424,12 +427,16 @@ def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
         return tuple(shapes[0])
     ndim = max((len(s) for s in shapes), default=0)
     result = []
-    for axis in range(ndim):
-        sizes = {s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0} - {1}
-        if len(sizes) > 1:
-            listed = " and ".join(str(tuple(s)) for s in shapes)
-            fail(op, f"shapes {listed} cannot be broadcast together (dim {axis - ndim}: sizes {sorted(sizes)})")
-        result.append(sizes.pop() if sizes else 1)
+    for axis in range(-ndim, 0):
+        size = 1
+        for s in shapes:
+            if len(s) >= -axis and s[axis] != 1:
+                if size != 1 and s[axis] != size:
+                    sizes = sorted({s[axis] for s in shapes if len(s) >= -axis} - {1})
+                    listed = " and ".join(str(tuple(s)) for s in shapes)
+                    fail(op, f"shapes {listed} cannot be broadcast together (dim {axis}: sizes {sizes})")
+                size = s[axis]
+        result.append(size)
     return tuple(result)
 
 

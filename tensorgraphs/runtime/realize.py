@@ -159,18 +159,48 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     refuse_values("realize")
     name = default_device()
     known = realized_values(name)
+    if all(n in known for n in nodes):  # computed before (a loss its backward pass computed): nothing to run
+        return [known[n] for n in nodes]
     backend = BACKENDS[name]
     if hasattr(backend, "prepare"):
-        key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or n in known)
-        refuse_placeholders("realize", inputs)
+        key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or is_data_view(n) or n in known)
+        refuse_placeholders("realize", map(view_source, inputs))
         run, _ = cached_executable(("graph", key), lambda: (*graph_without_data(nodes, inputs), None))
-        values = run([known[n] if n in known else n.arg.data for n in inputs])
+        values = run([known[n] if n in known else input_value(n) for n in inputs])
     else:
         refuse_placeholders("realize", toposort(nodes, stop=known.__contains__))
         values = backend.evaluate(optimize(nodes, stop=known.__contains__), known=known)
     for node, value in zip(nodes, values):
         known[node] = value
     return values
+
+
+DATA_VIEWS = frozenset({Op.SHRINK, Op.RESHAPE, Op.PERMUTE, Op.FLIP})
+"""The views a data view is made of: none grows the data (a broadcast or a padding stays in the graph)."""
+
+
+def view_source(node: Node) -> Node:
+    """The node under `node`'s `DATA_VIEWS` (itself if it is none)."""
+    while node.op in DATA_VIEWS:
+        node = node.src[0]
+    return node
+
+
+def is_data_view(node: Node) -> bool:
+    """Whether `node` is a slice (`DATA_VIEWS`, a SHRINK among them) of a buffer no leaf differentiates into: a batch
+    taken from a data set, at another offset at each step. Eager graphs take its value as an input array, so they
+    keep one structure (and one compiled program) while the slice moves; the array copies no more than the slice.
+    Without a SHRINK (a frozen weight's transpose) the view stays in the graph, which reads it in place."""
+    sliced = False
+    while node.op in DATA_VIEWS:
+        sliced = sliced or node.op is Op.SHRINK
+        node = node.src[0]
+    return sliced and node.op is Op.BUFFER and node.arg.grad_leaf is None
+
+
+def input_value(node: Node) -> np.ndarray:
+    """The array of an eager graph's input: a buffer's data, or a data view of one (`is_data_view`) read from it."""
+    return node.arg.data if node.op is Op.BUFFER else REFERENCE.evaluate([node])[0]
 
 
 EXECUTABLE_CACHE_SIZE = 512

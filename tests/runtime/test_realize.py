@@ -110,3 +110,53 @@ def test_owned_keeps_disjoint_parts_of_one_allocation_and_copies_overlapping_one
     assert all(values[i] is parts[i] for i in range(3))
     assert all(not np.shares_memory(values[i], block) for i in (3, 4))
     np.testing.assert_array_equal(np.concatenate(values), np.concatenate(parts))
+
+
+def test_an_eager_training_step_is_two_native_calls_after_the_first(monkeypatch: pytest.MonkeyPatch,
+                                                                    count_calls) -> None:
+    """Forward and backward run as one program, every parameter's update as another (README: Eager mode)."""
+    from tensorgraphs.backends import native
+
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.ReLU(), tg.nn.Linear(16, 3))
+    optimizer = tg.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = tg.randn(4, 8), tg.tensor([0, 2, 1, 1])
+
+    def step() -> float:
+        loss = tg.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    first = step()
+    calls = count_calls(native.Program, "run")
+    losses = [step() for _ in range(3)]
+    assert calls["run"] == 2 * 3
+    assert losses[-1] < first
+
+
+@pytest.mark.parametrize("interpret_below", [0, 1 << 30])
+def test_batches_sliced_at_new_offsets_reuse_one_graph(interpret_below: int, rewrites: list[int],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice of a data buffer (no leaf differentiates into it) is an input array of the eager graph, so a
+    batch taken at another offset each step is not a new structure: nothing is rewritten after the first step."""
+    monkeypatch.setattr(CPU, "interpret_below", interpret_below)
+    rng = np.random.default_rng(4)
+    data_np, w_np = rng.standard_normal((40, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    data = tg.tensor(np.ascontiguousarray(data_np.T)).t()  # a view of the buffer, as batchify's .t() makes
+    w = tg.tensor(w_np, requires_grad=True)
+    assert not realization.is_data_view(data.node)  # no slice: a transpose stays in the graph, read in place
+    counts = []
+    for offset in (0, 7, 19, 30):
+        batch = data[offset:offset + 8].t()
+        loss = (batch.t() * w).tanh().sum()
+        w.grad = None
+        loss.backward()
+        expected = np.tanh(data_np[offset:offset + 8] * w_np)
+        np.testing.assert_allclose(loss.item(), expected.sum(), rtol=1e-5)
+        np.testing.assert_allclose(w.grad.numpy(), ((1 - expected**2) * data_np[offset:offset + 8]).sum(0), rtol=1e-5)
+        np.testing.assert_allclose((batch * 2.0).numpy(), data_np[offset:offset + 8].T * 2, rtol=1e-6)
+        counts.append(len(rewrites))
+    assert counts[0] > 0 and counts[-1] == counts[0]
