@@ -142,6 +142,10 @@ def _leading_slice_start(view: Node) -> int | None:
     return start * math.prod(inner)
 
 
+FLOAT_STORAGE = (dtypes.float32, dtypes.bfloat16)
+"""Dtypes whose buffers hold float32 values (bfloat16 is stored as float32), which the library reads as floats."""
+
+
 def widens_bfloat16(node: Node) -> bool:
     """A cast of bfloat16 to float32: its buffer holds the same floats (bfloat16 is stored as float32)."""
     return node.op is Op.CAST and node.dtype == dtypes.float32 and node.src[0].dtype == dtypes.bfloat16
@@ -232,24 +236,31 @@ registered composite."""
 
 
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
-                            bias_offset: int, activation: str, residual: bool) -> Any:
+                            bias_offset: int, activation: str, residual: bool, rounded: bool = False) -> Any:
     """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
     given = iter(operands)
     out = ((a @ b) * alpha).reshape(shape)
     if bias:
-        out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1])
+        out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1]).float()
     if activation != "none":
         out = as_value(ACTIVATIONS[activation](as_node(out)))
-    return out + next(given).reshape(shape) if residual else out
+    out = out + next(given).reshape(shape) if residual else out
+    return out.bfloat16() if rounded else out
 
 
-GEMM_EPILOGUE = Composite("matmul_epilogue", lambda a, b, *_, shape, **params: (a.dtype, shape),
-                          _epilogue_decomposition)
+def _epilogue_infer(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], rounded: bool = False,
+                    **params: Any) -> tuple[dtypes.DType, tuple[int, ...]]:
+    return dtypes.bfloat16 if rounded else a.dtype, shape
+
+
+GEMM_EPILOGUE = Composite("matmul_epilogue", _epilogue_infer, _epilogue_decomposition)
 """A product with its epilogue: sources (a, b, bias?, residual?), bias a vector over the last axis (starting
-`bias_offset` elements into its buffer: the q, k or v block of a stacked in_proj_bias) and residual shaped like
-the result, both contiguous buffers. Made by `fuse_epilogues` only, so it is not registered."""
+`bias_offset` elements into its buffer: the q, k or v block of a stacked in_proj_bias; float32 or bfloat16) and
+residual shaped like the result, both contiguous buffers; `rounded`: the result rounded to bfloat16 last (a
+product of bfloat16 values, whose kernel rounds its result). Made by `fuse_epilogues` only, so it is not
+registered."""
 
-LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL = range(5)
+LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL, ROUND = range(6)
 """Epilogue stages in the order gemm.h applies them; a reshape keeping the rows (LAYOUT) may come anywhere."""
 
 
@@ -264,6 +275,7 @@ class _Chain:
     bias_offset: int = 0
     activation: str = "none"
     residual: Node | None = None
+    rounded: bool = False
 
     def fuses_anything(self, end: Node) -> bool:
         """Whether the chain ending at `end` does more than the product: an epilogue, or a reshape of it (the
@@ -276,9 +288,9 @@ class _Chain:
     def node(self, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
         a, b = self.product.src
         params = {"shape": shape, "alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
-                  "activation": self.activation, "residual": self.residual is not None}
+                  "activation": self.activation, "residual": self.residual is not None, "rounded": self.rounded}
         sources = tuple(rebuilt[n] for n in (a, b, *self.operands()))
-        return make_node(GEMM_EPILOGUE, sources, params, dtypes.float32, shape)
+        return make_node(GEMM_EPILOGUE, sources, params, dtypes.bfloat16 if self.rounded else dtypes.float32, shape)
 
 
 Update = Callable[[_Chain, Bindings], _Chain]
@@ -359,6 +371,7 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
                      _setting("alpha", lambda f: float(_broadcast_constant(f["alpha"]).arg))),
         EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)), _setting_bias),
         EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
+        EpilogueRule(ROUND, op(Op.CAST, x, where=_rounds_to_bfloat16), _setting("rounded", lambda _: True)),
     ]
     for name, placeholder, template in activation_templates():
         rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
@@ -418,27 +431,35 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
                  is_leaf: Callable[[Node], bool]) -> dict[Node, _Chain]:
     """Every product's chain, by its end. Walking the graph sources first, a rule extends a chain when every
     node it replaces (the chain end and the op's inner nodes) is consumed only inside the op, the op's result
-    is float32, and its bias (a row vector, through reshapes and leading-dim slices) or residual (of the
-    result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain end)."""
+    is float32 (or, last, the product of bfloat16 values rounded to bfloat16), its bias is a row vector of floats
+    (through reshapes and leading-dim slices; materialized if it is not already, at little cost), and its residual
+    (of the result's size) is in a buffer anyway (materialized, a leaf, or a chain end)."""
     consumers = _consumers(order, roots, is_leaf)
     position = {node: i for i, node in enumerate(order)}
     chains = {node: _Chain(node) for node in order if runs_as_gemm(node) and not is_leaf(node)}
     rejected: set[Node] = set()  # ends tried at this node and rule (a commutative op may bind x to either)
     rules = epilogue_rules(lambda n: n in chains and n not in rejected)
 
+    def holds_floats(operand: Node) -> bool:
+        return operand in position and operand.dtype in FLOAT_STORAGE
+
     def buffered(operand: Node) -> bool:
-        return operand in position and operand.dtype == dtypes.float32 and (
-            is_leaf(operand) or operand in materialized or operand in chains)
+        return holds_floats(operand) and (is_leaf(operand) or operand in materialized or operand in chains)
 
     def extension(rule: EpilogueRule, node: Node, found: Bindings) -> _Chain | None:
         end, chain = found["x"], chains[found["x"]]
         if rule.stage != LAYOUT and rule.stage <= chain.stage:
             return None
+        if rule.stage == ROUND and (operand_dtype(chain.product) != dtypes.bfloat16 or chain.stage < BIAS):
+            # the bfloat16 kernel that rounds its result also rounds its operands; and a rounding alone is better
+            # left to the consumers, which round as they read (bfloat16 is stored as float32)
+            return None
         extended = rule.update(chain, found)
         region = _region(node, end, position)
         closed = all(consumers[n] <= region for n in region - {node} | {end})
         shapes_fit = extended.residual is None or extended.residual.size == node.size  # a bias is a row vector
-        operands_fit = all(buffered(n) for n in extended.operands()) and all(
+        operands_fit = (extended.bias is None or holds_floats(extended.bias)) and (
+            extended.residual is None or buffered(extended.residual)) and all(
             found[name] is not end for name in ("bias", "residual") if name in found)
         fits = closed and shapes_fit and operands_fit
         return dataclasses.replace(extended, stage=max(chain.stage, rule.stage)) if fits else None
@@ -453,7 +474,7 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
         return None
 
     for node in order:
-        if node.dtype == dtypes.float32 and (step := first_extension(node)) is not None:
+        if node.dtype in FLOAT_STORAGE and (step := first_extension(node)) is not None:
             end, chains[node] = step
             del chains[end]
     return chains
@@ -465,12 +486,12 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
 
 
 def _prologue_decomposition(x: Any, *, activation: str) -> Any:
-    return as_value(ACTIVATIONS[activation](as_node(x)))
+    return as_value(ACTIVATIONS[activation](as_node(x.float())))
 
 
-GEMM_PROLOGUE = Composite("matmul_prologue", lambda x, **_: (x.dtype, x.shape), _prologue_decomposition)
-"""activation(x) read by products only, which apply it while packing x (a float32 buffer); never materialized.
-Made by `fuse_prologues` only, so it is not registered."""
+GEMM_PROLOGUE = Composite("matmul_prologue", lambda x, **_: (dtypes.float32, x.shape), _prologue_decomposition)
+"""activation(x), float32, read by products only, which apply it while packing x (a buffer of floats: float32 or
+bfloat16); never materialized. Made by `fuse_prologues` only, so it is not registered."""
 
 
 def _is_product(node: Node) -> bool:
@@ -480,8 +501,9 @@ def _is_product(node: Node) -> bool:
 def fuse_prologues(roots: list[Node], materialized: set[Node],
                    is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
     """`roots` with every product operand stored as activation(x) (through views: `operand_storage`) reading
-    `GEMM_PROLOGUE(x)` instead, when x is a float32 buffer anyway (a leaf or materialized) of the same shape and
-    nothing but product operands reads the activated value; and `materialized` less the activated values."""
+    `GEMM_PROLOGUE(x)` instead, when x is a float32 buffer anyway (a leaf or materialized; or bfloat16 values
+    widened from one, which the prologue reads as they are stored) of the same shape and nothing but product
+    operands reads the activated value; and `materialized` less the activated values."""
     order = toposort(roots, stop=is_leaf)
     consumers = _consumers(order, roots, is_leaf)
     readers: dict[Node, set[Node]] = defaultdict(set)  # storage -> the products and views reading it as operand
@@ -492,8 +514,11 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
             readers[storage] |= {product, *views}
         read_whole.update(product.src[2:])
 
+    def stored(x: Node) -> Node:
+        return x.src[0] if widens_bfloat16(x) else x
+
     def buffered(x: Node) -> bool:
-        return x.dtype == dtypes.float32 and (is_leaf(x) or x in materialized)
+        return x.dtype == dtypes.float32 and (is_leaf(stored(x)) or stored(x) in materialized)
 
     patterns = [(name, _template_pattern(template, placeholder, var("x", where=buffered)))
                 for name, placeholder, template in activation_templates()]
@@ -505,13 +530,13 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
         for name, pattern in patterns:
             found = pattern.match(storage)
             if found is not None and found["x"].shape == storage.shape:
-                activated[storage] = name, found["x"]
+                activated[storage] = name, stored(found["x"])
                 break
     if not activated:
         return roots, materialized
 
     def prologue(name: str, x: Node) -> Callable[[dict[Node, Node]], Node]:
-        return lambda rebuilt: make_node(GEMM_PROLOGUE, (rebuilt[x],), {"activation": name}, x.dtype, x.shape)
+        return lambda rebuilt: make_node(GEMM_PROLOGUE, (rebuilt[x],), {"activation": name}, dtypes.float32, x.shape)
 
     rebuilt = _rebuild(order, {storage: prologue(*found) for storage, found in activated.items()}, is_leaf)
     kept = {rebuilt.get(n, n) for n in materialized if n not in activated}
