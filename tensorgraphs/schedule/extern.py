@@ -94,7 +94,8 @@ def gemm_function(node: Node) -> str:
     kernel, or the GEMM library's kernel for its operand and result dtypes."""
     if node.op is GEMM_EPILOGUE:
         a, b = node.src[:2]
-        node = make_node(REGISTRY["matmul"], (a, b), {}, node.dtype, a.shape[:-1] + b.shape[-1:])
+        dtype = dtypes.bfloat16 if dict(node.arg)["rounded"] else node.dtype  # a rounded result, maybe widened
+        node = make_node(REGISTRY["matmul"], (a, b), {}, dtype, a.shape[:-1] + b.shape[-1:])
     if route_of(node) == "blas":
         return blas.C_FUNCTION
     return gemm.C_FUNCTIONS[gemm.GEMM_FUNCTIONS[operand_dtype(node).name, node.dtype.name]]
@@ -236,7 +237,8 @@ registered composite."""
 
 
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
-                            bias_offset: int, activation: str, residual: bool, rounded: bool = False) -> Any:
+                            bias_offset: int, activation: str, residual: bool, rounded: bool = False,
+                            widened: bool = False) -> Any:
     """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
     given = iter(operands)
     out = ((a @ b) * alpha).reshape(shape)
@@ -245,22 +247,27 @@ def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ..
     if activation != "none":
         out = as_value(ACTIVATIONS[activation](as_node(out)))
     out = out + next(given).reshape(shape) if residual else out
-    return out.bfloat16() if rounded else out
+    out = out.bfloat16() if rounded else out
+    return out.float() if widened else out
+
+
+def _epilogue_dtype(rounded: bool, widened: bool) -> dtypes.DType:
+    return dtypes.bfloat16 if rounded and not widened else dtypes.float32
 
 
 def _epilogue_infer(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], rounded: bool = False,
-                    **params: Any) -> tuple[dtypes.DType, tuple[int, ...]]:
-    return dtypes.bfloat16 if rounded else a.dtype, shape
+                    widened: bool = False, **params: Any) -> tuple[dtypes.DType, tuple[int, ...]]:
+    return _epilogue_dtype(rounded, widened), shape
 
 
 GEMM_EPILOGUE = Composite("matmul_epilogue", _epilogue_infer, _epilogue_decomposition)
 """A product with its epilogue: sources (a, b, bias?, residual?), bias a vector over the last axis (starting
 `bias_offset` elements into its buffer: the q, k or v block of a stacked in_proj_bias; float32 or bfloat16) and
 residual shaped like the result, both contiguous buffers; `rounded`: the result rounded to bfloat16 last (a
-product of bfloat16 values, whose kernel rounds its result). Made by `fuse_epilogues` only, so it is not
-registered."""
+product of bfloat16 values, whose kernel rounds its result), and `widened`: that bfloat16 result as float32 (the
+same floats). Made by `fuse_epilogues` only, so it is not registered."""
 
-LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL, ROUND = range(6)
+LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL, ROUND, WIDEN = range(7)
 """Epilogue stages in the order gemm.h applies them; a reshape keeping the rows (LAYOUT) may come anywhere."""
 
 
@@ -276,6 +283,7 @@ class _Chain:
     activation: str = "none"
     residual: Node | None = None
     rounded: bool = False
+    widened: bool = False
 
     def fuses_anything(self, end: Node) -> bool:
         """Whether the chain ending at `end` does more than the product: an epilogue, or a reshape of it (the
@@ -288,9 +296,10 @@ class _Chain:
     def node(self, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
         a, b = self.product.src
         params = {"shape": shape, "alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
-                  "activation": self.activation, "residual": self.residual is not None, "rounded": self.rounded}
+                  "activation": self.activation, "residual": self.residual is not None, "rounded": self.rounded,
+                  "widened": self.widened}
         sources = tuple(rebuilt[n] for n in (a, b, *self.operands()))
-        return make_node(GEMM_EPILOGUE, sources, params, dtypes.bfloat16 if self.rounded else dtypes.float32, shape)
+        return make_node(GEMM_EPILOGUE, sources, params, _epilogue_dtype(self.rounded, self.widened), shape)
 
 
 Update = Callable[[_Chain, Bindings], _Chain]
@@ -372,6 +381,7 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool]) -> list[EpilogueRule]:
         EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=_row_vector)), _setting_bias),
         EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
         EpilogueRule(ROUND, op(Op.CAST, x, where=_rounds_to_bfloat16), _setting("rounded", lambda _: True)),
+        EpilogueRule(WIDEN, op(Op.CAST, x, where=widens_bfloat16), _setting("widened", lambda _: True)),
     ]
     for name, placeholder, template in activation_templates():
         rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
@@ -450,9 +460,9 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
         end, chain = found["x"], chains[found["x"]]
         if rule.stage != LAYOUT and rule.stage <= chain.stage:
             return None
-        if rule.stage == ROUND and (operand_dtype(chain.product) != dtypes.bfloat16 or chain.stage < BIAS):
-            # the bfloat16 kernel that rounds its result also rounds its operands; and a rounding alone is better
-            # left to the consumers, which round as they read (bfloat16 is stored as float32)
+        if rule.stage == ROUND and operand_dtype(chain.product) != dtypes.bfloat16:
+            return None  # the bfloat16 kernel that rounds its result also rounds its operands
+        if rule.stage == WIDEN and chain.stage != ROUND:
             return None
         extended = rule.update(chain, found)
         region = _region(node, end, position)
@@ -582,8 +592,13 @@ class GemmLowering(LibraryCallLowering):
         params[c_name] = KernelParam(c_name, self.node.dtype, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
                         (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue,
-                        gemm_function(self.node), self.node.dtype, operands_dtype)
+                        gemm_function(self.node), self._product_dtype(), operands_dtype)
         return Kernel(self.name, list(params.values()), [call])
+
+    def _product_dtype(self) -> dtypes.DType:
+        """bfloat16 for a product that rounds its result (maybe read as float32: `widened`)."""
+        rounded = self.node.op is GEMM_EPILOGUE and dict(self.node.arg)["rounded"]
+        return dtypes.bfloat16 if rounded else self.node.dtype
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:
         if self.node.op is not GEMM_EPILOGUE:

@@ -424,3 +424,27 @@ def test_autocast_feed_forward_rounds_in_the_epilogue_and_activates_while_packin
         others = [k for k in schedule.kernels if not any(isinstance(s, GemmCall) for s in k.body)]
         assert all(max(b.size for b in k.buffers) <= 96 for k in others), others  # the biases rounded, no more
         np.testing.assert_allclose(out.float().numpy(), expected, rtol=2**-7, atol=1e-6)
+
+
+def test_autocast_weight_gradient_is_rounded_by_its_product_alone() -> None:
+    """A float32 weight's gradient under autocast is its bfloat16 product's result rounded, then widened back to
+    float32: the call rounds and stores those floats itself (no cast kernel after it); the values are the
+    reference interpreter's."""
+    x, w, dy = _floats((64, 32), 40), _floats((16, 32), 41), _floats((64, 16), 42)
+
+    def weight_gradient() -> tg.Tensor:
+        weight = tg.tensor(w, requires_grad=True)
+        with tg.autocast("cpu", dtype=tg.bfloat16):
+            out = F.linear(tg.tensor(x), weight)
+        (grad,) = tg.grad((out.float() * tg.tensor(dy)).sum(), [weight])
+        return grad
+
+    with tg.device("numpy"):
+        expected = weight_gradient().numpy()
+    with tg.device("cpu"):
+        grad = weight_gradient()
+        schedule = schedule_kernels([grad.node])
+        (call,) = _gemm_calls(schedule)
+        assert grad.dtype is tg.float32 and call.function == "tg_gemm_bf16" and call.c == schedule.outputs[0]
+        assert len(schedule.kernels) <= 2, schedule  # the call, and the product's operand dy rounded to bfloat16
+        np.testing.assert_allclose(grad.numpy(), expected, rtol=2**-7, atol=1e-6)
