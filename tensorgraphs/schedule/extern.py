@@ -94,7 +94,8 @@ def gemm_function(node: Node) -> str:
     kernel, or the GEMM library's kernel for its operand and result dtypes."""
     if node.op is GEMM_EPILOGUE:
         a, b = node.src[:2]
-        node = make_node(REGISTRY["matmul"], (a, b), {}, node.dtype, a.shape[:-1] + b.shape[-1:])
+        dtype = dtypes.bfloat16 if dict(node.arg)["rounded"] else node.dtype  # a rounded result, maybe widened
+        node = make_node(REGISTRY["matmul"], (a, b), {}, dtype, a.shape[:-1] + b.shape[-1:])
     if route_of(node) == "blas":
         return blas.C_FUNCTION
     return gemm.C_FUNCTIONS[gemm.GEMM_FUNCTIONS[operand_dtype(node).name, node.dtype.name]]
@@ -140,6 +141,10 @@ def _leading_slice_start(view: Node) -> int | None:
     if any(bounds != (0, size) for bounds, size in zip(rest, inner)):
         return None
     return start * math.prod(inner)
+
+
+FLOAT_STORAGE = (dtypes.float32, dtypes.bfloat16)
+"""Dtypes whose buffers hold float32 values (bfloat16 is stored as float32), which the library reads as floats."""
 
 
 def widens_bfloat16(node: Node) -> bool:
@@ -238,24 +243,37 @@ registered composite."""
 
 
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
-                            bias_offset: int, activation: str, residual: bool) -> Any:
+                            bias_offset: int, activation: str, residual: bool, rounded: bool = False,
+                            widened: bool = False) -> Any:
     """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
     given = iter(operands)
     out = ((a @ b) * alpha).reshape(shape)
     if bias:
-        out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1])
+        out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1]).float()
     if activation != "none":
         out = as_value(ACTIVATIONS[activation](as_node(out)))
-    return out + next(given).reshape(shape) if residual else out
+    out = out + next(given).reshape(shape) if residual else out
+    out = out.bfloat16() if rounded else out
+    return out.float() if widened else out
 
 
-GEMM_EPILOGUE = Composite("matmul_epilogue", lambda a, b, *_, shape, **params: (a.dtype, shape),
-                          _epilogue_decomposition)
+def _epilogue_dtype(rounded: bool, widened: bool) -> dtypes.DType:
+    return dtypes.bfloat16 if rounded and not widened else dtypes.float32
+
+
+def _epilogue_infer(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], rounded: bool = False,
+                    widened: bool = False, **params: Any) -> tuple[dtypes.DType, tuple[int, ...]]:
+    return _epilogue_dtype(rounded, widened), shape
+
+
+GEMM_EPILOGUE = Composite("matmul_epilogue", _epilogue_infer, _epilogue_decomposition)
 """A product with its epilogue: sources (a, b, bias?, residual?), bias a vector over the last axis (starting
-`bias_offset` elements into its buffer: the q, k or v block of a stacked in_proj_bias) and residual shaped like
-the result, both contiguous buffers. Made by `fuse_epilogues` only, so it is not registered."""
+`bias_offset` elements into its buffer: the q, k or v block of a stacked in_proj_bias; float32 or bfloat16) and
+residual shaped like the result, both contiguous buffers; `rounded`: the result rounded to bfloat16 last (a
+product of bfloat16 values, whose kernel rounds its result), and `widened`: that bfloat16 result as float32 (the
+same floats). Made by `fuse_epilogues` only, so it is not registered."""
 
-LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL = range(5)
+LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL, ROUND, WIDEN = range(7)
 """Epilogue stages in the order gemm.h applies them; a reshape keeping the rows (LAYOUT) may come anywhere."""
 
 
@@ -272,6 +290,8 @@ class EpilogueChain:
     bias_offset: int = 0
     activation: str = "none"
     residual: Node | None = None
+    rounded: bool = False
+    widened: bool = False
 
     def fuses_anything(self, end: Node) -> bool:
         """Whether the chain ending at `end` does more than the product: an epilogue, or a reshape of it (the
@@ -293,7 +313,8 @@ class EpilogueChain:
 def _product_with_epilogue(chain: EpilogueChain, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
     a, b = chain.product.src
     sources = tuple(rebuilt[n] for n in (a, b, *chain.operands()))
-    return make_node(GEMM_EPILOGUE, sources, {"shape": shape, **chain.epilogue_params()}, dtypes.float32, shape)
+    params = {"shape": shape, **chain.epilogue_params(), "rounded": chain.rounded, "widened": chain.widened}
+    return make_node(GEMM_EPILOGUE, sources, params, _epilogue_dtype(chain.rounded, chain.widened), shape)
 
 
 Update = Callable[[EpilogueChain, Bindings], EpilogueChain]
@@ -391,6 +412,8 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool], bias_vector: Callable[[
                      _setting("alpha", lambda f: float(_broadcast_constant(f["alpha"]).arg))),
         EpilogueRule(BIAS, op(Op.ADD, x, op(Op.EXPAND, var("bias"), where=bias_vector)), _setting_bias),
         EpilogueRule(RESIDUAL, op(Op.ADD, x, var("residual")), _setting("residual", lambda f: _storage(f["residual"]))),
+        EpilogueRule(ROUND, op(Op.CAST, x, where=_rounds_to_bfloat16), _setting("rounded", lambda _: True)),
+        EpilogueRule(WIDEN, op(Op.CAST, x, where=widens_bfloat16), _setting("widened", lambda _: True)),
     ]
     for name, placeholder, template in activation_templates():
         rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
@@ -454,8 +477,9 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
                  is_leaf: Callable[[Node], bool]) -> dict[Node, EpilogueChain]:
     """Every library call's chain (of each of `EPILOGUE_KINDS`), by its end. Walking the graph sources first, a rule
     of the chain's kind extends it when every node it replaces (the chain end and the op's inner nodes) is consumed
-    only inside the op, the op's result is float32, and its bias (a vector, through reshapes and leading-dim
-    slices) or residual (of the result's size) is in a float32 buffer anyway (materialized, a leaf, or a chain
+    only inside the op, the op's result is float32 (or, last, the product of bfloat16 values rounded to bfloat16),
+    its bias is a vector of floats (through reshapes and leading-dim slices; materialized if it is not already, at
+    little cost), and its residual (of the result's size) is in a buffer anyway (materialized, a leaf, or a chain
     end)."""
     consumers = _consumers(order, roots, is_leaf)
     position = {node: i for i, node in enumerate(order)}
@@ -468,19 +492,26 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
 
     rules = [rule for kind in EPILOGUE_KINDS for rule in kind.rules(is_chain_end(kind))]
 
+    def holds_floats(operand: Node) -> bool:
+        return operand in position and operand.dtype in FLOAT_STORAGE
+
     def buffered(operand: Node) -> bool:
-        return operand in position and operand.dtype == dtypes.float32 and (
-            is_leaf(operand) or operand in materialized or operand in chains)
+        return holds_floats(operand) and (is_leaf(operand) or operand in materialized or operand in chains)
 
     def extension(rule: EpilogueRule, node: Node, found: Bindings) -> EpilogueChain | None:
         end, chain = found["x"], chains[found["x"]]
         if rule.stage != LAYOUT and rule.stage <= chain.stage:
             return None
+        if rule.stage == ROUND and operand_dtype(chain.product) != dtypes.bfloat16:
+            return None  # the bfloat16 kernel that rounds its result also rounds its operands
+        if rule.stage == WIDEN and chain.stage != ROUND:
+            return None
         extended = rule.update(chain, found)
         region = _region(node, end, position)
         closed = all(consumers[n] <= region for n in region - {node} | {end})
         shapes_fit = extended.residual is None or extended.residual.size == node.size  # a bias is a row vector
-        operands_fit = all(buffered(n) for n in extended.operands()) and all(
+        operands_fit = (extended.bias is None or holds_floats(extended.bias)) and (
+            extended.residual is None or buffered(extended.residual)) and all(
             found[name] is not end for name in ("bias", "residual") if name in found)
         fits = closed and shapes_fit and operands_fit
         return dataclasses.replace(extended, stage=max(chain.stage, rule.stage)) if fits else None
@@ -495,7 +526,7 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
         return None
 
     for node in order:
-        if node.dtype == dtypes.float32 and (step := first_extension(node)) is not None:
+        if node.dtype in FLOAT_STORAGE and (step := first_extension(node)) is not None:
             end, chains[node] = step
             del chains[end]
     return chains
@@ -507,12 +538,12 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
 
 
 def _prologue_decomposition(x: Any, *, activation: str) -> Any:
-    return as_value(ACTIVATIONS[activation](as_node(x)))
+    return as_value(ACTIVATIONS[activation](as_node(x.float())))
 
 
-GEMM_PROLOGUE = Composite("matmul_prologue", lambda x, **_: (x.dtype, x.shape), _prologue_decomposition)
-"""activation(x) read by products only, which apply it while packing x (a float32 buffer); never materialized.
-Made by `fuse_prologues` only, so it is not registered."""
+GEMM_PROLOGUE = Composite("matmul_prologue", lambda x, **_: (dtypes.float32, x.shape), _prologue_decomposition)
+"""activation(x), float32, read by products only, which apply it while packing x (a buffer of floats: float32 or
+bfloat16); never materialized. Made by `fuse_prologues` only, so it is not registered."""
 
 
 def _is_product(node: Node) -> bool:
@@ -522,8 +553,9 @@ def _is_product(node: Node) -> bool:
 def fuse_prologues(roots: list[Node], materialized: set[Node],
                    is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
     """`roots` with every product operand stored as activation(x) (through views: `operand_storage`) reading
-    `GEMM_PROLOGUE(x)` instead, when x is a float32 buffer anyway (a leaf or materialized) of the same shape and
-    nothing but product operands reads the activated value; and `materialized` less the activated values."""
+    `GEMM_PROLOGUE(x)` instead, when x is a float32 buffer anyway (a leaf or materialized; or bfloat16 values
+    widened from one, which the prologue reads as they are stored) of the same shape and nothing but product
+    operands reads the activated value; and `materialized` less the activated values."""
     order = toposort(roots, stop=is_leaf)
     consumers = _consumers(order, roots, is_leaf)
     readers: dict[Node, set[Node]] = defaultdict(set)  # storage -> the products and views reading it as operand
@@ -534,8 +566,11 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
             readers[storage] |= {product, *views}
         read_whole.update(product.src[2:])
 
+    def stored(x: Node) -> Node:
+        return x.src[0] if widens_bfloat16(x) else x
+
     def buffered(x: Node) -> bool:
-        return x.dtype == dtypes.float32 and (is_leaf(x) or x in materialized)
+        return x.dtype == dtypes.float32 and (is_leaf(stored(x)) or stored(x) in materialized)
 
     patterns = [(name, _template_pattern(template, placeholder, var("x", where=buffered)))
                 for name, placeholder, template in activation_templates()]
@@ -547,13 +582,13 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
         for name, pattern in patterns:
             found = pattern.match(storage)
             if found is not None and found["x"].shape == storage.shape:
-                activated[storage] = name, found["x"]
+                activated[storage] = name, stored(found["x"])
                 break
     if not activated:
         return roots, materialized
 
     def prologue(name: str, x: Node) -> Callable[[dict[Node, Node]], Node]:
-        return lambda rebuilt: make_node(GEMM_PROLOGUE, (rebuilt[x],), {"activation": name}, x.dtype, x.shape)
+        return lambda rebuilt: make_node(GEMM_PROLOGUE, (rebuilt[x],), {"activation": name}, dtypes.float32, x.shape)
 
     rebuilt = _rebuild(order, {storage: prologue(*found) for storage, found in activated.items()}, is_leaf)
     kept = {rebuilt.get(n, n) for n in materialized if n not in activated}
@@ -599,8 +634,13 @@ class GemmLowering(LibraryCallLowering):
         params[c_name] = KernelParam(c_name, self.node.dtype, self.node.size, True)
         call = GemmCall(batch, m, n, k, a_name, operand_strides(a), b_name, operand_strides(b), c_name,
                         (m * n, n), self.epilogue(m, n), a_offset, b_offset, a_prologue, b_prologue,
-                        gemm_function(self.node), self.node.dtype, operands_dtype)
+                        gemm_function(self.node), self._product_dtype(), operands_dtype)
         return Kernel(self.name, list(params.values()), [call])
+
+    def _product_dtype(self) -> dtypes.DType:
+        """bfloat16 for a product that rounds its result (maybe read as float32: `widened`)."""
+        rounded = self.node.op is GEMM_EPILOGUE and dict(self.node.arg)["rounded"]
+        return dtypes.bfloat16 if rounded else self.node.dtype
 
     def epilogue(self, m: int, n: int) -> GemmEpilogue:
         if self.node.op is not GEMM_EPILOGUE:

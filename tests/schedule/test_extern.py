@@ -12,7 +12,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue
+from tensorgraphs.codegen.loop_ir import GemmCall
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
 from tensorgraphs.rewrite import optimize
@@ -170,13 +170,15 @@ def test_value_needed_before_the_activation_keeps_the_activation_out() -> None:
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_operands_that_are_not_buffers_are_not_fused() -> None:
-    """A bias computed by the graph (2 * b) would need a kernel of its own: it stays in the consumer's kernel."""
+def test_a_computed_bias_gets_a_kernel_of_its_own_and_is_fused() -> None:
+    """A bias computed by the graph (2 * b, a bfloat16 rounding of a float32 bias under autocast) is a row vector:
+    a small kernel stores it, and the call adds it (a pass over the product's output would cost far more)."""
     x, w, b = _floats((9, 12), 6), _floats((10, 12), 7), _floats((10,), 8)
     with tg.device("cpu"):
         result = F.linear(tg.tensor(x), tg.tensor(w), tg.tensor(b) * 2)
-        (call,) = _gemm_calls(schedule_kernels([result.node]))
-        assert call.epilogue == GemmEpilogue()
+        schedule = schedule_kernels([result.node])
+        (call,) = _gemm_calls(schedule)
+        assert call.epilogue.bias is not None and len(schedule.kernels) == 2
         np.testing.assert_allclose(result.numpy(), x @ w.T + 2 * b, rtol=1e-5, atol=1e-5)
 
 
@@ -255,9 +257,10 @@ def test_a_bias_that_is_a_block_of_a_stacked_bias_is_read_at_an_offset() -> None
         (call,) = _gemm_calls(schedule)
         assert len(schedule.kernels) == 1 and call.epilogue.bias_offset == 8 and call.b_offset == 64, schedule
         np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5)
-        strided = F.linear(tg.tensor(x), tg.tensor(weight)[8:16], tg.tensor(bias)[::3])  # not a block: not fused
-        (call,) = _gemm_calls(schedule_kernels([strided.node]))
-        assert call.epilogue.bias is None
+        strided = F.linear(tg.tensor(x), tg.tensor(weight)[8:16], tg.tensor(bias)[::3])  # not a block: a copy
+        schedule = schedule_kernels([strided.node])
+        (call,) = _gemm_calls(schedule)
+        assert call.epilogue.bias is not None and call.epilogue.bias_offset == 0 and len(schedule.kernels) == 2
         np.testing.assert_allclose(strided.numpy(), expected - bias[8:16] + bias[::3], rtol=1e-5, atol=1e-5)
     leaf = lambda n: n.op is Op.BUFFER  # noqa: E731
     (fused,), _ = fuse_epilogues(*to_primitive([result.node], leaf), leaf)
@@ -397,3 +400,51 @@ def test_encoder_training_step_reads_gelu_of_the_hidden_layer_in_both_products(
     with tg.device("cpu"):
         for got, want in zip([t.detach().numpy() for t in _gelu_encoder_training_step()], expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_autocast_feed_forward_rounds_in_the_epilogue_and_activates_while_packing() -> None:
+    """linear, gelu, linear under bfloat16 autocast: the first product adds its bias and rounds to bfloat16 in its
+    epilogue (tg_gemm_bf16), the second applies gelu to that bfloat16 result while packing it (a prologue), so no
+    elementwise kernel runs between them; the values are the reference interpreter's (the same graph)."""
+    x, w1, b1, w2, b2 = (_floats(s, 30 + i) for i, s in enumerate(((64, 32), (96, 32), (96,), (16, 96), (16,))))
+
+    def feed_forward() -> tg.Tensor:
+        with tg.autocast("cpu", dtype=tg.bfloat16):
+            hidden = F.gelu(F.linear(tg.tensor(x), tg.tensor(w1), tg.tensor(b1)), approximate="tanh")
+            return F.linear(hidden, tg.tensor(w2), tg.tensor(b2))
+
+    with tg.device("numpy"):
+        expected = feed_forward().float().numpy()
+    with tg.device("cpu"):
+        out = feed_forward()
+        schedule = schedule_kernels([out.node])
+        first, second = _gemm_calls(schedule)
+        assert first.function == "tg_gemm_bf16" and first.epilogue.bias is not None
+        assert second.a_prologue == "gelu_tanh" and second.a == first.c and second.epilogue.bias is not None
+        others = [k for k in schedule.kernels if not any(isinstance(s, GemmCall) for s in k.body)]
+        assert all(max(b.size for b in k.buffers) <= 96 for k in others), others  # the biases rounded, no more
+        np.testing.assert_allclose(out.float().numpy(), expected, rtol=2**-7, atol=1e-6)
+
+
+def test_autocast_weight_gradient_is_rounded_by_its_product_alone() -> None:
+    """A float32 weight's gradient under autocast is its bfloat16 product's result rounded, then widened back to
+    float32: the call rounds and stores those floats itself (no cast kernel after it); the values are the
+    reference interpreter's."""
+    x, w, dy = _floats((64, 32), 40), _floats((16, 32), 41), _floats((64, 16), 42)
+
+    def weight_gradient() -> tg.Tensor:
+        weight = tg.tensor(w, requires_grad=True)
+        with tg.autocast("cpu", dtype=tg.bfloat16):
+            out = F.linear(tg.tensor(x), weight)
+        (grad,) = tg.grad((out.float() * tg.tensor(dy)).sum(), [weight])
+        return grad
+
+    with tg.device("numpy"):
+        expected = weight_gradient().numpy()
+    with tg.device("cpu"):
+        grad = weight_gradient()
+        schedule = schedule_kernels([grad.node])
+        (call,) = _gemm_calls(schedule)
+        assert grad.dtype is tg.float32 and call.function == "tg_gemm_bf16" and call.c == schedule.outputs[0]
+        assert len(schedule.kernels) <= 2, schedule  # the call, and the product's operand dy rounded to bfloat16
+        np.testing.assert_allclose(grad.numpy(), expected, rtol=2**-7, atol=1e-6)
