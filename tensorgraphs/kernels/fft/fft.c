@@ -20,6 +20,7 @@
 #define LANES 8
 #define MAX_STAGES 64
 #define PARALLEL_MIN 16384 /* butterflies of one pass worth splitting across threads */
+#define TILE_FRAMES 32 /* STFT frames transformed together before their rows are copied out */
 
 typedef struct {
     float *re, *im;
@@ -283,43 +284,57 @@ static int64_t scratch_floats(const plan *pl, int64_t lanes) {
 /* What one kind of transform does to a group of `lanes` rows starting at `row`. */
 typedef struct job job;
 typedef void (*group_fn)(const job *jb, int64_t row, int64_t lanes, float *work, int parallel);
+/* One unit of a transform's work (a group of rows, a tile of STFT frames), in `work` of the unit's size. */
+typedef void (*unit_fn)(const job *jb, int64_t unit, float *work, int parallel);
 struct job {
     plan *pl;
-    int64_t n;
+    int64_t n, rows;
     planar half;
     const float *x;
     float *y;
     group_fn run;
     /* r2c only: row r is frame r % frames of signal r / frames (`length` samples, frames `hop` apart), times
-     * `window` when given, the signal reflected `pad` samples beyond each end; its frequency k is written at
-     * [r / frames][k][r % frames] (frames 1: plain rows). */
+     * `window` when given, the signal reflected `pad` samples beyond each end (frames 1: plain rows). */
     int64_t frames, hop, length, pad;
     const float *window;
 };
 
-/* Every group of rows, across threads when there are enough groups, else each group's passes. `work_per_lane`:
- * floats one lane needs besides the transform's scratch. */
-static int for_groups(const job *jb, int64_t batch, int64_t work_per_lane) {
-    const int64_t groups = (batch + LANES - 1) / LANES, lanes = batch < LANES ? batch : LANES;
-    const size_t floats = (size_t)(scratch_floats(jb->pl, lanes) + work_per_lane * lanes);
+/* Every unit, across threads when there are several, else the one unit's passes; `floats`: a unit's work. */
+static int for_units(const job *jb, int64_t units, size_t floats, unit_fn run) {
     int failed = 0;
-    if (groups > 1) {
+    if (units > 1) {
 #pragma omp parallel reduction(| : failed)
         {
             float *work = malloc(sizeof(float) * floats);
             if (!work) failed = 1;
 #pragma omp for schedule(dynamic)
-            for (int64_t g = 0; g < groups; g++)
-                if (work) jb->run(jb, g * LANES, batch - g * LANES < LANES ? batch - g * LANES : LANES, work, 0);
+            for (int64_t u = 0; u < units; u++)
+                if (work) run(jb, u, work, 0);
             free(work);
         }
     } else {
         float *work = malloc(sizeof(float) * floats);
         if (!work) return TG_FFT_NO_MEMORY;
-        jb->run(jb, 0, lanes, work, 1);
+        run(jb, 0, work, 1);
         free(work);
     }
     return failed ? TG_FFT_NO_MEMORY : TG_FFT_OK;
+}
+
+/* Floats a group of `lanes` rows works in: `work_per_lane` each besides the transform's scratch. */
+static size_t group_floats(const job *jb, int64_t lanes, int64_t work_per_lane) {
+    return (size_t)(scratch_floats(jb->pl, lanes) + work_per_lane * lanes);
+}
+
+static void row_group(const job *jb, int64_t unit, float *work, int parallel) {
+    const int64_t row = unit * LANES, left = jb->rows - row;
+    jb->run(jb, row, left < LANES ? left : LANES, work, parallel);
+}
+
+/* jb->run on every group of LANES of its `rows` rows (see `for_units`). */
+static int for_groups(const job *jb, int64_t work_per_lane) {
+    const int64_t lanes = jb->rows < LANES ? jb->rows : LANES;
+    return for_units(jb, (jb->rows + LANES - 1) / LANES, group_floats(jb, lanes, work_per_lane), row_group);
 }
 
 static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
@@ -367,17 +382,17 @@ static void gather_lanes(const float *const *source, const float *w, planar in, 
 #endif
 }
 
-static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
-    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1, frames = jb->frames;
+/* The r2c transforms of `lanes` rows from `row`: frequency k of lane l to out[2 (l lane_step + k k_step)]. */
+static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, int parallel, float *out,
+                      int64_t lane_step, int64_t k_step) {
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, frames = jb->frames;
     const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
     const float *source[LANES];
-    float *target[LANES];
     int64_t first[LANES], edge = 0; /* the frame's first sample (in the reflect-padded signal's terms) */
     for (int64_t l = 0; l < lanes; l++) {
         const int64_t signal = (row + l) / frames, frame = (row + l) % frames;
         first[l] = frame * jb->hop - jb->pad;
         source[l] = jb->x + signal * jb->length + first[l];
-        target[l] = jb->y + 2 * (signal * width * frames + frame);
         edge |= first[l] < 0 || first[l] + n > jb->length;
     }
     const float *w = jb->window;
@@ -398,25 +413,54 @@ static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
                 in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
         }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
-    int adjacent = 1; /* the lanes' outputs interleave: consecutive frames, frequency before frame */
-    for (int64_t l = 1; l < lanes; l++) adjacent &= target[l] == target[0] + 2 * l;
 #pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
     for (int64_t k = 0; k <= h; k++) {
-        const int64_t at = (k % h) * lanes, mirror = ((h - k) % h) * lanes;
+        const int64_t at = k < h ? k * lanes : 0, mirror = k ? (h - k) * lanes : 0;
         const float wr = jb->half.re[k], wi = jb->half.im[k];
-        float re[LANES], im[LANES];
+        float *at_k = out + 2 * k * k_step;
+#if defined(__AVX2__) && LANES == 8
+        if (lane_step == 1 && lanes == LANES) { /* the lanes' outputs interleave: one run of LANES pairs */
+            const __m256 zr = _mm256_loadu_ps(z.re + at), zi = _mm256_loadu_ps(z.im + at);
+            const __m256 mr = _mm256_loadu_ps(z.re + mirror), mi = _mm256_loadu_ps(z.im + mirror);
+            const __m256 half = _mm256_set1_ps(0.5f), vwr = _mm256_set1_ps(wr), vwi = _mm256_set1_ps(wi);
+            const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, mr)), or_ = _mm256_mul_ps(half, _mm256_add_ps(zi, mi));
+            const __m256 ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, mi)), oi = _mm256_mul_ps(half, _mm256_sub_ps(mr, zr));
+            const __m256 re = _mm256_add_ps(er, _mm256_sub_ps(_mm256_mul_ps(or_, vwr), _mm256_mul_ps(oi, vwi)));
+            const __m256 im = _mm256_add_ps(ei, _mm256_add_ps(_mm256_mul_ps(or_, vwi), _mm256_mul_ps(oi, vwr)));
+            const __m256 low = _mm256_unpacklo_ps(re, im), high = _mm256_unpackhi_ps(re, im); /* pairs 0145, 2367 */
+            _mm256_storeu_ps(at_k, _mm256_permute2f128_ps(low, high, 0x20));
+            _mm256_storeu_ps(at_k + 8, _mm256_permute2f128_ps(low, high, 0x31));
+            continue;
+        }
+#endif
         for (int64_t l = 0; l < lanes; l++) {
             const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
             const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
-            re[l] = er + CMUL_RE(or_, oi, wr, wi), im[l] = ei + CMUL_IM(or_, oi, wr, wi);
-        }
-        if (adjacent && lanes == LANES) {
-            float *out = target[0] + 2 * k * frames;
-            for (int l = 0; l < LANES; l++) out[2 * l] = re[l], out[2 * l + 1] = im[l];
-        } else {
-            for (int64_t l = 0; l < lanes; l++) target[l][2 * k * frames] = re[l], target[l][2 * k * frames + 1] = im[l];
+            at_k[2 * l * lane_step] = er + CMUL_RE(or_, oi, wr, wi);
+            at_k[2 * l * lane_step + 1] = ei + CMUL_IM(or_, oi, wr, wi);
         }
     }
+}
+
+static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t width = jb->n / 2 + 1;
+    r2c_lanes(jb, row, lanes, work, parallel, jb->y + 2 * row * width, width, 1);
+}
+
+/* One tile of up to TILE_FRAMES consecutive frames of one signal: transformed into a (frequency, frame) tile, then
+ * copied out a frequency's row at a time. Written straight into the output, each group's 8 frames would be a
+ * short strided store per frequency, which cost as much as the transforms (bench/NOTES.md). */
+static void stft_tile(const job *jb, int64_t unit, float *work, int parallel) {
+    const int64_t tiles = (jb->frames + TILE_FRAMES - 1) / TILE_FRAMES, signal = unit / tiles;
+    const int64_t first = unit % tiles * TILE_FRAMES, left = jb->frames - first;
+    const int64_t count = left < TILE_FRAMES ? left : TILE_FRAMES, width = jb->n / 2 + 1;
+    float *tile = work + group_floats(jb, LANES, 2 * jb->n);
+    for (int64_t g = 0; g < count; g += LANES)
+        r2c_lanes(jb, signal * jb->frames + first + g, count - g < LANES ? count - g : LANES, work, parallel,
+                  tile + 2 * g, 1, TILE_FRAMES);
+    float *y = jb->y + 2 * (signal * width * jb->frames + first);
+    for (int64_t k = 0; k < width; k++)
+        memcpy(y + 2 * k * jb->frames, tile + 2 * k * TILE_FRAMES, sizeof(float) * 2 * (size_t)count);
 }
 
 /* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
@@ -473,33 +517,43 @@ static void c2r_odd_group(const job *jb, int64_t row, int64_t lanes, float *work
 
 int tg_fft_c2c_f32(int64_t batch, int64_t n, int32_t inverse, const float *x, float *y) {
     if (n == 0 || batch == 0) return TG_FFT_OK;
-    job jb = {.pl = build_plan(n, inverse ? 1 : -1), .n = n, .x = x, .y = y, .run = c2c_group};
-    return jb.pl ? for_groups(&jb, batch, 4 * n) : TG_FFT_NO_MEMORY;
+    job jb = {.pl = build_plan(n, inverse ? 1 : -1), .n = n, .rows = batch, .x = x, .y = y, .run = c2c_group};
+    return jb.pl ? for_groups(&jb, 4 * n) : TG_FFT_NO_MEMORY;
 }
 
-static int real_transform(job *jb, int64_t batch, int sign, group_fn even, group_fn odd) {
+/* The plan of a real transform of jb->n (a complex one of half the length for even n > 2), and its group. */
+static int plan_real(job *jb, int sign, group_fn even, group_fn odd) {
     const int64_t n = jb->n;
-    if (n == 0 || batch == 0) return TG_FFT_OK;
     const int halved = n % 2 == 0 && n > 2;
     jb->pl = build_plan(halved ? n / 2 : n, sign), jb->run = halved ? even : odd;
     if (!jb->pl) return TG_FFT_NO_MEMORY;
     if (halved && !(jb->half = half_twiddles(jb->pl, n)).re) return TG_FFT_NO_MEMORY;
-    return for_groups(jb, batch, 4 * n);
+    return TG_FFT_OK;
+}
+
+static int real_transform(job *jb, int sign, group_fn even, group_fn odd) {
+    if (jb->n == 0 || jb->rows == 0) return TG_FFT_OK;
+    const int status = plan_real(jb, sign, even, odd);
+    return status ? status : for_groups(jb, 4 * jb->n);
 }
 
 int tg_fft_r2c_f32(int64_t batch, int64_t n, const float *x, float *y) {
-    job jb = {.n = n, .x = x, .y = y, .frames = 1, .hop = n, .length = n};
-    return real_transform(&jb, batch, -1, r2c_group, r2c_odd_group);
+    job jb = {.n = n, .rows = batch, .x = x, .y = y, .frames = 1, .hop = n, .length = n};
+    return real_transform(&jb, -1, r2c_group, r2c_odd_group);
 }
 
 int tg_fft_c2r_f32(int64_t batch, int64_t n, const float *x, float *y) {
-    job jb = {.n = n, .x = x, .y = y};
-    return real_transform(&jb, batch, 1, c2r_group, c2r_odd_group);
+    job jb = {.n = n, .rows = batch, .x = x, .y = y};
+    return real_transform(&jb, 1, c2r_group, c2r_odd_group);
 }
 
 int tg_fft_stft_f32(int64_t batch, int64_t length, int64_t frames, int64_t n, int64_t hop, int64_t pad,
                     const float *x, const float *window, float *y) {
     if (n % 2 || n <= 2 || pad >= length) return TG_FFT_BAD_LENGTH;
+    if (batch == 0 || frames == 0) return TG_FFT_OK;
     job jb = {.n = n, .x = x, .y = y, .frames = frames, .hop = hop, .length = length, .pad = pad, .window = window};
-    return real_transform(&jb, batch * frames, -1, r2c_group, r2c_odd_group);
+    const int status = plan_real(&jb, -1, r2c_group, r2c_odd_group);
+    if (status) return status;
+    const size_t floats = group_floats(&jb, LANES, 2 * n) + (size_t)(2 * (n / 2 + 1) * TILE_FRAMES);
+    return for_units(&jb, batch * ((frames + TILE_FRAMES - 1) / TILE_FRAMES), floats, stft_tile);
 }
