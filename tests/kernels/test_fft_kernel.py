@@ -42,6 +42,8 @@ def test_real_transforms(n, batch):
 def test_long_single_row_runs_threaded_passes():
     x = np.random.default_rng(0).standard_normal(2 ** 17).astype(np.float32)
     _close(_complex(fft.transform("r2c", x, x.size).reshape(-1, 2)), np.fft.rfft(x))
+    spectrum = np.random.default_rng(1).standard_normal((x.size // 2 + 1, 2)).astype(np.float32)
+    _close(fft.transform("c2r", spectrum, x.size), np.fft.irfft(_complex(spectrum), x.size) * x.size)
 
 
 @pytest.mark.parametrize(("batch", "length", "n", "hop", "pad"), [(1, 100, 16, 4, 0), (3, 4000, 256, 64, 128),

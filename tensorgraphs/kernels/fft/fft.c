@@ -223,6 +223,16 @@ static void pass(const float *restrict xr, const float *restrict xi, float *rest
     }
 }
 
+/* Chunk c of `chunks` of pass i (sub-length len, stride s): the longer of its two loops split. */
+static void pass_chunk(const plan *pl, int i, planar from, planar to, int64_t len, int64_t s, int c, int chunks) {
+    const int p = pl->radix[i];
+    const int64_t m = len / p;
+    const int by_j = m >= chunks;
+    const int64_t extent = by_j ? m : s, lo = extent * c / chunks, hi = extent * (c + 1) / chunks;
+    pass(from.re, from.im, to.re, to.im, len, s, p, pl->twiddle[i], pl->roots[i], pl->sign, by_j ? lo : 0,
+         by_j ? hi : m, by_j ? 0 : lo, by_j ? s : hi);
+}
+
 static void stockham(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel) {
     const int64_t size = pl->n * lanes;
     if (pl->stages == 0) {
@@ -236,13 +246,12 @@ static void stockham(const plan *pl, planar x, planar y, float *scratch, int64_t
         const planar to = (pl->stages - i) % 2 ? y : spare;
         const int p = pl->radix[i];
         const int64_t m = len / p;
-        const int chunks = parallel && m * s >= PARALLEL_MIN ? 4 * omp_get_max_threads() : 1;
-        const int by_j = m >= chunks; /* split the longer of the two loops */
-#pragma omp parallel for schedule(static) if (chunks > 1)
-        for (int c = 0; c < chunks; c++) {
-            const int64_t extent = by_j ? m : s, lo = extent * c / chunks, hi = extent * (c + 1) / chunks;
-            pass(from.re, from.im, to.re, to.im, len, s, p, pl->twiddle[i], pl->roots[i], pl->sign, by_j ? lo : 0, by_j ? hi : m,
-                 by_j ? 0 : lo, by_j ? s : hi);
+        if (parallel && m * s >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+            const int chunks = 4 * omp_get_max_threads();
+#pragma omp parallel for schedule(static)
+            for (int c = 0; c < chunks; c++) pass_chunk(pl, i, from, to, len, s, c, chunks);
+        } else {
+            pass_chunk(pl, i, from, to, len, s, 0, 1);
         }
         from = to, len /= p, s *= p;
     }
@@ -382,6 +391,39 @@ static void gather_lanes(const float *const *source, const float *w, planar in, 
 #endif
 }
 
+/* Frequencies [lo, hi) of r2c_lanes's `lanes` transforms, split from Z (their half-length transforms, planar): lane
+ * l's frequency k at out[2 (l lane_step + k k_step)]. */
+static void r2c_split(const job *jb, planar z, int64_t lanes, int64_t lo, int64_t hi, float *out, int64_t lane_step,
+                      int64_t k_step) {
+    const int64_t h = jb->n / 2;
+    for (int64_t k = lo; k < hi; k++) {
+        const int64_t at = k < h ? k * lanes : 0, mirror = k ? (h - k) * lanes : 0;
+        const float wr = jb->half.re[k], wi = jb->half.im[k];
+        float *at_k = out + 2 * k * k_step;
+#if defined(__AVX2__) && LANES == 8
+        if (lane_step == 1 && lanes == LANES) { /* the lanes' outputs interleave: one run of LANES pairs */
+            const __m256 zr = _mm256_loadu_ps(z.re + at), zi = _mm256_loadu_ps(z.im + at);
+            const __m256 mr = _mm256_loadu_ps(z.re + mirror), mi = _mm256_loadu_ps(z.im + mirror);
+            const __m256 half = _mm256_set1_ps(0.5f), vwr = _mm256_set1_ps(wr), vwi = _mm256_set1_ps(wi);
+            const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, mr)), ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, mi));
+            const __m256 or_ = _mm256_mul_ps(half, _mm256_add_ps(zi, mi)), oi = _mm256_mul_ps(half, _mm256_sub_ps(mr, zr));
+            const __m256 re = _mm256_add_ps(er, _mm256_sub_ps(_mm256_mul_ps(or_, vwr), _mm256_mul_ps(oi, vwi)));
+            const __m256 im = _mm256_add_ps(ei, _mm256_add_ps(_mm256_mul_ps(or_, vwi), _mm256_mul_ps(oi, vwr)));
+            const __m256 low = _mm256_unpacklo_ps(re, im), high = _mm256_unpackhi_ps(re, im); /* pairs 0145 2367 */
+            _mm256_storeu_ps(at_k, _mm256_permute2f128_ps(low, high, 0x20));
+            _mm256_storeu_ps(at_k + 8, _mm256_permute2f128_ps(low, high, 0x31));
+            continue;
+        }
+#endif
+        for (int64_t l = 0; l < lanes; l++) {
+            const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
+            const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
+            at_k[2 * l * lane_step] = er + CMUL_RE(or_, oi, wr, wi);
+            at_k[2 * l * lane_step + 1] = ei + CMUL_IM(or_, oi, wr, wi);
+        }
+    }
+}
+
 /* The r2c transforms of `lanes` rows from `row`: frequency k of lane l to out[2 (l lane_step + k k_step)]. */
 static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, int parallel, float *out,
                       int64_t lane_step, int64_t k_step) {
@@ -413,32 +455,14 @@ static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, in
                 in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
         }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
-#pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
-    for (int64_t k = 0; k <= h; k++) {
-        const int64_t at = k < h ? k * lanes : 0, mirror = k ? (h - k) * lanes : 0;
-        const float wr = jb->half.re[k], wi = jb->half.im[k];
-        float *at_k = out + 2 * k * k_step;
-#if defined(__AVX2__) && LANES == 8
-        if (lane_step == 1 && lanes == LANES) { /* the lanes' outputs interleave: one run of LANES pairs */
-            const __m256 zr = _mm256_loadu_ps(z.re + at), zi = _mm256_loadu_ps(z.im + at);
-            const __m256 mr = _mm256_loadu_ps(z.re + mirror), mi = _mm256_loadu_ps(z.im + mirror);
-            const __m256 half = _mm256_set1_ps(0.5f), vwr = _mm256_set1_ps(wr), vwi = _mm256_set1_ps(wi);
-            const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, mr)), or_ = _mm256_mul_ps(half, _mm256_add_ps(zi, mi));
-            const __m256 ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, mi)), oi = _mm256_mul_ps(half, _mm256_sub_ps(mr, zr));
-            const __m256 re = _mm256_add_ps(er, _mm256_sub_ps(_mm256_mul_ps(or_, vwr), _mm256_mul_ps(oi, vwi)));
-            const __m256 im = _mm256_add_ps(ei, _mm256_add_ps(_mm256_mul_ps(or_, vwi), _mm256_mul_ps(oi, vwr)));
-            const __m256 low = _mm256_unpacklo_ps(re, im), high = _mm256_unpackhi_ps(re, im); /* pairs 0145, 2367 */
-            _mm256_storeu_ps(at_k, _mm256_permute2f128_ps(low, high, 0x20));
-            _mm256_storeu_ps(at_k + 8, _mm256_permute2f128_ps(low, high, 0x31));
-            continue;
+    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+#pragma omp parallel
+        {
+            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+            r2c_split(jb, z, lanes, (h + 1) * t / team, (h + 1) * (t + 1) / team, out, lane_step, k_step);
         }
-#endif
-        for (int64_t l = 0; l < lanes; l++) {
-            const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
-            const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
-            at_k[2 * l * lane_step] = er + CMUL_RE(or_, oi, wr, wi);
-            at_k[2 * l * lane_step + 1] = ei + CMUL_IM(or_, oi, wr, wi);
-        }
+    } else {
+        r2c_split(jb, z, lanes, 0, h + 1, out, lane_step, k_step);
     }
 }
 
@@ -463,14 +487,10 @@ static void stft_tile(const job *jb, int64_t unit, float *work, int parallel) {
         memcpy(y + 2 * k * jb->frames, tile + 2 * k * TILE_FRAMES, sizeof(float) * 2 * (size_t)count);
 }
 
-/* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
- * direction), the spectrum of z_j = x_2j + i x_2j+1; the zero and n/2 frequencies' imaginary parts read as 0. */
-static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
-    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
-    const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
-    const float *x = jb->x + 2 * row * width;
-#pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
-    for (int64_t k = 0; k < h; k++)
+/* Z_k, k in [lo, hi), of c2r_group for the `lanes` spectra x (rows of n/2 + 1 pairs), into `in` (planar). */
+static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, int64_t hi, planar in) {
+    const int64_t h = jb->n / 2, width = h + 1;
+    for (int64_t k = lo; k < hi; k++)
         for (int64_t l = 0; l < lanes; l++) {
             const float *a = x + 2 * (l * width + k), *b = x + 2 * (l * width + h - k);
             const float ar = a[0], ai = k ? a[1] : 0.0f, br = b[0], bi = k ? -b[1] : 0.0f;
@@ -479,6 +499,23 @@ static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, in
             const float or_ = CMUL_RE(dr, di, wr, wi), oi = CMUL_IM(dr, di, wr, wi);
             in.re[k * lanes + l] = er - oi, in.im[k * lanes + l] = ei + or_;
         }
+}
+
+/* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
+ * direction), the spectrum of z_j = x_2j + i x_2j+1; the zero and n/2 frequencies' imaginary parts read as 0. */
+static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
+    const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
+    const float *x = jb->x + 2 * row * width;
+    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+#pragma omp parallel
+        {
+            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+            c2r_merge(jb, x, lanes, h * t / team, h * (t + 1) / team, in);
+        }
+    } else {
+        c2r_merge(jb, x, lanes, 0, h, in);
+    }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
     float *y = jb->y + row * n;
     for (int64_t l = 0; l < lanes; l++)
