@@ -21,6 +21,7 @@
 #define MAX_STAGES 64
 #define PARALLEL_MIN 16384 /* butterflies of one pass worth splitting across threads */
 #define TILE_FRAMES 32 /* STFT frames transformed together before their rows are copied out */
+#define PREFETCH_ROWS 4 /* a tile's output rows prefetched for writing this far ahead of the copy */
 
 typedef struct {
     float *re, *im;
@@ -471,6 +472,15 @@ static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
     r2c_lanes(jb, row, lanes, work, parallel, jb->y + 2 * row * width, width, 1);
 }
 
+/* to[i] = from[i], i < count: inline, a library memcpy call costs as much as a tile row's few vectors. */
+static void copy_floats(float *restrict to, const float *restrict from, int64_t count) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
+#endif
+    for (; i < count; i++) to[i] = from[i];
+}
+
 /* One tile of up to TILE_FRAMES consecutive frames of one signal: transformed into a (frequency, frame) tile, then
  * copied out a frequency's row at a time. Written straight into the output, each group's 8 frames would be a
  * short strided store per frequency, which cost as much as the transforms (bench/NOTES.md). */
@@ -483,8 +493,12 @@ static void stft_tile(const job *jb, int64_t unit, float *work, int parallel) {
         r2c_lanes(jb, signal * jb->frames + first + g, count - g < LANES ? count - g : LANES, work, parallel,
                   tile + 2 * g, 1, TILE_FRAMES);
     float *y = jb->y + 2 * (signal * width * jb->frames + first);
-    for (int64_t k = 0; k < width; k++)
-        memcpy(y + 2 * k * jb->frames, tile + 2 * k * TILE_FRAMES, sizeof(float) * 2 * (size_t)count);
+    for (int64_t k = 0; k < width; k++) {
+        float *to = y + 2 * k * jb->frames, *ahead = to + 2 * PREFETCH_ROWS * jb->frames;
+        if (k + PREFETCH_ROWS < width)
+            for (int64_t i = 0; i < 2 * count; i += 16) __builtin_prefetch(ahead + i, 1, 3);
+        copy_floats(to, tile + 2 * k * TILE_FRAMES, 2 * count);
+    }
 }
 
 /* Z_k, k in [lo, hi), of c2r_group for the `lanes` spectra x (rows of n/2 + 1 pairs), into `in` (planar). */
