@@ -60,10 +60,13 @@ static double angle_of(int sign, int64_t k, int64_t n) { return sign * 2.0 * M_P
 static plan *build_plan(int64_t n, int sign);
 static void transform(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel);
 
-/* Radix 8 while it divides, then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
+/* Radix 8 while it divides (with AVX-512's 32 vector registers only: in 16 its butterfly spills, and radix 4 ran
+ * faster, bench/NOTES.md), then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
 static int factorize(int64_t n, int *radix) {
     int count = 0;
+#if defined(__AVX512F__)
     while (n % 8 == 0) radix[count++] = 8, n /= 8;
+#endif
     while (n % 4 == 0) radix[count++] = 4, n /= 4;
     while (n % 2 == 0) radix[count++] = 2, n /= 2;
     for (int p = 3; p <= TG_FFT_MAX_RADIX && n > 1; p += 2)
