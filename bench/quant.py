@@ -9,6 +9,10 @@ them alike, medians reported:
 - the MLP 784-1024-1024-10 at batch 256, compiled: our float32, our `quantize_dynamic`, torch's float32 and
   torch's `quantize_dynamic` (its default per-tensor weights, and per-channel as ours) (target: at least 2x our
   float32 and faster than torch's quantized);
+- the 2-layer pre-LN transformer encoder of bench/train.py (d_model 256, 4 heads, ffn 1024, seq 128, batch 8),
+  its forward in eval mode, compiled, the same four ways (as torch, `quantize_dynamic` swaps the feed-forward
+  Linears; attention's projections stay float32) (target: at least 2x our float32 and faster than torch's
+  quantized);
 - the digits MLP (tensorgraphs.examples.digits_mlp) trained in float32, its test accuracy in float32 and
   dynamically quantized (target: within 0.5 points).
 
@@ -33,7 +37,10 @@ from torch.ao.quantization import per_channel_dynamic_qconfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import train  # noqa: E402  # bench/train.py, beside this file: the same models
+
 import tensorgraphs as tg  # noqa: E402
+import tensorgraphs.nn.functional as tgF  # noqa: E402
 from tensorgraphs.examples import digits_mlp  # noqa: E402
 from tensorgraphs.kernels import gemm  # noqa: E402
 from tensorgraphs.kernels.gemm import int8  # noqa: E402
@@ -75,17 +82,27 @@ def gemm_row(min_time: float) -> list[tuple[str, str, str]]:
 
 
 def mlp_row(min_time: float) -> list[tuple[str, str, str]]:
+    x = np.random.default_rng(1).standard_normal((256, 784), dtype=np.float32)
+    return model_rows("MLP 784-1024-1024-10 b256", train.ModelSpec(0, 256), x, min_time)
+
+
+def encoder_row(min_time: float) -> list[tuple[str, str, str]]:
+    spec = train.MODELS["enc2"]
+    x = np.random.default_rng(1).standard_normal((spec.batch, train.SEQ, train.D_MODEL), dtype=np.float32)
+    return model_rows("encoder 2 layers b8 seq128 forward", spec, x, min_time)
+
+
+def model_rows(label: str, spec: train.ModelSpec, x: np.ndarray, min_time: float) -> list[tuple[str, str, str]]:
+    """bench/train.py's model `spec` in eval mode, its forward on `x`: ours float32 and dynamically quantized
+    (compiled), torch's float32 and `quantize_dynamic` (per tensor, and per channel as ours), same weights."""
     torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                                    torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-    model = tg.nn.Sequential(tg.nn.Linear(784, 1024), tg.nn.ReLU(), tg.nn.Linear(1024, 1024), tg.nn.ReLU(),
-                             tg.nn.Linear(1024, 10))
+    reference = train.build_model(torch.nn, torch.nn.functional, spec).eval()
+    model = train.build_model(tg.nn, tgF, spec).eval()
     model.load_state_dict({key: value.numpy() for key, value in reference.state_dict().items()})
     quantized = tg.quantization.quantize_dynamic(model, {tg.nn.Linear}, dtype=tg.qint8)
     torch_quantized = torch.ao.quantization.quantize_dynamic(reference, {torch.nn.Linear}, dtype=torch.qint8)
     torch_per_channel = torch.ao.quantization.quantize_dynamic(
         reference, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
-    x = np.random.default_rng(1).standard_normal((256, 784), dtype=np.float32)
     tx, gx = torch.from_numpy(x), tg.tensor(x)
     ours_f32 = tg.compile(lambda x: model(x).detach())
     ours_int8 = tg.compile(lambda x: quantized(x))
@@ -101,11 +118,11 @@ def mlp_row(min_time: float) -> list[tuple[str, str, str]]:
         "torch f32": torch_run(reference), "torch int8": torch_run(torch_quantized),
         "torch int8 per channel": torch_run(torch_per_channel)}, min_time)
     ours = times["ours int8"]
-    rows = [("MLP 784-1024-1024-10 b256 ours int8", f"{ours * 1e3:.2f} ms",
+    rows = [(f"{label} ours int8", f"{ours * 1e3:.2f} ms",
              f"{times['ours f32'] / ours:.2f}x our f32 (target >= 2x), {times['torch int8'] / ours:.2f}x torch int8 "
              f"(target > 1x)")]
     for name in ("ours f32", "torch f32", "torch int8", "torch int8 per channel"):
-        rows.append((f"MLP 784-1024-1024-10 b256 {name}", f"{times[name] * 1e3:.2f} ms", ""))
+        rows.append((f"{label} {name}", f"{times[name] * 1e3:.2f} ms", ""))
     return rows
 
 
@@ -140,7 +157,7 @@ def main() -> None:
     global clock
     clock = CLOCKS[args.clock]
     print(f"threads {args.threads or 'default'}, clock {args.clock}, load average {os.getloadavg()[0]:.1f}")
-    rows = [*gemm_row(args.min_time), *mlp_row(args.min_time), *digits_row(args.epochs)]
+    rows = [*gemm_row(args.min_time), *mlp_row(args.min_time), *encoder_row(args.min_time), *digits_row(args.epochs)]
     width = max(len(row[0]) for row in rows)
     value_width = max(len(row[1]) for row in rows)
     for name, value, note in rows:

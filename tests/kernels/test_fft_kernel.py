@@ -1,5 +1,6 @@
 """The FFT kernels (kernels/fft) against numpy.fft: every path (radix 4/2, odd radices, Bluestein, the real
-transforms' even split and odd fallback, rows as lanes and a single row's threaded passes)."""
+transforms' even split and odd fallback, rows as lanes, a single row's threaded passes, the STFT's frames in whole
+and partial tiles)."""
 
 from __future__ import annotations
 
@@ -41,10 +42,13 @@ def test_real_transforms(n, batch):
 def test_long_single_row_runs_threaded_passes():
     x = np.random.default_rng(0).standard_normal(2 ** 17).astype(np.float32)
     _close(_complex(fft.transform("r2c", x, x.size).reshape(-1, 2)), np.fft.rfft(x))
+    spectrum = np.random.default_rng(1).standard_normal((x.size // 2 + 1, 2)).astype(np.float32)
+    _close(fft.transform("c2r", spectrum, x.size), np.fft.irfft(_complex(spectrum), x.size) * x.size)
 
 
 @pytest.mark.parametrize(("batch", "length", "n", "hop", "pad"), [(1, 100, 16, 4, 0), (3, 4000, 256, 64, 128),
-                                                                 (2, 50, 10, 7, 0), (9, 40, 32, 3, 16)])
+                                                                 (2, 50, 10, 7, 0), (9, 40, 32, 3, 16),
+                                                                 (2, 1072, 64, 16, 0), (2, 25344, 1024, 256, 512)])
 def test_stft_reads_windowed_frames_and_writes_frequency_before_frame(batch, length, n, hop, pad):
     rng = np.random.default_rng(length)
     x, window = rng.standard_normal((batch, length)).astype(np.float32), rng.random(n).astype(np.float32)

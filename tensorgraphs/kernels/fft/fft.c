@@ -20,6 +20,8 @@
 #define LANES 8
 #define MAX_STAGES 64
 #define PARALLEL_MIN 16384 /* butterflies of one pass worth splitting across threads */
+#define TILE_FRAMES 32 /* STFT frames transformed together before their rows are copied out */
+#define PREFETCH_ROWS 4 /* a tile's output rows prefetched for writing this far ahead of the copy */
 
 typedef struct {
     float *re, *im;
@@ -58,10 +60,13 @@ static double angle_of(int sign, int64_t k, int64_t n) { return sign * 2.0 * M_P
 static plan *build_plan(int64_t n, int sign);
 static void transform(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel);
 
-/* Radix 8 while it divides, then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
+/* Radix 8 while it divides (with AVX-512's 32 vector registers only: in 16 its butterfly spills, and radix 4 ran
+ * faster, bench/NOTES.md), then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
 static int factorize(int64_t n, int *radix) {
     int count = 0;
+#if defined(__AVX512F__)
     while (n % 8 == 0) radix[count++] = 8, n /= 8;
+#endif
     while (n % 4 == 0) radix[count++] = 4, n /= 4;
     while (n % 2 == 0) radix[count++] = 2, n /= 2;
     for (int p = 3; p <= TG_FFT_MAX_RADIX && n > 1; p += 2)
@@ -222,6 +227,16 @@ static void pass(const float *restrict xr, const float *restrict xi, float *rest
     }
 }
 
+/* Chunk c of `chunks` of pass i (sub-length len, stride s): the longer of its two loops split. */
+static void pass_chunk(const plan *pl, int i, planar from, planar to, int64_t len, int64_t s, int c, int chunks) {
+    const int p = pl->radix[i];
+    const int64_t m = len / p;
+    const int by_j = m >= chunks;
+    const int64_t extent = by_j ? m : s, lo = extent * c / chunks, hi = extent * (c + 1) / chunks;
+    pass(from.re, from.im, to.re, to.im, len, s, p, pl->twiddle[i], pl->roots[i], pl->sign, by_j ? lo : 0,
+         by_j ? hi : m, by_j ? 0 : lo, by_j ? s : hi);
+}
+
 static void stockham(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel) {
     const int64_t size = pl->n * lanes;
     if (pl->stages == 0) {
@@ -235,13 +250,12 @@ static void stockham(const plan *pl, planar x, planar y, float *scratch, int64_t
         const planar to = (pl->stages - i) % 2 ? y : spare;
         const int p = pl->radix[i];
         const int64_t m = len / p;
-        const int chunks = parallel && m * s >= PARALLEL_MIN ? 4 * omp_get_max_threads() : 1;
-        const int by_j = m >= chunks; /* split the longer of the two loops */
-#pragma omp parallel for schedule(static) if (chunks > 1)
-        for (int c = 0; c < chunks; c++) {
-            const int64_t extent = by_j ? m : s, lo = extent * c / chunks, hi = extent * (c + 1) / chunks;
-            pass(from.re, from.im, to.re, to.im, len, s, p, pl->twiddle[i], pl->roots[i], pl->sign, by_j ? lo : 0, by_j ? hi : m,
-                 by_j ? 0 : lo, by_j ? s : hi);
+        if (parallel && m * s >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+            const int chunks = 4 * omp_get_max_threads();
+#pragma omp parallel for schedule(static)
+            for (int c = 0; c < chunks; c++) pass_chunk(pl, i, from, to, len, s, c, chunks);
+        } else {
+            pass_chunk(pl, i, from, to, len, s, 0, 1);
         }
         from = to, len /= p, s *= p;
     }
@@ -283,43 +297,57 @@ static int64_t scratch_floats(const plan *pl, int64_t lanes) {
 /* What one kind of transform does to a group of `lanes` rows starting at `row`. */
 typedef struct job job;
 typedef void (*group_fn)(const job *jb, int64_t row, int64_t lanes, float *work, int parallel);
+/* One unit of a transform's work (a group of rows, a tile of STFT frames), in `work` of the unit's size. */
+typedef void (*unit_fn)(const job *jb, int64_t unit, float *work, int parallel);
 struct job {
     plan *pl;
-    int64_t n;
+    int64_t n, rows;
     planar half;
     const float *x;
     float *y;
     group_fn run;
     /* r2c only: row r is frame r % frames of signal r / frames (`length` samples, frames `hop` apart), times
-     * `window` when given, the signal reflected `pad` samples beyond each end; its frequency k is written at
-     * [r / frames][k][r % frames] (frames 1: plain rows). */
+     * `window` when given, the signal reflected `pad` samples beyond each end (frames 1: plain rows). */
     int64_t frames, hop, length, pad;
     const float *window;
 };
 
-/* Every group of rows, across threads when there are enough groups, else each group's passes. `work_per_lane`:
- * floats one lane needs besides the transform's scratch. */
-static int for_groups(const job *jb, int64_t batch, int64_t work_per_lane) {
-    const int64_t groups = (batch + LANES - 1) / LANES, lanes = batch < LANES ? batch : LANES;
-    const size_t floats = (size_t)(scratch_floats(jb->pl, lanes) + work_per_lane * lanes);
+/* Every unit, across threads when there are several, else the one unit's passes; `floats`: a unit's work. */
+static int for_units(const job *jb, int64_t units, size_t floats, unit_fn run) {
     int failed = 0;
-    if (groups > 1) {
+    if (units > 1) {
 #pragma omp parallel reduction(| : failed)
         {
             float *work = malloc(sizeof(float) * floats);
             if (!work) failed = 1;
 #pragma omp for schedule(dynamic)
-            for (int64_t g = 0; g < groups; g++)
-                if (work) jb->run(jb, g * LANES, batch - g * LANES < LANES ? batch - g * LANES : LANES, work, 0);
+            for (int64_t u = 0; u < units; u++)
+                if (work) run(jb, u, work, 0);
             free(work);
         }
     } else {
         float *work = malloc(sizeof(float) * floats);
         if (!work) return TG_FFT_NO_MEMORY;
-        jb->run(jb, 0, lanes, work, 1);
+        run(jb, 0, work, 1);
         free(work);
     }
     return failed ? TG_FFT_NO_MEMORY : TG_FFT_OK;
+}
+
+/* Floats a group of `lanes` rows works in: `work_per_lane` each besides the transform's scratch. */
+static size_t group_floats(const job *jb, int64_t lanes, int64_t work_per_lane) {
+    return (size_t)(scratch_floats(jb->pl, lanes) + work_per_lane * lanes);
+}
+
+static void row_group(const job *jb, int64_t unit, float *work, int parallel) {
+    const int64_t row = unit * LANES, left = jb->rows - row;
+    jb->run(jb, row, left < LANES ? left : LANES, work, parallel);
+}
+
+/* jb->run on every group of LANES of its `rows` rows (see `for_units`). */
+static int for_groups(const job *jb, int64_t work_per_lane) {
+    const int64_t lanes = jb->rows < LANES ? jb->rows : LANES;
+    return for_units(jb, (jb->rows + LANES - 1) / LANES, group_floats(jb, lanes, work_per_lane), row_group);
 }
 
 static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
@@ -367,17 +395,50 @@ static void gather_lanes(const float *const *source, const float *w, planar in, 
 #endif
 }
 
-static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
-    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1, frames = jb->frames;
+/* Frequencies [lo, hi) of r2c_lanes's `lanes` transforms, split from Z (their half-length transforms, planar): lane
+ * l's frequency k at out[2 (l lane_step + k k_step)]. */
+static void r2c_split(const job *jb, planar z, int64_t lanes, int64_t lo, int64_t hi, float *out, int64_t lane_step,
+                      int64_t k_step) {
+    const int64_t h = jb->n / 2;
+    for (int64_t k = lo; k < hi; k++) {
+        const int64_t at = k < h ? k * lanes : 0, mirror = k ? (h - k) * lanes : 0;
+        const float wr = jb->half.re[k], wi = jb->half.im[k];
+        float *at_k = out + 2 * k * k_step;
+#if defined(__AVX2__) && LANES == 8
+        if (lane_step == 1 && lanes == LANES) { /* the lanes' outputs interleave: one run of LANES pairs */
+            const __m256 zr = _mm256_loadu_ps(z.re + at), zi = _mm256_loadu_ps(z.im + at);
+            const __m256 mr = _mm256_loadu_ps(z.re + mirror), mi = _mm256_loadu_ps(z.im + mirror);
+            const __m256 half = _mm256_set1_ps(0.5f), vwr = _mm256_set1_ps(wr), vwi = _mm256_set1_ps(wi);
+            const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, mr)), ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, mi));
+            const __m256 or_ = _mm256_mul_ps(half, _mm256_add_ps(zi, mi)), oi = _mm256_mul_ps(half, _mm256_sub_ps(mr, zr));
+            const __m256 re = _mm256_add_ps(er, _mm256_sub_ps(_mm256_mul_ps(or_, vwr), _mm256_mul_ps(oi, vwi)));
+            const __m256 im = _mm256_add_ps(ei, _mm256_add_ps(_mm256_mul_ps(or_, vwi), _mm256_mul_ps(oi, vwr)));
+            const __m256 low = _mm256_unpacklo_ps(re, im), high = _mm256_unpackhi_ps(re, im); /* pairs 0145 2367 */
+            _mm256_storeu_ps(at_k, _mm256_permute2f128_ps(low, high, 0x20));
+            _mm256_storeu_ps(at_k + 8, _mm256_permute2f128_ps(low, high, 0x31));
+            continue;
+        }
+#endif
+        for (int64_t l = 0; l < lanes; l++) {
+            const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
+            const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
+            at_k[2 * l * lane_step] = er + CMUL_RE(or_, oi, wr, wi);
+            at_k[2 * l * lane_step + 1] = ei + CMUL_IM(or_, oi, wr, wi);
+        }
+    }
+}
+
+/* The r2c transforms of `lanes` rows from `row`: frequency k of lane l to out[2 (l lane_step + k k_step)]. */
+static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, int parallel, float *out,
+                      int64_t lane_step, int64_t k_step) {
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, frames = jb->frames;
     const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
     const float *source[LANES];
-    float *target[LANES];
     int64_t first[LANES], edge = 0; /* the frame's first sample (in the reflect-padded signal's terms) */
     for (int64_t l = 0; l < lanes; l++) {
         const int64_t signal = (row + l) / frames, frame = (row + l) % frames;
         first[l] = frame * jb->hop - jb->pad;
         source[l] = jb->x + signal * jb->length + first[l];
-        target[l] = jb->y + 2 * (signal * width * frames + frame);
         edge |= first[l] < 0 || first[l] + n > jb->length;
     }
     const float *w = jb->window;
@@ -398,35 +459,57 @@ static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
                 in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
         }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
-    int adjacent = 1; /* the lanes' outputs interleave: consecutive frames, frequency before frame */
-    for (int64_t l = 1; l < lanes; l++) adjacent &= target[l] == target[0] + 2 * l;
-#pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
-    for (int64_t k = 0; k <= h; k++) {
-        const int64_t at = (k % h) * lanes, mirror = ((h - k) % h) * lanes;
-        const float wr = jb->half.re[k], wi = jb->half.im[k];
-        float re[LANES], im[LANES];
-        for (int64_t l = 0; l < lanes; l++) {
-            const float zr = z.re[at + l], zi = z.im[at + l], cr = z.re[mirror + l], ci = -z.im[mirror + l];
-            const float er = 0.5f * (zr + cr), ei = 0.5f * (zi + ci), or_ = 0.5f * (zi - ci), oi = -0.5f * (zr - cr);
-            re[l] = er + CMUL_RE(or_, oi, wr, wi), im[l] = ei + CMUL_IM(or_, oi, wr, wi);
+    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+#pragma omp parallel
+        {
+            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+            r2c_split(jb, z, lanes, (h + 1) * t / team, (h + 1) * (t + 1) / team, out, lane_step, k_step);
         }
-        if (adjacent && lanes == LANES) {
-            float *out = target[0] + 2 * k * frames;
-            for (int l = 0; l < LANES; l++) out[2 * l] = re[l], out[2 * l + 1] = im[l];
-        } else {
-            for (int64_t l = 0; l < lanes; l++) target[l][2 * k * frames] = re[l], target[l][2 * k * frames + 1] = im[l];
-        }
+    } else {
+        r2c_split(jb, z, lanes, 0, h + 1, out, lane_step, k_step);
     }
 }
 
-/* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
- * direction), the spectrum of z_j = x_2j + i x_2j+1; the zero and n/2 frequencies' imaginary parts read as 0. */
-static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
-    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
-    const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
-    const float *x = jb->x + 2 * row * width;
-#pragma omp parallel for schedule(static) if (parallel && h >= PARALLEL_MIN)
-    for (int64_t k = 0; k < h; k++)
+static void r2c_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t width = jb->n / 2 + 1;
+    r2c_lanes(jb, row, lanes, work, parallel, jb->y + 2 * row * width, width, 1);
+}
+
+/* to[i] = from[i], i < count, prefetching ahead[i] for writing. One loop with the prefetches: gcc turns a plain
+ * copy loop into a memmove call, which costs more than a tile row's few vectors. */
+static void copy_ahead(float *restrict to, const float *restrict from, int64_t count, const float *ahead) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= count; i += 8) {
+        if (i % 16 == 0) __builtin_prefetch(ahead + i, 1, 3);
+        _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
+    }
+#endif
+    for (; i < count; i++) to[i] = from[i];
+}
+
+/* One tile of up to TILE_FRAMES consecutive frames of one signal: transformed into a (frequency, frame) tile, then
+ * copied out a frequency's row at a time. Written straight into the output, each group's 8 frames would be a
+ * short strided store per frequency, which cost as much as the transforms (bench/NOTES.md). */
+static void stft_tile(const job *jb, int64_t unit, float *work, int parallel) {
+    const int64_t tiles = (jb->frames + TILE_FRAMES - 1) / TILE_FRAMES, signal = unit / tiles;
+    const int64_t first = unit % tiles * TILE_FRAMES, left = jb->frames - first;
+    const int64_t count = left < TILE_FRAMES ? left : TILE_FRAMES, width = jb->n / 2 + 1;
+    float *tile = work + group_floats(jb, LANES, 2 * jb->n);
+    for (int64_t g = 0; g < count; g += LANES)
+        r2c_lanes(jb, signal * jb->frames + first + g, count - g < LANES ? count - g : LANES, work, parallel,
+                  tile + 2 * g, 1, TILE_FRAMES);
+    float *y = jb->y + 2 * (signal * width * jb->frames + first);
+    for (int64_t k = 0; k < width; k++) {
+        float *to = y + 2 * k * jb->frames, *ahead = k + PREFETCH_ROWS < width ? to + 2 * PREFETCH_ROWS * jb->frames : to;
+        copy_ahead(to, tile + 2 * k * TILE_FRAMES, 2 * count, ahead);
+    }
+}
+
+/* Z_k, k in [lo, hi), of c2r_group for the `lanes` spectra x (rows of n/2 + 1 pairs), into `in` (planar). */
+static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, int64_t hi, planar in) {
+    const int64_t h = jb->n / 2, width = h + 1;
+    for (int64_t k = lo; k < hi; k++)
         for (int64_t l = 0; l < lanes; l++) {
             const float *a = x + 2 * (l * width + k), *b = x + 2 * (l * width + h - k);
             const float ar = a[0], ai = k ? a[1] : 0.0f, br = b[0], bi = k ? -b[1] : 0.0f;
@@ -435,6 +518,23 @@ static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, in
             const float or_ = CMUL_RE(dr, di, wr, wi), oi = CMUL_IM(dr, di, wr, wi);
             in.re[k * lanes + l] = er - oi, in.im[k * lanes + l] = ei + or_;
         }
+}
+
+/* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
+ * direction), the spectrum of z_j = x_2j + i x_2j+1; the zero and n/2 frequencies' imaginary parts read as 0. */
+static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
+    const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
+    const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
+    const float *x = jb->x + 2 * row * width;
+    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+#pragma omp parallel
+        {
+            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+            c2r_merge(jb, x, lanes, h * t / team, h * (t + 1) / team, in);
+        }
+    } else {
+        c2r_merge(jb, x, lanes, 0, h, in);
+    }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
     float *y = jb->y + row * n;
     for (int64_t l = 0; l < lanes; l++)
@@ -473,33 +573,43 @@ static void c2r_odd_group(const job *jb, int64_t row, int64_t lanes, float *work
 
 int tg_fft_c2c_f32(int64_t batch, int64_t n, int32_t inverse, const float *x, float *y) {
     if (n == 0 || batch == 0) return TG_FFT_OK;
-    job jb = {.pl = build_plan(n, inverse ? 1 : -1), .n = n, .x = x, .y = y, .run = c2c_group};
-    return jb.pl ? for_groups(&jb, batch, 4 * n) : TG_FFT_NO_MEMORY;
+    job jb = {.pl = build_plan(n, inverse ? 1 : -1), .n = n, .rows = batch, .x = x, .y = y, .run = c2c_group};
+    return jb.pl ? for_groups(&jb, 4 * n) : TG_FFT_NO_MEMORY;
 }
 
-static int real_transform(job *jb, int64_t batch, int sign, group_fn even, group_fn odd) {
+/* The plan of a real transform of jb->n (a complex one of half the length for even n > 2), and its group. */
+static int plan_real(job *jb, int sign, group_fn even, group_fn odd) {
     const int64_t n = jb->n;
-    if (n == 0 || batch == 0) return TG_FFT_OK;
     const int halved = n % 2 == 0 && n > 2;
     jb->pl = build_plan(halved ? n / 2 : n, sign), jb->run = halved ? even : odd;
     if (!jb->pl) return TG_FFT_NO_MEMORY;
     if (halved && !(jb->half = half_twiddles(jb->pl, n)).re) return TG_FFT_NO_MEMORY;
-    return for_groups(jb, batch, 4 * n);
+    return TG_FFT_OK;
+}
+
+static int real_transform(job *jb, int sign, group_fn even, group_fn odd) {
+    if (jb->n == 0 || jb->rows == 0) return TG_FFT_OK;
+    const int status = plan_real(jb, sign, even, odd);
+    return status ? status : for_groups(jb, 4 * jb->n);
 }
 
 int tg_fft_r2c_f32(int64_t batch, int64_t n, const float *x, float *y) {
-    job jb = {.n = n, .x = x, .y = y, .frames = 1, .hop = n, .length = n};
-    return real_transform(&jb, batch, -1, r2c_group, r2c_odd_group);
+    job jb = {.n = n, .rows = batch, .x = x, .y = y, .frames = 1, .hop = n, .length = n};
+    return real_transform(&jb, -1, r2c_group, r2c_odd_group);
 }
 
 int tg_fft_c2r_f32(int64_t batch, int64_t n, const float *x, float *y) {
-    job jb = {.n = n, .x = x, .y = y};
-    return real_transform(&jb, batch, 1, c2r_group, c2r_odd_group);
+    job jb = {.n = n, .rows = batch, .x = x, .y = y};
+    return real_transform(&jb, 1, c2r_group, c2r_odd_group);
 }
 
 int tg_fft_stft_f32(int64_t batch, int64_t length, int64_t frames, int64_t n, int64_t hop, int64_t pad,
                     const float *x, const float *window, float *y) {
     if (n % 2 || n <= 2 || pad >= length) return TG_FFT_BAD_LENGTH;
+    if (batch == 0 || frames == 0) return TG_FFT_OK;
     job jb = {.n = n, .x = x, .y = y, .frames = frames, .hop = hop, .length = length, .pad = pad, .window = window};
-    return real_transform(&jb, batch * frames, -1, r2c_group, r2c_odd_group);
+    const int status = plan_real(&jb, -1, r2c_group, r2c_odd_group);
+    if (status) return status;
+    const size_t floats = group_floats(&jb, LANES, 2 * n) + (size_t)(2 * (n / 2 + 1) * TILE_FRAMES);
+    return for_units(&jb, batch * ((frames + TILE_FRAMES - 1) / TILE_FRAMES), floats, stft_tile);
 }
