@@ -23,7 +23,7 @@ CASES = [
     (2, 3, 9, 11, 5, (3, 3), 1, 1, 1),
     (2, 3, 9, 11, 5, (3, 3), 2, 1, 1),  # stride 2, odd sizes
     (1, 3, 23, 21, 8, (7, 7), 2, 3, 1),  # ResNet stem
-    (2, 3, 75, 71, 8, (7, 7), 2, 3, 1),  # the same over 1024 positions (im2col: blocks of output rows)
+    (2, 3, 75, 71, 8, (7, 7), 2, 3, 1),  # the same over 256 positions (im2col: blocks of output rows)
     (3, 4, 8, 8, 7, (1, 1), 2, 0, 1),  # downsample
     (2, 5, 10, 13, 3, (2, 3), (1, 2), (0, 1), 1),  # rectangular everything
     (1, 2, 12, 12, 4, (3, 3), 1, 2, 2),  # dilated
@@ -32,7 +32,9 @@ CASES = [
     (2, 3, 34, 32, 4, (3, 3), 1, 1, 1),  # images large enough to run one GEMM each (others merge images)
     (2, 64, 40, 37, 4, (3, 3), 1, 1, 1),  # im2col: blocks of 6 output rows, the last one of 4
     (2, 16, 66, 63, 5, (3, 3), (2, 3), (2, 1), (1, 2)),  # im2col: blocks, strides 2 and 3, dilation
-    (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 1024 positions (im2col: the image is the columns)
+    (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 256 positions (im2col: the image is the columns)
+    (1, 1024, 20, 20, 3, (1, 1), 1, 0, 1),  # ...in blocks of 6 output rows
+    (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
     # stride 1 and "same" width pack by shifting whole images (a vector straddles two images)...
     (3, 4, 5, 6, 6, (3, 1), 1, 0, 1),  # ...with fewer output rows than input rows

@@ -77,7 +77,7 @@ GEOMETRIES = [
     (1, 3, 37, 35, 8, 7, 2, 3, 1),  # a stem
     (3, 6, 9, 10, 4, 1, 2, 0, 1),  # a downsample
     (2, 3, 12, 9, 4, (3, 2), (1, 2), (2, 0), (2, 1)),  # rectangular, dilated
-    (1, 8, 36, 34, 3, 3, 1, 1, 1),  # over 1024 positions: blocks of output rows
+    (1, 8, 36, 34, 3, 3, 1, 1, 1),  # over 256 positions: blocks of output rows
 ]
 
 
