@@ -19,7 +19,7 @@
  * image is multiplied block by block of output rows, BLOCK_BYTES of columns each (so they are still cached when
  * sgemm packs them), but at least BLOCK_PER_ROW columns per output channel (so the weights sgemm packs again for
  * every block cost little beside the block). Chosen by measurement (bench/NOTES.md). */
-enum { MERGE_IMAGES_BELOW = 256, MERGE_BYTES = 8 << 20, BLOCK_BYTES = 512 << 10, BLOCK_PER_ROW = 4 };
+enum { MERGE_IMAGES_BELOW = 256, MERGE_BYTES = 8 << 20, BLOCK_BYTES = 512 << 10, BLOCK_PER_ROW = 8 };
 
 static int64_t clamp(int64_t value, int64_t low, int64_t high) { return value < low ? low : value > high ? high : value; }
 
