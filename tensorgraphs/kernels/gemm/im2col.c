@@ -4,11 +4,16 @@
  * the block while it is cached), several whole images merged into one wider product for small ones (the epilogue
  * pass scatters it back to NCHW). Against conv.c's implicit im2col, a strided conv's gathers (every second input
  * column, rows of padding) are paid once per column element rather than at every repack of a B panel, and the
- * product is a plain sgemm, which OpenBLAS runs near peak with AVX2 as well as AVX-512. Plain C, no intrinsics:
+ * product is a plain sgemm, which OpenBLAS runs near peak with AVX2 as well as AVX-512. The OpenMP threads split
+ * the work and each calls sgemm with OpenBLAS set to one thread for the call: handing every small product to
+ * OpenBLAS's own thread pool instead cost a wake-up handshake per call, ruinous on a loaded machine, and OpenBLAS
+ * (built with pthreads) serializes calls made from several OpenMP threads while it runs threaded. Plain C, no
+ * intrinsics:
  * gcc vectorizes the copies for whatever the target has. The scratch is allocated per call and freed (glibc keeps
  * blocks of a size it saw freed on its heap, so repeated calls fault no new pages). */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,7 +55,7 @@ static inline void copy_row(const float *row, column_range range, int64_t stride
  * image i, for output rows oy0 <= oy < oy1 (block = (oy1 - oy0) * ow columns per image). */
 static void fill_columns(const conv_geometry *g, const float *x, int64_t images, int64_t oy0, int64_t oy1, float *columns) {
     int64_t taps = g->kh * g->kw, block = (oy1 - oy0) * g->ow, width = images * block;
-#pragma omp parallel for collapse(2) schedule(static) if (g->cin * taps * width > 65536)
+#pragma omp parallel for collapse(2) schedule(static) if (g->cin * taps * width > 65536 && !omp_in_parallel())
     for (int64_t r = 0; r < g->cin * taps; r++)
         for (int64_t image = 0; image < images; image++) {
             int64_t channel = r / taps, ki = r % taps / g->kw, kj = r % g->kw;
@@ -78,7 +83,7 @@ static float gelu_tanh(float x) {
 static void finish_rows(const float *from, int64_t from_rs, int64_t cout, int64_t count, const float *bias,
                         const float *residual, int32_t activation, float *to, int64_t to_rs) {
     if (from == to && !bias && !residual && activation == TG_ACT_NONE) return;
-#pragma omp parallel for schedule(static) if (cout * count > 65536)
+#pragma omp parallel for schedule(static) if (cout * count > 65536 && !omp_in_parallel())
     for (int64_t co = 0; co < cout; co++) {
         const float *row = from + co * from_rs;
         float *dst = to + co * to_rs, shift = bias ? bias[co] : 0.0f;
@@ -98,34 +103,41 @@ static void multiply(const float *weight, const float *columns, int64_t m, int64
                       (blasint)k, columns, (blasint)ldb, 0.0f, product, (blasint)ldc);
 }
 
-/* Images of at least MERGE_IMAGES_BELOW positions, block by block of output rows. */
+/* Images of at least MERGE_IMAGES_BELOW positions, block by block of output rows, the blocks handed out to the
+ * threads one at a time (a thread the OS deschedules holds back no one), each filling its own columns. */
 static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, const float *x, const float *weight,
                            const float *bias, float *out, float alpha, const float *residual, int32_t activation) {
     int64_t positions = g->oh * g->ow, depth = g->cin * g->kh * g->kw, image_size = g->cin * g->h * g->w;
     int64_t wide = clamp(BLOCK_BYTES / (int64_t)sizeof(float) / depth, BLOCK_PER_ROW * cout, positions);
-    int64_t rows = clamp(wide / g->ow, 1, g->oh);
+    int64_t rows = clamp(wide / g->ow, 1, g->oh), per_image = (g->oh + rows - 1) / rows;
     /* a 1x1 kernel at stride 1 without padding reads each image as its own columns */
     int unit = g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 && g->pad_h == 0 && g->pad_w == 0;
-    float *columns = unit ? NULL : malloc(sizeof(float) * (size_t)(depth * rows * g->ow));
-    if (!unit && !columns) return TG_GEMM_NO_MEMORY;
-    for (int64_t image = 0; image < n; image++)
-        for (int64_t oy0 = 0; oy0 < g->oh; oy0 += rows) {
+    int failed = 0;
+#pragma omp parallel reduction(| : failed) if (n * per_image > 1)
+    {
+        float *columns = unit ? NULL : malloc(sizeof(float) * (size_t)(depth * rows * g->ow));
+        failed = !unit && !columns;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < n * per_image; task++) {
+            int64_t image = task / per_image, oy0 = task % per_image * rows;
             int64_t block = (oy0 + rows < g->oh ? rows : g->oh - oy0) * g->ow, at = image * cout * positions + oy0 * g->ow;
             if (unit)
                 multiply(weight, x + image * image_size + oy0 * g->ow, cout, block, depth, positions, alpha, out + at,
                          positions);
-            else {
+            else if (columns) {
                 fill_columns(g, x + image * image_size, 1, oy0, oy0 + block / g->ow, columns);
                 multiply(weight, columns, cout, block, depth, block, alpha, out + at, positions);
             }
             finish_rows(out + at, positions, cout, block, bias, residual ? residual + at : NULL, activation, out + at,
                         positions);
         }
-    free(columns);
-    return TG_GEMM_OK;
+        free(columns);
+    }
+    return failed ? TG_GEMM_NO_MEMORY : TG_GEMM_OK;
 }
 
-/* Images of fewer positions, in chunks of whole images merged into one wider product. */
+/* Images of fewer positions, in chunks of whole images merged into one wider product, whose columns the threads
+ * split (16 at a time). */
 static int convolve_merged(const conv_geometry *g, int64_t n, int64_t cout, const float *x, const float *weight,
                            const float *bias, float *out, float alpha, const float *residual, int32_t activation) {
     int64_t positions = g->oh * g->ow, depth = g->cin * g->kh * g->kw, image_size = g->cin * g->h * g->w;
@@ -136,7 +148,12 @@ static int convolve_merged(const conv_geometry *g, int64_t n, int64_t cout, cons
     for (int64_t first = 0; first < n && status == TG_GEMM_OK; first += chunk) {
         int64_t images = chunk < n - first ? chunk : n - first, width = images * positions;
         fill_columns(g, x + first * image_size, images, 0, g->oh, columns);
-        multiply(weight, columns, cout, width, depth, width, alpha, merged, width);
+#pragma omp parallel if (cout * width * depth > (1 << 20))
+        {
+            int64_t threads = omp_get_num_threads(), share = ((width + threads - 1) / threads + 15) / 16 * 16;
+            int64_t j0 = omp_get_thread_num() * share, j1 = j0 + share < width ? j0 + share : width;
+            if (j0 < j1) multiply(weight, columns + j0, cout, j1 - j0, depth, width, alpha, merged + j0, width);
+        }
         for (int64_t image = 0; image < images; image++) {
             int64_t at = (first + image) * cout * positions;
             finish_rows(merged + image * positions, width, cout, positions, bias, residual ? residual + at : NULL,
@@ -157,6 +174,12 @@ int tg_conv2d_im2col_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
                                      activation, &g);
     if (described != TG_GEMM_OK) return described;
     if (g.oh <= 0 || g.ow <= 0 || n <= 0 || cout <= 0) return TG_GEMM_OK;
-    return (g.oh * g.ow >= MERGE_IMAGES_BELOW ? convolve_blocks : convolve_merged)(&g, n, cout, x, weight, bias, out,
-                                                                                  alpha, residual, activation);
+    /* OpenBLAS's thread count is global: programs run their kernels one at a time, so it is restored before any
+     * other BLAS call */
+    int blas_threads = scipy_openblas_get_num_threads();
+    scipy_openblas_set_num_threads(1);
+    int status = (g.oh * g.ow >= MERGE_IMAGES_BELOW ? convolve_blocks : convolve_merged)(
+        &g, n, cout, x, weight, bias, out, alpha, residual, activation);
+    scipy_openblas_set_num_threads(blas_threads);
+    return status;
 }
