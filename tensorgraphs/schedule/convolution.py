@@ -6,8 +6,8 @@ up to three candidates besides its decomposition (`CONV_CANDIDATES`, chosen per 
 from the image) and, for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3),
 fewer multiplies but about ten times the rounding error, so it has to measure faster to be chosen); with OpenBLAS
 installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm, portable C, for strided convs where
-the implicit packing's gathers cost most, and the conv kernel of machines without AVX-512). Run by a kernel, the
-composite is kept whole by
+the implicit packing's gathers cost most, and the conv kernel of machines without AVX-512; chosen only where
+measured faster than the decomposition, `IM2COL_PRIOR`). Run by a kernel, the composite is kept whole by
 the scheduler: one `ConvCall` reading x and the weight where their buffers hold them in NCHW order (through
 reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else is materialized first) and
 writing a buffer of its own.
@@ -30,7 +30,14 @@ from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
 from tensorgraphs.graph.node import Node
 from tensorgraphs.kernels import blas, gemm
-from tensorgraphs.plan.choices import KERNEL_LIBRARIES, OPENBLAS, Candidate, register_candidates, route_of
+from tensorgraphs.plan.choices import (
+    DECOMPOSITION,
+    KERNEL_LIBRARIES,
+    OPENBLAS,
+    Candidate,
+    register_candidates,
+    route_of,
+)
 from tensorgraphs.schedule.extern import (
     ACTIVATIONS,
     EPILOGUE_KINDS,
@@ -85,8 +92,13 @@ def _winograd_fits(node: Node) -> bool:
 
 
 IMPLICIT_GEMM, WINOGRAD, IM2COL = "implicit_gemm", "winograd", "im2col"
+IM2COL_PRIOR = DECOMPOSITION.prior * 1.25
+"""Behind the decomposition: OpenBLAS's kernel rounds some output channels differently from others (the same
+weights give results a bit apart, which a softmax over huge logits turns into different classes: ONNX's light
+squeezenet), so programs keep the decomposition's results unless `tg tune` (or TG_TUNE=1) measured im2col faster;
+and what runs stays what `tg.export` writes, which cannot link OpenBLAS."""
 CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0), Candidate(WINOGRAD, _winograd_fits, prior=1.1),
-                   Candidate(IM2COL, _im2col_fits, prior=1.3, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})))
+                   Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})))
 register_candidates(CONV2D, *CONV_CANDIDATES)
 C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, WINOGRAD)},
                IM2COL: blas.CONV_FUNCTION}

@@ -17,7 +17,18 @@ from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.loop_ir import ConvCall, walk
 from tensorgraphs.graph.node import toposort
 from tensorgraphs.kernels import blas
-from tensorgraphs.plan.choices import ALL_FEATURES, DECOMPOSE, OPENBLAS, candidates_of, forced, route_of, targeting
+from tensorgraphs.plan.choices import (
+    ALL_FEATURES,
+    DECOMPOSE,
+    OPENBLAS,
+    candidates_of,
+    code_hash,
+    compiled_planner,
+    forced,
+    kernel_id,
+    route_of,
+    targeting,
+)
 from tensorgraphs.plan.signature import signature_of
 from tensorgraphs.schedule import convolution as conv
 
@@ -63,6 +74,28 @@ def test_where_the_im2col_kernel_applies() -> None:
         assert _names(out) == [DECOMPOSE]
     with targeting(ALL_FEATURES - {OPENBLAS}):  # what tg.export plans for: a library that cannot link OpenBLAS
         assert conv.IM2COL not in _names(F.conv2d(x, three, stride=2))
+
+
+def test_it_runs_where_measured_faster(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unmeasured, a conv without another kernel decomposes (the prior puts im2col after it); rows in the kernel
+    database (as `tg tune` writes them) that measure im2col fastest make compiled functions call it."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))  # a kernel database of its own
+    x, weight = _floats((2, 6, 11, 9), 0), _floats((7, 6, 3, 3), 1)
+    (node,) = _conv_nodes(F.conv2d(tg.tensor(x), tg.tensor(weight), stride=2))
+    sig, planner = signature_of(node), compiled_planner()
+    names = [c.name for c in candidates_of(node)]
+    assert route_of(node) == (names[0] if names[0] != conv.IM2COL else DECOMPOSE)
+    for candidate in names:
+        planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
+                                     sig.dtype_key, sig.shape_key, sig.flops, sig.bytes,
+                                     [1e-6 if candidate == conv.IM2COL else 1.0])
+    convolve = tg.compile(lambda a, b: F.conv2d(a, b, stride=2).relu())
+    out = convolve(tg.tensor(x), tg.tensor(weight))
+    (trace,) = [t for traces in convolve.traces.values() for t in traces]
+    calls = [s for kernel in trace.program.kernels for s in walk(kernel.body) if isinstance(s, ConvCall)]
+    assert [call.function for call in calls] == [blas.CONV_FUNCTION]
+    expected = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(weight), stride=2))
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_without_the_libraries_convs_decompose(monkeypatch: pytest.MonkeyPatch) -> None:
