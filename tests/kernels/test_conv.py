@@ -13,8 +13,10 @@ from tensorgraphs.kernels import blas, gemm
 AVX512 = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
 KERNELS = {
     "implicit_gemm": pytest.param(gemm.conv2d, marks=AVX512),
-    "im2col": pytest.param(blas.conv2d, marks=pytest.mark.skipif(not blas.conv_available(),
-                                                                  reason="needs scipy-openblas32 and a C compiler")),
+    "im2col": pytest.param(
+        blas.conv2d,
+        marks=pytest.mark.skipif(not blas.conv_available(), reason="needs scipy-openblas32 and a C compiler"),
+    ),
 }
 kernels = pytest.mark.parametrize("conv2d", list(KERNELS.values()), ids=list(KERNELS))
 

@@ -86,9 +86,16 @@ def test_it_runs_where_measured_faster(tmp_path, monkeypatch: pytest.MonkeyPatch
     names = [c.name for c in candidates_of(node)]
     assert route_of(node) == (names[0] if names[0] != conv.IM2COL else DECOMPOSE)
     for candidate in names:
-        planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
-                                     sig.dtype_key, sig.shape_key, sig.flops, sig.bytes,
-                                     [1e-6 if candidate == conv.IM2COL else 1.0])
+        planner.cost_model.db.record(
+            planner.cost_model.fingerprint,
+            kernel_id(sig, candidate),
+            code_hash(),
+            sig.dtype_key,
+            sig.shape_key,
+            sig.flops,
+            sig.bytes,
+            [1e-6 if candidate == conv.IM2COL else 1.0],
+        )
     convolve = tg.compile(lambda a, b: F.conv2d(a, b, stride=2).relu())
     out = convolve(tg.tensor(x), tg.tensor(weight))
     (trace,) = [t for traces in convolve.traces.values() for t in traces]
