@@ -9,7 +9,9 @@ against the targets of issue 5 (GEMM >= 95% of torch, conv2d >= 80%, fused linea
 linear then gelu, gelu(h) @ W with gelu applied while packing h faster than torch's gelu then linear); the
 fraction of this machine's FMA peak (measured at start with a register-only FMA loop on every thread); and the
 spread of ours (interquartile range / median), which says how noisy the row was. A 3x3 stride-1 conv row has a
-second line, "winograd": our Winograd F(4x4, 3x3) kernel (its GFLOP/s count the direct algorithm's flops).
+second line, "winograd": our Winograd F(4x4, 3x3) kernel (its GFLOP/s count the direct algorithm's flops); every
+conv row has a line "im2col": the explicit im2col and OpenBLAS sgemm kernel (im2col.c), where scipy-openblas32 is
+installed. On a machine without AVX-512 only that kernel runs (the GEMM library's rows are left out): --only resnet.
 
 On a machine shared with other work, `--threads 1 --clock cpu` compares the kernels by the CPU time of the one
 thread (time the thread was descheduled does not count), which is far less noisy than wall-clock time.
@@ -37,9 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tensorgraphs.kernels import blas, gemm  # noqa: E402
 
 PEAK_SOURCE = r"""
-#include <immintrin.h>
 #include <omp.h>
 #include <time.h>
+#ifdef __AVX512F__ /* registers of 16 floats, 32 of them */
+enum { LANES = 16, ACCUMULATORS = 24 };
+#else /* AVX2: 8 floats, 16 registers */
+enum { LANES = 8, ACCUMULATORS = 12 };
+#endif
+typedef float vec __attribute__((vector_size(4 * LANES)));
 static double seconds(clockid_t clock) {
     struct timespec now;
     clock_gettime(clock, &now);
@@ -51,22 +58,24 @@ double fma_peak_gflops(long reps, int cpu_clock) {
     double start = seconds(clock);
     #pragma omp parallel
     {
-        __m512 acc[24], x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-7f);
-        for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)i);
+        vec acc[ACCUMULATORS], x = (vec){0} + 1.0f, y = (vec){0} + 1e-7f;
+        for (int i = 0; i < ACCUMULATORS; i++) acc[i] = (vec){0} + (float)i;
         for (long r = 0; r < reps; r++) {
-            _Pragma("GCC unroll 24") for (int i = 0; i < 24; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-            __asm__ volatile("" : "+v"(x));
+            _Pragma("GCC unroll 24") for (int i = 0; i < ACCUMULATORS; i++) acc[i] = acc[i] * x + y; /* FMAs */
+            __asm__ volatile("" : "+x"(x));
         }
-        for (int i = 1; i < 24; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-        fma_peak_sink[omp_get_thread_num() % 64] = _mm512_reduce_add_ps(acc[0]);
+        for (int i = 1; i < ACCUMULATORS; i++) acc[0] += acc[i];
+        float sum = 0.0f;
+        for (int lane = 0; lane < LANES; lane++) sum += acc[0][lane];
+        fma_peak_sink[omp_get_thread_num() % 64] = sum;
     }
-    return 2.0 * 16 * 24 * reps * omp_get_max_threads() / (seconds(clock) - start) * 1e-9;
+    return 2.0 * LANES * ACCUMULATORS * reps * omp_get_max_threads() / (seconds(clock) - start) * 1e-9;
 }
 """
 
 
 def fma_peak(cpu_clock: bool) -> float:
-    """GFLOP/s of independent AVX-512 FMAs on every OpenMP thread (best of 5)."""
+    """GFLOP/s of independent FMAs of the widest vectors (AVX-512 or AVX2) on every OpenMP thread (best of 5)."""
     with tempfile.TemporaryDirectory() as scratch:
         source, library = Path(scratch) / "peak.c", Path(scratch) / "peak.so"
         source.write_text(PEAK_SOURCE)
@@ -165,12 +174,13 @@ def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: in
     x, weight = random((batch, cin, size, size), 1), random((cout, cin, kernel, kernel), 2)
     tx, tw = torch.from_numpy(x), torch.from_numpy(weight)
     out_size = (size + 2 * padding - kernel) // stride + 1
-    candidates = {
-        "ours": lambda: gemm.conv2d(x, weight, stride=stride, padding=padding),
-        "torch": lambda: torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding),
-    }
-    if kernel == 3 and stride == 1:
+    candidates = {"torch": lambda: torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)}
+    if gemm.available():
+        candidates["ours"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding)
+    if gemm.available() and kernel == 3 and stride == 1:
         candidates["winograd"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding, algorithm="winograd")
+    if blas.conv_available():
+        candidates["im2col"] = lambda: blas.conv2d(x, weight, stride=stride, padding=padding)
     return 2.0 * batch * cout * out_size * out_size * cin * kernel * kernel, candidates
 
 
@@ -244,6 +254,8 @@ def main() -> None:
     unknown = set(options.only.split(",")) - set(GROUPS)
     if unknown:
         parser.error(f"unknown row groups {sorted(unknown)}: choose from {','.join(GROUPS)}")
+    if not gemm.available() and set(options.only.split(",")) != {"resnet"}:
+        parser.error("only the resnet rows run without the AVX-512 GEMM library (their im2col kernel): --only resnet")
     if options.clock == "cpu" and options.threads != 1:
         parser.error("--clock cpu measures one thread: add --threads 1")
     if options.threads:
@@ -252,9 +264,10 @@ def main() -> None:
     global clock
     clock = CLOCKS[options.clock]
     peak = fma_peak(options.clock == "cpu")
+    blocking = gemm.blocking() if gemm.available() else "none (no AVX-512 GEMM library)"
     print(
         f"threads {torch.get_num_threads()} (ours and torch), clock {options.clock}; "
-        f"blocking {gemm.blocking()}; FMA peak {peak:.0f} GFLOP/s; load average {os.getloadavg()[0]:.1f}"
+        f"blocking {blocking}; FMA peak {peak:.0f} GFLOP/s; load average {os.getloadavg()[0]:.1f}"
     )
     print(
         f"{'group':<12} {'shape (M x K x N)':<20} {'ours':>6} {'blas':>6} {'torch':>6} {'ours/torch':>10} "
@@ -264,7 +277,7 @@ def main() -> None:
     for group, label, target, build in rows(set(options.only.split(",")), options.big):
         flops, candidates = build()
         times = measure(candidates, options.min_time)
-        for ours, suffix in (("ours", ""), ("winograd", " winograd")):
+        for ours, suffix in (("ours", ""), ("winograd", " winograd"), ("im2col", " im2col")):
             if ours in times:
                 misses += print_row(group, label + suffix, target, flops, times, ours, peak) == "MISS"
     print(f"rows below target: {misses}; load average now {os.getloadavg()[0]:.1f}")

@@ -24,6 +24,7 @@ from tensorgraphs.export.program import ExportedProgram, describe
 from tensorgraphs.nn.compiled_module import CompiledModule
 from tensorgraphs.nn.module import Module
 from tensorgraphs.optim.optimizer import Optimizer
+from tensorgraphs.plan.choices import ALL_FEATURES, OPENBLAS, targeting
 
 __all__ = ["BuildOptions", "Exported", "export"]
 
@@ -60,7 +61,8 @@ def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | 
     if isinstance(fn, CompiledModule):  # tg.compile(model): the module it compiles
         fn = fn._orig_mod
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
-    trace = compiled.traced(*args)
+    with targeting(ALL_FEATURES - {OPENBLAS}):  # the library cannot link OpenBLAS: plan without its kernels
+        trace = compiled.traced(*args)
     found = names.holders(compiled.fn) if holders is None else dict(holders)
     arguments = list(input_names) if input_names is not None else names.argument_names(compiled.fn, len(args))
     if len(arguments) != len(args):

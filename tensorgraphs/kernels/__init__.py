@@ -1,5 +1,5 @@
-"""Hand-written native kernels (GEMM, int8 GEMM, convolution, Winograd convolution, BLAS, fused attention, FFT)
-that generated programs call by their C names."""
+"""Hand-written native kernels (GEMM, int8 GEMM, convolution, Winograd convolution, BLAS, im2col convolution on
+BLAS, fused attention, FFT) that generated programs call by their C names."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ LIBRARIES: dict[str, NativeLibrary] = {
     **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
     gemm.C_FUNCTIONS["conv2d_winograd"]: NativeLibrary(gemm.WINOGRAD_HEADER, gemm.library_path),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path),
+    blas.CONV_FUNCTION: NativeLibrary(blas.CONV_HEADER, blas.conv_library_path),
     **dict.fromkeys(int8.C_FUNCTIONS.values(), NativeLibrary(int8.HEADER, int8.library_path)),
     **dict.fromkeys(attention.C_FUNCTIONS.values(), _ATTENTION),
     **dict.fromkeys(fft.C_FUNCTIONS.values(), NativeLibrary(fft.HEADER, fft.library_path)),

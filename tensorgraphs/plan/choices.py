@@ -42,7 +42,10 @@ from tensorgraphs.plan.signature import Signature, placeholder_node, signature_o
 DECOMPOSE = "decompose"
 KERNEL_LIBRARIES = "kernel_libraries"
 """A target feature: its programs may call the native kernel libraries (`tensorgraphs.kernels`)."""
-ALL_FEATURES = frozenset({KERNEL_LIBRARIES})
+OPENBLAS = "openblas"
+"""A target feature: its programs may call kernels linked against OpenBLAS (an exported library links only libc,
+libm and OpenMP)."""
+ALL_FEATURES = frozenset({KERNEL_LIBRARIES, OPENBLAS})
 MEASURE_LIMIT = 64
 """Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
@@ -128,8 +131,9 @@ _FEATURES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("targ
 
 @contextlib.contextmanager
 def targeting(features: frozenset[str]) -> Iterator[None]:
-    """Composites planned inside are planned for a target with `features` (default: all, the cpu device)."""
-    token = _FEATURES.set(features)
+    """Composites planned inside are planned for a target with `features` (default: all, the cpu device), less any
+    an enclosing `targeting` left out (`tg.export` leaves out OPENBLAS for the cpu device's programs)."""
+    token = _FEATURES.set(_FEATURES.get() & features)
     try:
         yield
     finally:

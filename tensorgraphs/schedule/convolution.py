@@ -1,10 +1,13 @@
 """Convolutions run by a conv2d kernel of the GEMM library instead of their decomposition (patches and a matmul).
 
 A float32 `conv2d` composite with one group, NCHW, and the same padding before and after each spatial dim has
-two candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`):
-"implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from the image) and, for 3x3 kernels at
-stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer multiplies but about ten times
-the rounding error, so it has to measure faster to be chosen). Run by a kernel, the composite is kept whole by
+up to three candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner,
+`plan.choices`): on a machine with AVX-512, "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight
+from the image) and, for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3),
+fewer multiplies but about ten times the rounding error, so it has to measure faster to be chosen); with OpenBLAS
+installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm, portable C, for strided convs where
+the implicit packing's gathers cost most, and the conv kernel of machines without AVX-512; chosen only where
+measured faster than the decomposition, `IM2COL_PRIOR`). Run by a kernel, the composite is kept whole by
 the scheduler: one `ConvCall` reading x and the weight where their buffers hold them in NCHW order (through
 reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else is materialized first) and
 writing a buffer of its own.
@@ -26,8 +29,15 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
 from tensorgraphs.graph.node import Node
-from tensorgraphs.kernels import gemm
-from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
+from tensorgraphs.kernels import blas, gemm
+from tensorgraphs.plan.choices import (
+    DECOMPOSITION,
+    KERNEL_LIBRARIES,
+    OPENBLAS,
+    Candidate,
+    register_candidates,
+    route_of,
+)
 from tensorgraphs.schedule.extern import (
     ACTIVATIONS,
     EPILOGUE_KINDS,
@@ -37,6 +47,7 @@ from tensorgraphs.schedule.extern import (
     contiguous_storage,
     epilogue_rules,
     gemm_enabled,
+    libraries_enabled,
 )
 
 CONV2D = "conv2d"
@@ -48,10 +59,10 @@ def _conv_params(node: Node) -> dict[str, Any]:
     return dict(node.arg)
 
 
-def _kernel_fits(node: Node) -> bool:
-    """Whether a conv2d kernel computes `node`: float32 NCHW with one group, each padding the same on both sides
-    (the kernels take one per dim), nothing empty or too large, on a machine that runs the GEMM library."""
-    if not gemm_enabled() or not is_composite(node) or node.op.name != CONV2D:
+def _conv_fits(node: Node) -> bool:
+    """Whether a conv2d kernel (tg_conv2d_f32's contract) computes `node`: float32 NCHW with one group, each padding
+    the same on both sides (the kernels take one per dim), nothing empty or too large."""
+    if not is_composite(node) or node.op.name != CONV2D:
         return False
     x, weight = node.src
     params = _conv_params(node)
@@ -59,6 +70,17 @@ def _kernel_fits(node: Node) -> bool:
     symmetric = all(before == after >= 0 for before, after in params["padding"])
     sizes = (x.size, weight.size, node.size)
     return floats and params["groups"] == 1 and symmetric and 0 < min(sizes) and max(sizes) < INT32_ELEMENTS
+
+
+def _kernel_fits(node: Node) -> bool:
+    """`_conv_fits` on a machine that runs the GEMM library (AVX-512)."""
+    return gemm_enabled() and _conv_fits(node)
+
+
+def _im2col_fits(node: Node) -> bool:
+    """`_conv_fits` where the im2col kernel builds (OpenBLAS and a C compiler) and TG_GEMM=0 does not turn the
+    libraries off."""
+    return libraries_enabled() and blas.conv_available() and _conv_fits(node)
 
 
 def _winograd_fits(node: Node) -> bool:
@@ -69,10 +91,17 @@ def _winograd_fits(node: Node) -> bool:
     return node.src[1].shape[2:] == (3, 3) and params["stride"] == (1, 1) and params["dilation"] == (1, 1)
 
 
-IMPLICIT_GEMM, WINOGRAD = "implicit_gemm", "winograd"
-CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0), Candidate(WINOGRAD, _winograd_fits, prior=1.1))
+IMPLICIT_GEMM, WINOGRAD, IM2COL = "implicit_gemm", "winograd", "im2col"
+IM2COL_PRIOR = DECOMPOSITION.prior * 1.25
+"""Behind the decomposition: OpenBLAS's kernel rounds some output channels differently from others (the same
+weights give results a bit apart, which a softmax over huge logits turns into different classes: ONNX's light
+squeezenet), so programs keep the decomposition's results unless `tg tune` (or TG_TUNE=1) measured im2col faster;
+and what runs stays what `tg.export` writes, which cannot link OpenBLAS."""
+CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0), Candidate(WINOGRAD, _winograd_fits, prior=1.1),
+                   Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})))
 register_candidates(CONV2D, *CONV_CANDIDATES)
-C_FUNCTIONS = {name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, WINOGRAD)}
+C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, WINOGRAD)},
+               IM2COL: blas.CONV_FUNCTION}
 """The kernel's C function by candidate."""
 
 

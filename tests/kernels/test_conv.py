@@ -1,4 +1,5 @@
-"""conv2d lowered to GEMM (implicit im2col) against torch.nn.functional.conv2d, with fused epilogues."""
+"""conv2d lowered to GEMM against torch.nn.functional.conv2d in float64, with fused epilogues: the implicit-im2col
+kernel (conv.c, AVX-512) and the explicit-im2col kernel on OpenBLAS (im2col.c, portable), case by case."""
 
 from __future__ import annotations
 
@@ -6,21 +7,37 @@ import numpy as np
 import pytest
 import torch
 
-from tensorgraphs.errors import ShapeError
-from tensorgraphs.kernels import gemm
+from tensorgraphs.errors import ArgumentError, ShapeError
+from tensorgraphs.kernels import blas, gemm
 
-pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+AVX512 = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+KERNELS = {
+    "implicit_gemm": pytest.param(gemm.conv2d, marks=AVX512),
+    "im2col": pytest.param(
+        blas.conv2d,
+        marks=pytest.mark.skipif(not blas.conv_available(), reason="needs scipy-openblas32 and a C compiler"),
+    ),
+}
+kernels = pytest.mark.parametrize("conv2d", list(KERNELS.values()), ids=list(KERNELS))
 
 # (batch, cin, h, w, cout, kernel, stride, padding, dilation)
 CASES = [
     (2, 3, 9, 11, 5, (3, 3), 1, 1, 1),
+    (2, 3, 9, 11, 5, (3, 3), 2, 1, 1),  # stride 2, odd sizes
     (1, 3, 23, 21, 8, (7, 7), 2, 3, 1),  # ResNet stem
+    (2, 3, 75, 71, 8, (7, 7), 2, 3, 1),  # the same over 256 positions (im2col: blocks of output rows)
     (3, 4, 8, 8, 7, (1, 1), 2, 0, 1),  # downsample
     (2, 5, 10, 13, 3, (2, 3), (1, 2), (0, 1), 1),  # rectangular everything
     (1, 2, 12, 12, 4, (3, 3), 1, 2, 2),  # dilated
     (4, 33, 7, 7, 40, (3, 3), 1, 1, 1),  # K and M across register tiles; images merged into one GEMM
     (2, 1, 4, 4, 2, (3, 3), 3, 4, 1),  # padding wider than the kernel
     (2, 3, 34, 32, 4, (3, 3), 1, 1, 1),  # images large enough to run one GEMM each (others merge images)
+    (2, 64, 40, 37, 4, (3, 3), 1, 1, 1),  # im2col: blocks of 6 output rows, the last one of 4
+    (2, 16, 66, 63, 5, (3, 3), (2, 3), (2, 1), (1, 2)),  # im2col: blocks, strides 2 and 3, dilation
+    (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 256 positions (im2col: the image is the columns)
+    (1, 1024, 20, 20, 3, (1, 1), 1, 0, 1),  # ...in blocks of 6 output rows
+    (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
+    (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
     # stride 1 and "same" width pack by shifting whole images (a vector straddles two images)...
     (3, 4, 5, 6, 6, (3, 1), 1, 0, 1),  # ...with fewer output rows than input rows
     (2, 3, 6, 9, 5, (1, 5), 1, (0, 2), 1),  # ...with a wide kernel
@@ -33,36 +50,60 @@ def random(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
 
 
+def _expected(x, weight, bias, stride, padding, dilation) -> torch.Tensor:
+    operands = (None if a is None else torch.from_numpy(np.ascontiguousarray(a)).double() for a in (x, weight, bias))
+    return torch.nn.functional.conv2d(*operands, stride=stride, padding=padding, dilation=dilation)
+
+
+@kernels
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual"])
-def test_conv2d_agrees_with_torch(case, epilogue):
+@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual", "scaled_gelu"])
+def test_conv2d_agrees_with_torch(conv2d, case, epilogue):
     batch, cin, h, w, cout, kernel, stride, padding, dilation = case
     x, weight, bias = random((batch, cin, h, w), 1), random((cout, cin, *kernel), 2), random((cout,), 3)
-    expected = torch.nn.functional.conv2d(
-        torch.from_numpy(x).double(),
-        torch.from_numpy(weight).double(),
-        torch.from_numpy(bias).double() if epilogue == "bias_relu" else None,
-        stride,
-        padding,
-        dilation,
-    )
+    expected = _expected(x, weight, bias if epilogue == "bias_relu" else None, stride, padding, dilation)
     arguments = {}
     if epilogue == "bias_relu":
         expected, arguments = torch.relu(expected), dict(bias=bias, activation="relu")
     if epilogue == "residual":
         residual = random(tuple(expected.shape), 4)
         expected, arguments = expected + torch.from_numpy(residual), dict(residual=residual)
-    actual = gemm.conv2d(x, weight, stride=stride, padding=padding, dilation=dilation, **arguments)
+    if epilogue == "scaled_gelu":
+        expected = torch.nn.functional.gelu(0.5 * expected, approximate="tanh")
+        arguments = dict(alpha=0.5, activation="gelu_tanh")
+    actual = conv2d(x, weight, stride=stride, padding=padding, dilation=dilation, **arguments)
     np.testing.assert_allclose(
         actual, expected.numpy(), rtol=1e-5, atol=1e-5 * np.sqrt(cin * np.prod(kernel)), err_msg=f"{case} {epilogue}"
     )
 
 
-def test_kernel_larger_than_the_padded_input_raises():
+@kernels
+def test_non_contiguous_operands_are_read_as_their_values(conv2d):
+    x, weight = random((3, 9, 20, 14), 5).transpose(0, 1, 3, 2)[:, ::2], random((4, 5, 3, 3), 6)[..., ::-1]
+    expected = _expected(x, weight, None, 2, 1, 1)
+    np.testing.assert_allclose(conv2d(x, weight, stride=2, padding=1), expected.numpy(), rtol=1e-5, atol=1e-4)
+
+
+@kernels
+def test_nan_propagates_only_to_the_outputs_that_read_it(conv2d):
+    x, weight = random((1, 2, 9, 9), 7), random((3, 2, 3, 3), 8)
+    x[0, 1, 4, 4] = np.nan
+    actual = conv2d(x, weight, stride=2, padding=1, activation="relu")
+    expected = torch.relu(_expected(x, weight, None, 2, 1, 1)).numpy()
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+    assert np.isnan(actual).sum() == 3  # only output (2, 2) of each channel reads input (4, 4)
+    np.testing.assert_allclose(actual[~np.isnan(actual)], expected[~np.isnan(expected)], rtol=1e-5, atol=1e-5)
+
+
+@kernels
+def test_bad_arguments_are_refused(conv2d):
     with pytest.raises(ShapeError, match="conv2d"):
-        gemm.conv2d(random((1, 1, 2, 2), 0), random((1, 1, 5, 5), 0))
+        conv2d(random((1, 1, 2, 2), 0), random((1, 1, 5, 5), 0))
+    with pytest.raises(ArgumentError, match="stride"):  # the kernel's status for a negative padding
+        conv2d(random((1, 1, 6, 6), 0), random((1, 1, 3, 3), 0), padding=-1)
 
 
+@AVX512
 def test_conv1d_is_conv2d_over_a_row():
     x, weight, bias = random((2, 6, 40), 5), random((9, 6, 5), 6), random((9,), 7)
     expected = torch.nn.functional.conv1d(

@@ -11,6 +11,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, walk
+from tensorgraphs.kernels import blas
 from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, code_hash, compiled_planner, forced, kernel_id, route_of
 from tensorgraphs.plan.signature import signature_of
 from tensorgraphs.schedule import convolution as conv
@@ -35,10 +36,11 @@ def _candidate_names(out: tg.Tensor) -> list[str]:
 def test_candidates_by_geometry() -> None:
     x = tg.tensor(_floats((2, 4, 9, 9), 0))
     three, five = tg.tensor(_floats((6, 4, 3, 3), 1)), tg.tensor(_floats((6, 4, 5, 5), 2))
-    assert _candidate_names(F.conv2d(x, three, padding=1)) == ["implicit_gemm", "winograd", DECOMPOSE]
-    assert _candidate_names(F.conv2d(x, three, stride=2)) == ["implicit_gemm", DECOMPOSE]
-    assert _candidate_names(F.conv2d(x, three, dilation=2)) == ["implicit_gemm", DECOMPOSE]
-    assert _candidate_names(F.conv2d(x, five)) == ["implicit_gemm", DECOMPOSE]
+    im2col = [conv.IM2COL] if blas.conv_available() else []  # test_convolution_im2col.py tests where it applies
+    assert _candidate_names(F.conv2d(x, three, padding=1)) == ["implicit_gemm", "winograd", *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(x, three, stride=2)) == ["implicit_gemm", *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(x, three, dilation=2)) == ["implicit_gemm", *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(x, five)) == ["implicit_gemm", *im2col, DECOMPOSE]
     grouped = tg.tensor(_floats((6, 2, 3, 3), 3))
     assert _candidate_names(F.conv2d(x, grouped, groups=2)) == [DECOMPOSE]
     even = tg.tensor(_floats((6, 4, 2, 2), 4))  # "same" pads an even kernel unequally: the kernels take one pad
@@ -191,7 +193,8 @@ def test_without_the_gemm_library_convs_decompose(monkeypatch: pytest.MonkeyPatc
     assert not _calls([out], ConvCall)
 
 
-@pytest.mark.parametrize("chosen", [conv.IMPLICIT_GEMM, conv.WINOGRAD, DECOMPOSE])
+@pytest.mark.parametrize("chosen", [conv.IMPLICIT_GEMM, conv.WINOGRAD, DECOMPOSE,
+                                    *([conv.IM2COL] if blas.conv_available() else [])])
 def test_the_algorithm_measured_fastest_is_what_a_compiled_function_runs(chosen: str, tmp_path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows in the kernel database decide (as `tg tune` writes them); winograd, second in the table, runs only
@@ -201,7 +204,7 @@ def test_the_algorithm_measured_fastest_is_what_a_compiled_function_runs(chosen:
     (node,) = _conv_nodes(F.conv2d(tg.tensor(x), tg.tensor(weight), padding=1))
     sig, planner = signature_of(node), compiled_planner()
     assert route_of(node) == conv.IMPLICIT_GEMM  # nothing measured: the table's order
-    for candidate in (conv.IMPLICIT_GEMM, conv.WINOGRAD, DECOMPOSE):
+    for candidate in (c.name for c in candidates_of(node)):
         planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
                                      sig.dtype_key, sig.shape_key, sig.flops, sig.bytes,
                                      [1e-6 if candidate == chosen else 1.0])

@@ -12,6 +12,7 @@ import ctypes
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,8 @@ WINOGRAD_HEADER = SOURCE_DIR / "winograd.h"
 C_FUNCTIONS = {"matmul": "tg_gemm_f32", "matmul_bf16": "tg_gemm_bf16", "matmul_bf16_f32": "tg_gemm_bf16_f32",
                "conv2d": "tg_conv2d_f32", "conv2d_winograd": "tg_conv2d_winograd_f32"}
 CONV_ALGORITHMS = {"implicit_gemm": "conv2d", "winograd": "conv2d_winograd"}
-"""conv2d's kernels (keys of C_FUNCTIONS) by algorithm; both take tg_conv2d_f32's arguments (gemm.h)."""
+"""conv2d's kernels (keys of C_FUNCTIONS) by algorithm; both are tg_conv2d_fn (gemm.h). (The im2col kernel, which
+links OpenBLAS, is `blas.conv2d`.)"""
 GEMM_FUNCTIONS = {("float32", "float32"): "matmul", ("bfloat16", "bfloat16"): "matmul_bf16",
                   ("bfloat16", "float32"): "matmul_bf16_f32"}
 """The product kernel (a key of C_FUNCTIONS) by (operand dtype, result dtype). Every array is float32: bfloat16
@@ -249,7 +251,8 @@ def _pair(op: str, name: str, value: int | tuple[int, int]) -> tuple[int, int]:
     return pair  # type: ignore[return-value]
 
 
-def conv2d(
+def call_conv(
+    function: Callable[..., int],
     x: np.ndarray,
     weight: np.ndarray,
     bias: np.ndarray | None = None,
@@ -260,12 +263,10 @@ def conv2d(
     residual: np.ndarray | None = None,
     activation: str = "none",
     alpha: float = 1.0,
-    algorithm: str = "implicit_gemm",
 ) -> np.ndarray:
-    """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue, by `algorithm` (`CONV_ALGORITHMS`): an
-    implicit-im2col GEMM, or Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM)."""
-    if algorithm not in CONV_ALGORITHMS:
-        fail("conv2d", f"algorithm must be one of {sorted(CONV_ALGORITHMS)}, got {algorithm!r}", ArgumentError)
+    """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue,
+    out = activation(alpha * conv2d(x, weight) + bias) + residual, by `function` (any C function with the signature
+    tg_conv2d_fn, gemm.h)."""
     x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
     if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
         fail("conv2d", f"input {x.shape} and weight {weight.shape} do not fit (need NCHW and (Cout, Cin, kH, kW))")
@@ -284,10 +285,19 @@ def conv2d(
     )
     geometry = (batch, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw)
     pointers = [None if array is None else _address(array) for array in (x, weight, bias, out, residual)]
-    function = _functions()[CONV_ALGORITHMS[algorithm]]
     status = function(*geometry, *pointers[:4], alpha, pointers[4], ACTIVATIONS[activation])
     _check_status("conv2d", status)
     return out
+
+
+def conv2d(x: np.ndarray, weight: np.ndarray, *args: Any, algorithm: str = "implicit_gemm", **kwargs: Any
+           ) -> np.ndarray:
+    """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue (arguments as `call_conv`), by `algorithm`
+    (`CONV_ALGORITHMS`): an implicit-im2col GEMM, or Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run
+    the implicit GEMM)."""
+    if algorithm not in CONV_ALGORITHMS:
+        fail("conv2d", f"algorithm must be one of {sorted(CONV_ALGORITHMS)}, got {algorithm!r}", ArgumentError)
+    return call_conv(_functions()[CONV_ALGORITHMS[algorithm]], x, weight, *args, **kwargs)
 
 
 def conv1d(

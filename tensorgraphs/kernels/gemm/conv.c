@@ -156,12 +156,10 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                   int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
                   float alpha, const float *residual, int32_t activation) {
-    if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 || pad_h < 0 || pad_w < 0)
-        return TG_GEMM_BAD_STRIDE;
-    if (activation < TG_ACT_NONE || activation > TG_ACT_GELU_TANH) return TG_GEMM_BAD_ACTIVATION;
-    conv_geometry geometry = {cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                              (h + 2 * pad_h - dilation_h * (kh - 1) - 1) / stride_h + 1,
-                              (w + 2 * pad_w - dilation_w * (kw - 1) - 1) / stride_w + 1};
+    conv_geometry geometry;
+    int described = tg_conv_geometry(cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                                     activation, &geometry);
+    if (described != TG_GEMM_OK) return described;
     int64_t positions = geometry.oh * geometry.ow, depth = cin * kh * kw;
     if (geometry.oh <= 0 || geometry.ow <= 0 || n <= 0) return TG_GEMM_OK;
     gemm_batch g = {

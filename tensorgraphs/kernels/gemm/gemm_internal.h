@@ -1,6 +1,7 @@
 /* What gemm.c and conv.c share: the problem description and the batched, blocked driver. */
 #ifndef TG_GEMM_INTERNAL_H
 #define TG_GEMM_INTERNAL_H
+#include "conv_geometry.h"
 #include "epilogue.h"
 #include "gemm.h"
 
@@ -33,10 +34,6 @@ typedef struct b_source b_source;
  * zero-padded to TG_NR columns. `data` is already offset to the problem's batch entry. */
 typedef void (*pack_b_fn)(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                           float *dst);
-
-typedef struct {
-    int64_t cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, oh, ow;
-} conv_geometry;
 
 struct b_source {
     pack_b_fn pack;

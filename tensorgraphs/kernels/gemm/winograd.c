@@ -9,7 +9,9 @@
  * U is four times the size of the weights (38 MB for ResNet-18's last layer): it is made one row of 6 points at a
  * time from G g (twice their size), just before the batch of 6 GEMMs that reads it, while it is still cached.
  * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding) or 16
- * output channels (weights; output, whose tiles are then transposed in registers and stored row by row). */
+ * output channels (weights; output, whose tiles are then transposed in registers and stored row by row).
+ * T, U, V and M live in scratch allocated per call and freed (29 MB for ResNet-18's layer1 at batch 8; glibc keeps a
+ * block of a size it saw freed on its heap, up to 32 MB, so repeated calls fault no new pages). */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -54,22 +56,6 @@ static inline __attribute__((always_inline)) void output_transform(const v16 m[P
 
 /* Lanes holding a NaN or an infinity. */
 static inline __mmask16 not_finite(v16 x) { return _mm512_fpclass_ps_mask(x, 0x99); }
-
-/* Grow-only scratch of the calling thread (the transformed operands), so page faults are paid once. */
-static _Thread_local struct {
-    float *data;
-    size_t capacity;
-} scratch;
-
-static float *reserve(size_t count) {
-    if (count > scratch.capacity) {
-        free(scratch.data);
-        size_t bytes = (count * sizeof(float) + 4095) & ~(size_t)4095;
-        scratch.data = aligned_alloc(4096, bytes);
-        scratch.capacity = scratch.data ? bytes / sizeof(float) : 0;
-    }
-    return scratch.data;
-}
 
 typedef struct {
     int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
@@ -244,11 +230,14 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
                n * cin * h * w < INT32_MAX / 2; /* gather offsets are int32 */
     /* T (twice the weights), U for one row of points at a time (so it is read while still cached), V and M */
     size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
-    float *t = winograd ? reserve(3 * PATCH * weights + PATCH * weights + rows * (cin + cout)) : NULL;
+    size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
+    float *t = winograd ? aligned_alloc(64, (scratch * sizeof(float) + 63) & ~(size_t)63) : NULL;
     float *u = t + 3 * PATCH * weights, *v = u + PATCH * weights, *m = v + rows * cin;
-    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v))
+    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v)) {
+        free(t);
         return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
                              weight, bias, out, alpha, residual, activation);
+    }
     int status = TG_GEMM_OK;
     for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
         transform_weight_row(&g, t, xi, u);
@@ -257,5 +246,6 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
                              0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
     }
     if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out);
+    free(t);
     return status;
 }
