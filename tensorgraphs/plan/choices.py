@@ -42,7 +42,10 @@ from tensorgraphs.plan.signature import Signature, placeholder_node, signature_o
 DECOMPOSE = "decompose"
 KERNEL_LIBRARIES = "kernel_libraries"
 """A target feature: its programs may call the native kernel libraries (`tensorgraphs.kernels`)."""
-ALL_FEATURES = frozenset({KERNEL_LIBRARIES})
+SCHEDULE_SEARCH = "schedule_search"
+"""A target feature: its renderer reads `ScheduleOptions`, so its generated kernels are worth searching
+(`plan.kernel_search`)."""
+ALL_FEATURES = frozenset({KERNEL_LIBRARIES, SCHEDULE_SEARCH})
 MEASURE_LIMIT = 64
 """Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
@@ -156,6 +159,11 @@ def planning_for(label: str) -> Iterator[None]:
         _LABEL.reset(token)
 
 
+def planning_label() -> str:
+    """The compiled function being traced (what `planning_for` named), or "eager graphs"."""
+    return _LABEL.get()
+
+
 @contextlib.contextmanager
 def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
     """Records every composite planned inside: label -> {signature: a node of it}, in first-seen order."""
@@ -173,7 +181,8 @@ def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
 
 
 def tuning_enabled() -> bool:
-    """TG_TUNE=1: measure a composite's candidates the first time a program needs its choice."""
+    """TG_TUNE=1: measure a composite's candidates the first time a program needs its choice (and search the
+    schedules of its generated kernels: `plan.kernel_search`)."""
     return os.environ.get("TG_TUNE", "0") not in ("", "0")
 
 
