@@ -180,10 +180,23 @@ def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
 # ---------------------------------------------------------------------------
 
 
+_TUNING: contextvars.ContextVar[bool] = contextvars.ContextVar("tuning", default=False)
+
+
 def tuning_enabled() -> bool:
-    """TG_TUNE=1: measure a composite's candidates the first time a program needs its choice (and search the
-    schedules of its generated kernels: `plan.kernel_search`)."""
-    return os.environ.get("TG_TUNE", "0") not in ("", "0")
+    """TG_TUNE=1 or inside `tuning`: measure a composite's candidates the first time a program needs its choice
+    (and search the schedules of its generated kernels: `plan.kernel_search`)."""
+    return _TUNING.get() or os.environ.get("TG_TUNE", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def tuning() -> Iterator[None]:
+    """`tg tune`'s run of a script: as TG_TUNE=1, so the kernels searched are those of the measured choices."""
+    token = _TUNING.set(True)
+    try:
+        yield
+    finally:
+        _TUNING.reset(token)
 
 
 class CompiledPlanner:
