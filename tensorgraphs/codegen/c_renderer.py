@@ -309,6 +309,10 @@ class CStyleRenderer:
         """Lines before a loop to unroll `unroll` times (here: none, C has no portable spelling)."""
         return []
 
+    def unrolled(self, loop: Loop, pad: str) -> list[str]:
+        """The unroll hint of `loop`, if it has one."""
+        return [pad + line for line in self.unroll_hint(loop.unroll)] if loop.unroll else []
+
     def block(self, stmts: list[Stmt], depth: int) -> list[str]:
         lines: list[str] = []
         for stmt in stmts:
@@ -348,8 +352,7 @@ class CStyleRenderer:
 
     def loop(self, loop: Loop, depth: int) -> list[str]:
         pad = "    " * depth
-        head = [pad + line for line in self.unroll_hint(loop.unroll)] if loop.unroll else []
-        head.append(pad + self.loop_header(loop.var.name, loop.var.extent))
+        head = [*self.unrolled(loop, pad), pad + self.loop_header(loop.var.name, loop.var.extent)]
         return self.parallel([*head, *self.block(loop.body, depth + 1), pad + "}"], loop.parallel, pad)
 
     def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
@@ -404,6 +407,7 @@ class CStyleRenderer:
                 lines += self.lane_loop(s, stmt, depth)
             elif isinstance(s, Loop):
                 pad = "    " * depth
+                lines += self.unrolled(s, pad)
                 lines.append(pad + self.loop_header(s.var.name, s.var.extent))
                 lines += self.lanes_or_block(s.body, stmt, depth + 1)
                 lines.append(pad + "}")
@@ -422,6 +426,7 @@ class CStyleRenderer:
         lines = [
             f"{pad}{acc_type} {lanes}[{lanes_n}];",
             f"{pad}for (int lane = 0; lane < {lanes_n}; lane++) {lanes}[lane] = {self.identity(stmt.op, stmt.dtype)};",
+            *self.unrolled(loop, pad),
             f"{pad}for (int64_t {v}_block = 0; {v}_block < {main}; {v}_block += {lanes_n}) {{",
             *([f"{pad}    {self.reduce_hint}"] if self.reduce_hint else []),
             f"{pad}    for (int lane = 0; lane < {lanes_n}; lane++) {{",

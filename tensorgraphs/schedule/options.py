@@ -67,10 +67,12 @@ def option_space(kernel: Kernel) -> dict[str, tuple[int, ...]]:
     loops = [stmt for stmt in kernel.body if isinstance(stmt, Loop)]
     if not loops:
         return {}
-    cores = _cores()
-    space: dict[str, tuple[int, ...]] = {"threads": tuple(sorted({1, cores // 2, cores} - {0}))}
-    if any(_collapsible(loop) for loop in loops):
-        space["collapse"] = (2,)
+    space: dict[str, tuple[int, ...]] = {}
+    if not kernel.serial:
+        cores = _cores()
+        space["threads"] = tuple(sorted({1, cores // 2, cores} - {0}))
+        if any(_collapsible(loop) for loop in loops):
+            space["collapse"] = (2,)
     space["unroll"] = UNROLLS
     space["vector_bits"] = (128, 256, 512) if _has_avx512() else (128, 256)
     if any(isinstance(s, Accumulate) for s in walk(kernel.body)):
