@@ -64,11 +64,11 @@ def _collapsible(loop: Loop) -> bool:
 def option_space(kernel: Kernel) -> dict[str, tuple[int, ...]]:
     """Option name -> the values besides the default worth trying on `kernel`. Coarse: a value that changes
     nothing here renders the same C as another, and the search measures each distinct rendering once."""
-    loops = [stmt for stmt in kernel.body if isinstance(stmt, Loop)]
-    if not loops:
+    if not any(isinstance(stmt, Loop) for stmt in walk(kernel.body)):
         return {}
+    loops = [stmt for stmt in kernel.body if isinstance(stmt, Loop)]
     space: dict[str, tuple[int, ...]] = {}
-    if not kernel.serial:
+    if loops and not kernel.serial:
         cores = _cores()
         space["threads"] = tuple(sorted({1, cores // 2, cores} - {0}))
         if any(_collapsible(loop) for loop in loops):
