@@ -25,6 +25,7 @@ import ctypes
 import dataclasses
 import hashlib
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -166,7 +167,7 @@ _RECORDERS: list[list[SeenKernel]] = []
 @contextlib.contextmanager
 def searching(deadline: float) -> Iterator[None]:
     """`tg tune`: programs built inside search each unsearched kernel until `time.perf_counter()` passes
-    `deadline` (no SEARCH_LIMIT)."""
+    `deadline` (no SEARCH_LIMIT), each reported on stderr."""
     token = _SEARCH_DEADLINE.set(deadline)
     try:
         yield
@@ -247,6 +248,9 @@ class KernelSearch:
         choice = ScheduleChoice(kernel.name, str(result.options), result.seconds, result.default_seconds,
                                 result.candidates)
         self.db.store_schedule(self.fingerprint, key, code_hash(), choice)
+        if _SEARCH_DEADLINE.get() is not None:  # `tg tune` says what it is doing
+            print(f"kernel search: {kernel.name}: {choice.options}, {choice.seconds * 1e6:,.1f} us (default "
+                  f"{choice.default_seconds * 1e6:,.1f} us, {choice.candidates} schedules)", file=sys.stderr)
         return choice
 
 
