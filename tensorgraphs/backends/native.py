@@ -42,7 +42,8 @@ from tensorgraphs.codegen.size_template import SIZES_ARRAY
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.plan.choices import ALL_FEATURES, collecting, routes_taken, still_taken, targeting
+from tensorgraphs.plan.choices import ALL_FEATURES, SCHEDULE_SEARCH, collecting, routes_taken, still_taken, targeting
+from tensorgraphs.plan.kernel_search import kernel_search
 from tensorgraphs.runtime import host_calls
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
@@ -134,11 +135,13 @@ class Program:
     """A compiled schedule: `run(inputs)` returns the roots' values (one native call).
 
     `reuse_memory=False` gives every temporary bytes of its own (unplanned execution, for comparison). With
-    `binder`, the program runs the library it names (a template for many sizes) with its sizes set.
+    `binder`, the program runs the library it names (a template for many sizes) with its sizes set. Generated
+    kernels run the schedules searched for them (`plan.kernel_search`); with `search`, those not searched yet
+    are searched when tuning is on (a program a user runs, not one built to measure something).
     """
 
     def __init__(self, schedule: Schedule, inputs: list[Node], target: CTarget, reuse_memory: bool = True,
-                 donated: Sequence[tuple[int, int]] = (), binder: Binder | None = None) -> None:
+                 donated: Sequence[tuple[int, int]] = (), binder: Binder | None = None, search: bool = False) -> None:
         self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
         self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
@@ -148,6 +151,8 @@ class Program:
         # loop IR only: a cached program keeps no graph (or its arrays) alive
         self.kernels = memory.alias_free(schedule.kernels, self.memory.in_place)
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
+        if SCHEDULE_SEARCH in target.features:
+            self.kernels = kernel_search().schedule(self.kernels, target, search)
         source = target.renderer.render_program(self.kernels, [b.name for b in schedule.buffers])
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
@@ -413,7 +418,7 @@ class NativeBackend:
                 given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
                 with collecting() as planned:
                     schedule = schedule_kernels(roots, given.__contains__)
-                found = Program(schedule, inputs, self.target, donated=donated, binder=binder)
+                found = Program(schedule, inputs, self.target, donated=donated, binder=binder, search=True)
                 found.routes = routes_taken(planned)
                 if binder:
                     return found, inputs

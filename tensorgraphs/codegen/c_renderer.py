@@ -2,7 +2,7 @@
 
 Each kernel becomes a function taking its buffers as `restrict` pointers; an
 entry point `tg_program(void **buffers)` calls them in order, so a whole step is
-one native call. A reduction's innermost loop keeps LANES independent partial
+one native call. A reduction's innermost loop keeps `ScheduleOptions.lanes` independent partial
 results (combined in order afterwards), so float sums and NaN-propagating maxima
 vectorize without reassociation flags.
 
@@ -15,6 +15,7 @@ vector transposes, streaming stores, library calls; docs/backends.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from fractions import Fraction
@@ -45,6 +46,7 @@ from tensorgraphs.codegen.loop_ir import (
     ParallelAxis,
     Reduce,
     Ref,
+    ScheduleOptions,
     Stmt,
     Store,
     TransposeLocal,
@@ -85,8 +87,6 @@ _HEADER = (Path(__file__).parent / "c_preamble.h").read_text()
 _SPLIT = _HEADER.index("typedef union")
 C_PREAMBLE = _HEADER[:_SPLIT] + _sin_table() + "\n" + _HEADER[_SPLIT:]
 """The C runtime every C-like target includes (math, rounding, integer division, index helpers)."""
-LANES = 16
-"""Independent accumulators in a reduction's inner loop: one AVX-512 register of float32."""
 
 STORAGE = {
     dtypes.bool_: "uint8_t", dtypes.uint8: "uint8_t", dtypes.uint32: "uint32_t", dtypes.int8: "int8_t",
@@ -209,9 +209,10 @@ class CStyleRenderer:
     A target's spelling is overridable: the tables (`storage`/`compute` types, `binary`, `unary_float` and
     `extra` op templates, `rounding` functions), the text before the kernels (`preamble`, `includes`,
     `kernel_qualifier`), and hooks for what a target may do its own way: `loop_header`, `parallel` (base:
-    serial), `reduce_hint` (a line before a reduction's lane loop), `local_qualifier` (a staging array's
-    alignment), `transpose` (a tile transposed in place), `loop` (streaming stores), `library_call` (kernel
-    libraries) and `kernel_end`. This base renders portable C99 for one thread and calls no library.
+    serial), `unroll_hint` and `function_attributes` (a kernel's `ScheduleOptions`; base: none), `reduce_hint`
+    (a line before a reduction's lane loop), `local_qualifier` (a staging array's alignment), `transpose` (a tile
+    transposed in place), `loop` (streaming stores), `library_call` (kernel libraries) and `kernel_end`. This base
+    renders portable C99 for one thread and calls no library.
     """
 
     storage = STORAGE
@@ -292,12 +293,25 @@ class CStyleRenderer:
                   for b in self.kernel.buffers]
         if self.uses_status:
             params.append("int *status")
-        self.signature = f"TG_KERNEL void {c_identifier(name or self.kernel.name)}({', '.join(params) or 'void'})"
+        self.signature = (f"TG_KERNEL {self.function_attributes(self.kernel.options)}void "
+                          f"{c_identifier(name or self.kernel.name)}({', '.join(params) or 'void'})")
         return "\n".join([self.signature + " {", *body_lines, "}"])
 
     def kernel_end(self) -> list[str]:
         """Lines that end every kernel's body."""
         return []
+
+    def function_attributes(self, options: ScheduleOptions) -> str:
+        """What goes before a kernel function's return type for its options (here: nothing)."""
+        return ""
+
+    def unroll_hint(self, unroll: int) -> list[str]:
+        """Lines before a loop to unroll `unroll` times (here: none, C has no portable spelling)."""
+        return []
+
+    def unrolled(self, loop: Loop, pad: str) -> list[str]:
+        """The unroll hint of `loop`, if it has one."""
+        return [pad + line for line in self.unroll_hint(loop.unroll)] if loop.unroll else []
 
     def block(self, stmts: list[Stmt], depth: int) -> list[str]:
         lines: list[str] = []
@@ -338,8 +352,8 @@ class CStyleRenderer:
 
     def loop(self, loop: Loop, depth: int) -> list[str]:
         pad = "    " * depth
-        head = pad + self.loop_header(loop.var.name, loop.var.extent)
-        return self.parallel([head, *self.block(loop.body, depth + 1), pad + "}"], loop.parallel, pad)
+        head = [*self.unrolled(loop, pad), pad + self.loop_header(loop.var.name, loop.var.extent)]
+        return self.parallel([*head, *self.block(loop.body, depth + 1), pad + "}"], loop.parallel, pad)
 
     def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
         """`loop` as the target runs a loop over `parallel`'s grid axis (here: in order, one thread)."""
@@ -385,13 +399,15 @@ class CStyleRenderer:
         return lines
 
     def lanes_or_block(self, stmts: list[Stmt], stmt: Reduce, depth: int) -> list[str]:
-        """The innermost loop that accumulates runs LANES partial results when long enough."""
+        """The innermost loop that accumulates runs the options' `lanes` partial results when long enough."""
         lines: list[str] = []
+        long_enough = 2 * self.kernel.options.lanes
         for s in stmts:
-            if isinstance(s, Loop) and any(isinstance(b, Accumulate) for b in s.body) and s.var.extent >= 2 * LANES:
+            if isinstance(s, Loop) and any(isinstance(b, Accumulate) for b in s.body) and s.var.extent >= long_enough:
                 lines += self.lane_loop(s, stmt, depth)
             elif isinstance(s, Loop):
                 pad = "    " * depth
+                lines += self.unrolled(s, pad)
                 lines.append(pad + self.loop_header(s.var.name, s.var.extent))
                 lines += self.lanes_or_block(s.body, stmt, depth + 1)
                 lines.append(pad + "}")
@@ -400,24 +416,25 @@ class CStyleRenderer:
         return lines
 
     def lane_loop(self, loop: Loop, stmt: Reduce, depth: int) -> list[str]:
-        pad, v, n = "    " * depth, loop.var.name, loop.var.extent
+        pad, v, n, lanes_n = "    " * depth, loop.var.name, loop.var.extent, self.kernel.options.lanes
         acc = f"{stmt.acc}_sum"
         acc_type = self.accumulator_type(stmt.op, stmt.dtype)
-        main = n - n % LANES
+        main = n - n % lanes_n
         lanes = f"{stmt.acc}_lane"
         self.reduce_dtypes[lanes + "[lane]"] = (stmt.op, stmt.dtype)
         per_lane = _rename_accumulator(loop.body, acc, lanes + "[lane]")
         lines = [
-            f"{pad}{acc_type} {lanes}[{LANES}];",
-            f"{pad}for (int lane = 0; lane < {LANES}; lane++) {lanes}[lane] = {self.identity(stmt.op, stmt.dtype)};",
-            f"{pad}for (int64_t {v}_block = 0; {v}_block < {main}; {v}_block += {LANES}) {{",
+            f"{pad}{acc_type} {lanes}[{lanes_n}];",
+            f"{pad}for (int lane = 0; lane < {lanes_n}; lane++) {lanes}[lane] = {self.identity(stmt.op, stmt.dtype)};",
+            *self.unrolled(loop, pad),
+            f"{pad}for (int64_t {v}_block = 0; {v}_block < {main}; {v}_block += {lanes_n}) {{",
             *([f"{pad}    {self.reduce_hint}"] if self.reduce_hint else []),
-            f"{pad}    for (int lane = 0; lane < {LANES}; lane++) {{",
+            f"{pad}    for (int lane = 0; lane < {lanes_n}; lane++) {{",
             f"{pad}        const int64_t {v} = {v}_block + lane;",
             *self.block(per_lane, depth + 2),
             f"{pad}    }}",
             f"{pad}}}",
-            f"{pad}for (int lane = 0; lane < {LANES}; lane++) "
+            f"{pad}for (int lane = 0; lane < {lanes_n}; lane++) "
             f"{acc} = {self.combine(stmt.op, acc, f'{lanes}[lane]', stmt.dtype)};",
         ]
         if main < n:
@@ -509,7 +526,7 @@ def _rename_accumulator(stmts: list[Stmt], source: str, target: str) -> list[Stm
         if isinstance(s, Accumulate) and s.acc == source:
             renamed.append(Accumulate(target, s.op, s.value))
         elif isinstance(s, Loop):
-            renamed.append(Loop(s.var, _rename_accumulator(s.body, source, target), s.parallel))
+            renamed.append(dataclasses.replace(s, body=_rename_accumulator(s.body, source, target)))
         else:
             renamed.append(s)
     return renamed

@@ -104,22 +104,26 @@ class Store:
 class ParallelAxis:
     """A loop whose iterations are independent (no carried dependence), as axis `axis` of a grid of workers: 0 is
     the outermost such loop of a nest. A CPU target splits axis 0 across its threads; a GPU target would map axis
-    i to grid dimension i. A target may run any axis in order."""
+    i to grid dimension i. A target may run any axis in order; `nested` perfectly nested loops from this one share
+    the axis."""
 
     axis: int = 0
+    nested: int = 1
 
     def __str__(self) -> str:
-        return "parallel" if self.axis == 0 else f"parallel[{self.axis}]"
+        text = "parallel" if self.axis == 0 else f"parallel[{self.axis}]"
+        return text if self.nested == 1 else f"{text} x{self.nested}"
 
 
 @dataclass
 class Loop:
     """for var in range(var.extent): body. `parallel`: the grid axis its iterations are split over (None: in
-    order)."""
+    order); `unroll`: how many iterations the target should unroll (0: its compiler's choice)."""
 
     var: Var
     body: list[Stmt] = field(default_factory=list)
     parallel: ParallelAxis | None = None
+    unroll: int = 0
 
 
 @dataclass(frozen=True)
@@ -430,15 +434,56 @@ class KernelParam:
     writes: bool
 
 
+REDUCTION_LANES = 16
+"""Independent partial results a reduction's inner loop keeps by default: one AVX-512 register of float32."""
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """How a target runs a kernel, never what it computes: every choice gives the same values.
+
+    `threads` split grid axis 0 (0: as the lowering marked it, every thread above its work threshold; 1: every
+    loop in order on the calling thread; n: every top-level loop on n threads, unless the kernel is `serial`);
+    `collapse` 2 splits the two outermost loops together (a short outer loop over a perfectly nested one);
+    `unroll` is applied to the innermost loops that run in order (0: the compiler decides); `vector_bits` is the
+    vector width the compiler should prefer (0: its default for the CPU); `lanes` are the independent partial
+    results a reduction's inner loop keeps. The lowering leaves the defaults; `plan.kernel_search` measures
+    others (`schedule.options.with_options` applies them)."""
+
+    threads: int = 0
+    collapse: int = 1
+    unroll: int = 0
+    vector_bits: int = 0
+    lanes: int = REDUCTION_LANES
+
+    def __str__(self) -> str:
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != f.default]
+        return " ".join(changed) or "default"
+
+    @classmethod
+    def parse(cls, text: str) -> ScheduleOptions:
+        """The options `str` spelled (how the kernel database stores them)."""
+        pairs = [] if text == "default" else [item.split("=") for item in text.split()]
+        return cls(**{name: int(value) for name, value in pairs})
+
+
 @dataclass
 class Kernel:
+    """One kernel: its parameters and body; `serial` when its iterations must run in order (a scatter-add's
+    accumulating stores, a scan), and the `options` it is rendered with."""
+
     name: str
     buffers: list[KernelParam]
     body: list[Stmt]
+    serial: bool = False
+    options: ScheduleOptions = ScheduleOptions()
 
     def __str__(self) -> str:
         params = ", ".join(f"{'out ' if b.writes else ''}{b.name}: {b.dtype.name}[{b.size}]" for b in self.buffers)
-        return f"kernel {self.name}({params})\n" + "\n".join(format_stmts(self.body, 1))
+        notes = ("serial " if self.serial else "") + ("" if self.options == ScheduleOptions() else f"[{self.options}]")
+        return f"kernel {self.name}({params}){' ' + notes.strip() if notes else ''}\n" + "\n".join(
+            format_stmts(self.body, 1))
 
 
 def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
@@ -447,7 +492,9 @@ def format_stmts(stmts: list[Stmt], depth: int) -> list[str]:
     lines = []
     for stmt in stmts:
         if isinstance(stmt, Loop):
-            lines.append(f"{pad}{f'{stmt.parallel} ' if stmt.parallel else ''}for {stmt.var.name} < {stmt.var.extent}:")
+            unrolled = f" (unroll {stmt.unroll})" if stmt.unroll else ""
+            lines.append(f"{pad}{f'{stmt.parallel} ' if stmt.parallel else ''}for {stmt.var.name} < {stmt.var.extent}:"
+                         f"{unrolled}")
             lines += format_stmts(stmt.body, depth + 1)
         elif isinstance(stmt, Reduce):
             lines.append(f"{pad}{stmt.acc}: {stmt.dtype.name} = reduce {stmt.op.name}:")

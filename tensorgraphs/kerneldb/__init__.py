@@ -1,6 +1,14 @@
 """The kernel database: measured kernel times per device, in SQLite in the user cache dir."""
 
-from tensorgraphs.kerneldb.db import SCHEMA_VERSION, DevicePeaks, KernelDB, Measurement, cache_dir, default_db
+from tensorgraphs.kerneldb.db import (
+    SCHEMA_VERSION,
+    DevicePeaks,
+    KernelDB,
+    Measurement,
+    ScheduleChoice,
+    cache_dir,
+    default_db,
+)
 from tensorgraphs.kerneldb.fingerprint import device_description, device_fingerprint
 
 __all__ = [
@@ -8,6 +16,7 @@ __all__ = [
     "DevicePeaks",
     "KernelDB",
     "Measurement",
+    "ScheduleChoice",
     "cache_dir",
     "default_db",
     "device_description",

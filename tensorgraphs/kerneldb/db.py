@@ -1,7 +1,9 @@
 """SQLite store of kernel measurements (standard library only).
 
 One row per (device fingerprint, kernel id, implementation hash, dtype, shape key)
-holding the median and minimum time and how many runs they summarize. The file
+holding the median and minimum time and how many runs they summarize; and, per
+generated kernel (by its structural hash), the schedule options a kernel search
+chose (`plan.kernel_search`). The file
 lives in the user cache dir (`TG_CACHE_DIR` overrides), in WAL mode so readers
 never block the writer; writes are single upserts in their own transaction, so
 several processes measuring at once lose nothing. A file that cannot be read,
@@ -21,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _FILE_NAME = "kernels.sqlite"
 
 _SCHEMA = """
@@ -48,6 +50,23 @@ CREATE TABLE IF NOT EXISTS measurements (
     PRIMARY KEY (fingerprint, kernel, impl_hash, dtype, shape)
 );
 """
+_SCHEDULES = """
+CREATE TABLE IF NOT EXISTS schedules (
+    fingerprint TEXT NOT NULL,
+    kernel TEXT NOT NULL,      -- structural hash of a generated kernel (its code, not its buffers)
+    impl_hash TEXT NOT NULL,   -- hash of the code generator: other code, other kernels
+    name TEXT NOT NULL,        -- the kernel's name where it was searched (for reading, e.g. k12_add)
+    options TEXT NOT NULL,     -- the chosen schedule options, as `ScheduleOptions` prints them
+    seconds REAL NOT NULL,     -- its measured time with them
+    default_seconds REAL NOT NULL,  -- and with the lowering's own schedule
+    candidates INTEGER NOT NULL,    -- distinct schedules measured
+    searched_at REAL NOT NULL,
+    PRIMARY KEY (fingerprint, kernel, impl_hash)
+);
+"""
+_SCHEMA += _SCHEDULES
+_MIGRATIONS = {1: _SCHEDULES}
+"""Version -> what a database of that version lacks (version 1 had no schedules)."""
 
 _UPSERT = """
 INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -73,6 +92,17 @@ class Measurement:
     min: float
     count: int
     measured_at: float
+
+
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """A kernel search's result: the options text, their time and the default schedule's, how many were tried."""
+
+    name: str
+    options: str
+    seconds: float
+    default_seconds: float
+    candidates: int
 
 
 @dataclass(frozen=True)
@@ -167,12 +197,12 @@ class KernelDB:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if version != SCHEMA_VERSION and (version != 0 or tables):
+            if version != SCHEMA_VERSION and (version not in (0, *_MIGRATIONS) or (version == 0 and tables)):
                 raise _StaleSchema(f"schema version {version}, expected {SCHEMA_VERSION}")
-            if version == 0:
-                for statement in _SCHEMA.split(";")[:-1]:
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            script = _SCHEMA if version == 0 else "".join(_MIGRATIONS[v] for v in range(version, SCHEMA_VERSION))
+            for statement in script.split(";")[:-1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
@@ -234,6 +264,20 @@ class KernelDB:
 
     def count(self) -> int:
         return self._execute("SELECT count(*) FROM measurements")[0][0]
+
+    # -- schedules of generated kernels ------------------------------------------
+    def store_schedule(self, fingerprint: str, kernel: str, impl_hash: str, choice: ScheduleChoice) -> None:
+        """The schedule a search chose for a kernel (replacing an earlier one)."""
+        self._execute("INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (fingerprint, kernel, impl_hash, choice.name, choice.options, choice.seconds,
+                       choice.default_seconds, choice.candidates, time.time()))
+        self.generation += 1
+
+    def schedules(self, fingerprint: str, impl_hash: str) -> dict[str, ScheduleChoice]:
+        """Kernel hash -> the schedule chosen for it, for one device and code generator."""
+        rows = self._execute("SELECT kernel, name, options, seconds, default_seconds, candidates FROM schedules "
+                             "WHERE fingerprint = ? AND impl_hash = ?", (fingerprint, impl_hash))
+        return {row[0]: ScheduleChoice(*row[1:]) for row in rows}
 
     # -- devices -----------------------------------------------------------------
     def device_peaks(self, fingerprint: str) -> DevicePeaks | None:

@@ -12,6 +12,8 @@ is checked output by output: stores to other arrays never touch the donor.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tensorgraphs.codegen.loop_ir import Kernel, Load, Local, Loop, Reduce, Stmt, Store, rename_buffer
 
 
@@ -50,8 +52,8 @@ def read_through_output(kernel: Kernel, donor: str, output: str) -> Kernel:
 
     The kernel then takes one pointer where it had two aliasing ones: the C parameters stay `restrict`-correct.
     """
-    return Kernel(kernel.name, [b for b in kernel.buffers if b.name != donor],
-                  [rename_buffer(stmt, donor, output) for stmt in kernel.body])
+    return dataclasses.replace(kernel, buffers=[b for b in kernel.buffers if b.name != donor],
+                               body=[rename_buffer(stmt, donor, output) for stmt in kernel.body])
 
 
 def alias_free(kernels: list[Kernel], pairs: list[tuple[str, str]]) -> list[Kernel]:

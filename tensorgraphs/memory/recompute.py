@@ -40,9 +40,10 @@ def is_cheap(kernel: Kernel) -> bool:
 def renamed(kernel: Kernel, old: str, new: str, name: str | None = None) -> Kernel | None:
     """`kernel` (named `name` if given) touching buffer `new` where it touched `old`; None when its listing
     still names `old` (a statement this does not know how to rename: then it must stay as it is)."""
-    result = Kernel(name or kernel.name,
-                    [dataclasses.replace(b, name=new) if b.name == old else b for b in kernel.buffers],
-                    [rename_buffer(stmt, old, new) for stmt in kernel.body])
+    result = dataclasses.replace(kernel, name=name or kernel.name,
+                                 buffers=[dataclasses.replace(b, name=new) if b.name == old else b
+                                          for b in kernel.buffers],
+                                 body=[rename_buffer(stmt, old, new) for stmt in kernel.body])
     return None if re.search(rf"\b{re.escape(old)}\b", str(result)) else result
 
 

@@ -45,7 +45,10 @@ KERNEL_LIBRARIES = "kernel_libraries"
 OPENBLAS = "openblas"
 """A target feature: its programs may call kernels linked against OpenBLAS (an exported library links only libc,
 libm and OpenMP)."""
-ALL_FEATURES = frozenset({KERNEL_LIBRARIES, OPENBLAS})
+SCHEDULE_SEARCH = "schedule_search"
+"""A target feature: its renderer reads `ScheduleOptions`, so its generated kernels are worth searching
+(`plan.kernel_search`)."""
+ALL_FEATURES = frozenset({KERNEL_LIBRARIES, OPENBLAS, SCHEDULE_SEARCH})
 MEASURE_LIMIT = 64
 """Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
@@ -160,6 +163,11 @@ def planning_for(label: str) -> Iterator[None]:
         _LABEL.reset(token)
 
 
+def planning_label() -> str:
+    """The compiled function being traced (what `planning_for` named), or "eager graphs"."""
+    return _LABEL.get()
+
+
 @contextlib.contextmanager
 def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
     """Records every composite planned inside: label -> {signature: a node of it}, in first-seen order."""
@@ -176,9 +184,23 @@ def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
 # ---------------------------------------------------------------------------
 
 
+_TUNING: contextvars.ContextVar[bool] = contextvars.ContextVar("tuning", default=False)
+
+
 def tuning_enabled() -> bool:
-    """TG_TUNE=1: measure a composite's candidates the first time a program needs its choice."""
-    return os.environ.get("TG_TUNE", "0") not in ("", "0")
+    """TG_TUNE=1 or inside `tuning`: measure a composite's candidates the first time a program needs its choice
+    (and search the schedules of its generated kernels: `plan.kernel_search`)."""
+    return _TUNING.get() or os.environ.get("TG_TUNE", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def tuning() -> Iterator[None]:
+    """`tg tune`'s run of a script: as TG_TUNE=1, so the kernels searched are those of the measured choices."""
+    token = _TUNING.set(True)
+    try:
+        yield
+    finally:
+        _TUNING.reset(token)
 
 
 class CompiledPlanner:

@@ -7,8 +7,10 @@ realizes on the "planned" device (nested ones included).
 
 Tuning measures what the database lacks (so an interrupted tune resumes where it
 stopped), within the time budget: for a compiled program, each candidate of a
-composite that has a choice, as a program of its own; for the planned device,
-each candidate route as measurement tasks (each kernel, its COPY in and out, each
+composite that has a choice, as a program of its own (while the script runs, as
+TG_TUNE=1 would, then those left), and the schedules of each generated kernel
+(`plan.kernel_search`, as its program is built); for the planned device, each
+candidate route as measurement tasks (each kernel, its COPY in and out, each
 primitive of a decomposition). Explaining only reads the database: it measures
 nothing.
 """
@@ -26,10 +28,11 @@ import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.node import Node
-from tensorgraphs.plan.choices import CompiledPlanner, candidates_of, collecting, compiled_planner
+from tensorgraphs.plan.choices import CompiledPlanner, candidates_of, collecting, compiled_planner, tuning
 from tensorgraphs.plan.cost import reference_impl_hash
 from tensorgraphs.plan.executor import OBSERVERS
 from tensorgraphs.plan.implementations import KERNEL_BACKENDS, Implementation
+from tensorgraphs.plan.kernel_search import SeenKernel, kernel_search, recording, searching
 from tensorgraphs.plan.measure import random_array, time_samples
 from tensorgraphs.plan.planner import DECOMPOSE, Planner, Route, copy_signature
 from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
@@ -334,16 +337,39 @@ def explain_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Signatur
     return "\n".join(lines)
 
 
+def explain_kernels(seen: list[SeenKernel]) -> str:
+    """Per compiled function, its generated kernels' searched schedules (each distinct kernel once)."""
+    lines = []
+    for label in dict.fromkeys(kernel.label for kernel in seen):
+        kernels = list({k.key: k for k in seen if k.label == label}.values())
+        searched = [k for k in kernels if k.choice is not None]
+        lines.append(f"generated kernels of {label}: {len(kernels)} distinct, {len(searched)} searched"
+                     + (" (tg tune searches them)" if len(searched) < len(kernels) else ""))
+        for kernel in searched:
+            choice = kernel.choice
+            assert choice is not None
+            lines.append(f"    {kernel.name:<24} {choice.options:<36} {_microseconds(choice.seconds):>14}, default "
+                         f"{_microseconds(choice.default_seconds)} ({choice.candidates} schedules measured)")
+    return "\n".join(lines)
+
+
 def run_tune(script: str, argv: list[str], budget: float, device_name: str | None = None) -> int:
     """`tg tune`: run the script, then measure the candidates of its composites."""
     from tensorgraphs.plan.planner import default_planner
 
     started = time.perf_counter()
-    found = run_script(script, argv, device_name)
+    searches_before = kernel_search().searched
+    with tuning(), searching(started + budget), recording() as seen:
+        found = run_script(script, argv, device_name)
     compiled = compiled_planner()
     print(f"{script}: {len(_with_choices(found.compiled))} distinct composite calls with a choice in compiled "
           f"programs, {len(found.planned)} on the planned device")
     print("compiled programs:", tune_compiled(compiled, found.compiled, budget - (time.perf_counter() - started)))
+    kernels = {kernel.key: kernel for kernel in seen}
+    searched = kernel_search().searched - searches_before
+    print(f"generated kernels: {len(kernels)} distinct, searched {searched}, searched before "
+          f"{sum(k.choice is not None for k in kernels.values()) - searched}, left for a later run "
+          f"{sum(k.choice is None for k in kernels.values())}")
     if found.planned:
         planner = default_planner()
         print("planned device:", tune(planner, found.planned, budget - (time.perf_counter() - started)))
@@ -359,9 +385,12 @@ def run_explain(script: str, argv: list[str], device_name: str | None = None) ->
     compiled = compiled_planner()
     db = compiled.cost_model.db
     before = db.count()
-    found = run_script(script, argv, device_name)
+    with recording() as seen:
+        found = run_script(script, argv, device_name)
     if found.compiled:
         print(explain_compiled(compiled, found.compiled))
+    if seen:
+        print(explain_kernels(seen))
     if found.planned:
         print("planned device:")
         print(explain(default_planner(), found.planned))

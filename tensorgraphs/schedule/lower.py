@@ -367,7 +367,7 @@ class Lowering:
             for stmt in body:
                 if isinstance(stmt, Loop):
                     stmt.parallel = ParallelAxis(0)
-        return Kernel(self.name, list(self._params.values()), body)
+        return Kernel(self.name, list(self._params.values()), body, serial=self.serial)
 
     # -- values --------------------------------------------------------------
     def value(self, node: Node, index: Index) -> Operand:

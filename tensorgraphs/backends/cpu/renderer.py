@@ -10,6 +10,7 @@ go to memory with streaming stores, a whole cache line at a time
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tensorgraphs.codegen.loop_ir import (
     NativeCall,
     ParallelAxis,
     Reduce,
+    ScheduleOptions,
     Store,
     StridedOperand,
     TransposeLocal,
@@ -90,7 +92,17 @@ class CpuRenderer(CStyleRenderer):
 
     def loop(self, loop: Loop, depth: int) -> list[str]:
         streamed = self.streamed_store(loop)
+        inner = loop.body[0] if len(loop.body) == 1 else None
+        if loop.parallel and loop.parallel.nested > 1 and isinstance(inner, Loop) and self.streamed_store(inner):
+            # a streamed loop has statements around it: OpenMP cannot split it together with the loop outside
+            loop = dataclasses.replace(loop, parallel=dataclasses.replace(loop.parallel, nested=1))
         return super().loop(loop, depth) if streamed is None else self.streaming_loop(loop, streamed, depth)
+
+    def unroll_hint(self, unroll: int) -> list[str]:
+        return [f"#pragma GCC unroll {unroll}"]
+
+    def function_attributes(self, options: ScheduleOptions) -> str:
+        return f'__attribute__((target("prefer-vector-width={options.vector_bits}"))) ' if options.vector_bits else ""
 
     def transpose(self, stmt: TransposeLocal, pad: str) -> list[str]:
         return [f"{pad}tg_transpose_tile{stmt.side}({stmt.name});"]
@@ -114,13 +126,17 @@ class CpuRenderer(CStyleRenderer):
         return sorted({LIBRARIES[function].path() for function in library_functions(kernels)})
 
     def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
-        """`loop` split across OpenMP threads when it is grid axis 0 (other axes run in order inside a thread); a
-        kernel that streams fences in each thread."""
+        """`loop` split across OpenMP threads when it is grid axis 0 (other axes run in order inside a thread),
+        with the loop nested in it when the axis says so, on the options' number of threads; a kernel that streams
+        fences in each thread."""
         if parallel is None or parallel.axis != 0:
             return loop
+        threads = self.kernel.options.threads
+        clauses = "schedule(static)" + (f" collapse({parallel.nested})" if parallel.nested > 1 else "")
+        team = f" num_threads({threads})" if threads > 1 else ""
         if not self.streamed:
-            return [f"{pad}#pragma omp parallel for schedule(static)", *loop]
-        return [f"{pad}#pragma omp parallel", pad + "{", f"{pad}#pragma omp for schedule(static)", *loop,
+            return [f"{pad}#pragma omp parallel for {clauses}{team}", *loop]
+        return [f"{pad}#pragma omp parallel{team}", pad + "{", f"{pad}#pragma omp for {clauses}", *loop,
                 f"{pad}tg_stream_fence();", pad + "}"]
 
     def streamed_store(self, loop: Loop) -> Store | None:
