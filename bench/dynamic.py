@@ -1,12 +1,13 @@
 """Benchmark: one compiled program for many shapes (`tg.compile(fn, dynamic=...)`) against a program per shape.
 
-    .venv/bin/python bench/dynamic.py [--models mlp,enc2] [--repeats 15]
+    .venv/bin/python bench/dynamic.py [--models mlp,enc2] [--repeats 15] [--clock wall|cpu]
 
 Models (inference, no grad): bench/train.py's MLP (784-1024-1024-10) with a dynamic batch, and its 2-layer encoder
 (width 256, 4 heads, ffn 1024) with dynamic batch and sequence length. Each is called with 20 sizes; the dynamic
 function compiles at most a few programs (`compiled_programs`), the static one (`tg.compile(fn)`) one per size.
 For every size, ms is the median of `--repeats` calls of each, interleaved (the machine is shared: the ratio is the
-figure to read). First-call seconds are the trace and compile costs (gcc's cache is warm after the first run).
+figure to read; `--clock cpu` counts the process's CPU time, every thread's, instead of wall time). First-call
+seconds are the trace and compile costs (gcc's cache is warm after the first run).
 Every size's result must equal the static program's (a check, reported).
 """
 
@@ -43,10 +44,14 @@ def model_and_shapes(name: str) -> tuple[Any, list[tuple[int, ...]], dict]:
     return model, [(b, t, D_MODEL) for b, t in ENCODER_SIZES], dims
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def timed(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    start = clock()
     call()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def run(name: str, repeats: int) -> None:
@@ -80,7 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,enc2")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="wall-clock or process CPU time")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     for name in args.models.split(","):
         run(name, args.repeats)
 

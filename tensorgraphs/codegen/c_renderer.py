@@ -225,8 +225,11 @@ class CStyleRenderer:
     local_qualifier = ""
     reduce_hint = ""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel, sizes_at_run_time: bool = False) -> None:
         self.kernel = kernel
+        self.sizes_at_run_time = sizes_at_run_time
+        """The program is a size template (`codegen.size_template`): a choice made from sizes is rendered as a
+        test at run time, so that one text holds for every size."""
         self.streamed = self.streamed_buffers(kernel)
         self.uses_status = False
         self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
@@ -436,7 +439,8 @@ class CStyleRenderer:
         return []
 
     @classmethod
-    def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
+    def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False,
+                       sizes_at_run_time: bool = False) -> str:
         """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
         (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
         `tg_unwatch_interrupts`, see INTERRUPTS).
@@ -445,7 +449,8 @@ class CStyleRenderer:
         one function called several times: the C compiler's time grows with the distinct code only. Functions
         are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
         compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
-        `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
+        `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling);
+        `sizes_at_run_time`: see `CStyleRenderer.sizes_at_run_time`.
         """
         host_calls = uses_host_calls(kernels)
         parts = [cls.preamble + cls.includes(kernels) + (HOST_ENTRY if host_calls else "") + cls.kernel_qualifier]
@@ -454,7 +459,7 @@ class CStyleRenderer:
         slot = {name: i for i, name in enumerate(buffers)}
         function_named: dict[str, str] = {}  # rendered with a placeholder name -> the function's name
         for index, kernel in enumerate(kernels):
-            renderer = cls(kernel)
+            renderer = cls(kernel, sizes_at_run_time)
             name = function_named.setdefault(renderer.render("tg_kernel"), c_identifier(kernel.name))
             if name == c_identifier(kernel.name):
                 parts.append(renderer.render())

@@ -58,6 +58,9 @@ STREAM_MIN_BYTES = _last_level_cache_bytes()
 """Outputs at least this large are written with streaming stores: no later kernel would find them in a cache, so
 reading each line before overwriting it (read-for-ownership), and evicting useful data for it, only cost time."""
 
+PARALLEL_MIN_WORK = 1 << 16
+"""Below this many innermost iterations a kernel runs on one thread (OpenMP start-up costs more)."""
+
 STREAM_MAX_RUN_BYTES = 1024
 """Only short contiguous runs of stores are streamed (a transposing tile's rows): the core already hides the
 read-for-ownership of a long sequential store stream (figures: bench/NOTES.md)."""
@@ -114,14 +117,22 @@ class CpuRenderer(CStyleRenderer):
         return sorted({LIBRARIES[function].path() for function in library_functions(kernels)})
 
     def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
-        """`loop` split across OpenMP threads when it is grid axis 0 (other axes run in order inside a thread); a
-        kernel that streams fences in each thread."""
-        if parallel is None or parallel.axis != 0:
+        """`loop` split across OpenMP threads when it is grid axis 0 and its work is at least PARALLEL_MIN_WORK
+        (other axes run in order inside a thread); a kernel that streams fences in each thread. Where sizes are
+        read at run time the work is compared there, with the loop written both ways: an OpenMP `if` clause would
+        still start a team of one (about half a microsecond per kernel call)."""
+        if parallel is None or parallel.axis != 0 or (parallel.work < PARALLEL_MIN_WORK and not self.sizes_at_run_time):
             return loop
         if not self.streamed:
-            return [f"{pad}#pragma omp parallel for schedule(static)", *loop]
-        return [f"{pad}#pragma omp parallel", pad + "{", f"{pad}#pragma omp for schedule(static)", *loop,
-                f"{pad}tg_stream_fence();", pad + "}"]
+            split = [f"{pad}#pragma omp parallel for schedule(static)", *loop]
+        else:
+            split = [f"{pad}#pragma omp parallel", pad + "{", f"{pad}#pragma omp for schedule(static)", *loop,
+                     f"{pad}tg_stream_fence();", pad + "}"]
+        if not self.sizes_at_run_time:
+            return split
+        inner = [f"    {line}" for line in split], [f"    {line}" for line in loop]
+        return [f"{pad}if ({parallel.work} >= {PARALLEL_MIN_WORK}) {{", *inner[0], f"{pad}}} else {{", *inner[1],
+                f"{pad}}}"]
 
     def streamed_store(self, loop: Loop) -> Store | None:
         """The store of an innermost `loop` to a streamed buffer, when it writes whole lines in a short run:
