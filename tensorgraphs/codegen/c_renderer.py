@@ -116,7 +116,9 @@ def literal(value: object, dtype: DType) -> str:
         number = int(value)  # type: ignore[call-overload]
         if dtype is dtypes.int64 and number == -(2**63):
             return "(-INT64_C(9223372036854775807) - 1)"
-        return f"INT64_C({number})" if dtype is dtypes.int64 else (f"{number}u" if dtype.kind == "u" else str(number))
+        if dtype is dtypes.int64:  # a cast, not INT64_C: a size template's expression may stand for the number
+            return f"((int64_t){number})"
+        return f"{number}u" if dtype.kind == "u" else str(number)
     stored = float(dtypes.round_to_storage(np.asarray(value, dtype=dtype.storage), dtype))
     suffix = "" if dtype is dtypes.float64 else "f"
     if math.isnan(stored):
