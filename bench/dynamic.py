@@ -7,7 +7,7 @@ Models (inference, no grad): bench/train.py's MLP (784-1024-1024-10) with a dyna
 function compiles at most a few programs (`compiled_programs`), the static one (`tg.compile(fn)`) one per size.
 For every size, ms is the median of `--repeats` calls of each, interleaved (the machine is shared: the ratio is the
 figure to read; `--clock cpu` counts the process's CPU time, every thread's, instead of wall time). First-call
-seconds are the trace and compile costs (gcc's cache is warm after the first run).
+seconds (wall) are the trace and compile costs (gcc's cache is warm after the first run).
 Every size's result must equal the static program's (a check, reported).
 """
 
@@ -48,10 +48,12 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCKS["wall"]
 
 
-def timed(call: Callable[[], Any]) -> float:
-    start = clock()
+def timed(call: Callable[[], Any], by: Callable[[], float] | None = None) -> float:
+    """Seconds `call` takes by the chosen `clock` (or `by`)."""
+    read = by or clock
+    start = read()
     call()
-    return clock() - start
+    return read() - start
 
 
 def run(name: str, repeats: int) -> None:
@@ -59,6 +61,7 @@ def run(name: str, repeats: int) -> None:
     model.eval()
     dynamic = tg.compile(lambda x: model(x), dynamic=dims)
     static = tg.compile(lambda x: model(x))
+    functions = {"dynamic": dynamic, "static": static}
     rng = np.random.default_rng(0)
     print(f"\n{name}: dynamic {dims}")
     print(f"{'shape':>16} {'dyn ms':>9} {'static ms':>9} {'ratio':>6} {'dyn 1st s':>9} {'static 1st s':>12}  "
@@ -67,12 +70,13 @@ def run(name: str, repeats: int) -> None:
     with tg.no_grad():
         for shape in shapes:
             x = rng.standard_normal(shape, dtype=np.float32)
-            first_dynamic, first_static = timed(lambda: dynamic(x)), timed(lambda: static(x))
+            wall = time.perf_counter  # gcc runs in a child process, whose CPU time the process's leaves out
+            first_dynamic, first_static = timed(lambda: dynamic(x), wall), timed(lambda: static(x), wall)
             same = np.array_equal(dynamic(x).numpy(), static(x).numpy())
             times: dict[str, list[float]] = {"dynamic": [], "static": []}
-            for _ in range(repeats):
-                times["dynamic"].append(timed(lambda: dynamic(x)))
-                times["static"].append(timed(lambda: static(x)))
+            for repeat in range(repeats):  # in turns, each first every other time (no bias from the order)
+                for key in ("dynamic", "static")[::1 if repeat % 2 == 0 else -1]:
+                    times[key].append(timed(lambda: functions[key](x)))
             ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             ratios.append(ms["dynamic"] / ms["static"])
             print(f"{str(shape):>16} {ms['dynamic']:9.3f} {ms['static']:9.3f} {ratios[-1]:6.2f} "
