@@ -120,7 +120,7 @@ class CpuRenderer(CStyleRenderer):
         """`loop` split across OpenMP threads when it is grid axis 0 and its work is at least PARALLEL_MIN_WORK
         (other axes run in order inside a thread); a kernel that streams fences in each thread. Where sizes are
         read at run time the work is compared there, with the loop written both ways: an OpenMP `if` clause would
-        still start a team of one (about half a microsecond per kernel call)."""
+        still start a team of one (bench/NOTES.md)."""
         if parallel is None or parallel.axis != 0 or (parallel.work < PARALLEL_MIN_WORK and not self.sizes_at_run_time):
             return loop
         if not self.streamed:
