@@ -1,12 +1,13 @@
 """Benchmark: one compiled program for many shapes (`tg.compile(fn, dynamic=...)`) against a program per shape.
 
-    .venv/bin/python bench/dynamic.py [--models mlp,enc2] [--repeats 15]
+    .venv/bin/python bench/dynamic.py [--models mlp,enc2] [--repeats 15] [--clock wall|cpu]
 
 Models (inference, no grad): bench/train.py's MLP (784-1024-1024-10) with a dynamic batch, and its 2-layer encoder
 (width 256, 4 heads, ffn 1024) with dynamic batch and sequence length. Each is called with 20 sizes; the dynamic
 function compiles at most a few programs (`compiled_programs`), the static one (`tg.compile(fn)`) one per size.
 For every size, ms is the median of `--repeats` calls of each, interleaved (the machine is shared: the ratio is the
-figure to read). First-call seconds are the trace and compile costs (gcc's cache is warm after the first run).
+figure to read; `--clock cpu` counts the process's CPU time, every thread's, instead of wall time). First-call
+seconds (wall) are the trace and compile costs (gcc's cache is warm after the first run).
 Every size's result must equal the static program's (a check, reported).
 """
 
@@ -43,10 +44,16 @@ def model_and_shapes(name: str) -> tuple[Any, list[tuple[int, ...]], dict]:
     return model, [(b, t, D_MODEL) for b, t in ENCODER_SIZES], dims
 
 
-def timed(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
+def timed(call: Callable[[], Any], by: Callable[[], float] | None = None) -> float:
+    """Seconds `call` takes by the chosen `clock` (or `by`)."""
+    read = by or clock
+    start = read()
     call()
-    return time.perf_counter() - start
+    return read() - start
 
 
 def run(name: str, repeats: int) -> None:
@@ -54,6 +61,7 @@ def run(name: str, repeats: int) -> None:
     model.eval()
     dynamic = tg.compile(lambda x: model(x), dynamic=dims)
     static = tg.compile(lambda x: model(x))
+    functions = {"dynamic": dynamic, "static": static}
     rng = np.random.default_rng(0)
     print(f"\n{name}: dynamic {dims}")
     print(f"{'shape':>16} {'dyn ms':>9} {'static ms':>9} {'ratio':>6} {'dyn 1st s':>9} {'static 1st s':>12}  "
@@ -62,12 +70,13 @@ def run(name: str, repeats: int) -> None:
     with tg.no_grad():
         for shape in shapes:
             x = rng.standard_normal(shape, dtype=np.float32)
-            first_dynamic, first_static = timed(lambda: dynamic(x)), timed(lambda: static(x))
+            wall = time.perf_counter  # gcc runs in a child process, whose CPU time the process's leaves out
+            first_dynamic, first_static = timed(lambda: dynamic(x), wall), timed(lambda: static(x), wall)
             same = np.array_equal(dynamic(x).numpy(), static(x).numpy())
             times: dict[str, list[float]] = {"dynamic": [], "static": []}
-            for _ in range(repeats):
-                times["dynamic"].append(timed(lambda: dynamic(x)))
-                times["static"].append(timed(lambda: static(x)))
+            for repeat in range(repeats):  # in turns, each first every other time (no bias from the order)
+                for key in ("dynamic", "static")[::1 if repeat % 2 == 0 else -1]:
+                    times[key].append(timed(lambda: functions[key](x)))
             ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             ratios.append(ms["dynamic"] / ms["static"])
             print(f"{str(shape):>16} {ms['dynamic']:9.3f} {ms['static']:9.3f} {ratios[-1]:6.2f} "
@@ -80,7 +89,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,enc2")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="wall-clock or process CPU time")
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     for name in args.models.split(","):
         run(name, args.repeats)
 

@@ -1,21 +1,24 @@
 """Benchmark: batch-1 greedy decoding with a KV cache, tokens per second, tg against torch eager and torch.compile.
 
-    .venv/bin/python bench/generate.py [--models shipped,gpt2-small] [--tokens 48] [--no-torch-compile]
-                                       [--torch-threads N]
+    .venv/bin/python bench/generate.py [--models shipped,gpt2-small] [--tokens 48] [--prompt 1]
+                                       [--no-torch-compile] [--torch-threads N]
 
 Models: the shipped GPT with `tg train`'s default config (4 layers, width 128, block 64, the corpus's characters)
 and a GPT-2-small-sized one (12 layers, width 768, 12 heads, block 1024, 50257 tokens); random weights, the same
-in every system. Each system decodes `--tokens` tokens after a one-token prompt, one token per step:
+in every system. Each system reads a `--prompt`-token prompt in one call (the prefill), then decodes `--tokens`
+tokens in all, one token per call:
 
-- tg: `GPT.generate(temperature=0)`: one compiled program per token (the cache a fixed block_size buffer,
-  updated in place), compiled once; the first call's extra time is the compile time.
+- tg: `GPT.generate(temperature=0)`: a prefill program compiled once for every prompt length (dynamic shapes),
+  then one compiled program per token (the cache a fixed block_size buffer, updated in place), compiled once;
+  the first call's extra time is the compile time.
 - torch eager: the usual KV cache, keys and values concatenated to the past ones at every step.
-- torch.compile: a static cache (block_size rows, the new row written with index_copy_, later rows masked), so
+- torch.compile: a static cache (block_size rows, the new rows written with index_copy_, later rows masked), so
   one graph serves every position (a growing cache would recompile per length); compile time is its first call.
 
-tokens/s is the median over `--repeats` timed runs after warm-up. The greedy tokens of every system must agree (a
-check, reported). The machine is shared: figures vary with what else runs (on a loaded 2-core machine torch's
-default two threads can run many times slower than one: compare with --torch-threads 1).
+tokens/s is the median over `--repeats` timed runs after warm-up (prompt included); prefill ms, the median time
+of a run that stops at the first new token. The greedy tokens of every system must agree (a check, reported). The
+machine is shared: figures vary with what else runs (on a loaded 2-core machine torch's default two threads can
+run many times slower than one: compare with --torch-threads 1).
 """
 
 from __future__ import annotations
@@ -56,17 +59,18 @@ class TorchAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x: torch.Tensor, cache: list[torch.Tensor], position: torch.Tensor | None) -> torch.Tensor:
-        """One token; `position` None: append to a growing cache; else write row `position` of a static one."""
+        """Tokens at consecutive positions (several: the prompt, from position 0); `position` None: append to a
+        growing cache; else write rows `position` of a static one."""
         batch, length, channels = x.shape
         q, k, v = [t.reshape(batch, length, self.n_head, -1).transpose(1, 2)
                    for t in self.qkv(x).split(channels, dim=2)]
         if position is None:
             cache[0], cache[1] = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
-            y = TF.scaled_dot_product_attention(q, cache[0], cache[1])
+            y = TF.scaled_dot_product_attention(q, cache[0], cache[1], is_causal=length > 1)
         else:
             cache[0].index_copy_(2, position, k)
             cache[1].index_copy_(2, position, v)
-            visible = (torch.arange(cache[0].shape[2]) <= position).reshape(1, -1)
+            visible = torch.arange(cache[0].shape[2]).reshape(1, -1) <= position.reshape(-1, 1)
             y = TF.scaled_dot_product_attention(q, cache[0], cache[1], attn_mask=visible)
         return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
 
@@ -103,52 +107,62 @@ class TorchGPT(nn.Module):
         return self.head(self.ln_f(x))[:, -1].argmax(-1, keepdim=True)
 
 
-def torch_decoder(model: TorchGPT, config: gpt.GPTConfig, compiled: bool) -> Callable[[int, int], list[int]]:
+Decoder = Callable[[list[int], int], list[int]]
+"""(prompt, count) -> the prompt and `count` greedy tokens after it."""
+
+
+def torch_decoder(model: TorchGPT, config: gpt.GPTConfig, compiled: bool) -> Decoder:
     step = torch.compile(model, fullgraph=True) if compiled else model
     head = config.n_embd // config.n_head
 
-    def decode(first: int, count: int) -> list[int]:
+    def decode(prompt: list[int], count: int) -> list[int]:
         rows = config.block_size if compiled else 0
         caches = [[torch.zeros(1, config.n_head, rows, head) for _ in range(2)] for _ in range(config.n_layer)]
-        tokens = [first]
+        tokens = list(prompt)
+        fed, positions = torch.tensor([prompt]), torch.arange(len(prompt))
         with torch.no_grad():
-            for position in range(count):
-                token = torch.tensor([[tokens[-1]]])
-                tokens.append(int(step(token, torch.tensor([position]), caches, compiled)))
+            for _ in range(count):
+                tokens.append(int(step(fed, positions, caches, compiled)))
+                fed, positions = torch.tensor([tokens[-1:]]), torch.tensor([len(tokens) - 1])
         return tokens
 
     return decode
 
 
-def timed(decode: Callable[[int, int], list[int]], count: int, repeats: int) -> tuple[float, float, list[int]]:
-    """(first call's seconds beyond a timed one: the compile time, median seconds per run, the tokens)."""
+def timed(decode: Decoder, prompt: list[int], count: int, repeats: int) -> tuple[float, float, float, list[int]]:
+    """(first call's seconds beyond a timed one: the compile time, median seconds per run, median seconds to the
+    first new token, the tokens)."""
     began = time.perf_counter()
-    tokens = decode(0, count)
+    decode(prompt, 1)
+    tokens = decode(prompt, count)
     first = time.perf_counter() - began
-    runs = []
+    runs, prefills = [], []
     for _ in range(repeats):
         began = time.perf_counter()
-        decode(0, count)
+        decode(prompt, 1)
+        prefills.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        decode(prompt, count)
         runs.append(time.perf_counter() - began)
-    median = statistics.median(runs)
-    return max(first - median, 0.0), median, tokens
+    median, prefill = statistics.median(runs), statistics.median(prefills)
+    return max(first - median - prefill, 0.0), median, prefill, tokens
 
 
-def bench(model: Model, count: int, repeats: int, torch_compile: bool) -> list[dict[str, Any]]:
+def bench(model: Model, prompt: list[int], count: int, repeats: int, torch_compile: bool) -> list[dict[str, Any]]:
     tg.manual_seed(0)
     ours = gpt.GPT(model.config)
     reference = TorchGPT(model.config).eval()
     reference.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in ours.state_dict().items()})
-    systems: dict[str, Callable[[int, int], list[int]]] = {
-        "tg": lambda first, n: ours.generate(tg.tensor([[first]]), n - 1, temperature=0).numpy()[0].tolist(),
+    systems: dict[str, Decoder] = {
+        "tg": lambda ids, n: ours.generate(tg.tensor([ids]), n, temperature=0).numpy()[0].tolist(),
         "torch eager": torch_decoder(reference, model.config, compiled=False)}
     if torch_compile:
         systems["torch.compile"] = torch_decoder(reference, model.config, compiled=True)
     rows = []
     for system, decode in systems.items():
-        compile_s, seconds, tokens = timed(decode, count, repeats)
+        compile_s, seconds, prefill, tokens = timed(decode, prompt, count, repeats)
         rows.append({"model": model.name, "system": system, "tokens_per_s": count / seconds,
-                     "compile_s": compile_s, "tokens": tokens[:count]})
+                     "prefill_ms": prefill * 1e3, "compile_s": compile_s, "tokens": tokens})
     return rows
 
 
@@ -156,6 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="shipped,gpt2-small")
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--prompt", type=int, default=1, help="prompt length (token ids 0, 1, ...)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch's threads (0: its default)")
@@ -163,17 +178,22 @@ def main() -> None:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     known = models()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch 1, {args.tokens} greedy tokens")
-    print(f"{'model':<20}{'system':<16}{'tokens/s':>10}{'vs eager':>10}{'compile s':>11}  same tokens")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch 1, a {args.prompt}-token prompt, "
+          f"{args.tokens} greedy tokens")
+    print(f"{'model':<20}{'system':<16}{'tokens/s':>10}{'vs eager':>10}{'prefill ms':>11}{'compile s':>11}"
+          "  same tokens")
     for key in args.models.split(","):
-        rows = bench(known[key], min(args.tokens, known[key].config.block_size), args.repeats, args.torch_compile)
+        config = known[key].config
+        prompt = [i % config.vocab_size for i in range(min(args.prompt, config.block_size - 1))]
+        count = min(args.tokens, config.block_size - len(prompt))
+        rows = bench(known[key], prompt, count, args.repeats, args.torch_compile)
         eager = next(r for r in rows if r["system"] == "torch eager")
         for row in rows:
             same = "yes" if row["tokens"] == eager["tokens"] else "NO"
             compile_s = f"{row['compile_s']:.2f}" if row["system"] != "torch eager" else ""
             ratio = row["tokens_per_s"] / eager["tokens_per_s"]
-            print(f"{row['model']:<20}{row['system']:<16}{row['tokens_per_s']:>10.1f}{ratio:>9.2f}x{compile_s:>11}"
-                  f"  {same}")
+            print(f"{row['model']:<20}{row['system']:<16}{row['tokens_per_s']:>10.1f}{ratio:>9.2f}x"
+                  f"{row['prefill_ms']:>11.1f}{compile_s:>11}  {same}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import pytest
 
 import tensorgraphs as tg
 import tensorgraphs.nn as nn
+from tensorgraphs.backends.cpu import renderer as cpu_renderer
 from tensorgraphs.errors import ArgumentError
 
 SIZES = (6, 3, 17, 40, 9, 128, 6)
@@ -105,6 +106,38 @@ def test_encoder_layer_with_dynamic_batch_and_sequence_matches_the_reference() -
     assert forward.compiled_programs <= 2
     shared = [trace for traces in forward.traces.values() for trace in traces if not trace.own_library]
     assert len(shared) >= len(sizes) - 1
+
+
+def two_layer_encoder(module: object, functional: object) -> object:
+    """bench/dynamic.py's encoder, narrower, in torch.nn or tg.nn."""
+    def gelu_tanh(x: object) -> object:
+        return functional.gelu(x, approximate="tanh")
+
+    return module.Sequential(*[module.TransformerEncoderLayer(32, 2, 64, dropout=0.0, activation=gelu_tanh,
+                                                              batch_first=True, norm_first=True) for _ in range(2)])
+
+
+def test_an_encoder_shares_two_programs_across_sizes_on_both_sides_of_the_threads_threshold() -> None:
+    """Batch 1 (its dimension is dropped where it broadcasts: another program) and every other size share two
+    programs, though some kernels' work crosses PARALLEL_MIN_WORK between sizes (threads are chosen at run time);
+    each size's result is its own static program's, bit for bit, and torch's."""
+    torch = pytest.importorskip("torch")
+    tg.manual_seed(0)
+    model = two_layer_encoder(nn, tg.nn.functional).eval()
+    reference = two_layer_encoder(torch.nn, torch.nn.functional).eval()
+    reference.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()})
+    forward = tg.compile(lambda x: model(x), dynamic={"x": {0: tg.Dim("batch", 1, 64), 1: tg.Dim("seq", 1, 512)}})
+    static = tg.compile(lambda x: model(x))
+    sizes = [(1, 6), (2, 9), (3, 40), (1, 70), (8, 64), (5, 17), (2, 9)]  # FFN work 2048 * batch * seq
+    assert 2048 * 2 * 9 < cpu_renderer.PARALLEL_MIN_WORK <= 2048 * 3 * 40
+    with tg.no_grad(), torch.no_grad():
+        for seed, (batch, seq) in enumerate(sizes):
+            x = data(batch, seq, 32, seed=seed)
+            got = forward(x).numpy()
+            np.testing.assert_allclose(got, reference(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-4)
+            if (batch, seq) in [(2, 9), (3, 40)]:
+                np.testing.assert_array_equal(got, static(x).numpy())
+    assert forward.compiled_programs == 2
 
 
 def test_a_compiled_module_names_its_forward_arguments() -> None:

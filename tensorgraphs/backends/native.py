@@ -153,7 +153,9 @@ class Program:
         self.updated_in_place = self._update_in_place(schedule, inputs, donated)
         if SCHEDULE_SEARCH in target.features:
             self.kernels = kernel_search().schedule(self.kernels, target, search)
-        source = target.renderer.render_program(self.kernels, [b.name for b in schedule.buffers])
+        self._sizes_at_run_time = binder is not None
+        source = target.renderer.render_program(self.kernels, [b.name for b in schedule.buffers],
+                                                sizes_at_run_time=self._sizes_at_run_time)
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
         if _debug("codegen"):
@@ -284,7 +286,8 @@ class Program:
     @functools.cached_property
     def _timed(self) -> tuple[Any, Any]:
         """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
-        library = self._load(self.target.renderer.render_program(self.kernels, self._buffer_names, timed=True))
+        library = self._load(self.target.renderer.render_program(self.kernels, self._buffer_names, timed=True,
+                                                                 sizes_at_run_time=self._sizes_at_run_time))
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:

@@ -116,7 +116,9 @@ def literal(value: object, dtype: DType) -> str:
         number = int(value)  # type: ignore[call-overload]
         if dtype is dtypes.int64 and number == -(2**63):
             return "(-INT64_C(9223372036854775807) - 1)"
-        return f"INT64_C({number})" if dtype is dtypes.int64 else (f"{number}u" if dtype.kind == "u" else str(number))
+        if dtype is dtypes.int64:  # a cast, not INT64_C: a size template's expression may stand for the number
+            return f"((int64_t){number})"
+        return f"{number}u" if dtype.kind == "u" else str(number)
     stored = float(dtypes.round_to_storage(np.asarray(value, dtype=dtype.storage), dtype))
     suffix = "" if dtype is dtypes.float64 else "f"
     if math.isnan(stored):
@@ -226,8 +228,11 @@ class CStyleRenderer:
     local_qualifier = ""
     reduce_hint = ""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel, sizes_at_run_time: bool = False) -> None:
         self.kernel = kernel
+        self.sizes_at_run_time = sizes_at_run_time
+        """The program is a size template (`codegen.size_template`): a choice made from sizes is rendered as a
+        test at run time, so that one text holds for every size."""
         self.streamed = self.streamed_buffers(kernel)
         self.uses_status = False
         self.reduce_dtypes: dict[str, tuple[Op, DType]] = {}
@@ -453,7 +458,8 @@ class CStyleRenderer:
         return []
 
     @classmethod
-    def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False) -> str:
+    def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False,
+                       sizes_at_run_time: bool = False) -> str:
         """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
         (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
         `tg_unwatch_interrupts`, see INTERRUPTS).
@@ -462,7 +468,8 @@ class CStyleRenderer:
         one function called several times: the C compiler's time grows with the distinct code only. Functions
         are separated by `UNIT_BREAK` lines, where the compiler driver may cut the program into units it
         compiles in parallel (hence kernels with hidden external linkage, declared before the entry point).
-        `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling).
+        `timed` adds up each kernel call's wall time in `double tg_kernel_seconds[]` (for profiling);
+        `sizes_at_run_time`: see `CStyleRenderer.sizes_at_run_time`.
         """
         host_calls = uses_host_calls(kernels)
         parts = [cls.preamble + cls.includes(kernels) + (HOST_ENTRY if host_calls else "") + cls.kernel_qualifier]
@@ -471,7 +478,7 @@ class CStyleRenderer:
         slot = {name: i for i, name in enumerate(buffers)}
         function_named: dict[str, str] = {}  # rendered with a placeholder name -> the function's name
         for index, kernel in enumerate(kernels):
-            renderer = cls(kernel)
+            renderer = cls(kernel, sizes_at_run_time)
             name = function_named.setdefault(renderer.render("tg_kernel"), c_identifier(kernel.name))
             if name == c_identifier(kernel.name):
                 parts.append(renderer.render())

@@ -104,14 +104,16 @@ class Store:
 class ParallelAxis:
     """A loop whose iterations are independent (no carried dependence), as axis `axis` of a grid of workers: 0 is
     the outermost such loop of a nest. A CPU target splits axis 0 across its threads; a GPU target would map axis
-    i to grid dimension i. A target may run any axis in order; `nested` perfectly nested loops from this one share
-    the axis."""
+    i to grid dimension i. A target may run any axis in order, and does where `work` (the kernel's innermost
+    iterations per call) is too little to pay for starting its workers; `nested` perfectly nested loops from this
+    one share the axis."""
 
-    axis: int = 0
+    axis: int
+    work: int
     nested: int = 1
 
     def __str__(self) -> str:
-        text = "parallel" if self.axis == 0 else f"parallel[{self.axis}]"
+        text = f"parallel{'' if self.axis == 0 else f'[{self.axis}]'}(work {self.work})"
         return text if self.nested == 1 else f"{text} x{self.nested}"
 
 

@@ -30,8 +30,8 @@ from tensorgraphs.distributed import launch
 
 TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
 # The training step is compiled whole (a few seconds of compiling pays for itself over the run: bench/NOTES.md);
-# evaluation runs lazily on this device (planned picks measured kernels per op); sampling runs a compiled
-# KV-cache decoding step (`GPT.generate`).
+# evaluation runs lazily on this device (planned picks measured kernels per op); sampling runs compiled prefill
+# and KV-cache decoding steps (`GPT.generate`).
 DEFAULT_DEVICE = "planned"
 
 
@@ -51,19 +51,30 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x: tg.Tensor) -> tg.Tensor:
+    def heads(self, x: tg.Tensor) -> list[tg.Tensor]:
+        """Queries, keys and values of x (batch, length, channels), each (batch, heads, length, head size)."""
         batch, length, channels = x.shape
-        heads = [t.reshape(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
-                 for t in self.qkv(x).split(channels, dim=2)]
-        y = F.scaled_dot_product_attention(*heads, is_causal=True)
+        return [t.reshape(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
+                for t in self.qkv(x).split(channels, dim=2)]
+
+    def forward(self, x: tg.Tensor, cache: KVCache | None = None) -> tg.Tensor:
+        """Causal attention over x (batch, length, channels); with `cache`, its keys and values are also written
+        into the cache's rows 0..length-1 (a prefill: later rows are zeroed, and written before a query sees
+        them)."""
+        batch, length, channels = x.shape
+        q, k, v = self.heads(x)
+        if cache is not None:
+            unused = cache.keys.shape[2] - length
+            cache.keys.assign(F.pad(k, (0, 0, 0, unused)))
+            cache.values.assign(F.pad(v, (0, 0, 0, unused)))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
 
     def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache) -> tg.Tensor:
         """One token x (batch, 1, channels) at `position` (a 1-element int64 tensor): its key and value are written
         into the cache at that row, and it attends to rows 0..position (later rows hold stale or no values)."""
         batch, _, channels = x.shape
-        q, k, v = [t.reshape(batch, 1, self.n_head, channels // self.n_head).transpose(1, 2)
-                   for t in self.qkv(x).split(channels, dim=2)]
+        q, k, v = self.heads(x)
         rows = tg.arange(cache.keys.shape[2]).reshape(1, 1, -1, 1)
         cache.keys.assign(tg.where(rows == position, k, cache.keys))
         cache.values.assign(tg.where(rows == position, v, cache.values))
@@ -96,8 +107,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: tg.Tensor) -> tg.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: tg.Tensor, cache: KVCache | None = None) -> tg.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
     def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache) -> tg.Tensor:
@@ -141,49 +152,86 @@ class GPT(nn.Module):
                  top_k: int | None = None) -> tg.Tensor:
         """Token ids (batch, length) followed by `max_new_tokens` sampled ones (temperature 0: the most likely).
 
-        Each token is one call of a decoding step compiled once per batch size and sampling mode: it reads the
-        token and its position, extends the KV cache (model state, updated in place) and samples the next token
-        (random draws follow `tg.manual_seed`). The prompt is fed the same way, one token per call. When the
+        The prompt is one call of a prefill step (compiled once for every prompt length: `tg.compile(dynamic=)`)
+        that fills the KV cache (model state, updated in place) and samples the first token; each further token is
+        one call of a decoding step (compiled once per batch size and sampling mode) that reads the token and its
+        position, extends the cache and samples the next token (random draws follow `tg.manual_seed`). When the
         context reaches block_size, the cache is refilled from the latest half block (positions restart at 0), as
-        position embeddings exist only for block_size positions.
+        position embeddings exist only for block_size positions: the context is the one feeding every token by
+        itself would leave.
         """
         if idx.ndim != 2 or max_new_tokens < 0 or idx.shape[1] == 0:
             raise ValueError(f"generate takes ids (batch, length >= 1) and max_new_tokens >= 0; got shape "
                              f"{tuple(idx.shape)} and {max_new_tokens}")
         ids = idx.numpy().astype(np.int64)
-        tokens = [ids[:, i:i + 1] for i in range(ids.shape[1])]
-        block = self.config.block_size
-        position = 0
+        if max_new_tokens == 0:
+            return tg.Tensor.from_numpy(ids)
+        length = ids.shape[1]
+        start = 0  # the token at cache row 0
+        for i in range(length):  # the refills a prompt longer than the block passes through
+            start = self._refilled(i, start)
+        tokens = np.zeros((ids.shape[0], length + max_new_tokens), np.int64)
+        tokens[:, :length] = ids
         was_training = self.training
         self.eval()
         with tg.no_grad():
-            for i in range(len(tokens) - 1 + max_new_tokens):
-                if position == block:
-                    window = tokens[i + 1 - block // 2:i]
-                    for position, token in enumerate(window):
-                        self._decode(token, position, temperature, top_k)
-                    position = len(window)
-                following = self._decode(tokens[i], position, temperature, top_k)
-                position += 1
-                if i + 1 >= len(tokens):
-                    tokens.append(following)
+            tokens[:, length] = self._prefill(tokens[:, start:length], temperature, top_k)[:, 0]
+            for i in range(length, length + max_new_tokens - 1):
+                start, before = self._refilled(i, start), start
+                if start != before:
+                    following = self._prefill(tokens[:, start:i + 1], temperature, top_k)
+                else:
+                    following = self._decode(tokens[:, i:i + 1], i - start, temperature, top_k)
+                tokens[:, i + 1] = following[:, 0]
         self.train(was_training)
-        return tg.Tensor.from_numpy(np.concatenate(tokens, axis=1))
+        return tg.Tensor.from_numpy(tokens)
+
+    def _refilled(self, i: int, start: int) -> int:
+        """The token at cache row 0 once token `i` is in the cache: past the block, the latest half block's first."""
+        block = self.config.block_size
+        return i + 1 - max(block // 2, 1) if i - start == block else start
+
+    def _prefill(self, tokens: np.ndarray, temperature: float, top_k: int | None) -> np.ndarray:
+        """The cache filled from `tokens` (batch, length), from row 0; the next ids (batch, 1)."""
+        if tokens.shape[1] == 1:  # a program of its own for length 1 (a dimension of 1 broadcasts): decode it
+            return self._decode(tokens, 0, temperature, top_k)
+        step = self.__dict__.get("_prefill_step")
+        if step is None:
+            lengths = tg.Dim("length", 1, self.config.block_size)
+            step = self.__dict__["_prefill_step"] = tg.compile(self.prefill_step, dynamic={"token": {1: lengths}})
+        return step(np.ascontiguousarray(tokens), float(temperature or 1.0), top_k, temperature == 0).numpy()
 
     def _decode(self, token: np.ndarray, position: int, temperature: float, top_k: int | None) -> np.ndarray:
         step = self.__dict__.setdefault("_decode_step", tg.compile(self.decode_step))
-        return step(token, np.array([position]), float(temperature or 1.0), top_k, temperature == 0).numpy()
+        return step(np.ascontiguousarray(token), np.array([position]), float(temperature or 1.0), top_k,
+                    temperature == 0).numpy()
+
+    def _caches(self, batch: int) -> list[KVCache]:
+        """This batch size's KV cache of every block."""
+        caches = self.__dict__.setdefault("_kv_caches", {})
+        if batch not in caches:
+            caches[batch] = [KVCache.empty(self.config, batch) for _ in self.blocks]
+        return caches[batch]
+
+    def prefill_step(self, token: tg.Tensor, temperature: float, top_k: int | None, greedy: bool) -> tg.Tensor:
+        """Token ids (batch, length) at positions 0..length-1 -> the next ids (batch, 1), their keys and values
+        written into this batch size's KV cache."""
+        x = self.token_embedding(token) + self.position_embedding(tg.arange(token.shape[1]))
+        for block, cache in zip(self.blocks, self._caches(token.shape[0])):
+            x = block(x, cache)
+        return self._next_token(x, temperature, top_k, greedy)
 
     def decode_step(self, token: tg.Tensor, position: tg.Tensor, temperature: float, top_k: int | None,
                     greedy: bool) -> tg.Tensor:
         """Token ids (batch, 1) at `position` -> the next ids (batch, 1), extending this batch size's KV cache."""
-        caches = self.__dict__.setdefault("_kv_caches", {})
-        if token.shape[0] not in caches:
-            caches[token.shape[0]] = [KVCache.empty(self.config, token.shape[0]) for _ in self.blocks]
         x = self.token_embedding(token) + self.position_embedding(position)
-        for block, cache in zip(self.blocks, caches[token.shape[0]]):
+        for block, cache in zip(self.blocks, self._caches(token.shape[0])):
             x = block.decode(x, position, cache)
-        logits = self.head(self.ln_f(x))[:, -1]
+        return self._next_token(x, temperature, top_k, greedy)
+
+    def _next_token(self, x: tg.Tensor, temperature: float, top_k: int | None, greedy: bool) -> tg.Tensor:
+        """The ids (batch, 1) sampled after the last position of the blocks' output x."""
+        logits = self.head(self.ln_f(x[:, -1:]))[:, -1]
         if greedy:
             return logits.argmax(dim=-1, keepdim=True)
         logits = logits / temperature

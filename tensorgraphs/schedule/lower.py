@@ -83,10 +83,6 @@ ROW_BLOCKS = (256, 128, 64, 32, 16)
 ROW_ACCUMULATED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
 """Dtypes a reduction may accumulate in its output buffer (float16/bfloat16 would lose precision)."""
 
-PARALLEL_MIN_WORK = 1 << 16
-"""Below this many innermost iterations a kernel runs on one thread (OpenMP start-up costs more)."""
-
-
 @dataclass
 class Scope:
     """A loop body (or the kernel's top level): lets placed here, then nested loops."""
@@ -363,10 +359,10 @@ class Lowering:
 
     def kernel(self) -> Kernel:
         body = self._root.assemble()
-        if not self.serial and self._max_trips >= PARALLEL_MIN_WORK:
+        if not self.serial:  # the target decides from the work whether threads pay (at run time if it varies)
             for stmt in body:
                 if isinstance(stmt, Loop):
-                    stmt.parallel = ParallelAxis(0)
+                    stmt.parallel = ParallelAxis(0, self._max_trips)
         return Kernel(self.name, list(self._params.values()), body, serial=self.serial)
 
     # -- values --------------------------------------------------------------

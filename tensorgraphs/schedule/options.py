@@ -45,7 +45,7 @@ def _scheduled(stmt: Stmt, options: ScheduleOptions, top: bool, serial: bool) ->
         return stmt
     parallel = stmt.parallel if options.threads == 0 else None
     if top and options.threads > 1 and not serial:
-        parallel = ParallelAxis(0)
+        parallel = stmt.parallel if stmt.parallel is not None else ParallelAxis(0, stmt.var.extent)
     if parallel is not None and options.collapse > 1 and _collapsible(stmt):
         parallel = dataclasses.replace(parallel, nested=options.collapse)
     body = [_scheduled(s, options, False, serial) for s in stmt.body]

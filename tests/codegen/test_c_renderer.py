@@ -69,6 +69,7 @@ def test_literals_are_exact_and_spell_specials() -> None:
     assert literal(float("nan"), dtypes.float32) == "NAN"
     assert literal(float("-inf"), dtypes.float64) == "(-INFINITY)"
     assert literal(-(2**63), dtypes.int64) == "(-INT64_C(9223372036854775807) - 1)"
+    assert literal(2**40, dtypes.int64) == f"((int64_t){2**40})"  # a size template may put an expression there
     assert float.fromhex(literal(0.1, dtypes.bfloat16)[:-1]) == float(dtypes.round_to_storage(np.float32(0.1),
                                                                                            dtypes.bfloat16))
 
@@ -176,7 +177,21 @@ def test_grid_axis_0_runs_on_openmp_threads_inner_axes_in_order_and_the_base_ren
     i, j = ix.Var("i", 4), ix.Var("j", 8)
     store = Store("out", i * 8 + j, Lit(1.0, dtypes.float32))
     kernel = Kernel("k", [KernelParam("out", dtypes.float32, 32, True)],
-                    [Loop(i, [Loop(j, [store], ParallelAxis(1))], ParallelAxis(0))])
+                    [Loop(i, [Loop(j, [store], ParallelAxis(1, 32))], ParallelAxis(0, cpu_renderer.PARALLEL_MIN_WORK))])
     cpu = CpuRenderer(kernel).render()
     assert cpu.count("#pragma omp parallel for") == 1 and cpu.index("#pragma") < cpu.index("for (int64_t i ")
     assert "#pragma" not in CStyleRenderer(kernel).render()
+
+
+def test_threads_start_only_for_enough_work_and_with_sizes_at_run_time_the_work_is_compared_there() -> None:
+    i, least = ix.Var("i", 4), cpu_renderer.PARALLEL_MIN_WORK
+
+    def kernel(work: int) -> Kernel:
+        return Kernel("k", [KernelParam("out", dtypes.float32, 4, True)],
+                      [Loop(i, [Store("out", i, Lit(1.0, dtypes.float32))], ParallelAxis(0, work))])
+
+    assert [CpuRenderer(kernel(w)).render().count("#pragma omp") for w in (least - 1, least)] == [0, 1]
+    small, large = (CpuRenderer(kernel(w), sizes_at_run_time=True).render() for w in (least - 1, least))
+    assert small.replace(f"if ({least - 1} ", "if (WORK ") == large.replace(f"if ({least} ", "if (WORK ")  # one text
+    assert f"if ({least} >= {least}) {{" in large and large.count("#pragma omp parallel for") == 1
+    assert large.count("for (int64_t i = 0; i < 4; i++)") == 2  # on threads, else on the calling thread alone

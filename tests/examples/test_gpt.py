@@ -195,6 +195,42 @@ def test_greedy_generation_matches_full_forward_decoding_in_torch_and_tg() -> No
     assert _decode_programs(model) == 1
 
 
+def _one_token_at_a_time(model: gpt.GPT, tokens: np.ndarray, temperature: float, top_k: int | None) -> np.ndarray:
+    """The prefill as generate did it before there was one: every token by itself through the decoding step."""
+    for position in range(tokens.shape[1]):
+        following = model._decode(tokens[:, position:position + 1], position, temperature, top_k)
+    return following
+
+
+def test_prompts_of_every_length_are_prefilled_by_one_program_and_generate_as_torch_does() -> None:
+    """A prompt is one call of the prefill step, compiled once for every length; the greedy tokens are the argmax
+    of torch's full forwards over the growing context, for prompts of several lengths up to the block size."""
+    config = gpt.GPTConfig(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    model, reference = _generation_pair(config, seed=2)
+    rng = np.random.default_rng(0)
+    for length in (5, 9, 2, 13):
+        prompts = rng.integers(0, config.vocab_size, (2, length)).tolist()
+        generated = model.generate(tg.tensor(prompts), config.block_size - length, temperature=0).numpy()
+        expected = prompts
+        for _ in range(config.block_size - length):
+            following = _torch_logits(reference, expected).argmax(axis=-1)
+            expected = [row + [int(t)] for row, t in zip(expected, following)]
+        np.testing.assert_array_equal(generated, expected, err_msg=f"prompt length {length}")
+    assert model.__dict__["_prefill_step"].compiled_programs == 1 and _decode_programs(model) == 1
+
+
+def test_prefilling_generates_the_tokens_that_one_token_per_call_generates(monkeypatch) -> None:
+    """Past the block size (the cache refilled from the latest half block, by a prefill too) and from prompts
+    longer than the block, the greedy tokens are those of the decoding step fed one token at a time."""
+    config = gpt.GPTConfig(vocab_size=23, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    model, _ = _generation_pair(config, seed=3)
+    prompts = [tg.tensor([[1, 5, 7], [2, 2, 9]]), tg.tensor(np.arange(19).reshape(1, 19) % 23)]
+    prefilled = [model.generate(prompt, 3 * config.block_size, temperature=0).numpy() for prompt in prompts]
+    monkeypatch.setattr(gpt.GPT, "_prefill", _one_token_at_a_time)
+    for prompt, got in zip(prompts, prefilled):
+        np.testing.assert_array_equal(got, model.generate(prompt, 3 * config.block_size, temperature=0).numpy())
+
+
 def test_sampling_keeps_to_the_top_k_and_is_reproducible_under_manual_seed() -> None:
     """Every sampled token is among the k most likely after its context (by torch on the same weights); the same
     seed gives the same tokens, top_k=1 gives the greedy ones; a sampling mode compiles one program, past the

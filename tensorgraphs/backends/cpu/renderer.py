@@ -60,6 +60,9 @@ STREAM_MIN_BYTES = _last_level_cache_bytes()
 """Outputs at least this large are written with streaming stores: no later kernel would find them in a cache, so
 reading each line before overwriting it (read-for-ownership), and evicting useful data for it, only cost time."""
 
+PARALLEL_MIN_WORK = 1 << 16
+"""Below this many innermost iterations a kernel runs on one thread (OpenMP start-up costs more)."""
+
 STREAM_MAX_RUN_BYTES = 1024
 """Only short contiguous runs of stores are streamed (a transposing tile's rows): the core already hides the
 read-for-ownership of a long sequential store stream (figures: bench/NOTES.md)."""
@@ -126,18 +129,29 @@ class CpuRenderer(CStyleRenderer):
         return sorted({LIBRARIES[function].path() for function in library_functions(kernels)})
 
     def parallel(self, loop: list[str], parallel: ParallelAxis | None, pad: str) -> list[str]:
-        """`loop` split across OpenMP threads when it is grid axis 0 (other axes run in order inside a thread),
-        with the loop nested in it when the axis says so, on the options' number of threads; a kernel that streams
-        fences in each thread."""
+        """`loop` split across OpenMP threads when it is grid axis 0 (other axes run in order inside a thread), with
+        the loop nested in it when the axis says so: on the options' number of threads where they set one, else
+        where its work is at least PARALLEL_MIN_WORK. A kernel that streams fences in each thread. Where sizes are
+        read at run time the work is compared there, with the loop written both ways: an OpenMP `if` clause would
+        still start a team of one (bench/NOTES.md)."""
         if parallel is None or parallel.axis != 0:
             return loop
         threads = self.kernel.options.threads
+        by_work = threads <= 1  # threads 1 never marks a loop parallel (schedule.options)
+        if by_work and parallel.work < PARALLEL_MIN_WORK and not self.sizes_at_run_time:
+            return loop
         clauses = "schedule(static)" + (f" collapse({parallel.nested})" if parallel.nested > 1 else "")
         team = f" num_threads({threads})" if threads > 1 else ""
         if not self.streamed:
-            return [f"{pad}#pragma omp parallel for {clauses}{team}", *loop]
-        return [f"{pad}#pragma omp parallel{team}", pad + "{", f"{pad}#pragma omp for {clauses}", *loop,
-                f"{pad}tg_stream_fence();", pad + "}"]
+            split = [f"{pad}#pragma omp parallel for {clauses}{team}", *loop]
+        else:
+            split = [f"{pad}#pragma omp parallel{team}", pad + "{", f"{pad}#pragma omp for {clauses}", *loop,
+                     f"{pad}tg_stream_fence();", pad + "}"]
+        if not (by_work and self.sizes_at_run_time):
+            return split
+        inner = [f"    {line}" for line in split], [f"    {line}" for line in loop]
+        return [f"{pad}if ({parallel.work} >= {PARALLEL_MIN_WORK}) {{", *inner[0], f"{pad}}} else {{", *inner[1],
+                f"{pad}}}"]
 
     def streamed_store(self, loop: Loop) -> Store | None:
         """The store of an innermost `loop` to a streamed buffer, when it writes whole lines in a short run:
