@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import realize
 from tensorgraphs.rewrite import (
     Pattern,
     RewriteError,
@@ -179,6 +182,7 @@ def test_rule_names_are_unique_per_rule_set() -> None:
 
 def test_debug_output_shows_graphs_and_rule_counts(monkeypatch, capsys) -> None:
     monkeypatch.setenv("TG_DEBUG", "rewrite")
+    monkeypatch.setattr(realize, "_executables", OrderedDict())  # a graph seen before is not rewritten again
     a = tg.tensor(np.ones(3, np.float32))
     (a * 1 * 1).numpy()
     err = capsys.readouterr().err
