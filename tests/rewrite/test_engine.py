@@ -13,7 +13,6 @@ from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.runtime import realize
 from tensorgraphs.rewrite import (
     Pattern,
     RewriteError,
@@ -28,6 +27,7 @@ from tensorgraphs.rewrite import (
     using,
     var,
 )
+from tensorgraphs.runtime import realize
 
 x, y = var("x"), var("y")
 
