@@ -13,15 +13,18 @@ from tensorgraphs.graph.composite import as_node, as_value, body_context, decomp
 from tensorgraphs.graph.node import Node, toposort
 
 
-def vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
-    """Gradients of sum(root * root_grad) with respect to each node in `wrt` (None if unconnected). The rules run in
-    the front end's `body_context` (as in torch, autocast does not reach the backward pass: each gradient takes the
-    dtype of the forward value it is for)."""
+def vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node], *,
+        wrt_are_leaves: bool = False) -> list[Node | None]:
+    """Gradients of sum(root * root_grad) with respect to each node in `wrt` (None if unconnected). With
+    `wrt_are_leaves`, a gradient stops at the `wrt` nodes (partial derivatives: one `wrt` node computed from another
+    passes nothing on to it). The rules run in the front end's `body_context` (as in torch, autocast does not reach
+    the backward pass: each gradient takes the dtype of the forward value it is for)."""
     with body_context():
-        return _vjp(roots, root_grads, wrt)
+        return _vjp(roots, root_grads, wrt, wrt_are_leaves)
 
 
-def _vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
+def _vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node],
+         wrt_are_leaves: bool) -> list[Node | None]:
     targets = set(wrt)
     order = toposort(list(roots))
     relevant: set[Node] = set()
@@ -32,7 +35,7 @@ def _vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node])
     for root, root_grad in zip(roots, root_grads):
         _accumulate(grads, root, as_value(root_grad))
     for node in reversed(order):
-        if node not in grads or node not in relevant or not node.src:
+        if node not in grads or node not in relevant or not node.src or (wrt_are_leaves and node in targets):
             continue
         for src, src_grad in zip(node.src, input_grads(node, grads[node])):
             if src_grad is not None and src in relevant:
@@ -53,9 +56,11 @@ def input_grads(node: Node, grad: Any) -> tuple[Any, ...]:
         if node.op.grad is not None:
             return node.op.grad(as_value(node), grad, *inputs, **params_of(node))
 
-        # a node read at two positions (attention(x, x, x)) gets its whole gradient once, not once per position
+        # a node read at two positions (attention(x, x, x)) gets its whole gradient once, not once per position;
+        # an input computed from another (layer_norm(x, weight=2 * x)) passes nothing on to it here: the outer
+        # pass does, through the input's own gradient
         distinct = list(dict.fromkeys(node.src))
-        total = dict(zip(distinct, vjp([decompose(node)], [as_node(grad)], distinct)))
+        total = dict(zip(distinct, vjp([decompose(node)], [as_node(grad)], distinct, wrt_are_leaves=True)))
         first = {src: position for position, src in reversed(list(enumerate(node.src)))}
         return tuple(None if total[s] is None or first[s] != i else as_value(total[s])
                      for i, s in enumerate(node.src))

@@ -28,3 +28,28 @@ def test_vjp_of_a_node_graph_matches_torch_and_leaves_unconnected_nodes_none() -
     for position, (value, want) in enumerate(zip(got, expected, strict=True)):
         np.testing.assert_allclose(value, want.numpy(), rtol=1e-12, err_msg=f"gradient {position}")
     assert none is None
+
+
+def test_a_composite_input_computed_from_another_input_is_counted_once() -> None:
+    """A composite without a gradient rule of its own is differentiated through its decomposition; an input made
+    from another input (layer_norm's weight a row of x, attention's keys a function of the queries) must pass its
+    gradient on to that input once, as torch does, not also inside the decomposition (which doubled that path)."""
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((4, 4)).astype(np.float32)
+
+    def cases(F):  # the same expressions written for tg and for torch
+        heads = lambda t: t.reshape(1, 1, 4, 4)  # noqa: E731
+        return {
+            "layer_norm weight=2*x[0]": lambda x: F.layer_norm(x, (4,), x[0] * 2, x[1]),
+            "attention k=2x v=exp(x)": lambda x: F.scaled_dot_product_attention(heads(x), heads(x * 2), heads(x.exp())),
+            "matmul x @ relu(x)": lambda x: x @ x.relu(),
+        }
+
+    for (name, ours), theirs in zip(cases(tg.nn.functional).items(), cases(torch.nn.functional).values()):
+        x = tg.tensor(data, requires_grad=True)
+        (ours(x) * tg.tensor(np.arange(16, dtype=np.float32).reshape(4, 4))).sum().backward()
+        tx = torch.tensor(data, requires_grad=True)
+        (theirs(tx) * torch.arange(16, dtype=torch.float32).reshape(4, 4)).sum().backward()
+        with tg.device("numpy"):
+            got = x.grad.numpy()
+        np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
