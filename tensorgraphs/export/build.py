@@ -32,8 +32,9 @@ KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.SOURCES),
                   "attention": (attention.SOURCE_DIR, attention.SOURCES), "fft": (fft.SOURCE_DIR, fft.SOURCES)}
 """The sources defining what generated programs call (the GEMM, conv2d and int8 kernels, the fused attention, the
 FFT)."""
-AVX512_LIBRARIES = ("gemm", "gemm_int8")
-"""Kernel libraries written with AVX-512 intrinsics: they build only for targets that have it."""
+AVX512_LIBRARIES = ("gemm_int8",)
+"""Kernel libraries that need AVX-512 (VNNI): they build only for targets that have it (the GEMM library builds for
+x86-64-v3 too, on its AVX2 stand-in)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ def build_library(directory: Path, prefix: str, libraries: tuple[str, ...], symb
     """Compile `directory`/`prefix`.c (and the kernel `libraries` it calls) into lib`prefix`.a and
     lib`prefix`.so there, keeping only `symbols` global."""
     if options.target == "x86-64-v3" and set(libraries) & set(AVX512_LIBRARIES):
-        fail("export", "the program calls the AVX-512 GEMM library, which x86-64-v3 cannot run: build with "
-             "--target x86-64-v4 or native, or trace the model with TG_GEMM=0 (matrix products as generated loops)",
+        fail("export", "the program calls the int8 GEMM library (AVX-512 VNNI), which x86-64-v3 cannot run: build "
+             "with --target x86-64-v4 or native",
              kind=ArgumentError)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as scratch:
         work = Path(scratch)

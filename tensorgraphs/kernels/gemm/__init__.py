@@ -1,5 +1,5 @@
-"""The generated GEMM and conv2d kernels (implicit im2col, Winograd): C with AVX-512 intrinsics, built once per
-machine and cached.
+"""The generated GEMM and conv2d kernels (implicit im2col, Winograd): C with AVX-512 intrinsics (on an AVX2 machine,
+each 16-lane vector a pair of AVX registers: avx512_on_avx2.h), built once per machine and cached.
 
 Generated C calls them by name (`C_FUNCTIONS`, declared in `HEADER`, linked from `library_path()`); Python
 calls them on numpy arrays through `matmul` and `conv2d` below, which the tests and the benchmark use.
@@ -47,11 +47,12 @@ CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_f32, _ptr, _i32]
 
 @functools.cache
 def available() -> bool:
-    """Whether this machine can run these kernels: AVX-512F (they use its intrinsics) and a C compiler."""
+    """Whether this machine can run these kernels: AVX-512F (they use its intrinsics), or AVX2 and FMA (which stand
+    in for it: avx512_on_avx2.h), and a C compiler."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            has_avx512 = any(line.startswith("flags") and " avx512f" in line for line in cpuinfo)
-        return has_avx512 and bool(compiler_version())
+            flags = next((set(line.split()) for line in cpuinfo if line.startswith("flags")), set())
+        return ("avx512f" in flags or {"avx2", "fma"} <= flags) and bool(compiler_version())
     except (OSError, KernelBuildError):
         return False
 

@@ -1,11 +1,17 @@
-/* The GEMM's activations and epilogue, vectorized with AVX-512: c = activation(alpha * acc + bias) + residual.
- * Shared by the generated GEMM (the epilogue on registers before the store, a prologue activation on each packed
- * block of an operand) and the BLAS kernel (passes after sgemm, on copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to ~2 ulp, so the
- * loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
+/* The GEMM's activations and epilogue, vectorized with AVX-512 (or its AVX2 stand-in, avx512_on_avx2.h):
+ * c = activation(alpha * acc + bias) + residual. Shared by the generated GEMM (the epilogue on registers before the
+ * store, a prologue activation on each packed block of an operand) and the BLAS kernel (passes after sgemm, on
+ * copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to
+ * ~2 ulp, so the loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
 #ifndef TG_EPILOGUE_H
 #define TG_EPILOGUE_H
 #include <immintrin.h>
 #include <stdint.h>
+#ifdef __AVX512F__
+#define TG_AS_BF16(x) ((__m512bh)(x))
+#else
+#include "avx512_on_avx2.h"
+#endif
 
 typedef struct {
     float alpha;

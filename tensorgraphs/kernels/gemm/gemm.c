@@ -161,9 +161,9 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
                                       __m512 acc[TG_MR][TG_NV]) {
     for (int64_t p = 0; p < (kc + 1) / 2; p++) {
         __m512bh bv[TG_NV];
-        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = (__m512bh)_mm512_load_si512(b + v * 16);
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = TG_AS_BF16(_mm512_load_si512(b + v * 16));
         _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
-            __m512bh ai = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(a[i]));
+            __m512bh ai = TG_AS_BF16(_mm512_castps_si512(_mm512_set1_ps(a[i])));
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]);
         }
         a += TG_MR;

@@ -10,7 +10,11 @@
 #define TG_MR 6
 #endif
 #ifndef TG_NV
+#ifdef __AVX512F__
 #define TG_NV 4 /* at most 4: micro_kernel dispatches narrower tiles up to that */
+#else
+#define TG_NV 1 /* AVX2: 6 x 16 accumulators are 12 of its 16 registers */
+#endif
 #endif
 #define TG_NR (TG_NV * 16)
 #ifndef TG_MC

@@ -1,0 +1,378 @@
+/* The AVX-512 intrinsics these kernels use, for a machine with AVX2 and FMA but without AVX-512F: a 16-lane vector
+ * is a pair of 8-lane AVX registers (a struct, which gcc keeps in registers: an array of GCC 64-byte vector types
+ * would live in memory) and a 16-bit mask selects lanes through AVX2's masked loads, stores and blends. The
+ * kernels are written once, against AVX-512's names; included by epilogue.h after immintrin.h, so the macros
+ * below take the place of the real intrinsics. Arithmetic is lane for lane the same IEEE operation, so results
+ * match AVX-512's except for the order of _mm512_reduce_add_ps's sum. Operations that take an immediate are
+ * macros (statement expressions), so they compile at -O0 too. The register tile is narrowed to fit 16 registers
+ * (gemm_internal.h). */
+#ifndef TG_AVX512_ON_AVX2_H
+#define TG_AVX512_ON_AVX2_H
+#include <float.h>
+#include <immintrin.h>
+#include <stdint.h>
+
+typedef struct {
+    __m256 lo, hi;
+} tg_f32x16;
+typedef struct {
+    __m256i lo, hi;
+} tg_i32x16;
+typedef struct {
+    __m256d lo, hi;
+} tg_f64x8;
+
+#define __m512 tg_f32x16
+#define __m512i tg_i32x16
+#define __m512d tg_f64x8
+#define __m512bh tg_i32x16 /* bfloat16 pairs, kept as their bits */
+#define TG_AS_BF16(x) (x)
+
+#define TG_SIMD static inline __attribute__((always_inline))
+
+TG_SIMD tg_f32x16 tg_f32x16_of(__m256 lo, __m256 hi) { return (tg_f32x16){lo, hi}; }
+TG_SIMD tg_i32x16 tg_i32x16_of(__m256i lo, __m256i hi) { return (tg_i32x16){lo, hi}; }
+
+/* Lanes whose bit of `bits` is set, as all-ones 32-bit lanes (8 of them). */
+TG_SIMD __m256i tg_lanes8(unsigned bits) {
+    const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), lane_bits), lane_bits);
+}
+
+TG_SIMD __m128i tg_lanes4(unsigned bits) {
+    const __m128i lane_bits = _mm_setr_epi32(1, 2, 4, 8);
+    return _mm_cmpeq_epi32(_mm_and_si128(_mm_set1_epi32((int)bits), lane_bits), lane_bits);
+}
+
+TG_SIMD __mmask16 tg_mask_of(__m256i lo, __m256i hi) {
+    return (__mmask16)(_mm256_movemask_ps(_mm256_castsi256_ps(lo)) | _mm256_movemask_ps(_mm256_castsi256_ps(hi)) << 8);
+}
+
+/* ---------------------------------------------------------------- loads and stores */
+
+TG_SIMD tg_f32x16 tg_loadu_ps(const void *p) {
+    const float *f = (const float *)p;
+    return tg_f32x16_of(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8));
+}
+
+TG_SIMD tg_f32x16 tg_load_ps(const void *p) {
+    const float *f = (const float *)p;
+    return tg_f32x16_of(_mm256_load_ps(f), _mm256_load_ps(f + 8));
+}
+
+TG_SIMD void tg_store_ps(void *p, tg_f32x16 x) {
+    float *f = (float *)p;
+    _mm256_store_ps(f, x.lo);
+    _mm256_store_ps(f + 8, x.hi);
+}
+
+TG_SIMD tg_f32x16 tg_maskz_loadu_ps(__mmask16 mask, const void *p) {
+    const float *f = (const float *)p;
+    if (mask == 0xFFFF) return tg_loadu_ps(f);
+    return tg_f32x16_of(_mm256_maskload_ps(f, tg_lanes8(mask & 0xFF)), _mm256_maskload_ps(f + 8, tg_lanes8(mask >> 8)));
+}
+
+TG_SIMD tg_f32x16 tg_mask_loadu_ps(tg_f32x16 src, __mmask16 mask, const void *p) {
+    tg_f32x16 loaded = tg_maskz_loadu_ps(mask, p);
+    return tg_f32x16_of(_mm256_blendv_ps(src.lo, loaded.lo, _mm256_castsi256_ps(tg_lanes8(mask & 0xFF))),
+                        _mm256_blendv_ps(src.hi, loaded.hi, _mm256_castsi256_ps(tg_lanes8(mask >> 8))));
+}
+
+TG_SIMD void tg_mask_storeu_ps(void *p, __mmask16 mask, tg_f32x16 x) {
+    float *f = (float *)p;
+    if (mask == 0xFFFF) {
+        _mm256_storeu_ps(f, x.lo);
+        _mm256_storeu_ps(f + 8, x.hi);
+        return;
+    }
+    _mm256_maskstore_ps(f, tg_lanes8(mask & 0xFF), x.lo);
+    _mm256_maskstore_ps(f + 8, tg_lanes8(mask >> 8), x.hi);
+}
+
+TG_SIMD tg_i32x16 tg_loadu_si512(const void *p) {
+    const __m256i *v = (const __m256i *)p;
+    return tg_i32x16_of(_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1));
+}
+
+TG_SIMD __m128 tg_maskz_loadu_ps128(__mmask8 mask, const void *p) {
+    return _mm_maskload_ps((const float *)p, tg_lanes4(mask & 0xF));
+}
+
+TG_SIMD void tg_mask_storeu_ps128(void *p, __mmask8 mask, __m128 x) {
+    _mm_maskstore_ps((float *)p, tg_lanes4(mask & 0xF), x);
+}
+
+#define TG_GATHER_PS(src, mask, index, base, scale)                                                                \
+    ({                                                                                                             \
+        tg_f32x16 s_ = (src);                                                                                      \
+        tg_i32x16 i_ = (index);                                                                                    \
+        __mmask16 m_ = (mask);                                                                                     \
+        tg_f32x16_of(                                                                                              \
+            _mm256_mask_i32gather_ps(s_.lo, (const float *)(base), i_.lo, _mm256_castsi256_ps(tg_lanes8(m_ & 0xFF)), \
+                                     scale),                                                                       \
+            _mm256_mask_i32gather_ps(s_.hi, (const float *)(base), i_.hi, _mm256_castsi256_ps(tg_lanes8(m_ >> 8)),   \
+                                     scale));                                                                      \
+    })
+
+/* ---------------------------------------------------------------- float arithmetic */
+
+/* name(a, b): `op` on each half; `type` is tg_f32x16 or tg_i32x16. */
+#define TG_BINARY(name, type, op)                                                                                 \
+    TG_SIMD type name(type a, type b) { return (type){op(a.lo, b.lo), op(a.hi, b.hi)}; }
+TG_BINARY(tg_add_ps, tg_f32x16, _mm256_add_ps)
+TG_BINARY(tg_sub_ps, tg_f32x16, _mm256_sub_ps)
+TG_BINARY(tg_mul_ps, tg_f32x16, _mm256_mul_ps)
+TG_BINARY(tg_div_ps, tg_f32x16, _mm256_div_ps)
+TG_BINARY(tg_max_ps, tg_f32x16, _mm256_max_ps)
+TG_BINARY(tg_min_ps, tg_f32x16, _mm256_min_ps)
+TG_BINARY(tg_unpacklo_ps, tg_f32x16, _mm256_unpacklo_ps)
+TG_BINARY(tg_unpackhi_ps, tg_f32x16, _mm256_unpackhi_ps)
+TG_BINARY(tg_add_epi32, tg_i32x16, _mm256_add_epi32)
+TG_BINARY(tg_mullo_epi32, tg_i32x16, _mm256_mullo_epi32)
+TG_BINARY(tg_and_si512, tg_i32x16, _mm256_and_si256)
+TG_BINARY(tg_or_si512, tg_i32x16, _mm256_or_si256)
+
+TG_SIMD tg_f32x16 tg_set1_ps(float x) { return tg_f32x16_of(_mm256_set1_ps(x), _mm256_set1_ps(x)); }
+TG_SIMD tg_f32x16 tg_setzero_ps(void) { return tg_f32x16_of(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+
+TG_SIMD tg_f32x16 tg_fmadd_ps(tg_f32x16 a, tg_f32x16 b, tg_f32x16 c) {
+    return tg_f32x16_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+
+TG_SIMD tg_f32x16 tg_fnmadd_ps(tg_f32x16 a, tg_f32x16 b, tg_f32x16 c) {
+    return tg_f32x16_of(_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi));
+}
+
+/* x * 2^n for integral n in [-150, 150] (what tg_exp2_ps passes): two exact powers of two, so a result that
+ * overflows is inf and one that underflows rounds once, as VSCALEFPS's. */
+TG_SIMD __m256 tg_scalef8(__m256 x, __m256 n) {
+    __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1), rest = _mm256_sub_epi32(k, half);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+    __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(x, first), second);
+}
+
+TG_SIMD tg_f32x16 tg_scalef_ps(tg_f32x16 x, tg_f32x16 n) {
+    return tg_f32x16_of(tg_scalef8(x.lo, n.lo), tg_scalef8(x.hi, n.hi));
+}
+
+TG_SIMD float tg_reduce_add_ps(tg_f32x16 x) {
+    __m256 sum = _mm256_add_ps(x.lo, x.hi);
+    __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    quarter = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
+    return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
+}
+
+/* acc + the products of the bfloat16 pairs of a and b (high halves first, as VDPBF16PS): a bfloat16 product is
+ * exact in float32, so each fma rounds once as its sum does. */
+TG_SIMD __m256 tg_dpbf16_8(__m256 acc, __m256i a, __m256i b) {
+    const __m256i high = _mm256_set1_epi32((int32_t)0xFFFF0000);
+    acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, high)),
+                          _mm256_castsi256_ps(_mm256_and_si256(b, high)), acc);
+    return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)),
+                           acc);
+}
+
+TG_SIMD tg_f32x16 tg_dpbf16_ps(tg_f32x16 acc, tg_i32x16 a, tg_i32x16 b) {
+    return tg_f32x16_of(tg_dpbf16_8(acc.lo, a.lo, b.lo), tg_dpbf16_8(acc.hi, a.hi, b.hi));
+}
+
+/* ---------------------------------------------------------------- integers, casts, masks */
+
+TG_SIMD tg_i32x16 tg_set1_epi32(int32_t x) { return tg_i32x16_of(_mm256_set1_epi32(x), _mm256_set1_epi32(x)); }
+TG_SIMD tg_i32x16 tg_setzero_si512(void) { return tg_i32x16_of(_mm256_setzero_si256(), _mm256_setzero_si256()); }
+
+TG_SIMD tg_i32x16 tg_castps_si512(tg_f32x16 x) {
+    return tg_i32x16_of(_mm256_castps_si256(x.lo), _mm256_castps_si256(x.hi));
+}
+TG_SIMD tg_f32x16 tg_castsi512_ps(tg_i32x16 x) {
+    return tg_f32x16_of(_mm256_castsi256_ps(x.lo), _mm256_castsi256_ps(x.hi));
+}
+TG_SIMD tg_f64x8 tg_castps_pd(tg_f32x16 x) { return (tg_f64x8){_mm256_castps_pd(x.lo), _mm256_castps_pd(x.hi)}; }
+TG_SIMD tg_f32x16 tg_castpd_ps(tg_f64x8 x) { return tg_f32x16_of(_mm256_castpd_ps(x.lo), _mm256_castpd_ps(x.hi)); }
+TG_SIMD tg_f64x8 tg_unpacklo_pd(tg_f64x8 a, tg_f64x8 b) {
+    return (tg_f64x8){_mm256_unpacklo_pd(a.lo, b.lo), _mm256_unpacklo_pd(a.hi, b.hi)};
+}
+TG_SIMD tg_f64x8 tg_unpackhi_pd(tg_f64x8 a, tg_f64x8 b) {
+    return (tg_f64x8){_mm256_unpackhi_pd(a.lo, b.lo), _mm256_unpackhi_pd(a.hi, b.hi)};
+}
+
+TG_SIMD tg_i32x16 tg_mask_or_epi32(tg_i32x16 src, __mmask16 mask, tg_i32x16 a, tg_i32x16 b) {
+    return tg_i32x16_of(_mm256_blendv_epi8(src.lo, _mm256_or_si256(a.lo, b.lo), tg_lanes8(mask & 0xFF)),
+                        _mm256_blendv_epi8(src.hi, _mm256_or_si256(a.hi, b.hi), tg_lanes8(mask >> 8)));
+}
+
+TG_SIMD __mmask16 tg_cmplt_epi32_mask(tg_i32x16 a, tg_i32x16 b) {
+    return tg_mask_of(_mm256_cmpgt_epi32(b.lo, a.lo), _mm256_cmpgt_epi32(b.hi, a.hi));
+}
+TG_SIMD __mmask16 tg_cmpge_epi32_mask(tg_i32x16 a, tg_i32x16 b) { return (__mmask16)~tg_cmplt_epi32_mask(a, b); }
+TG_SIMD __mmask16 tg_cmplt_epu32_mask(tg_i32x16 a, tg_i32x16 b) {
+    const tg_i32x16 sign = tg_set1_epi32(INT32_MIN);
+    return tg_cmplt_epi32_mask(tg_i32x16_of(_mm256_xor_si256(a.lo, sign.lo), _mm256_xor_si256(a.hi, sign.hi)),
+                               tg_i32x16_of(_mm256_xor_si256(b.lo, sign.lo), _mm256_xor_si256(b.hi, sign.hi)));
+}
+
+/* ---------------------------------------------------------------- lane movement */
+
+/* 128-bit lane `lane` (0..3) of x. */
+TG_SIMD __m128 tg_lane128(tg_f32x16 x, int lane) {
+    __m256 half = lane < 2 ? x.lo : x.hi;
+    return (lane & 1) ? _mm256_extractf128_ps(half, 1) : _mm256_castps256_ps128(half);
+}
+
+TG_SIMD tg_f32x16 tg_shuffle_f32x4(tg_f32x16 a, tg_f32x16 b, int imm) {
+    return tg_f32x16_of(_mm256_set_m128(tg_lane128(a, (imm >> 2) & 3), tg_lane128(a, imm & 3)),
+                        _mm256_set_m128(tg_lane128(b, (imm >> 6) & 3), tg_lane128(b, (imm >> 4) & 3)));
+}
+
+/* Lane i of the result is lane idx[i] (mod 32) of a's 16 then b's 16. */
+TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) {
+    float table[32] __attribute__((aligned(32)));
+    int32_t lanes[16] __attribute__((aligned(32)));
+    float out[16] __attribute__((aligned(32)));
+    _mm256_store_ps(table, a.lo), _mm256_store_ps(table + 8, a.hi);
+    _mm256_store_ps(table + 16, b.lo), _mm256_store_ps(table + 24, b.hi);
+    _mm256_store_si256((__m256i *)lanes, index.lo), _mm256_store_si256((__m256i *)(lanes + 8), index.hi);
+    for (int i = 0; i < 16; i++) out[i] = table[lanes[i] & 31];
+    return tg_load_ps(out);
+}
+
+#define TG_F32_IMM(a, b, imm, op)                                                  \
+    ({                                                                             \
+        tg_f32x16 a_ = (a), b_ = (b);                                              \
+        tg_f32x16_of(op(a_.lo, b_.lo, imm), op(a_.hi, b_.hi, imm));                \
+    })
+
+#define TG_ROUND_PS(x, imm)                                                        \
+    ({                                                                             \
+        tg_f32x16 x_ = (x);                                                        \
+        tg_f32x16_of(_mm256_round_ps(x_.lo, (imm) & 15), _mm256_round_ps(x_.hi, (imm) & 15)); \
+    })
+
+#define TG_CMP_PS_MASK(a, b, imm)                                                  \
+    ({                                                                             \
+        tg_f32x16 a_ = (a), b_ = (b);                                              \
+        tg_mask_of(_mm256_castps_si256(_mm256_cmp_ps(a_.lo, b_.lo, imm)),          \
+                   _mm256_castps_si256(_mm256_cmp_ps(a_.hi, b_.hi, imm)));         \
+    })
+
+#define TG_SRLI_EPI32(x, count)                                                    \
+    ({                                                                             \
+        tg_i32x16 x_ = (x);                                                        \
+        tg_i32x16_of(_mm256_srli_epi32(x_.lo, count), _mm256_srli_epi32(x_.hi, count)); \
+    })
+
+/* Only the class the kernels ask for, 0x99 (NaN or infinite): |x| > FLT_MAX, unordered included. */
+#define TG_FPCLASS_PS_MASK(x, imm)                                                 \
+    ({                                                                             \
+        _Static_assert((imm) == 0x99, "only _mm512_fpclass_ps_mask(x, 0x99) is emulated"); \
+        tg_f32x16 x_ = (x);                                                        \
+        const __m256 magnitude_ = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), max_ = _mm256_set1_ps(FLT_MAX); \
+        tg_mask_of(_mm256_castps_si256(_mm256_cmp_ps(_mm256_and_ps(x_.lo, magnitude_), max_, _CMP_NLE_UQ)),      \
+                   _mm256_castps_si256(_mm256_cmp_ps(_mm256_and_ps(x_.hi, magnitude_), max_, _CMP_NLE_UQ)));     \
+    })
+
+/* Without optimization gcc's headers define some of these names as macros: they are replaced here. */
+#undef _mm512_loadu_ps
+#undef _mm512_load_ps
+#undef _mm512_store_ps
+#undef _mm512_maskz_loadu_ps
+#undef _mm512_mask_loadu_ps
+#undef _mm512_mask_storeu_ps
+#undef _mm512_loadu_si512
+#undef _mm512_load_si512
+#undef _mm_maskz_loadu_ps
+#undef _mm_mask_storeu_ps
+#undef _mm512_mask_i32gather_ps
+#undef _mm512_add_ps
+#undef _mm512_sub_ps
+#undef _mm512_mul_ps
+#undef _mm512_div_ps
+#undef _mm512_max_ps
+#undef _mm512_min_ps
+#undef _mm512_fmadd_ps
+#undef _mm512_fnmadd_ps
+#undef _mm512_set1_ps
+#undef _mm512_setzero_ps
+#undef _mm512_scalef_ps
+#undef _mm512_roundscale_ps
+#undef _mm512_reduce_add_ps
+#undef _mm512_dpbf16_ps
+#undef _mm512_cmp_ps_mask
+#undef _mm512_fpclass_ps_mask
+#undef _mm512_add_epi32
+#undef _mm512_mullo_epi32
+#undef _mm512_and_si512
+#undef _mm512_or_si512
+#undef _mm512_srli_epi32
+#undef _mm512_set1_epi32
+#undef _mm512_setzero_si512
+#undef _mm512_set_epi32
+#undef _mm512_castps_si512
+#undef _mm512_castsi512_ps
+#undef _mm512_castps_pd
+#undef _mm512_castpd_ps
+#undef _mm512_mask_or_epi32
+#undef _mm512_cmplt_epi32_mask
+#undef _mm512_cmpge_epi32_mask
+#undef _mm512_cmplt_epu32_mask
+#undef _mm512_unpacklo_ps
+#undef _mm512_unpackhi_ps
+#undef _mm512_unpacklo_pd
+#undef _mm512_unpackhi_pd
+#undef _mm512_shuffle_ps
+#undef _mm512_shuffle_f32x4
+#undef _mm512_permutex2var_ps
+#define _mm512_loadu_ps tg_loadu_ps
+#define _mm512_load_ps tg_load_ps
+#define _mm512_store_ps tg_store_ps
+#define _mm512_maskz_loadu_ps tg_maskz_loadu_ps
+#define _mm512_mask_loadu_ps tg_mask_loadu_ps
+#define _mm512_mask_storeu_ps tg_mask_storeu_ps
+#define _mm512_loadu_si512 tg_loadu_si512
+#define _mm512_load_si512 tg_loadu_si512
+#define _mm_maskz_loadu_ps tg_maskz_loadu_ps128
+#define _mm_mask_storeu_ps tg_mask_storeu_ps128
+#define _mm512_mask_i32gather_ps TG_GATHER_PS
+#define _mm512_add_ps tg_add_ps
+#define _mm512_sub_ps tg_sub_ps
+#define _mm512_mul_ps tg_mul_ps
+#define _mm512_div_ps tg_div_ps
+#define _mm512_max_ps tg_max_ps
+#define _mm512_min_ps tg_min_ps
+#define _mm512_fmadd_ps tg_fmadd_ps
+#define _mm512_fnmadd_ps tg_fnmadd_ps
+#define _mm512_set1_ps tg_set1_ps
+#define _mm512_setzero_ps tg_setzero_ps
+#define _mm512_scalef_ps tg_scalef_ps
+#define _mm512_roundscale_ps TG_ROUND_PS
+#define _mm512_reduce_add_ps tg_reduce_add_ps
+#define _mm512_dpbf16_ps tg_dpbf16_ps
+#define _mm512_cmp_ps_mask TG_CMP_PS_MASK
+#define _mm512_fpclass_ps_mask TG_FPCLASS_PS_MASK
+#define _mm512_add_epi32 tg_add_epi32
+#define _mm512_mullo_epi32 tg_mullo_epi32
+#define _mm512_and_si512 tg_and_si512
+#define _mm512_or_si512 tg_or_si512
+#define _mm512_srli_epi32 TG_SRLI_EPI32
+#define _mm512_set1_epi32 tg_set1_epi32
+#define _mm512_setzero_si512 tg_setzero_si512
+#define _mm512_set_epi32(e15, e14, e13, e12, e11, e10, e9, e8, e7, e6, e5, e4, e3, e2, e1, e0) \
+    tg_i32x16_of(_mm256_set_epi32(e7, e6, e5, e4, e3, e2, e1, e0), _mm256_set_epi32(e15, e14, e13, e12, e11, e10, e9, e8))
+#define _mm512_castps_si512 tg_castps_si512
+#define _mm512_castsi512_ps tg_castsi512_ps
+#define _mm512_castps_pd tg_castps_pd
+#define _mm512_castpd_ps tg_castpd_ps
+#define _mm512_mask_or_epi32 tg_mask_or_epi32
+#define _mm512_cmplt_epi32_mask tg_cmplt_epi32_mask
+#define _mm512_cmpge_epi32_mask tg_cmpge_epi32_mask
+#define _mm512_cmplt_epu32_mask tg_cmplt_epu32_mask
+#define _mm512_unpacklo_ps tg_unpacklo_ps
+#define _mm512_unpackhi_ps tg_unpackhi_ps
+#define _mm512_unpacklo_pd tg_unpacklo_pd
+#define _mm512_unpackhi_pd tg_unpackhi_pd
+#define _mm512_shuffle_ps(a, b, imm) TG_F32_IMM(a, b, imm, _mm256_shuffle_ps)
+#define _mm512_shuffle_f32x4 tg_shuffle_f32x4
+#define _mm512_permutex2var_ps tg_permutex2var_ps
+#endif
