@@ -52,8 +52,8 @@ def window_views(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilati
 
 
 def sliding_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
-    """(..., H, W) -> (..., kh * kw, Ho, Wo): the window views stacked."""
-    return mv.stack(window_views(x, kernel, stride, dilation), dim=-3)
+    """(..., H, W) -> (..., kh * kw, Ho, Wo): the window views stacked as views (`stack_views`)."""
+    return mv.stack_views(window_views(x, kernel, stride, dilation), dim=-3)
 
 
 # ---------------------------------------------------------------------------
