@@ -1,6 +1,6 @@
 """Benchmark: ONNX models on tensorgraphs (`tg.onnx.load`, compiled with `tg.compile`) vs ONNX Runtime.
 
-    .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10]
+    .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10] [--threads 1]
 
 Models: the graphs the onnx wheel ships under backend/test/data/light (their weights are ConstantOfShape
 placeholders), given seeded random weights (He-scaled normal; vectors (biases, batch-norm statistics) uniform in
@@ -8,7 +8,7 @@ placeholders), given seeded random weights (He-scaled normal; vectors (biases, b
 batch of 1 gets -1).
 Each (framework, model, batch) runs in its own subprocess: the median latency of `--repeat` calls after one
 warm-up, the compile time (tg: trace and compile; ORT: session creation) and the process's peak RSS. Both use
-every core (ORT: intra_op_num_threads = os.cpu_count(); tg: OpenMP's default).
+`--threads` threads, every core by default (ORT: intra_op_num_threads; tg: OMP_NUM_THREADS).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def run_ort(name: str, batch: int, repeat: int) -> dict:
     model = light_model(name, batch)
     x = example(model, batch)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
+    options.intra_op_num_threads = int(os.environ["OMP_NUM_THREADS"])
     start = time.perf_counter()
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = {model.graph.input[0].name: x}
@@ -120,10 +120,10 @@ def run_ort(name: str, batch: int, repeat: int) -> dict:
             "checksum": float(np.abs(out).sum())}
 
 
-def measure(framework: str, name: str, batch: int, repeat: int) -> dict:
-    """One measurement in a fresh process (so its peak RSS is its own)."""
+def measure(framework: str, name: str, batch: int, repeat: int, threads: int) -> dict:
+    """One measurement in a fresh process (so its peak RSS is its own) with `threads` threads."""
     command = [sys.executable, __file__, "--child", framework, name, str(batch), str(repeat)]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -146,7 +147,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            ours, theirs = measure("tg", name, batch, args.repeat), measure("ort", name, batch, args.repeat)
+            ours = measure("tg", name, batch, args.repeat, args.threads)
+            theirs = measure("ort", name, batch, args.repeat, args.threads)
             if "error" in ours or "error" in theirs:
                 print(f"| {name} | {batch} | {ours.get('error', '')} | {theirs.get('error', '')} |", flush=True)
                 continue

@@ -7,6 +7,7 @@ turns them into index expressions.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, Sequence
 
@@ -18,6 +19,7 @@ from tensorgraphs.frontend.checks import dims_arg, int_arg, ints_arg, size_arg
 from tensorgraphs.frontend.tensor import (
     Tensor,
     apply,
+    apply_composite,
     as_tensor,
     broadcast_shapes,
     cast,
@@ -27,6 +29,7 @@ from tensorgraphs.frontend.tensor import (
     viewing,
 )
 from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.graph.ops import Op
 
 ShapeArg = Any  # ints as varargs, or one sequence
@@ -348,37 +351,68 @@ def expand_dim(x: Tensor, dim: int, size: int) -> Tensor:
     return expand_to(x, tuple(size if i == dim else s for i, s in enumerate(x.shape)))
 
 
-def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Each input padded to the full length and summed (padding is zero, so the sum is exact).
-
-    As in torch, 1-d empty inputs are left out of the shape checks but not of the dtype promotion.
-    """
-    tensors = list(tensors)
-    if not tensors:
-        fail("cat", "expected a non-empty list of tensors", kind=ArgumentError)
-    dtype = functools.reduce(dtypes.promote_types, (t.dtype for t in tensors))
-    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
-    ref = tensors[0]
-    d = normalize_dim("cat", dim, ref.ndim)
-    for t in tensors:
-        if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
-            listed = ", ".join(str(u.shape) for u in tensors)
-            fail("cat", f"tensors must have the same shape except in dim {d}; got {listed}")
-    total = sum(t.shape[d] for t in tensors)
+def _concat_decomposition(*tensors: Tensor, axis: int) -> Tensor:
+    """Each input padded to the full length and summed (padding is zero, so the sum is exact; `or` for bools)."""
+    total = sum(t.shape[axis] for t in tensors)
     result, offset = None, 0
     for t in tensors:
-        part = pad_dim(cast(t, dtype), d, offset, total - offset - t.shape[d])
-        offset += t.shape[d]
+        part = pad_dim(t, axis, offset, total - offset - t.shape[axis])
+        offset += t.shape[axis]
         if result is None:
             result = part
-        elif dtype.is_bool:
+        elif t.dtype.is_bool:
             result = ew.logical_or(result, part)
         else:
             result = ew.add(result, part)
     return result
 
 
-def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+def _concat_infer(*tensors: Tensor, axis: int) -> tuple[dtypes.DType, tuple[int, ...]]:
+    shape = list(tensors[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in tensors)
+    return tensors[0].dtype, tuple(shape)
+
+
+def _concat_grad(out: Tensor, grad: Tensor, *tensors: Tensor, axis: int) -> tuple[Tensor, ...]:
+    """Each input's slice of the gradient (its own rule: differentiated, the decomposition would also send an
+    input's gradient down the other inputs that are views of it, a replicate pad's edges)."""
+    starts = itertools.accumulate((t.shape[axis] for t in tensors), initial=0)
+    return tuple(shrink_dim(grad, axis, start, start + t.shape[axis]) for start, t in zip(starts, tensors))
+
+
+CONCAT = register(Composite("cat", _concat_infer, _concat_decomposition, grad=_concat_grad))
+"""Inputs of one dtype joined along `axis`: a composite, so a compiled program writes each input into its slice of
+one buffer (`schedule.lower`) instead of evaluating every input at every element of the sum of padded inputs (a
+DenseNet's chain of concatenations, each of the one before, would recompute the whole chain in every consumer)."""
+
+
+def _concat_operands(op: str, tensors: Sequence[Tensor], dim: int) -> tuple[list[Tensor], int]:
+    """The inputs cast to their promoted dtype, less 1-d empty ones (as torch: left out of the shape checks but
+    not of the dtype promotion), and the normalized dim; checked."""
+    tensors = list(tensors)
+    if not tensors:
+        fail(op, "expected a non-empty list of tensors", kind=ArgumentError)
+    dtype = functools.reduce(dtypes.promote_types, (t.dtype for t in tensors))
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
+    ref = tensors[0]
+    d = normalize_dim(op, dim, ref.ndim)
+    for t in tensors:
+        if t.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if i != d):
+            listed = ", ".join(str(u.shape) for u in tensors)
+            fail(op, f"tensors must have the same shape except in dim {d}; got {listed}")
+    return [cast(t, dtype) for t in tensors], d
+
+
+def _joined(tensors: list[Tensor], axis: int) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else apply_composite(CONCAT, *tensors, axis=axis)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """The `cat` composite of the inputs cast to their promoted dtype."""
+    return _joined(*_concat_operands("cat", tensors, dim))
+
+
+def _stack_operands(tensors: Sequence[Tensor], dim: int) -> tuple[list[Tensor], int]:
     tensors = list(tensors)
     if not tensors:
         fail("stack", "expected a non-empty list of tensors", kind=ArgumentError)
@@ -386,7 +420,18 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         if t.shape != tensors[0].shape:
             fail("stack", f"expects each tensor to be equal size, got {[u.shape for u in tensors]}")
     d = normalize_dim("stack", dim, tensors[0].ndim + 1)
-    return cat([unsqueeze(t, d) for t in tensors], d)
+    return _concat_operands("stack", [unsqueeze(t, d) for t in tensors], d)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    return _joined(*_stack_operands(tensors, dim))
+
+
+def stack_views(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """`stack` as the sum of the padded inputs, no composite: for views that a consumer reduces over right away
+    (pooling's windows), which a buffer of the stacked views would only copy."""
+    tensors, d = _stack_operands(tensors, dim)
+    return _concat_decomposition(*tensors, axis=d)
 
 
 @viewing

@@ -9,7 +9,8 @@ Steps, each a plain function:
    the fused attention kernel runs (`schedule.attention`:
    likewise, its operands read in place through strided views); scans (cumsum, cumprod:
    kept whole and materialized, one loop along their axis: `lower.Lowering.scan_nest`) and host
-   calls (`graph.host_call`: kept whole, their sources and result materialized; one call back); large full
+   calls (`graph.host_call`: kept whole, their sources and result materialized; one call back), concatenations
+   (kept whole and materialized, one loop per input into its slice: `lower.concat_nests`); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
    product's (or convolution's) elementwise consumers that the kernel applies itself (bias,
    activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
@@ -73,7 +74,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.fft import FftLowering, runs_as_fft
 from tensorgraphs.schedule.host_call import HostCallLowering
-from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_scan
+from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_loops
 from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
@@ -117,7 +118,7 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 memo[node] = node
             elif (swapped := transposed_product(node, uses)) is not None:
                 memo[node] = convert(swapped)
-            elif runs_as_scan(node):
+            elif runs_as_loops(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
             elif runs_as_host_call(node):
@@ -194,7 +195,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
                          HostCallLowering if runs_as_host_call(n) else
                          QuantizedLinearLowering if runs_as_int8_gemm(n) else
                          FftLowering if runs_as_fft(n) else
-                         GemmLowering if is_composite(n) and not runs_as_scan(n) else lower_node)
+                         GemmLowering if is_composite(n) and not runs_as_loops(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
         recomputed = set().union(*(low.recomputed for low in lowerings))
@@ -239,7 +240,8 @@ def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | Gemm
     home = {}
     for rider in computed:
         first, *others = readers.get(names[rider], [rider])  # read by nothing: its own "first reader"
-        if (first is not rider and _plain(kernels[rider]) and isinstance(lowered[first], Lowering)
+        if (first is not rider and _plain(kernels[rider]) and not runs_as_loops(rider)
+                and isinstance(lowered[first], Lowering)
                 and first.shape == rider.shape and (first in outputs or not others)):
             home[rider] = first
     relowered: dict[tuple[Node, frozenset[Node]], Lowering] = {}

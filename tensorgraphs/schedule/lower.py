@@ -129,6 +129,8 @@ class Lowering:
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
     _computed_at: Counter[Node] = field(default_factory=Counter)  # at how many indices each value is computed
+    _nests: int = 0  # store nests opened so far
+    _trips_per_nest: dict[Node, dict[int, int]] = field(default_factory=dict)  # an expensive value's runs, by nest
     _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
     _store_index: Expr | None = None
     _shape: tuple[int, ...] = ()
@@ -144,6 +146,7 @@ class Lowering:
         (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
         copied in by the first nest."""
         dims = [d for d, size in enumerate(shape) if size > 1]
+        self._nests += 1
         self._shape = shape
         scope = self._root
         index: list[Expr] = [Const(0)] * len(shape)
@@ -398,13 +401,16 @@ class Lowering:
         return True
 
     def _computed_again(self, node: Node, value: Ref) -> bool:
-        """Whether expensive `node` runs more often than it has elements, or inside a second reduction: one
-        reduction and the output loop share a value (`forward_through_output`), but row operations chained in
-        one kernel (softmax of a softmax) would evaluate the first one's exp in every later reduction."""
+        """Whether expensive `node` runs more often than it has elements (in one store nest, or summed over the
+        nests: a concatenation's each read their own part of it), or inside a second reduction: one reduction and
+        the output loop share a value (`forward_through_output`), but row operations chained in one kernel
+        (softmax of a softmax) would evaluate the first one's exp in every later reduction."""
         scope = self._scope_of[value.name]
         if scope.var in self._reduce_vars:
             self._reduced_in.setdefault(node, set()).add(scope.var)
-        return scope.trips > node.size or len(self._reduced_in.get(node, ())) > 1
+        trips = self._trips_per_nest.setdefault(node, {})
+        trips[self._nests] = max(trips.get(self._nests, 0), scope.trips)
+        return sum(trips.values()) > node.size or len(self._reduced_in.get(node, ())) > 1
 
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
@@ -624,8 +630,34 @@ SCANS = {"cumsum": Op.ADD, "cumprod": Op.MUL}
 """Composites lowered as one loop along their axis (`Lowering.scan_nest`), by name: their combining op."""
 
 
+CONCAT = "cat"
+"""The composite lowered as one loop nest per input, each storing into its slice of the output (`concat_nests`)."""
+
+
 def runs_as_scan(node: Node) -> bool:
     return is_composite(node) and node.op.name in SCANS
+
+
+def runs_as_concat(node: Node) -> bool:
+    return is_composite(node) and node.op.name == CONCAT
+
+
+def runs_as_loops(node: Node) -> bool:
+    """Whether `node` is a composite kept whole and lowered to loops of its own by `lower_node`: a scan or a
+    concatenation (its result materialized)."""
+    return runs_as_scan(node) or runs_as_concat(node)
+
+
+def concat_nests(low: Lowering, node: Node, out: str) -> None:
+    """out[.., offset + i, ..] = piece[.., i, ..] for each piece along the axis, one nest each."""
+    axis, offset = params_of(node)["axis"], 0
+    for piece in node.src:
+        def place(index: Index, piece: Node = piece, start: int = offset) -> tuple[Index, Operand]:
+            return index[:axis] + (index[axis] + start,) + index[axis + 1:], low.value(piece, index)
+
+        if piece.size:
+            low.store_nest(node, out, piece.shape, place)
+        offset += piece.shape[axis]
 
 
 def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[Node, ...] = ()) -> Lowering:
@@ -636,6 +668,10 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
     if runs_as_scan(node):
         low = Lowering(name, buffers)
         low.scan_nest(node, out, params_of(node)["axis"], SCANS[node.op.name])
+        return low
+    if runs_as_concat(node):
+        low = Lowering(name, buffers)
+        concat_nests(low, node, out)
         return low
     if node.op is Op.SCATTER_ADD:
         low = Lowering(name, buffers)

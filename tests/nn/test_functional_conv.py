@@ -20,6 +20,8 @@ CONV2D_CASES = [  # input shape, weight shape, keyword arguments
     ((2, 2, 6, 7), (3, 2, 4, 2), {"padding": "same", "dilation": 2}),
     ((1, 2, 5, 5), (2, 2, 3, 3), {"padding": "valid", "stride": 3}),
     ((3, 7, 7), (2, 3, 3, 3), {"stride": 2, "padding": 1, "groups": 1}),
+    ((2, 3, 7, 6), (6, 1, 3, 3), {"stride": 2, "padding": 1, "groups": 3}),  # depthwise, two outputs per channel
+    ((2, 8, 5, 4), (12, 2, 1, 1), {"groups": 4}),  # grouped 1x1: its columns are the input itself
 ]
 
 
@@ -71,6 +73,43 @@ def test_conv_graph_keeps_the_composite_and_differentiates_to_matmuls() -> None:
     for g in (gx, gw):
         names = {getattr(n.op, "name", None) for n in toposort([g.node])}
         assert "matmul" in names
+
+
+def test_grouped_and_depthwise_convs_run_without_transposes() -> None:
+    """The decomposition's product is kernels @ columns in the output's layout: a grouped 1x1 conv compiles to its
+    product reading the input where it lies and the channel-wise epilogue reading the product through a reshape;
+    a depthwise conv (one input channel per group) to one elementwise loop with no product."""
+    from tensorgraphs.backends.cpu import CPU
+    from tensorgraphs.codegen.loop_ir import GemmCall, walk
+    from tensorgraphs.schedule.extern import gemm_enabled
+
+    x, scale = tg.tensor(normal(33, 1, 8, 5, 4)), tg.tensor(normal(34, 12, 1, 1))
+    grouped = F.relu(F.conv2d(x, tg.tensor(normal(35, 12, 2, 1, 1)), groups=4) * scale)
+    program, _ = CPU.program([grouped.node])
+    calls = [[isinstance(s, GemmCall) for s in walk(k.body)] for k in program.kernels]
+    assert len(calls) == 2 and (calls[0] == [True] or not gemm_enabled()), [k.name for k in program.kernels]
+    depthwise = F.conv2d(tg.tensor(normal(36, 2, 6, 9, 9)), tg.tensor(normal(37, 6, 1, 3, 3)), stride=2, padding=1,
+                         groups=6)
+    program, _ = CPU.program([depthwise.node])
+    assert len(program.kernels) == 1, [k.name for k in program.kernels]
+    assert not [s for k in program.kernels for s in walk(k.body) if isinstance(s, GemmCall)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_depthwise_conv_sums_in_float32(dtype: str) -> None:
+    """Summed in float16 a 5x5 depthwise window would round 25 times; summed in float32 and rounded once it is
+    the float64 result of the rounded operands rounded once (one step off where the float32 sum lands on a
+    rounding boundary)."""
+    import torch
+
+    x, w = normal(31, 2, 4, 9, 9), normal(32, 4, 1, 5, 5)
+    half = getattr(torch, dtype)
+    tx, tw = (torch.from_numpy(a).to(half).double() for a in (x, w))
+    expected = TF.conv2d(tx, tw, padding=2, groups=4).to(half).double().numpy()
+    out = F.conv2d(tg.tensor(x).to(getattr(tg, dtype)), tg.tensor(w).to(getattr(tg, dtype)), padding=2, groups=4)
+    value = out.double().numpy()
+    assert np.mean(value != expected) < 0.01
+    np.testing.assert_allclose(value, expected, rtol=2**-7 if dtype == "bfloat16" else 2**-10, atol=1e-6)
 
 
 def test_conv_errors_name_the_shapes() -> None:

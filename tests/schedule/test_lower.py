@@ -184,3 +184,40 @@ def test_a_gather_read_at_several_indices_is_materialized_once() -> None:
         out = model(images)
     kernels = schedule_kernels([out.node]).kernels
     assert sum(k.name.endswith("_gather") for k in kernels) == 2  # each pool's values, computed once
+
+
+def test_a_chain_of_concatenations_writes_each_input_into_its_slice_once() -> None:
+    """DenseNet's pattern: each block concatenates the previous concatenation with new features. Every `cat` is one
+    kernel with one nest per input (its producer inlined there), so no level recomputes the levels before it."""
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    start[0, 0, 0, 0] = np.nan
+    features, expected = tg.tensor(start), start
+    for level in range(4):
+        grown = rng.standard_normal((2, 2, 4, 5)).astype(np.float32)
+        features = tg.cat([features, tg.tensor(grown).relu() * (level + 1)], 1)
+        expected = np.concatenate([expected, np.maximum(grown, 0) * (level + 1)], 1)
+    out = features.exp()
+    kernels = schedule_kernels([out.node]).kernels
+    assert [k.name.split("_", 1)[1] for k in kernels] == ["cat"] * 4 + ["exp2"], [k.name for k in kernels]
+    assert [sum(isinstance(s, Store) for s in walk(k.body)) for k in kernels] == [2, 2, 2, 2, 1]
+    np.testing.assert_allclose(out.numpy(), np.exp(expected), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_concatenated_bools_and_empty_inputs_keep_their_places(dim: int) -> None:
+    rng = np.random.default_rng(1)
+    shapes = [[3, 4, 2] for _ in range(3)]
+    for i, size in enumerate((2, 0, 1)):
+        shapes[i][dim] = size
+    arrays = [rng.standard_normal(s) > 0 for s in shapes]
+    got = tg.cat([tg.tensor(a) for a in arrays], dim).logical_not()
+    np.testing.assert_array_equal(got.numpy(), ~np.concatenate(arrays, dim))
+
+
+def test_a_concatenation_with_one_nonempty_input_is_not_inlined_into_its_consumer() -> None:
+    """One nest is a plain kernel, which `store_in_consumers` would have its reader compute at the same index: a
+    concatenation has no lowering inside another kernel (the official suite's causal conv of kernel size one)."""
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    joined = tg.cat([tg.tensor(np.zeros((2, 0), np.float32)), tg.tensor(data)], 1)
+    np.testing.assert_allclose((joined * 2).numpy(), data * 2)

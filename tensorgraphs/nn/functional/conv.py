@@ -2,8 +2,9 @@
 that conv and pooling share, and unfold/fold (im2col and its adjoint).
 
 conv2d decomposes into one strided slice of the padded input per kernel offset
-(SHRINK/PAD/RESHAPE views), stacked into patches and contracted with the
-weights by the `matmul` composite, so the gradients are matmuls too.
+(SHRINK/PAD/RESHAPE views), stacked into columns and contracted with the
+weights by the `matmul` composite, so the gradients are matmuls too; a depthwise
+conv2d sums the slices times their weights instead.
 """
 
 from __future__ import annotations
@@ -41,14 +42,18 @@ def pad_spatial(x: Tensor, pads: Pads, value: float = 0.0) -> Tensor:
     return x
 
 
-def sliding_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
-    """(..., H, W) -> (..., kh * kw, Ho, Wo): for each kernel offset, the strided slice it sees."""
+def window_views(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> list[Tensor]:
+    """(..., H, W) -> for each kernel offset (row-major), the strided (..., Ho, Wo) slice it sees."""
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     ho = window_count(x.shape[-2], kh, sh, dh)
     wo = window_count(x.shape[-1], kw, sw, dw)
-    views = [x[..., i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
-             for i in range(kh) for j in range(kw)]
-    return mv.stack(views, dim=-3)
+    return [x[..., i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+            for i in range(kh) for j in range(kw)]
+
+
+def sliding_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
+    """(..., H, W) -> (..., kh * kw, Ho, Wo): the window views stacked as views (`stack_views`)."""
+    return mv.stack_views(window_views(x, kernel, stride, dilation), dim=-3)
 
 
 # ---------------------------------------------------------------------------
@@ -65,22 +70,40 @@ def _conv2d_infer(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilatio
 
 def _conv2d_decomposition(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads, dilation: tuple,
                           groups: int, float32_sum: bool = False) -> Tensor:
-    """Patches (N, groups, Ho*Wo, C/groups*kh*kw) @ kernels (groups, C/groups*kh*kw, O/groups). With `float32_sum`
-    float16/bfloat16 operands give the float32 sum unrounded (their products are exact in float32): patches
-    and kernels keep their dtype and are widened as the product reads them."""
+    """Kernels (groups, O/groups, C/groups*kh*kw) @ columns (N, groups, C/groups*kh*kw, Ho*Wo): the columns are the
+    window views stacked as they lie (a 1x1 conv's are x itself) and the product comes out in the output's layout,
+    so nothing is transposed. A depthwise conv (one input channel per group) is `_depthwise_sum` instead. With
+    `float32_sum` float16/bfloat16 operands give the float32 sum unrounded (their products are exact in float32):
+    columns and kernels keep their dtype and are widened as the product reads them."""
     n, out_channels, (kh, kw) = x.shape[0], w.shape[0], w.shape[2:]
-    group_channels = w.shape[1]
-    windows = sliding_windows(pad_spatial(x, padding), (kh, kw), stride, dilation)
-    ho, wo = windows.shape[-2:]
-    patches = mv.reshape(windows, (n, groups, group_channels, kh * kw, ho, wo))
-    patches = mv.reshape(mv.permute(patches, (0, 1, 4, 5, 2, 3)), (n, groups, ho * wo, group_channels * kh * kw))
-    kernels = mv.reshape(w, (groups, out_channels // groups, group_channels * kh * kw))
-    kernels = mv.mT(kernels)
+    views = window_views(pad_spatial(x, padding), (kh, kw), stride, dilation)
+    ho, wo = views[0].shape[-2:]
+    if groups > 1 and w.shape[1] == 1:
+        return _depthwise_sum(views, w, float32_sum)
+    columns = mv.reshape(mv.stack(views, dim=2), (n, groups, w.shape[1] * kh * kw, ho * wo))
+    kernels = mv.reshape(w, (groups, out_channels // groups, w.shape[1] * kh * kw))
     if float32_sum:  # widened after the broadcast, as the product reads them
-        kernels = expand_to(kernels, patches.shape[:2] + kernels.shape[1:])
-        patches, kernels = cast(patches, dtypes.float32), cast(kernels, dtypes.float32)
-    out = linalg.matmul(patches, kernels)
-    return mv.reshape(mv.permute(out, (0, 1, 3, 2)), (n, out_channels, ho, wo))
+        kernels = expand_to(kernels, (n, *kernels.shape))
+        columns, kernels = cast(columns, dtypes.float32), cast(kernels, dtypes.float32)
+    return mv.reshape(linalg.matmul(kernels, columns), (n, out_channels, ho, wo))
+
+
+def _depthwise_sum(views: list[Tensor], w: Tensor, float32_sum: bool) -> Tensor:
+    """A depthwise conv as one elementwise loop: the sum over kernel offsets of each (N, C, Ho, Wo) window view
+    times its weight per output channel (output channel o reads input channel o // (O / C)), in float32 for
+    float16/bfloat16 (rounded once at the end unless `float32_sum`), as the product would sum."""
+    n, channels, ho, wo = views[0].shape
+    out_channels = w.shape[0]
+    wide = dtypes.float32 if w.dtype in (dtypes.float16, dtypes.bfloat16) else w.dtype
+    weights = mv.reshape(cast(w, wide), (1, out_channels, len(views), 1, 1))
+    total = None
+    for k, view in enumerate(views):
+        if out_channels != channels:
+            spread = (n, channels, out_channels // channels, ho, wo)
+            view = mv.reshape(expand_to(mv.unsqueeze(view, 2), spread), (n, out_channels, ho, wo))
+        term = ew.mul(cast(view, wide), mv.squeeze(mv.shrink_dim(weights, 2, k, k + 1), 2))
+        total = term if total is None else ew.add(total, term)
+    return total if float32_sum else cast(total, w.dtype)
 
 
 CONV2D = register(Composite("conv2d", _conv2d_infer, _conv2d_decomposition))
