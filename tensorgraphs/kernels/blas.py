@@ -2,7 +2,8 @@
 
 The wheel ships a shared library and its headers (symbols prefixed `scipy_`); blas.c calls `scipy_cblas_sgemm`
 from C, so generated programs call `tg_blas_gemm_f32` with no Python in the loop. The wheel is optional:
-`available()` says whether this kernel can be offered to the planner.
+`available()` says whether this kernel can be offered to the planner. Its C is plain (no AVX-512: epilogue.h's
+portable passes), so it runs where the AVX-512 GEMM library does not, with OpenBLAS choosing its own kernels.
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ from pathlib import Path
 import numpy as np
 
 from tensorgraphs.errors import UnsupportedError
-from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import GEMM_ARGTYPES, bind_gemm, call_gemm
-from tensorgraphs.kernels.gemm.build import build_library, load_library
+from tensorgraphs.kernels.gemm.build import build_library, compiler_works, load_library
 
 LIBRARY = "tg_blas"
-SOURCES = ("blas.c", *gemm.PRODUCT_SOURCES)
+SOURCES = ("blas.c", "describe.c")
 C_FUNCTION = "tg_blas_gemm_f32"
 
 
 def available() -> bool:
-    """Whether scipy-openblas32 is installed and the shared C code can build here (then it builds on first use)."""
-    return importlib.util.find_spec("scipy_openblas32") is not None and gemm.available()
+    """Whether scipy-openblas32 is installed and a C compiler can build this kernel (then it builds on first use)."""
+    return importlib.util.find_spec("scipy_openblas32") is not None and compiler_works()
 
 
 def build_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -42,7 +42,9 @@ from tensorgraphs.plan.signature import Signature, placeholder_node, signature_o
 DECOMPOSE = "decompose"
 KERNEL_LIBRARIES = "kernel_libraries"
 """A target feature: its programs may call the native kernel libraries (`tensorgraphs.kernels`)."""
-ALL_FEATURES = frozenset({KERNEL_LIBRARIES})
+OPENBLAS = "openblas"
+"""A target feature: its programs may link OpenBLAS (the BLAS kernel); an exported library may not."""
+ALL_FEATURES = frozenset({KERNEL_LIBRARIES, OPENBLAS})
 MEASURE_LIMIT = 64
 """Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
@@ -124,6 +126,11 @@ _FORCED: contextvars.ContextVar[tuple[tuple[Signature, str], ...]] = contextvars
 _LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("planning_for", default="eager graphs")
 _COLLECTORS: list[dict[str, dict[Signature, Node]]] = []
 _FEATURES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("target_features", default=ALL_FEATURES)
+
+
+def target_features() -> frozenset[str]:
+    """The features of the target being planned for (`targeting`)."""
+    return _FEATURES.get()
 
 
 @contextlib.contextmanager

@@ -49,7 +49,7 @@ from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value,
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import blas, gemm
-from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
+from tensorgraphs.plan.choices import KERNEL_LIBRARIES, OPENBLAS, Candidate, register_candidates, route_of
 from tensorgraphs.rewrite import graph_pattern, optimize, pattern_variable
 from tensorgraphs.rewrite.pattern import Bindings, Pattern, op, same_value, var
 
@@ -69,15 +69,20 @@ def _float32_product(node: Node) -> bool:
     return node.dtype == dtypes.float32 and operand_dtype(node) == dtypes.float32
 
 
+def products_enabled() -> bool:
+    """TG_GEMM=0 does not turn off the library products (the GEMM library and the BLAS kernel)."""
+    return os.environ.get("TG_GEMM", "1") != "0"
+
+
 def gemm_enabled() -> bool:
-    """The GEMM library runs on this machine and TG_GEMM=0 does not turn it off."""
-    return os.environ.get("TG_GEMM", "1") != "0" and gemm.available()
+    """The GEMM library runs on this machine (AVX-512) and TG_GEMM=0 does not turn it off."""
+    return products_enabled() and gemm.available()
 
 
 PRODUCT_CANDIDATES = (
     Candidate("gemm", lambda node: gemm_enabled() and _product_fits(node), prior=1.0),
-    Candidate("blas", lambda node: gemm_enabled() and blas.available() and _product_fits(node)
-              and _float32_product(node), prior=1.2),
+    Candidate("blas", lambda node: products_enabled() and blas.available() and _product_fits(node)
+              and _float32_product(node), prior=1.2, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})),
 )
 register_candidates("matmul", *PRODUCT_CANDIDATES)
 GEMM_ROUTES = frozenset(c.name for c in PRODUCT_CANDIDATES)

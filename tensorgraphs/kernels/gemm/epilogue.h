@@ -1,10 +1,14 @@
-/* The GEMM's activations and epilogue, vectorized with AVX-512: c = activation(alpha * acc + bias) + residual.
- * Shared by the generated GEMM (the epilogue on registers before the store, a prologue activation on each packed
- * block of an operand) and the BLAS kernel (passes after sgemm, on copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to ~2 ulp, so the
- * loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
+/* The GEMM's activations and epilogue: c = activation(alpha * acc + bias) + residual. Shared by the generated
+ * GEMM (the epilogue on registers before the store, a prologue activation on each packed block of an operand) and
+ * the BLAS kernel (passes after sgemm, on copies of prologue operands). No libm: exp is a branch-free exp2
+ * (degree-7 polynomial + scalef), accurate to ~2 ulp, so the loops vectorize without -ffast-math and NaN/Inf
+ * propagate as in PyTorch.
+ *
+ * With AVX-512 these are intrinsics; without it (the BLAS kernel on other CPUs, the only kernel here built there)
+ * the two passes the BLAS kernel calls are plain C loops doing the same operations in the same order, which the
+ * compiler vectorizes for the target. */
 #ifndef TG_EPILOGUE_H
 #define TG_EPILOGUE_H
-#include <immintrin.h>
 #include <stdint.h>
 
 typedef struct {
@@ -16,6 +20,9 @@ typedef struct {
     int64_t residual_rs;
     int32_t round_bf16;    /* 1: the result is rounded to bfloat16 last (a bfloat16 product, stored as float32) */
 } tg_epilogue;
+
+#ifdef __AVX512F__
+#include <immintrin.h>
 
 /* x rounded to the nearest bfloat16 (ties to even) as float32 bits whose low half is zero; a NaN stays a NaN
  * (quieted: a payload in the low half alone would otherwise round to infinity). Integer arithmetic, so
@@ -99,4 +106,65 @@ static inline void tg_epilogue_rows(float *c, int64_t c_rs, int64_t m, int64_t n
         }
     }
 }
+#else
+typedef union {
+    float f;
+    uint32_t u;
+} tg_float_bits;
+
+/* 2^k for k in [-75, 75] (a normal float), from its exponent bits. */
+static inline float tg_pow2i(int32_t k) {
+    tg_float_bits bits = {.u = (uint32_t)(k + 127) << 23};
+    return bits.f;
+}
+
+/* tg_exp2_ps on one float: the clamps return the bound for NaN (as max/min_ps do), and p * 2^n is scalef's
+ * exact scaling done as two exact-range steps (n in [-150, 150]), so subnormal results round once. */
+static inline float tg_exp2(float t) {
+    t = t > -150.0f ? t : -150.0f;
+    t = t < 150.0f ? t : 150.0f;
+    float n = __builtin_rintf(t);
+    float f = t - n;
+    float p = 1.5252734e-05f;
+    p = p * f + 1.5403530e-04f;
+    p = p * f + 1.3333558e-03f;
+    p = p * f + 9.6181291e-03f;
+    p = p * f + 5.5504109e-02f;
+    p = p * f + 2.4022651e-01f;
+    p = p * f + 6.9314718e-01f;
+    p = p * f + 1.0f;
+    int32_t whole = (int32_t)n, half = whole / 2;
+    return p * tg_pow2i(half) * tg_pow2i(whole - half);
+}
+
+/* tg_activate_ps on one float: max_ps(0, x) is `0 > x ? 0 : x` (x for NaN and -0.0). */
+static inline float tg_activate(float x, int32_t activation) {
+    if (activation == 1) return 0.0f > x ? 0.0f : x;
+    if (activation != 2) return x;
+    const float sqrt_2_over_pi = 0.7978845608028654f, minus_two_log2e = -2.8853900817779268f;
+    float u = x * ((x * x) * (sqrt_2_over_pi * 0.044715f) + sqrt_2_over_pi);
+    return x / (1.0f + tg_exp2(u * minus_two_log2e));
+}
+
+static inline void tg_activate_in_place(float *x, int64_t count, int32_t activation) {
+    if (activation == 0) return;
+    for (int64_t i = 0; i < count; i++) x[i] = tg_activate(x[i], activation);
+}
+
+/* The float32 epilogue pass (round_bf16 belongs to the bfloat16 GEMM, which needs AVX-512). */
+static inline void tg_epilogue_rows(float *c, int64_t c_rs, int64_t m, int64_t n, const tg_epilogue *ep) {
+#pragma omp parallel for schedule(static) if (m * n > 65536)
+    for (int64_t i = 0; i < m; i++) {
+        float *row = c + i * c_rs;
+        const float *bias = ep->bias ? ep->bias + i * ep->bias_rs : 0;
+        const float *residual = ep->residual ? ep->residual + i * ep->residual_rs : 0;
+        for (int64_t j = 0; j < n; j++) {
+            float x = row[j] * ep->alpha;
+            if (bias) x += bias[j * ep->bias_cs];
+            x = tg_activate(x, ep->activation);
+            row[j] = residual ? x + residual[j] : x;
+        }
+    }
+}
+#endif
 #endif
