@@ -137,32 +137,38 @@ static inline float tg_exp2(float t) {
     return p * tg_pow2i(half) * tg_pow2i(whole - half);
 }
 
-/* tg_activate_ps on one float: max_ps(0, x) is `0 > x ? 0 : x` (x for NaN and -0.0). */
-static inline float tg_activate(float x, int32_t activation) {
-    if (activation == 1) return 0.0f > x ? 0.0f : x;
-    if (activation != 2) return x;
+/* tg_gelu_tanh_ps on one float. */
+static inline float tg_gelu_tanh(float x) {
     const float sqrt_2_over_pi = 0.7978845608028654f, minus_two_log2e = -2.8853900817779268f;
     float u = x * ((x * x) * (sqrt_2_over_pi * 0.044715f) + sqrt_2_over_pi);
     return x / (1.0f + tg_exp2(u * minus_two_log2e));
 }
 
+/* One loop per activation, so each vectorizes; relu is max_ps(0, x): `0 > x ? 0 : x` (x for NaN and -0.0). */
 static inline void tg_activate_in_place(float *x, int64_t count, int32_t activation) {
-    if (activation == 0) return;
-    for (int64_t i = 0; i < count; i++) x[i] = tg_activate(x[i], activation);
+    if (activation == 1)
+        for (int64_t i = 0; i < count; i++) x[i] = 0.0f > x[i] ? 0.0f : x[i];
+    if (activation == 2)
+        for (int64_t i = 0; i < count; i++) x[i] = tg_gelu_tanh(x[i]);
 }
 
-/* The float32 epilogue pass (round_bf16 belongs to the bfloat16 GEMM, which needs AVX-512). */
+/* The float32 epilogue pass, a step at a time over each row (round_bf16 belongs to the bfloat16 GEMM, which needs
+ * AVX-512). */
 static inline void tg_epilogue_rows(float *c, int64_t c_rs, int64_t m, int64_t n, const tg_epilogue *ep) {
 #pragma omp parallel for schedule(static) if (m * n > 65536)
     for (int64_t i = 0; i < m; i++) {
-        float *row = c + i * c_rs;
+        float *row = c + i * c_rs, alpha = ep->alpha;
         const float *bias = ep->bias ? ep->bias + i * ep->bias_rs : 0;
-        const float *residual = ep->residual ? ep->residual + i * ep->residual_rs : 0;
-        for (int64_t j = 0; j < n; j++) {
-            float x = row[j] * ep->alpha;
-            if (bias) x += bias[j * ep->bias_cs];
-            x = tg_activate(x, ep->activation);
-            row[j] = residual ? x + residual[j] : x;
+        if (bias && ep->bias_cs)
+            for (int64_t j = 0; j < n; j++) row[j] = row[j] * alpha + bias[j];
+        else if (bias)
+            for (int64_t j = 0; j < n; j++) row[j] = row[j] * alpha + *bias;
+        else if (alpha != 1.0f)
+            for (int64_t j = 0; j < n; j++) row[j] *= alpha;
+        tg_activate_in_place(row, n, ep->activation);
+        if (ep->residual) {
+            const float *residual = ep->residual + i * ep->residual_rs;
+            for (int64_t j = 0; j < n; j++) row[j] += residual[j];
         }
     }
 }
