@@ -1,6 +1,6 @@
 """Benchmark: eager training steps (no tg.compile), tg against torch eager, each system in its own process.
 
-    .venv/bin/python bench/eager.py [--models gpt,enc2] [--steps 20]
+    .venv/bin/python bench/eager.py [--models gpt,enc2] [--steps 20] [--threads N] [--clock wall|cpu]
 
 Models: "gpt", a nanoGPT-sized character model (2 pre-LN blocks, width 64, 4 heads, context 64, vocabulary
 65, batch 4; AdamW), and "enc2", bench/train.py's 2-layer encoder (Adam). Both systems start from the same
@@ -9,12 +9,16 @@ as in PyTorch: forward, loss, `zero_grad()`, `backward()`, `optimizer.step()`, a
 
 Reported: the median step after warm-up; for tg also the time spent in native programs (compiled kernels)
 and the rest of the step, the Python overhead (graph building, hashing, binding, interpreting small graphs).
+On a machine shared with other work, `--threads 1 --clock cpu` compares the CPU time of each system's one thread
+(OMP_NUM_THREADS and torch.set_num_threads; time the thread was descheduled does not count), far less noisy than
+wall-clock time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +32,8 @@ from train import D_MODEL, MODELS, build_model, make_data
 SEED = 0
 LR = 1e-3
 WARMUP_STEPS = 3
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
 VOCAB, CONTEXT, WIDTH, HEADS, LAYERS, BATCH = 65, 64, 64, 4, 2, 4
 
 
@@ -72,6 +78,8 @@ def setup(system: str, model: str) -> Callable[[], float]:
         import torch.nn.functional as F
         from torch import nn
         to_tensor = lib.from_numpy
+        if "OMP_NUM_THREADS" in os.environ:
+            lib.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     else:
         import tensorgraphs as lib
         import tensorgraphs.nn.functional as F
@@ -112,11 +120,11 @@ def native_seconds() -> Callable[[], float]:
     run = native.Program.run
 
     def timed_run(self: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        start = time.perf_counter()
+        start = clock()
         try:
             return run(self, inputs)
         finally:
-            total[0] += time.perf_counter() - start
+            total[0] += clock() - start
 
     native.Program.run = timed_run
     return lambda: total[0]
@@ -128,18 +136,23 @@ def worker(system: str, model: str, steps: int) -> None:
     losses = [step() for _ in range(WARMUP_STEPS)]
     times, natives = [], []
     for _ in range(steps):
-        before, start = native(), time.perf_counter()
+        before, start = native(), clock()
         losses.append(step())
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
         natives.append(native() - before)
     median = statistics.median(times)
     print(json.dumps({"ms": median * 1e3, "native_ms": statistics.median(natives) * 1e3,
                       "first_loss": losses[0], "last_loss": losses[-1]}))
 
 
-def run_worker(system: str, model: str, steps: int) -> dict[str, float] | str:
-    command = [sys.executable, __file__, "--worker", system, model, "--steps", str(steps)]
-    done = subprocess.run(command, capture_output=True, text=True)
+def run_worker(system: str, model: str, steps: int, clock_name: str,
+               threads: int | None) -> dict[str, float] | str:
+    command = [sys.executable, __file__, "--worker", system, model, "--steps", str(steps), "--clock", clock_name]
+    env = dict(os.environ)
+    if threads:
+        command += ["--threads", str(threads)]
+        env.update({name: str(threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
         return lines[-1][:80]
@@ -150,17 +163,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt,enc2", help="comma-separated subset of gpt,enc1,enc2,enc4,mlp")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run, after warm-up")
+    parser.add_argument("--threads", type=int, default=None, help="threads of both systems (OMP_NUM_THREADS)")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="wall-clock or process CPU time")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: add --threads 1")
+    global clock
+    clock = CLOCKS[args.clock]
     if args.worker:
         worker(*args.worker, args.steps)
         return
-    print(f"eager training steps: median of {args.steps} after {WARMUP_STEPS} warm-up (d_model {D_MODEL} encoders)")
+    print(f"eager training steps: median of {args.steps} after {WARMUP_STEPS} warm-up (d_model {D_MODEL} encoders), "
+          f"{args.clock} clock, {args.threads or 'default'} threads")
     header = ["model", "tg ms", "torch eager ms", "tg / torch", "tg native ms", "tg Python ms", "loss tg", "loss torch"]
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     for model in args.models.split(","):
-        tg_result, torch_result = run_worker("tg", model, args.steps), run_worker("torch", model, args.steps)
+        tg_result, torch_result = (run_worker(system, model, args.steps, args.clock, args.threads)
+                                   for system in ("tg", "torch"))
         if isinstance(tg_result, str) or isinstance(torch_result, str):
             print(f"{model} | error: {tg_result if isinstance(tg_result, str) else torch_result}")
             continue

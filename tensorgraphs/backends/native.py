@@ -42,7 +42,15 @@ from tensorgraphs.codegen.size_template import SIZES_ARRAY
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
 from tensorgraphs.graph.ops import Op
-from tensorgraphs.plan.choices import ALL_FEATURES, SCHEDULE_SEARCH, collecting, routes_taken, still_taken, targeting
+from tensorgraphs.plan.choices import (
+    ALL_FEATURES,
+    SCHEDULE_SEARCH,
+    collecting,
+    routes_taken,
+    still_taken,
+    target_features,
+    targeting,
+)
 from tensorgraphs.plan.kernel_search import kernel_search
 from tensorgraphs.runtime import host_calls
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
@@ -415,7 +423,8 @@ class NativeBackend:
         position = {node: i for i, node in enumerate(inputs)}
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
         key = (key, donated)
-        with targeting(self.target.features):  # the planner offers only what this target can run
+        # the planner offers only what this target can run, and what the caller allows (tg.export: no OpenBLAS)
+        with targeting(self.target.features & target_features()):
             found = None if binder else self._programs.get(key)
             if found is None or not still_taken(found.routes):
                 given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere

@@ -3,7 +3,8 @@
     tg.export(model, (x,), "out", name="mlp")   # out/mlp.h, libmlp.a, libmlp.so, mlp.c, mlp.safetensors, example.c
 
 Anything `tg.compile` compiles exports, a whole training step included: the program is the one the Python
-process runs for the same call (traced as `tg.compile` traces it), its weights and state live in each context of
+process runs for the same call (traced as `tg.compile` traces it; matrix products the BLAS kernel runs there are
+planned again without it, `EXPORT_FEATURES`), its weights and state live in each context of
 the library (`NAME_create` loads them, `NAME_run` updates them, `NAME_save` writes them back). The modules:
 `program` (what feeds each buffer), `c_api` (NAME.h, NAME.c, example.c), `weights` (the safetensors layout),
 `build` (the compiler driver), `names` (names, escaping).
@@ -39,6 +40,12 @@ class Exported:
     build_seconds: float
 
 
+EXPORT_FEATURES = ALL_FEATURES - {OPENBLAS}
+"""What an exported program may call: the cpu device's kernels but the BLAS one (the library links only libc, libm
+and OpenMP). Its program is the one `tg.compile` builds for the same call planned for these features
+(`plan.choices.targeting`), which is the one the Python process runs unless the BLAS kernel is chosen there."""
+
+
 def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | Path, name: str, *,
            embed_weights: bool = False, options: BuildOptions | None = None,
            holders: Mapping[str, Module | Optimizer] | None = None,
@@ -61,7 +68,7 @@ def export(fn: Callable[..., Any] | Module, example_args: Any, directory: str | 
     if isinstance(fn, CompiledModule):  # tg.compile(model): the module it compiles
         fn = fn._orig_mod
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
-    with targeting(ALL_FEATURES - {OPENBLAS}):  # the library cannot link OpenBLAS: plan without its kernels
+    with targeting(EXPORT_FEATURES):
         trace = compiled.traced(*args)
     found = names.holders(compiled.fn) if holders is None else dict(holders)
     arguments = list(input_names) if input_names is not None else names.argument_names(compiled.fn, len(args))

@@ -200,8 +200,8 @@ def _kernel_libraries(program: Program) -> tuple[str, ...]:
     foreign = sorted(functions - EXPORTABLE_FUNCTIONS.keys())
     if foreign:
         fail("export", f"the program calls {', '.join(foreign)}, which an exported library cannot contain (it links "
-             "only libc, libm and OpenMP): the kernel database measured it fastest here; export with a cache dir "
-             "without those measurements (TG_CACHE_DIR) or without scipy-openblas32 installed",
+             "only libc, libm and OpenMP): the function was compiled and run before it was exported; export the "
+             "function or module itself (not what tg.compile returned), which is traced without OpenBLAS",
              kind=UnsupportedError)
     return tuple(sorted({EXPORTABLE_FUNCTIONS[f] for f in functions}))
 

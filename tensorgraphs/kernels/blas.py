@@ -22,16 +22,10 @@ import numpy as np
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.kernels import gemm
 from tensorgraphs.kernels.gemm import CONV_ARGTYPES, GEMM_ARGTYPES, bind_gemm, call_conv, call_gemm
-from tensorgraphs.kernels.gemm.build import (
-    SOURCE_DIR,
-    KernelBuildError,
-    build_library,
-    compiler_version,
-    load_library,
-)
+from tensorgraphs.kernels.gemm.build import SOURCE_DIR, build_library, compiler_works, load_library
 
 LIBRARY = "tg_blas"
-SOURCES = ("blas.c", *gemm.PRODUCT_SOURCES)
+SOURCES = ("blas.c", "describe.c")
 C_FUNCTION = "tg_blas_gemm_f32"
 CONV_LIBRARY = "tg_conv_im2col"
 CONV_SOURCES = ("im2col.c",)
@@ -44,18 +38,14 @@ def _openblas_installed() -> bool:
 
 
 def available() -> bool:
-    """Whether scipy-openblas32 is installed and the shared C code (AVX-512) can build here (then it builds on
-    first use)."""
+    """Whether scipy-openblas32 is installed and the epilogue it shares with the GEMM library (AVX-512, or its AVX2
+    stand-in) can build here (then it builds on first use)."""
     return _openblas_installed() and gemm.available()
 
 
-@functools.cache
 def conv_available() -> bool:
     """Whether scipy-openblas32 and a C compiler are installed (the im2col conv kernel builds on first use)."""
-    try:
-        return _openblas_installed() and bool(compiler_version())
-    except KernelBuildError:
-        return False
+    return _openblas_installed() and compiler_works()
 
 
 def build_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -132,6 +132,11 @@ _COLLECTORS: list[dict[str, dict[Signature, Node]]] = []
 _FEATURES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("target_features", default=ALL_FEATURES)
 
 
+def target_features() -> frozenset[str]:
+    """The features of the target being planned for (`targeting`)."""
+    return _FEATURES.get()
+
+
 @contextlib.contextmanager
 def targeting(features: frozenset[str]) -> Iterator[None]:
     """Composites planned inside are planned for a target with `features` (default: all, the cpu device), less any

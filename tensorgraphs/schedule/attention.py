@@ -18,7 +18,6 @@ TG_ATTENTION=0 turns this off (the decomposition is scheduled instead); set it b
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels.gemm import merge_batch_dims
-from tensorgraphs.kernels.gemm.build import KernelBuildError, compiler_version
+from tensorgraphs.kernels.gemm.build import compiler_works
 from tensorgraphs.plan.choices import Candidate, register_candidates, route_of
 from tensorgraphs.schedule.extern import LibraryCallLowering, widens_bfloat16
 
@@ -64,17 +63,9 @@ def runs_as_fused_attention(node: Node) -> bool:
     return is_composite(node) and node.op.name in (FORWARD, LOGSUMEXP, BACKWARD) and route_of(node) == FUSED
 
 
-@functools.cache
-def _compiler_works() -> bool:
-    try:
-        return bool(compiler_version())
-    except KernelBuildError:
-        return False
-
-
 def attention_enabled() -> bool:
     """A C compiler builds the kernel (portable C) and TG_ATTENTION=0 does not turn it off."""
-    return os.environ.get("TG_ATTENTION", "1") != "0" and _compiler_works()
+    return os.environ.get("TG_ATTENTION", "1") != "0" and compiler_works()
 
 
 def _inputs(node: Node) -> tuple[Node, ...]:

@@ -70,7 +70,7 @@ def _float32_product(node: Node) -> bool:
 
 
 def libraries_enabled() -> bool:
-    """TG_GEMM=0 does not turn the GEMM libraries off."""
+    """TG_GEMM=0 does not turn off the kernel libraries (products and convolutions: GEMM, BLAS, im2col)."""
     return os.environ.get("TG_GEMM", "1") != "0"
 
 
@@ -81,7 +81,7 @@ def gemm_enabled() -> bool:
 
 PRODUCT_CANDIDATES = (
     Candidate("gemm", lambda node: gemm_enabled() and _product_fits(node), prior=1.0),
-    Candidate("blas", lambda node: gemm_enabled() and blas.available() and _product_fits(node)
+    Candidate("blas", lambda node: libraries_enabled() and blas.available() and _product_fits(node)
               and _float32_product(node), prior=1.2, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})),
 )
 register_candidates("matmul", *PRODUCT_CANDIDATES)

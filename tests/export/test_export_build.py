@@ -12,7 +12,10 @@ import pytest
 from c_harness import run_c
 
 import tensorgraphs as tg
+from tensorgraphs.backends.cpu.renderer import library_functions
 from tensorgraphs.export import BuildOptions, c_api
+from tensorgraphs.kernels import blas, gemm
+from tensorgraphs.plan import choices
 from tensorgraphs.schedule.extern import gemm_enabled
 
 
@@ -45,6 +48,24 @@ def test_only_the_api_is_exported_and_only_libc_libm_openmp_linked(tmp_path: Pat
     assert ("libgomp.so.1" in needed(exported.files["shared"])) == openmp
     got = run_c(exported, [[x.numpy()]], openmp=openmp)[0][0][0]
     np.testing.assert_array_equal(got, tg.compile(model)(x).detach().numpy())
+
+
+@pytest.mark.skipif(not blas.available(), reason="needs scipy-openblas32")
+def test_products_the_blas_kernel_runs_in_python_are_planned_again_without_it(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a machine without AVX-512, where the BLAS kernel runs compiled products: the library cannot link
+    OpenBLAS, so the export plans them without it, and computes what tg.compile computes."""
+    monkeypatch.setattr(gemm, "available", lambda: False)
+    monkeypatch.setattr(choices, "_PLANNERS", {})  # choices made with the GEMM library are not this machine's
+    model, x = mlp(), tg.randn(8, 16)
+    compiled = tg.compile(lambda x: model(x))
+    with choices.targeting(choices.ALL_FEATURES):  # as the Python process runs it
+        expected = compiled(x).detach().numpy()
+        assert blas.C_FUNCTION in library_functions(compiled.traced(x).program.kernels)
+    exported = tg.export(model, (x,), tmp_path, name="net")
+    assert exported.program.libraries == ()
+    got = run_c(exported, [[x.numpy()]])[0][0][0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")

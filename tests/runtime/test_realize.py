@@ -10,7 +10,10 @@ import pytest
 
 import tensorgraphs as tg
 from tensorgraphs.backends.cpu import CPU
+from tensorgraphs.codegen.loop_ir import GemmCall, walk
+from tensorgraphs.kernels import blas
 from tensorgraphs.runtime import realize as realization
+from tensorgraphs.schedule.extern import gemm_enabled
 
 
 @pytest.fixture
@@ -135,6 +138,20 @@ def test_an_eager_training_step_is_two_native_calls_after_the_first(monkeypatch:
     losses = [step() for _ in range(3)]
     assert calls["run"] == 2 * 3
     assert losses[-1] < first
+
+
+@pytest.mark.skipif(not (gemm_enabled() or blas.available()), reason="no product library runs here")
+def test_an_eager_step_runs_its_products_by_a_library(monkeypatch: pytest.MonkeyPatch, rewrites: list[int]) -> None:
+    """Wherever a product library runs (the AVX-512 GEMM, else OpenBLAS through the BLAS kernel), an eager step's
+    matrix products are its calls, not loops (decomposed, they made an eager nanoGPT step 4x torch's time)."""
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    tg.manual_seed(0)
+    model = tg.nn.Sequential(tg.nn.Linear(8, 16), tg.nn.ReLU(), tg.nn.Linear(16, 3))
+    x, y = tg.randn(4, 8), tg.tensor([0, 2, 1, 1])
+    tg.nn.functional.cross_entropy(model(x), y).backward()
+    (backward,) = [run for key, (run, _) in realization._executables.items() if key[2][0] == "backward"]
+    calls = [s for kernel in backward._program.kernels for s in walk(kernel.body) if isinstance(s, GemmCall)]
+    assert len(calls) == 5  # two products forward; both weight gradients and the second layer's input gradient
 
 
 @pytest.mark.parametrize("interpret_below", [0, 1 << 30])

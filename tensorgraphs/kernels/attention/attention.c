@@ -1,10 +1,10 @@
 /* Fused attention (see attention.h for the contract).
  *
- * Written with GCC vector extensions (16 floats, one AVX-512 register): with -march=native on an AVX-512 machine
- * they compile to zmm instructions, elsewhere gcc splits them into what the target has, so one source is both
- * the fast and the portable kernel.
+ * Written with GCC vector extensions of LANES floats, one register of the target (16 with AVX-512, else 8: an AVX2
+ * register; gcc splits wider vectors into pieces it keeps in memory, and compares them lane by lane, which made the
+ * kernel 3-4x slower there), so one source is both the fast and the portable kernel.
  *
- * Every tile is packed into zero-padded scratch (BQ or BK rows, head dims rounded up to 16 floats), so the tile
+ * Every tile is packed into zero-padded scratch (BQ or BK rows, head dims rounded up to LANES floats), so the tile
  * products always run on whole registers; padded keys score -inf, padded query rows are never stored, and
  * their zero dout rows add nothing to the gradients.
  *
@@ -35,57 +35,66 @@
 
 #define BQ 64 /* queries per tile */
 #define BK 64 /* keys per tile */
+/* Floats per vector, and vectors per row of a tile product's register tile: 6 x 4 x 16 fill AVX-512's 32 registers,
+ * 6 x 2 x 8 twelve of AVX2's 16. */
+#ifdef __AVX512F__
 #define LANES 16
+#define TILE_NV 4
+#define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#else
+#define LANES 8
+#define TILE_NV 2
+#define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14}
+#endif
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef float vfloat __attribute__((vector_size(4 * LANES)));
+typedef int32_t vint __attribute__((vector_size(4 * LANES)));
+typedef float vfloat_unaligned __attribute__((vector_size(4 * LANES), aligned(4)));
 
-static inline v16 load(const float *p) { return *(const v16u *)p; }
-static inline void store(float *p, v16 x) { *(v16u *)p = x; }
-static inline v16 splat(float x) { return (v16){0} + x; }
-static inline v16 pick(v16i mask, v16 a, v16 b) { return (v16)((mask & (v16i)a) | (~mask & (v16i)b)); }
+static inline vfloat load(const float *p) { return *(const vfloat_unaligned *)p; }
+static inline void store(float *p, vfloat x) { *(vfloat_unaligned *)p = x; }
+static inline vfloat splat(float x) { return (vfloat){0} + x; }
+static inline vfloat pick(vint mask, vfloat a, vfloat b) { return (vfloat)((mask & (vint)a) | (~mask & (vint)b)); }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* ---------------------------------------------------------------- bfloat16 pairs */
 
-typedef uint32_t v16w __attribute__((vector_size(64)));
-typedef uint32_t v16wu __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t vword __attribute__((vector_size(4 * LANES)));
 
 /* x rounded to the nearest bfloat16 (ties to even), as float bits with a zero low half; a NaN stays a NaN
  * (quieted), as gemm's tg_bf16_bits. */
-static inline v16w bf16_bits(v16 x) {
-    v16w bits = (v16w)x, rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
-    v16w nan = (v16w)(x != x);
+static inline vword bf16_bits(vfloat x) {
+    vword bits = (vword)x, rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+    vword nan = (vword)(x != x);
     return ((nan & (bits | 0x00400000u)) | (~nan & rounded)) & 0xFFFF0000u;
 }
 
 /* A pair of bfloat16 values in one 32-bit word: element 2p in the low half, 2p + 1 in the high half (VDPBF16PS's
  * operand layout). Pairs are kept in float arrays, as the float whose bits they are. */
-static inline v16 pair_of(v16w low, v16w high) { return (v16)(high | (low >> 16)); }
+static inline vfloat pair_of(vword low, vword high) { return (vfloat)(high | (low >> 16)); }
 
 /* In place: rows 2p and 2p + 1 (of n floats, rows ld apart) become row p of n pairs (rows ld apart), for
  * rows 0..rows (an odd last row pairs with zeros). Row p is written after rows 2p and 2p + 1 are read. */
 static void pair_rows(float *x, int64_t ld, int64_t rows, int64_t n) {
     for (int64_t p = 0; p < (rows + 1) / 2; p++)
         for (int64_t j = 0; j < n; j += LANES) {
-            v16w low = bf16_bits(load(x + 2 * p * ld + j));
-            v16w high = 2 * p + 1 < rows ? bf16_bits(load(x + (2 * p + 1) * ld + j)) : (v16w){0};
+            vword low = bf16_bits(load(x + 2 * p * ld + j));
+            vword high = 2 * p + 1 < rows ? bf16_bits(load(x + (2 * p + 1) * ld + j)) : (vword){0};
             store(x + p * ld + j, pair_of(low, high));
         }
 }
 
-/* In place: columns 2p and 2p + 1 of each row (cols floats, a multiple of 16, rows ld apart) become pair p of
+/* In place: columns 2p and 2p + 1 of each row (cols floats, a multiple of LANES, rows ld apart) become pair p of
  * the row (cols / 2 pairs, rows ld apart). Each pair lands at or before the floats still to be read. */
 static void pair_columns(float *x, int64_t ld, int64_t rows, int64_t cols) {
-    const v16w evens = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const vword evens = EVEN_LANES;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c += 2 * LANES) {
             float *row = x + r * ld;
-            v16w a = bf16_bits(load(row + c));
-            v16w b = c + LANES < cols ? bf16_bits(load(row + c + LANES)) : (v16w){0};
-            v16 pairs = pair_of(__builtin_shuffle(a, b, evens), __builtin_shuffle(a, b, evens + 1));
+            vword a = bf16_bits(load(row + c));
+            vword b = c + LANES < cols ? bf16_bits(load(row + c + LANES)) : (vword){0};
+            vfloat pairs = pair_of(__builtin_shuffle(a, b, evens), __builtin_shuffle(a, b, evens + 1));
             if (c + LANES < cols)
                 store(row + c / 2, pairs);
             else
@@ -94,52 +103,50 @@ static void pair_columns(float *x, int64_t ld, int64_t rows, int64_t cols) {
 }
 
 /* acc + the products of a's and b's pairs, lane by lane (the high halves' product first, as VDPBF16PS). */
-static inline v16 dot_pairs(v16 acc, v16 a, v16 b) {
+static inline vfloat dot_pairs(vfloat acc, vfloat a, vfloat b) {
 #ifdef __AVX512BF16__
-    return (v16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+    return (vfloat)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
 #else
-    const v16w high = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
-                       0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
-                       0xFFFF0000u, 0xFFFF0000u};
-    acc += (v16)((v16w)a & high) * (v16)((v16w)b & high);
-    return acc + (v16)((v16w)a << 16) * (v16)((v16w)b << 16);
+    const vword high = (vword){0} + 0xFFFF0000u;
+    acc += (vfloat)((vword)a & high) * (vfloat)((vword)b & high);
+    return acc + (vfloat)((vword)a << 16) * (vfloat)((vword)b << 16);
 #endif
 }
 
 /* 2^x, as the generated programs' tg_exp2f (c_preamble.h): <= 1 ulp, 0 below -151, NaN stays NaN. */
-static inline v16 vexp2(v16 x) {
-    v16 c = pick(x < splat(-151.0f), splat(-151.0f), x);
+static inline vfloat vexp2(vfloat x) {
+    vfloat c = pick(x < splat(-151.0f), splat(-151.0f), x);
     c = pick(c > splat(129.0f), splat(129.0f), c);
-    v16 k = (c + 12582912.0f) - 12582912.0f;
-    v16 f = c - k;
-    v16 p = splat(1.53375804e-4f);
+    vfloat k = (c + 12582912.0f) - 12582912.0f;
+    vfloat f = c - k;
+    vfloat p = splat(1.53375804e-4f);
     p = p * f + 1.33998658e-3f;
     p = p * f + 9.61851981e-3f;
     p = p * f + 5.55032901e-2f;
     p = p * f + 2.40226462e-1f;
     p = p * f + 6.93147182e-1f;
     p = p * f + 1.0f;
-    v16i n = __builtin_convertvector(k, v16i);
-    v16i half = n >> 1;
-    return p * (v16)((half + 127) << 23) * (v16)((n - half + 127) << 23);
+    vint n = __builtin_convertvector(k, vint);
+    vint half = n >> 1;
+    return p * (vfloat)((half + 127) << 23) * (vfloat)((n - half + 127) << 23);
 }
 
 #define LOG2E 1.44269504088896341f
 
-/* c (mr x 16nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x 16nv, rows ldb apart); with `bf16`
- * kk counts pairs, and a and b hold pairs (a pair of a broadcast, times a vector of b's pairs). */
+/* c (mr x LANES nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x LANES nv, rows ldb apart);
+ * with `bf16` kk counts pairs, and a and b hold pairs (a pair of a broadcast, times a vector of b's pairs). */
 static inline __attribute__((always_inline)) void tile_block(const int mr, const int nv, const int bf16, int64_t kk,
                                                              const float *a, int64_t ars, int64_t aks,
                                                              const float *b, int64_t ldb, float *c, int64_t ldc,
                                                              int zero) {
-    v16 acc[6][4];
+    vfloat acc[6][4];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) acc[r][v] = zero ? splat(0.0f) : load(c + r * ldc + LANES * v);
     for (int64_t x = 0; x < kk; x++) {
-        v16 bv[4];
+        vfloat bv[4];
         for (int v = 0; v < nv; v++) bv[v] = load(b + x * ldb + LANES * v);
         for (int r = 0; r < mr; r++) {
-            v16 av = splat(a[r * ars + x * aks]);
+            vfloat av = splat(a[r * ars + x * aks]);
             for (int v = 0; v < nv; v++) acc[r][v] = bf16 ? dot_pairs(acc[r][v], av, bv[v]) : acc[r][v] + av * bv[v];
         }
     }
@@ -156,11 +163,11 @@ static inline __attribute__((always_inline)) void tile_block(const int mr, const
         break;
 #define BLOCKS(MR) BLOCK(MR, 1) BLOCK(MR, 2) BLOCK(MR, 3) BLOCK(MR, 4)
 
-/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of 16 (padded tiles); with `bf16`, of pairs (tile_block). */
+/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of LANES (padded tiles); with `bf16`, of pairs (tile_block). */
 static void tile_gemm(int bf16, int64_t m, int64_t n, int64_t kk, const float *a, int64_t ars, int64_t aks,
                       const float *b, int64_t ldb, float *c, int64_t ldc, int zero) {
-    for (int64_t j = 0; j < n; j += 4 * LANES) {
-        int nv = (int)min64(4, (n - j) / LANES);
+    for (int64_t j = 0; j < n; j += TILE_NV * LANES) {
+        int nv = (int)min64(TILE_NV, (n - j) / LANES);
         for (int64_t i = 0; i < m; i += 6) {
             int mr = (int)min64(6, m - i);
             const float *ai = a + i * ars, *bj = b + j;
@@ -232,11 +239,11 @@ static float row_exp(float *row, float shift) {
         memset(row, 0, sizeof(float) * BK);
         return 0.0f;
     }
-    v16 sum = splat(0.0f);
+    vfloat sum = splat(0.0f);
     for (int64_t c = 0; c < BK; c += LANES) {
         /* (x - shift) * log2(e), not x * log2(e) - shift * log2(e): contracted into an fma, the latter leaves
          * shift's rounding error, which is huge for huge scores */
-        v16 x = vexp2((load(row + c) - shift) * LOG2E);
+        vfloat x = vexp2((load(row + c) - shift) * LOG2E);
         store(row + c, x);
         sum += x;
     }
@@ -276,16 +283,16 @@ static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh,
  * factor exp(m_old - m_new) the query's output so far is scaled by. A query with no key attended so far keeps
  * m = -inf and weights 0; a NaN score makes the query's max, and so its weights, NaN. */
 static void online_softmax(const forward_scratch *w) {
-    v16 top[QV], now[QV], sums[QV];
-    v16i dead[QV];
+    vfloat top[QV], now[QV], sums[QV];
+    vint dead[QV];
     for (int v = 0; v < QV; v++) top[v] = splat(-INFINITY), sums[v] = splat(0.0f);
     for (int64_t c = 0; c < BK; c++)
         for (int v = 0; v < QV; v++) {
-            v16 x = load(w->st + c * BQ + LANES * v);
+            vfloat x = load(w->st + c * BQ + LANES * v);
             top[v] = pick((x > top[v]) | (x != x), x, top[v]);
         }
     for (int v = 0; v < QV; v++) {
-        v16 old = load(w->m + LANES * v);
+        vfloat old = load(w->m + LANES * v);
         now[v] = pick((top[v] > old) | (top[v] != top[v]), top[v], old);
         dead[v] = now[v] == splat(-INFINITY);
         store(w->kept + LANES * v, pick(dead[v], splat(1.0f), vexp2((old - now[v]) * LOG2E)));
@@ -295,7 +302,7 @@ static void online_softmax(const forward_scratch *w) {
         for (int v = 0; v < QV; v++) {
             /* (x - m) * log2(e), not x * log2(e) - m * log2(e): contracted into an fma, the latter keeps m's
              * rounding error, which is huge for huge scores */
-            v16 x = vexp2((load(w->st + c * BQ + LANES * v) - now[v]) * LOG2E);
+            vfloat x = vexp2((load(w->st + c * BQ + LANES * v) - now[v]) * LOG2E);
             x = pick(dead[v], splat(0.0f), x);
             store(w->st + c * BQ + LANES * v, x);
             sums[v] += x;
@@ -429,7 +436,7 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
     for (int64_t r = 0; r < BQ; r++) {
         float *prob = w->sc + r * BK, *grad = w->dp + r * BK;
         row_exp(prob, r < rows ? lse[i0 + r] : -INFINITY);
-        v16 d = splat(r < rows ? w->d[i0 + r] : 0.0f);
+        vfloat d = splat(r < rows ? w->d[i0 + r] : 0.0f);
         for (int64_t c = 0; c < BK; c += LANES) store(grad + c, load(prob + c) * (load(grad + c) - d));
     }
     if (p->bf16) {

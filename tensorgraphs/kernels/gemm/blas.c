@@ -90,7 +90,7 @@ static int sgemm_strided_batch(const gemm_batch *g) {
 
 int tg_blas_gemm_f32(TG_GEMM_PARAMS) {
     gemm_batch g;
-    int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
+    int status = tg_describe_gemm(&g, NULL, TG_GEMM_ARGS); /* sgemm reads B itself */
     if (status != TG_GEMM_OK || g.m <= 0 || g.n <= 0 || g.batch <= 0) return status;
     if (g.batch > 1 && sgemm_strided_batch(&g)) return TG_GEMM_OK;
     for (int64_t index = 0; index < g.batch && status == TG_GEMM_OK; index++) status = sgemm_one(&g, index);

@@ -38,6 +38,15 @@ def compiler_version(compiler: str = COMPILER) -> str:
     return result.stdout.splitlines()[0]
 
 
+@functools.cache
+def compiler_works(compiler: str = COMPILER) -> bool:
+    """Whether `compiler` runs (kernels in plain C can then be built here)."""
+    try:
+        return bool(compiler_version(compiler))
+    except KernelBuildError:
+        return False
+
+
 def library_path(name: str, sources: tuple[str, ...], flags: tuple[str, ...], link: tuple[str, ...],
                  source_dir: Path = SOURCE_DIR) -> Path:
     """Where the library built from `sources` (in `source_dir`) with `flags` lives in the cache (whether built or

@@ -457,46 +457,16 @@ int tg_run_gemm_batch(const gemm_batch *g) {
 
 /* ---------------------------------------------------------------- public entry */
 
-/* A batch whose B is shared and whose other operands step by whole row blocks is one taller GEMM. */
-static void fold_batch_into_rows(gemm_batch *g) {
-    int64_t m = g->m;
-    int foldable = g->batch > 1 && g->b_bs == 0 && g->a_bs == m * g->a_rs && g->c_bs == m * g->c_rs &&
-                   (!g->ep.bias || g->bias_bs == m * g->ep.bias_rs) &&
-                   (!g->ep.residual || g->residual_bs == m * g->ep.residual_rs);
-    if (!foldable) return;
-    g->m *= g->batch;
-    g->batch = 1;
-}
-
-static int known_activation(int32_t code) { return code >= TG_ACT_NONE && code <= TG_ACT_GELU_TANH; }
-
-int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS) {
-    if (bias && bias_cs != 0 && bias_cs != 1) return TG_GEMM_BAD_STRIDE;
-    if (!known_activation(activation) || !known_activation(a_prologue) || !known_activation(b_prologue))
-        return TG_GEMM_BAD_ACTIVATION;
-    *g = (gemm_batch){
-        .batch = batch, .m = m, .n = n, .k = k,
-        .a = a, .a_bs = a_bs, .a_rs = a_rs, .a_cs = a_cs,
-        .b = b, .b_bs = b_bs, .b_src = {.pack = tg_pack_b_strided, .rs = b_rs, .cs = b_cs},
-        .c = c, .c_bs = c_bs, .c_rs = c_rs, .bias_bs = bias_bs, .residual_bs = residual_bs,
-        .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = bias_rs, .bias_cs = bias_cs,
-               .residual = residual, .residual_rs = residual_rs},
-        .a_prologue = a_prologue, .b_prologue = b_prologue,
-    };
-    fold_batch_into_rows(g);
-    return TG_GEMM_OK;
-}
-
 int tg_gemm_f32(TG_GEMM_PARAMS) {
     gemm_batch g;
-    int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
+    int status = tg_describe_gemm(&g, tg_pack_b_strided, TG_GEMM_ARGS);
     return status ? status : tg_run_gemm_batch(&g);
 }
 
 /* A bfloat16 product: operands rounded while packed, the result rounded after the epilogue (`rounded`) or not. */
 static int gemm_bf16(int rounded, TG_GEMM_PARAMS) {
     gemm_batch g;
-    int status = tg_describe_gemm(&g, TG_GEMM_ARGS);
+    int status = tg_describe_gemm(&g, tg_pack_b_strided, TG_GEMM_ARGS);
     g.bf16 = 1, g.ep.round_bf16 = rounded;
     return status ? status : tg_run_gemm_batch(&g);
 }

@@ -68,8 +68,9 @@ typedef struct {
     batch, m, n, k, a, a_bs, a_rs, a_cs, b, b_bs, b_rs, b_cs, c, c_bs, c_rs, alpha, bias, bias_bs, bias_rs,     \
         bias_cs, residual, residual_bs, residual_rs, activation, a_prologue, b_prologue
 
-/* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible). */
-int tg_describe_gemm(gemm_batch *g, TG_GEMM_PARAMS);
+/* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible) whose
+ * B panels `pack` packs (NULL for a kernel that reads B itself) (describe.c). */
+int tg_describe_gemm(gemm_batch *g, pack_b_fn pack, TG_GEMM_PARAMS);
 void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                        float *dst);
 int tg_run_gemm_batch(const gemm_batch *g);
