@@ -88,14 +88,19 @@ def _run(name: str, library: str, input_dtype: str) -> tuple[str, np.ndarray]:
 @pytest.mark.parametrize("input_dtype", list(INPUT_DTYPES))
 @pytest.mark.parametrize("name", list(OPS))
 def test_result_dtype_and_value_match_torch(name: str, input_dtype: str) -> None:
-    """bfloat16 results agree to a few bfloat16 roundings (2^-8 each) of the inputs' scale."""
+    """bfloat16 results agree to a few bfloat16 roundings (2^-8 each) of the result's scale: a sum of rounded terms
+    that nearly cancel is off by the terms' rounding, not its own (torch's bfloat16 kernels round differently on
+    different CPUs, AVX-512 BF16 or not)."""
     expected_dtype, expected = _run(name, "torch", input_dtype)
     dtype, value = _run(name, "tg", input_dtype)
     assert dtype == expected_dtype, f"{name} on {input_dtype}: {dtype}, torch gives {expected_dtype}"
     tolerance = {"bfloat16": 3e-2, "float32": 1e-4, "float64": 1e-9}[dtype]
     in_bfloat16 = input_dtype == "bfloat16" or dtype == "bfloat16" or name in INNER_BFLOAT16
     tolerance = max(tolerance, 3e-2 if in_bfloat16 else 0)
-    np.testing.assert_allclose(value, expected, rtol=tolerance, atol=tolerance, err_msg=f"{name} on {input_dtype}")
+    finite = expected[np.isfinite(expected)]
+    scale = max(1.0, float(np.abs(finite).max())) if in_bfloat16 and finite.size else 1.0
+    np.testing.assert_allclose(value, expected, rtol=tolerance, atol=tolerance * scale,
+                               err_msg=f"{name} on {input_dtype}")
 
 
 def test_gradients_reach_float32_parameters_in_float32_and_match_torch() -> None:
