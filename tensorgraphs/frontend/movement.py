@@ -352,11 +352,13 @@ def expand_dim(x: Tensor, dim: int, size: int) -> Tensor:
 
 
 def _concat_decomposition(*tensors: Tensor, axis: int) -> Tensor:
-    """Each input padded to the full length and summed (padding is zero, so the sum is exact; `or` for bools)."""
+    """Each input padded to the full length and summed (`or` for bools). Floats are padded with -0.0 (the negated
+    zero-padding of their negation), the one value whose sum with any x is exactly x, -0.0 included."""
     total = sum(t.shape[axis] for t in tensors)
     result, offset = None, 0
     for t in tensors:
-        part = pad_dim(t, axis, offset, total - offset - t.shape[axis])
+        widths = (offset, total - offset - t.shape[axis])
+        part = ew.neg(pad_dim(ew.neg(t), axis, *widths)) if t.dtype.is_floating_point else pad_dim(t, axis, *widths)
         offset += t.shape[axis]
         if result is None:
             result = part

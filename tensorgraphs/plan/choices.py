@@ -139,9 +139,9 @@ def target_features() -> frozenset[str]:
 
 @contextlib.contextmanager
 def targeting(features: frozenset[str]) -> Iterator[None]:
-    """Composites planned inside are planned for a target with `features` (default: all, the cpu device), less any
-    an enclosing `targeting` left out (`tg.export` leaves out OPENBLAS for the cpu device's programs)."""
-    token = _FEATURES.set(_FEATURES.get() & features)
+    """Composites planned inside are planned for a target with `features` (default: all, the cpu device); a backend
+    building inside an enclosing `targeting` narrows it with `target_features()` (`tg.export` leaves out OPENBLAS)."""
+    token = _FEATURES.set(features)
     try:
         yield
     finally:

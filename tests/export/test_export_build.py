@@ -14,8 +14,9 @@ from c_harness import run_c
 import tensorgraphs as tg
 from tensorgraphs.backends.cpu.renderer import library_functions
 from tensorgraphs.export import BuildOptions, c_api
-from tensorgraphs.kernels import blas, gemm
+from tensorgraphs.kernels import blas
 from tensorgraphs.plan import choices
+from tensorgraphs.schedule import extern
 from tensorgraphs.schedule.extern import gemm_enabled
 
 
@@ -53,9 +54,9 @@ def test_only_the_api_is_exported_and_only_libc_libm_openmp_linked(tmp_path: Pat
 @pytest.mark.skipif(not blas.available(), reason="needs scipy-openblas32")
 def test_products_the_blas_kernel_runs_in_python_are_planned_again_without_it(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """As on a machine without AVX-512, where the BLAS kernel runs compiled products: the library cannot link
-    OpenBLAS, so the export plans them without it, and computes what tg.compile computes."""
-    monkeypatch.setattr(gemm, "available", lambda: False)
+    """Where the planner runs compiled products on the BLAS kernel (here: the GEMM library turned off): the library
+    cannot link OpenBLAS, so the export plans them without it, and computes what tg.compile computes."""
+    monkeypatch.setattr(extern, "gemm_enabled", lambda: False)
     monkeypatch.setattr(choices, "_PLANNERS", {})  # choices made with the GEMM library are not this machine's
     model, x = mlp(), tg.randn(8, 16)
     compiled = tg.compile(lambda x: model(x))

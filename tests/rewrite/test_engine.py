@@ -182,7 +182,9 @@ def test_rule_names_are_unique_per_rule_set() -> None:
 
 def test_debug_output_shows_graphs_and_rule_counts(monkeypatch, capsys) -> None:
     monkeypatch.setenv("TG_DEBUG", "rewrite")
-    monkeypatch.setattr(realize, "_executables", OrderedDict())  # a graph seen before is not rewritten again
+    # a graph seen before is not rewritten again, and a constant realized before (hash-consed) is an input
+    monkeypatch.setattr(realize, "_executables", OrderedDict())
+    monkeypatch.setattr(realize, "_realized", {})
     a = tg.tensor(np.ones(3, np.float32))
     (a * 1 * 1).numpy()
     err = capsys.readouterr().err
