@@ -479,13 +479,18 @@ def _refuse_earlier_placeholders(inputs: list[Node], captured: Mapping[Node, tra
 
 def _fixed_values(roots: list[Node], realized: Mapping[Node, np.ndarray], varying: set[Node]) -> dict[Node, np.ndarray]:
     """The realized values the program may capture: of nodes in its graph that read nothing `varying` (arguments,
-    state read at every call). A node over a parameter, say, was realized with the parameter's value then."""
+    state read at every call). A node over a parameter, say, was realized with the parameter's value then. A
+    constant (reading no data at all) is never captured, though an earlier evaluation realized it (nodes are
+    shared): it stays a literal the program folds, the same whichever evaluations ran before."""
     varying = set(varying)
+    reads_data: set[Node] = set()
     fixed = {}
     for node in toposort(roots):
+        if node.op is Op.BUFFER or any(s in reads_data for s in node.src):
+            reads_data.add(node)
         if node in varying or any(s in varying for s in node.src):
             varying.add(node)
-        elif node in realized:
+        elif node in realized and node in reads_data:
             fixed[node] = realized[node]
     return fixed
 
