@@ -33,6 +33,7 @@ CONV_FUNCTION = "tg_conv2d_im2col_f32"
 CONV_HEADER = SOURCE_DIR / "im2col.h"
 
 
+@functools.cache
 def _openblas_installed() -> bool:
     return importlib.util.find_spec("scipy_openblas32") is not None
 
