@@ -14,9 +14,9 @@ from tensorgraphs.autograd.vjp import input_grads, vjp
 from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
 from tensorgraphs.frontend import gradient_rules  # noqa: F401  (registers the primitives' gradient rules)
 from tensorgraphs.frontend.inplace_ops import overwritten
-from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
+from tensorgraphs.frontend.tensor import Tensor, as_tensor, carried, held
 from tensorgraphs.graph.node import Node, const, structure, toposort
-from tensorgraphs.graph.ops import Op
+from tensorgraphs.graph.ops import SOURCES, Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import (
     cached_executable,
@@ -102,20 +102,41 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
             leaf.grad = Tensor(total.node)
         run_post_accumulate_grad_hooks(totals)
         return
-    key, inputs = structure([output.node, seed], lambda n: n.op is Op.BUFFER or is_data_view(n))
+    state = _carried_state(output.node)
+    key, inputs = structure([output.node, seed, *state], lambda n: n.op is Op.BUFFER or is_data_view(n))
     tracing.refuse_placeholders("backward", map(view_source, inputs))
     owners = [_leaf_of(n) for n in inputs]
     leaves = list(dict.fromkeys(leaf for leaf in owners if leaf is not None))
     number = {leaf: i for i, leaf in enumerate(leaves)}
     layout = (key, tuple(-1 if leaf is None else number[leaf] for leaf in owners),
               tuple(None if leaf.grad is None else (leaf.grad.dtype, leaf.grad.shape) for leaf in leaves))
-    run, updated = cached_executable(("backward", layout), lambda: _backward_graph(output, seed, inputs, owners))
+    run, updated = cached_executable(("backward", layout),
+                                     lambda: _backward_graph(output, seed, state, inputs, owners))
     arrays = [input_value(n) for n in inputs] + [leaf.grad._value() for leaf in leaves if leaf.grad is not None]
     values = owned(run(arrays), arrays)
-    realized_values(default_device())[output.node] = values[0]  # a later `loss.item()` reuses it
+    known = realized_values(default_device())
+    known[output.node] = values[0]  # a later `loss.item()` reuses it
+    for node, value in zip(state, values[len(values) - len(state):]):
+        known[node] = value
     for index, value in zip(updated, values[1:]):
         leaves[index].grad = held(value, leaves[index].dtype)
     run_post_accumulate_grad_hooks(leaves[index] for index in updated)
+
+
+def _carried_state(output: Node) -> list[Node]:
+    """Nodes of live tensors detached from `output`'s graph (`tensor.carried`) whose values are not known yet:
+    backward computes them with the gradients, so a hidden state carried into the next step is data there
+    (`realize.as_realized`) instead of this step's whole graph, recomputed and growing at every step."""
+    known = realized_values(default_device())
+    detached = {id_: t.node for id_, t in list(carried.items())}
+    pending = {id_: node for id_, node in detached.items() if node not in known}
+    if not pending:
+        return []
+    forward = {n for n in toposort([output]) if n.op not in SOURCES}
+    state = {id_: node for id_, node in pending.items() if _reads_any(node, forward)}
+    for id_ in state:
+        carried.pop(id_, None)
+    return list(dict.fromkeys(state.values()))
 
 
 def check_versions(output: Node) -> None:
@@ -171,11 +192,17 @@ def _written_from(value: Node) -> set[Node]:
     return reached - {value}
 
 
-def _backward_graph(output: Tensor, seed: Node, inputs: list[Node],
+def _reads_any(node: Node, nodes: set[Node]) -> bool:
+    """Whether `node` is computed from one of `nodes`."""
+    return any(n in nodes for n in toposort([node], stop=nodes.__contains__))
+
+
+def _backward_graph(output: Tensor, seed: Node, state: list[Node], inputs: list[Node],
                     owners: list[Tensor | None]) -> tuple[list[Node], list[Node], list[int]]:
-    """`backward`'s graph over placeholders: roots (the output, then each updated leaf's new gradient), inputs
-    (`inputs`' placeholders, then those of the leaves' present gradients) and the updated leaves' numbers."""
-    (output_node, seed_node), free = graph_without_data([output.node, seed], inputs)
+    """`backward`'s graph over placeholders: roots (the output, each updated leaf's new gradient, then the carried
+    `state`), inputs (`inputs`' placeholders, then those of the leaves' present gradients) and the updated leaves'
+    numbers."""
+    (output_node, seed_node, *state_nodes), free = graph_without_data([output.node, seed, *state], inputs)
     leaves = list(dict.fromkeys(leaf for leaf in owners if leaf is not None))
     stand_ins = [Tensor(placeholder(leaf.dtype, leaf.shape)) for leaf in leaves]  # take `.grad` like `leaves`
     present = [Tensor(placeholder(leaf.grad.dtype, leaf.grad.shape)) for leaf in leaves if leaf.grad is not None]
@@ -185,7 +212,7 @@ def _backward_graph(output: Tensor, seed: Node, inputs: list[Node],
     buffers = [(node, stand_ins[number[leaf]]) for node, leaf in zip(free, owners) if leaf is not None]
     totals = _gradient_totals(output_node, seed_node, buffers)
     updated = [number_of for number_of, stand_in in enumerate(stand_ins) if stand_in in totals]
-    roots = [output_node] + [totals[stand_ins[i]].node for i in updated]
+    roots = [output_node] + [totals[stand_ins[i]].node for i in updated] + state_nodes
     return roots, free + [g.node for g in present], updated
 
 

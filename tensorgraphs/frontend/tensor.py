@@ -27,7 +27,7 @@ from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import BINARY, MOVEMENT, REDUCE, UNARY, Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import HOST, Buffer
-from tensorgraphs.runtime.realize import default_device, device, realize
+from tensorgraphs.runtime.realize import as_realized, default_device, device, realize
 
 Scalar = bool | int | float
 
@@ -104,10 +104,11 @@ class Tensor:
         return out
 
     def node_for_op(self) -> Node:
-        """The node an op should consume: gradients are cut here when not recording."""
-        if self.requires_grad and not is_grad_enabled():
-            return detach_node(self.node)
-        return self.node
+        """The node an op should consume: gradients are cut here when not recording; a value computed already is
+        read as data (`as_realized`)."""
+        if self.requires_grad:
+            return self.node if is_grad_enabled() else detach_node(self.node)
+        return as_realized(self.node)
 
     # -- properties ----------------------------------------------------------
     # Read for every op built: a tensor that is no view, outside a trace, answers from its own node directly.
@@ -228,6 +229,8 @@ class Tensor:
         """A tensor of the same storage (a view: writes into either show in both) that does not require grad."""
         out = Tensor(detach_node(self.node) if self.requires_grad else self.node)
         link_view(self, out)
+        if self.requires_grad and not tracing.traces_recording:
+            carried[id(out)] = out
         return out
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
@@ -257,12 +260,19 @@ class Tensor:
 composites.use_values(Tensor, lambda tensor: tensor.node, autocast_suspended)
 
 
+carried: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+"""Eager tensors detached from a graph that requires grad (by id: a Tensor's == compares values): state carried
+into the next step, such as an RNN's hidden state, which the next backward computes along (`frontend.backward`)
+so that the next step's graph starts from its value."""
+
+
 def link_view(x: Tensor, out: Tensor) -> None:
     """Make `out` a view of `x` (torch's view ops) when its node is `x`'s under movement ops and detaches only."""
     if out is x:
         return
     source, node, steps = x._node, out._node, []
-    while node is not source:
+    read = as_realized(source)  # what an op on `x` consumed
+    while node is not source and node is not read:
         if node.op in MOVEMENT and not (node.op is Op.PAD and any(w < 0 for pair in node.arg for w in pair)):
             steps.append((node.op, node.arg))
         elif node.op is DETACH:
@@ -296,7 +306,7 @@ def viewing(fn: Callable[..., Any]) -> Callable[..., Any]:
 def replay(steps: tuple, node: Node) -> Node:
     """`node` after a view's steps: movement ops `(op, arg)`, and detaches (`(DETACH, None)`, `.data`'s)."""
     for op, arg in steps:
-        node = g.movement(op, node, arg) if isinstance(op, Op) else detach_node(node)
+        node = g.movement(op, node, arg) if isinstance(op, Op) else as_realized(detach_node(node))
     return node
 
 

@@ -26,9 +26,10 @@ from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.node import Node, structure, toposort, with_sources
-from tensorgraphs.graph.ops import Op
+from tensorgraphs.graph.ops import SOURCES, Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.rewrite.engine import rewriting_key
+from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import HOST, Buffer, byte_span
 from tensorgraphs.runtime.tracing import refuse_placeholders, refuse_values
 
@@ -148,6 +149,28 @@ def _previous_devices() -> list[str]:
 def realized_values(name: str) -> Mapping[Node, np.ndarray]:
     """The values device `name` has realized and still remembers."""
     return _realized.setdefault(name, weakref.WeakKeyDictionary())
+
+
+_as_buffers: dict[str, weakref.WeakKeyDictionary[Node, Node]] = {}
+
+
+def as_realized(node: Node) -> Node:
+    """`node`, or a BUFFER holding its value where the current device has realized it (outside a trace): a graph
+    built on it starts from the value and keeps nothing of the graph that computed it alive. Without this a loop
+    carrying state (`h = f(x, h)`, `x = x * a + b`) chains every step's graph, and with it every value and weight
+    of every step, into the next one."""
+    if node.op in SOURCES or tracing.traces_recording:
+        return node
+    name = default_device()
+    value = _realized.get(name, {}).get(node)
+    if value is None:
+        return node
+    buffers = _as_buffers.setdefault(name, weakref.WeakKeyDictionary())
+    found = buffers.get(node)
+    if found is None:
+        data = np.asarray(value, dtype=node.dtype.storage, order="C")
+        found = buffers[node] = g.buffer(Buffer(HOST, node.dtype, node.shape, data), node.dtype, node.shape)
+    return found
 
 
 def realize(nodes: list[Node]) -> list[np.ndarray]:

@@ -7,10 +7,12 @@ import weakref
 
 import numpy as np
 import pytest
+import torch
 
 import tensorgraphs as tg
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.loop_ir import GemmCall, walk
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import blas
 from tensorgraphs.runtime import realize as realization
 from tensorgraphs.schedule.extern import gemm_enabled
@@ -177,3 +179,80 @@ def test_batches_sliced_at_new_offsets_reuse_one_graph(interpret_below: int, rew
         np.testing.assert_allclose((batch * 2.0).numpy(), data_np[offset:offset + 8].T * 2, rtol=1e-6)
         counts.append(len(rewrites))
     assert counts[0] > 0 and counts[-1] == counts[0]
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+def test_a_loop_carrying_a_realized_value_keeps_no_earlier_step_alive(device: str) -> None:
+    """`x = f(x); x.realize()` in a loop: each step's graph starts from the last value, so neither the graphs nor
+    the values of earlier steps stay alive (they did: every step's array was kept by the chain of nodes)."""
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(1000).astype(np.float32)
+    with tg.device(device):
+        x, expected = tg.tensor(start), start.copy()
+        first_values = []
+        for _ in range(6):
+            x = x * 0.5 + 1.0
+            expected = expected * np.float32(0.5) + np.float32(1.0)
+            x.realize()
+            if not first_values:
+                first_values.append(weakref.ref(realization.realized_values(device)[x.node]))
+        y = x * 2.0
+        assert {n.op for n in y.node.toposort()} <= {Op.BUFFER, Op.CONST, Op.MUL}
+        np.testing.assert_allclose(y.numpy(), expected * 2, rtol=1e-6)
+        gc.collect()
+        assert first_values[0]() is None
+
+
+def test_a_realized_value_read_as_data_keeps_views_and_writes() -> None:
+    """A tensor whose value was realized is read as data by later ops, and stays what torch has: slices of it are
+    views that in-place writes go through, and writing into it changes later reads."""
+    start = np.arange(6, dtype=np.float32).reshape(2, 3)
+    results = []
+    for lib in (torch, tg):
+        x = lib.tensor(start) * 2
+        x.numpy()
+        row = x[1]
+        row.mul_(10)
+        x[0, 0] = -1.0
+        results.append((x.numpy().copy(), row.numpy().copy()))
+    for ours, theirs in zip(results[1], results[0]):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def _recurrent_steps(lib, steps: int, on_step=None) -> list[float]:
+    """A GRU language-model step repeated with its hidden state detached between steps (torch's
+    `repackage_hidden`), in `lib` (torch or tg) from the same weights and data."""
+    rng = np.random.default_rng(1)
+    lib.manual_seed(0)
+    tokens = rng.integers(0, 11, (steps, 5, 3))
+    embed, rnn, head = lib.nn.Embedding(11, 4), lib.nn.GRU(4, 6), lib.nn.Linear(6, 11)
+    for module in (embed, rnn, head):
+        for name, p in module.named_parameters():
+            with lib.no_grad():
+                p.copy_(lib.tensor(np.random.default_rng(len(name)).standard_normal(tuple(p.shape)) * 0.3,
+                                   dtype=lib.float32))
+    params = [*embed.parameters(), *rnn.parameters(), *head.parameters()]
+    optimizer = lib.optim.SGD(params, lr=0.5)
+    hidden, losses = None, []
+    for step in range(steps):
+        x = lib.tensor(tokens[step])
+        out, hidden = rnn(embed(x), hidden)
+        hidden = hidden.detach()
+        loss = lib.nn.functional.cross_entropy(head(out[:-1]).reshape(-1, 11), x[1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if on_step:
+            on_step()
+    losses.append(float(hidden.sum()))
+    return losses
+
+
+def test_a_detached_hidden_state_is_computed_by_the_backward_and_read_as_data(rewrites: list[int]) -> None:
+    """An RNN's hidden state carried between steps: the backward computes it with the gradients, so the next
+    step's graph reads its value (it recomputed every earlier step, and compiled a new program each step)."""
+    counts: list[int] = []
+    ours = _recurrent_steps(tg, 5, lambda: counts.append(len(rewrites)))
+    np.testing.assert_allclose(ours, _recurrent_steps(torch, 5), rtol=1e-5, atol=1e-6)
+    assert counts[2] == counts[-1]  # the first step starts from zeros, the second from a state: then nothing new
