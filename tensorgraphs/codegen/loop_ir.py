@@ -530,6 +530,10 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
 
 def rename_buffer(stmt: Any, old: str, new: str) -> Any:
     """`stmt` (and the statements inside it) naming buffer `new` wherever it named `old`."""
+    if isinstance(stmt, (Load, Store)):  # most statements of a kernel: answered first
+        return dataclasses.replace(stmt, buffer=new) if stmt.buffer == old else stmt
+    if isinstance(stmt, (Let, Accumulate, Local, TransposeLocal)):
+        return stmt
     if isinstance(stmt, (Loop, Reduce)):
         return dataclasses.replace(stmt, body=[rename_buffer(s, old, new) for s in stmt.body])
     changes: dict[str, Any] = {name: new for name in BUFFER_FIELDS.get(type(stmt), ()) if getattr(stmt, name) == old}

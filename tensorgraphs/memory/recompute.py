@@ -24,7 +24,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Reduce, rename_buffer, walk
+from tensorgraphs.codegen.loop_ir import (
+    LIBRARY_CALLS,
+    Accumulate,
+    Kernel,
+    Let,
+    Load,
+    Local,
+    Loop,
+    Reduce,
+    Store,
+    TransposeLocal,
+    rename_buffer,
+    walk,
+)
 from tensorgraphs.memory.liveness import Lifetime, temporaries
 from tensorgraphs.memory.packing import live_profile
 from tensorgraphs.schedule.fusion import BufferSpec, Schedule
@@ -37,14 +50,24 @@ def is_cheap(kernel: Kernel) -> bool:
     return not any(isinstance(stmt, (*LIBRARY_CALLS, Reduce)) for stmt in walk(kernel.body))
 
 
-def renamed(kernel: Kernel, old: str, new: str, name: str | None = None) -> Kernel | None:
-    """`kernel` (named `name` if given) touching buffer `new` where it touched `old`; None when its listing
-    still names `old` (a statement this does not know how to rename: then it must stay as it is)."""
-    result = dataclasses.replace(kernel, name=name or kernel.name,
-                                 buffers=[dataclasses.replace(b, name=new) if b.name == old else b
-                                          for b in kernel.buffers],
-                                 body=[rename_buffer(stmt, old, new) for stmt in kernel.body])
-    return None if re.search(rf"\b{re.escape(old)}\b", str(result)) else result
+KNOWN_NAMES = (Let, Load, Store, Accumulate, Local, TransposeLocal, Loop, Reduce)
+"""Statements whose every buffer name `rename_buffer` knows (the fields of a library call are checked)."""
+
+
+def renamable(kernel: Kernel, old: str) -> bool:
+    """Whether `rename_buffer` renames every mention of buffer `old` in `kernel`: a library call whose listing
+    still names it once renamed holds it in a field the renaming does not know (then the kernel stays as it is)."""
+    mention = re.compile(rf"\b{re.escape(old)}\b")
+    return not any(mention.search(repr(rename_buffer(stmt, old, ""))) for stmt in walk(kernel.body)
+                   if not isinstance(stmt, KNOWN_NAMES))
+
+
+def renamed(kernel: Kernel, old: str, new: str, name: str | None = None) -> Kernel:
+    """`kernel` (named `name` if given) touching buffer `new` where it touched `old` (see `renamable`)."""
+    return dataclasses.replace(kernel, name=name or kernel.name,
+                               buffers=[dataclasses.replace(b, name=new) if b.name == old else b
+                                        for b in kernel.buffers],
+                               body=[rename_buffer(stmt, old, new) for stmt in kernel.body])
 
 
 @dataclass
@@ -95,7 +118,7 @@ def recomputations(schedule: Schedule, lifetimes: list[Lifetime], peak: int) -> 
         if not (is_cheap(writer) and only_output and inputs_kept and used_early and independent):
             continue
         copy = _fresh_name(life.name, taken)
-        if any(renamed(kernels[p], life.name, copy) is None for p in [life.start, *late]):
+        if not all(renamable(kernels[p], life.name) for p in [life.start, *late]):
             continue
         taken.add(copy)
         found.append(Recomputation(life.name, copy, life.start, late, reads))

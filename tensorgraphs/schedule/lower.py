@@ -309,13 +309,17 @@ class Lowering:
             return
         column = self._nest[-1]
         through_output = column.extent * node.dtype.itemsize > ROW_STAGE_BYTES
+        computed_at: dict[Node, list[tuple[Index, Ref]]] = {}
+        for (source, index), found in self._memo.items():
+            if isinstance(found, Ref):
+                computed_at.setdefault(source, []).append((index, found))
         for (source, index), found in list(self._memo.items()):
             if source.op not in FORWARDED or source.dtype is not node.dtype or not isinstance(found, Ref):
                 continue
             scope = self._scope_of[found.name]
             if scope.var is not column:
                 continue
-            early = self._same_value_in_a_row_loop(source, index, column)
+            early = self._same_value_in_a_row_loop(computed_at[source], index, column)
             if early is None:
                 continue
             row = self._scope_of[early.name].var
@@ -326,11 +330,10 @@ class Lowering:
                 if through_output:  # one value only: a second would overwrite the first's stores in `out`
                     return
 
-    def _same_value_in_a_row_loop(self, source: Node, index: Index, column: Var) -> Ref | None:
-        """`source` computed innermost in a reduction over `row` at `index` with `column` -> `row`."""
-        for (other, other_index), computed in self._memo.items():
-            if other is not source or not isinstance(computed, Ref):
-                continue
+    def _same_value_in_a_row_loop(self, computed_at: list[tuple[Index, Ref]], index: Index, column: Var) -> Ref | None:
+        """Of a node's values `computed_at` indices, the one computed innermost in a reduction over `row` at
+        `index` with `column` -> `row`."""
+        for other_index, computed in computed_at:
             scope = self._scope_of[computed.name]
             row = scope.var
             if row is None or row not in self._reduce_vars or scope.loops or row.extent != column.extent:
