@@ -9,7 +9,7 @@ import pytest
 from tensorgraphs.errors import ShapeError
 from tensorgraphs.kernels.gemm import int8
 
-pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")
+pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler")
 
 SHAPES = [(1, 1, 1), (7, 33, 255), (13, 70, 5), (6, 64, 4), (5, 65, 3), (100, 130, 131), (0, 5, 7), (5, 0, 7),
           (5, 7, 0), (300, 200, 100)]

@@ -12,7 +12,7 @@ import tensorgraphs as tg
 from tensorgraphs.kernels.gemm import int8
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning"),
-              pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")]
+              pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler")]
 
 
 def _models(seed: int) -> tuple[tg.nn.Module, torch.nn.Module]:

@@ -10,7 +10,7 @@ import torch
 import tensorgraphs as tg
 from tensorgraphs.kernels.gemm import int8
 
-pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")
+pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler")
 
 
 @pytest.mark.parametrize("batches", [[(3.0, 0.5)], [(1.0, 2.0), (0.1, 7.0)], [(0.0, 1.0)]])

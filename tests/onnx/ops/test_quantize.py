@@ -12,7 +12,7 @@ from tensorgraphs.kernels.gemm import int8
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")
+pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler")
 
 
 def _model(b: np.ndarray, a_type: int, a_zero: np.ndarray | None) -> onnx.ModelProto:
