@@ -72,8 +72,8 @@ class StaticQuantizedLinear(DynamicQuantizedLinear):
 
     def __init__(self, in_features: int, out_features: int, weight: Tensor, bias: Tensor | None,
                  activation_qparams: tuple[float, int]) -> None:
-        super().__init__(in_features, out_features, per_channel_symmetric(weight), bias)
-        self.activation_qparams = activation_qparams
+        super().__init__(in_features, out_features, per_channel_symmetric(weight), bias, reduce_range=False)
+        self.activation_qparams = activation_qparams  # over the observer's [0, 255]
 
     @classmethod
     def from_observed(cls, linear: Linear, activation_qparams: tuple[float, int]) -> StaticQuantizedLinear:
