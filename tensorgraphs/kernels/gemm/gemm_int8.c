@@ -29,6 +29,13 @@
 #else
 #define QTV 1 /* AVX2: 6 x 1 pairs of AVX registers, 12 of its 16 */
 #endif
+#ifdef __AVX512VNNI__
+#define QK_UNROLL 1
+#else
+#define QK_UNROLL 2 /* groups of k per loop turn: gcc then schedules VPMADDUBSW's longer chains with fewer spills */
+#endif
+#define TG_PRAGMA(text) _Pragma(#text)
+#define TG_UNROLL(n) TG_PRAGMA(GCC unroll n)
 #define TG_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
@@ -125,7 +132,7 @@ TG_ALWAYS_INLINE void tile(const int nv, const int float_out, const int seven_bi
     __m512i acc[QMR][QTV];
     _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++)
         _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_si512();
-    for (int64_t p = 0; p < kq; p++) {
+    TG_UNROLL(QK_UNROLL) for (int64_t p = 0; p < kq; p++) {
         __m512i bv[QTV];
         _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) bv[v] = _mm512_loadu_si512(b + p * QNR + v * 16);
         _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++) {
