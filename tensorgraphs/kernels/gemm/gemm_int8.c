@@ -32,7 +32,7 @@
 #ifdef __AVX512VNNI__
 #define QK_UNROLL 1
 #else
-#define QK_UNROLL 2 /* groups of k per loop turn: gcc then schedules VPMADDUBSW's longer chains with fewer spills */
+#define QK_UNROLL 2 /* groups of k per loop turn: about 10% faster on AVX2 (bench/NOTES.md) */
 #endif
 #define TG_PRAGMA(text) _Pragma(#text)
 #define TG_UNROLL(n) TG_PRAGMA(GCC unroll n)
@@ -103,12 +103,12 @@ static void activation_row(const qgemm *g, int64_t i, uint8_t *dst, int64_t kp) 
 /* ---------------------------------------------------------------- micro-kernel */
 
 /* acc + the sum of the 4 products a(r) * w(r) (a u8, w s8) of each 32-bit lane, exactly. VPDPBUSD (AVX-512 VNNI)
- * does it in one instruction. Without VNNI, VPMADDUBSW sums pairs of products into int16 with saturation, and
- * VPMADDWD by ones widens the pairs into int32 (FBGEMM's and oneDNN's way): 2 multiplies for 4 products per lane,
- * against VPDPBUSD's 1, but 4 times the multiply-adds of an fma per multiply. A pair is exact only while it fits
- * int16: always when a <= 127 (|127 * -128 * 2| < 2^15; `seven_bit`, as torch's `reduce_range` activations are).
- * Otherwise a is split into a & 127 and a & 128, each pair of which fits (128 * (w0 + w1) >= -2^15), at twice the
- * multiplies. */
+ * does it in one instruction. Without VNNI, VPMADDUBSW multiplies the byte pairs and sums adjacent products into
+ * int16 with saturation, and VPMADDWD by ones widens those sums into int32 (FBGEMM's and oneDNN's way): two
+ * multiply instructions where VNNI takes one, still twice an fma's multiply-adds per instruction. A pair is exact
+ * only while it fits int16: always when a <= 127 (|127 * -128 * 2| < 2^15; `seven_bit`, as torch's `reduce_range`
+ * activations are). Otherwise a is split into a & 127 and a & 128, each pair of which fits (128 * (w0 + w1) is in
+ * [-2^15, 2^15)), at twice the multiplies. */
 TG_ALWAYS_INLINE __m512i dot4(const int seven_bit, __m512i acc, __m512i a, __m512i w) {
 #ifdef __AVX512VNNI__
     (void)seven_bit;
