@@ -1,5 +1,7 @@
 """The int8 GEMM against a numpy oracle (int64 sums, float32 steps as the reference decomposition takes them), on
-odd shapes (tile tails, 1 and 0), both activation signs, zero points, NaN/Inf activations and the epilogue."""
+odd shapes (tile tails, 1 and 0), both activation signs, zero points, NaN/Inf activations and the epilogue; and
+against torch (integer products, quantize_per_tensor, fbgemm's dynamic linear layer) where the kernel's inner
+product differs by target (VNNI, or AVX2's two steps for 7-bit and 8-bit activations)."""
 
 from __future__ import annotations
 
