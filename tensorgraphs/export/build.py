@@ -32,9 +32,6 @@ KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.SOURCES),
                   "attention": (attention.SOURCE_DIR, attention.SOURCES), "fft": (fft.SOURCE_DIR, fft.SOURCES)}
 """The sources defining what generated programs call (the GEMM, conv2d and int8 kernels, the fused attention, the
 FFT)."""
-AVX512_LIBRARIES = ("gemm_int8",)
-"""Kernel libraries that need AVX-512 (VNNI): they build only for targets that have it (the GEMM library builds for
-x86-64-v3 too, on its AVX2 stand-in)."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +80,6 @@ def build_library(directory: Path, prefix: str, libraries: tuple[str, ...], symb
                   options: BuildOptions) -> None:
     """Compile `directory`/`prefix`.c (and the kernel `libraries` it calls) into lib`prefix`.a and
     lib`prefix`.so there, keeping only `symbols` global."""
-    if options.target == "x86-64-v3" and set(libraries) & set(AVX512_LIBRARIES):
-        fail("export", "the program calls the int8 GEMM library (AVX-512 VNNI), which x86-64-v3 cannot run: build "
-             "with --target x86-64-v4 or native",
-             kind=ArgumentError)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as scratch:
         work = Path(scratch)
         program = work / "program.o"

@@ -4,6 +4,10 @@ on each layer's input, running the prepared model on calibration data records th
 with the scale and zero point that range gives (fixed, so the int8 GEMM skips its range pass), weights int8 per
 output channel. A convolution runs on the int8 GEMM as the product of its im2col patches and its weights.
 
+Observers cover [0, 127] rather than [0, 255] where the machine lacks AVX-512 VNNI (`reduce_range`, as torch's
+fbgemm and x86 default qconfigs do): the int8 GEMM's faster step is exact for 7-bit activations there
+(`quantization.dynamic`).
+
 Unlike torch's static modules, a converted layer takes and returns float32 (torch passes quantized tensors between
 layers and needs QuantStub/DeQuantStub around them); the arithmetic inside is the same.
 """
@@ -23,17 +27,24 @@ from tensorgraphs.nn import functional as F
 from tensorgraphs.nn.conv import Conv2d
 from tensorgraphs.nn.linear import Linear
 from tensorgraphs.nn.module import Module
-from tensorgraphs.quantization.dynamic import DynamicQuantizedLinear, per_channel_symmetric, swap_modules
+from tensorgraphs.quantization.dynamic import (
+    DynamicQuantizedLinear,
+    default_reduce_range,
+    per_channel_symmetric,
+    swap_modules,
+)
 from tensorgraphs.quantization.quantized_tensor import quint8
 
 
 class MinMaxObserver(Module):
     """torch.ao.quantization.MinMaxObserver for quint8, per tensor, affine: the running min and max of every tensor
-    it sees (it returns them unchanged), and the quantization parameters covering that range."""
+    it sees (it returns them unchanged), and the quantization parameters covering that range; `reduce_range` halves
+    the integer range ([0, 127]), as torch's."""
 
-    def __init__(self, quant_min: int = quint8.qmin, quant_max: int = quint8.qmax) -> None:
+    def __init__(self, quant_min: int = quint8.qmin, quant_max: int = quint8.qmax, reduce_range: bool = False) -> None:
         super().__init__()
-        self.quant_min, self.quant_max = quant_min, quant_max
+        halve = 2 if reduce_range else 1
+        self.quant_min, self.quant_max, self.reduce_range = quant_min // halve, quant_max // halve, reduce_range
         self.min_val, self.max_val = np.float32(np.inf), np.float32(-np.inf)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -58,9 +69,9 @@ class MinMaxObserver(Module):
 class Observed(Module):
     """A float layer whose inputs an observer records (what `prepare` makes of a Linear or Conv2d)."""
 
-    def __init__(self, layer: Module) -> None:
+    def __init__(self, layer: Module, reduce_range: bool = False) -> None:
         super().__init__()
-        self.layer, self.activation_post_process = layer, MinMaxObserver()
+        self.layer, self.activation_post_process = layer, MinMaxObserver(reduce_range=reduce_range)
 
     def forward(self, input: Tensor) -> Tensor:
         return self.layer(self.activation_post_process(input))
@@ -71,13 +82,16 @@ class StaticQuantizedLinear(DynamicQuantizedLinear):
     parameters."""
 
     def __init__(self, in_features: int, out_features: int, weight: Tensor, bias: Tensor | None,
-                 activation_qparams: tuple[float, int]) -> None:
-        super().__init__(in_features, out_features, per_channel_symmetric(weight), bias)
+                 activation_qparams: tuple[float, int], reduce_range: bool = False) -> None:
+        """`activation_qparams` over [0, 127] if `reduce_range`, else [0, 255] (the observer's range)."""
+        super().__init__(in_features, out_features, per_channel_symmetric(weight), bias, reduce_range=reduce_range)
         self.activation_qparams = activation_qparams
 
     @classmethod
-    def from_observed(cls, linear: Linear, activation_qparams: tuple[float, int]) -> StaticQuantizedLinear:
-        return cls(linear.in_features, linear.out_features, linear.weight, linear.bias, activation_qparams)
+    def from_observed(cls, linear: Linear, activation_qparams: tuple[float, int],
+                      reduce_range: bool = False) -> StaticQuantizedLinear:
+        return cls(linear.in_features, linear.out_features, linear.weight, linear.bias, activation_qparams,
+                   reduce_range)
 
     def extra_repr(self) -> str:
         scale, zero_point = self.activation_qparams or (None, None)
@@ -94,13 +108,14 @@ class StaticQuantizedConv2d(StaticQuantizedLinear):
     dilation: tuple[int, ...]
 
     @classmethod
-    def from_observed(cls, conv: Conv2d, activation_qparams: tuple[float, int]) -> StaticQuantizedConv2d:
+    def from_observed(cls, conv: Conv2d, activation_qparams: tuple[float, int],
+                      reduce_range: bool = False) -> StaticQuantizedConv2d:
         if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
             fail("convert", "static quantization supports Conv2d with groups=1 and numeric zero padding only",
                  kind=UnsupportedError)
         patch = conv.in_channels * math.prod(conv.kernel_size)
         weight = mv.reshape(conv.weight.detach(), (conv.out_channels, patch))
-        layer = cls(patch, conv.out_channels, weight, conv.bias, activation_qparams)
+        layer = cls(patch, conv.out_channels, weight, conv.bias, activation_qparams, reduce_range)
         layer.kernel_size, layer.stride, layer.padding, layer.dilation = (conv.kernel_size, conv.stride,
                                                                            conv.padding, conv.dilation)
         return layer
@@ -119,18 +134,21 @@ QUANTIZED_STATIC: dict[type, type[StaticQuantizedLinear]] = {Linear: StaticQuant
 
 
 def _quantized(observed: Observed) -> Module:
-    qparams = observed.activation_post_process.calculate_qparams()
-    return QUANTIZED_STATIC[type(observed.layer)].from_observed(observed.layer, qparams)
+    observer = observed.activation_post_process
+    return QUANTIZED_STATIC[type(observed.layer)].from_observed(observed.layer, observer.calculate_qparams(),
+                                                                observer.reduce_range)
 
 
-def prepare(model: Module, qconfig_spec: Any = None, inplace: bool = False) -> Module:
+def prepare(model: Module, qconfig_spec: Any = None, inplace: bool = False, *,
+            reduce_range: bool | None = None) -> Module:
     """torch.ao.quantization.prepare for Linear and Conv2d layers (those in `qconfig_spec`, a set of types; default
-    both): `model` (a copy, unless `inplace`) with an observer on each such layer's input. Run it on calibration
-    data, then `convert` it."""
+    both): `model` (a copy, unless `inplace`) with an observer on each such layer's input, over [0, 127] if
+    `reduce_range` (default: `default_reduce_range`). Run it on calibration data, then `convert` it."""
     types = set(QUANTIZED_STATIC) if qconfig_spec is None else set(qconfig_spec)
     if types - set(QUANTIZED_STATIC):
         fail("prepare", "static quantization supports Linear and Conv2d layers only", kind=ArgumentError)
-    return swap_modules(model, dict.fromkeys(types, Observed), inplace)
+    reduce_range = default_reduce_range() if reduce_range is None else reduce_range
+    return swap_modules(model, dict.fromkeys(types, lambda layer: Observed(layer, reduce_range)), inplace)
 
 
 def convert(model: Module, inplace: bool = False) -> Module:

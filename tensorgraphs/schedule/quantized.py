@@ -1,7 +1,7 @@
 """Quantized linear layers and integer products (`quantized_linear`, `matmul_integer` composites) run by the int8
-GEMM (`tensorgraphs.kernels.gemm.int8`) instead of lowered loops: one call reading the activations (a linear layer
-chooses their quantization parameters itself, unless they are static) and the packed weights from their buffers
-(materialized where they are views) and writing the result (float32, or the int32 sums).
+GEMM (`tensorgraphs.kernels.gemm.int8`: AVX-512 VNNI, or AVX2) instead of lowered loops: one call reading the
+activations (a linear layer chooses their quantization parameters itself, unless they are static) and the packed
+weights from their buffers (materialized where they are views) and writing the result (float32, or the int32 sums).
 
 TG_GEMM=0 turns it off with the other GEMM libraries (the decomposition is scheduled instead).
 """
@@ -29,8 +29,11 @@ def _int8_gemm_fits(node: Node) -> bool:
     return gemm_enabled() and int8.available() and node.src[0].dtype in ACTIVATION_DTYPES[node.op.name]
 
 
+INT8_GEMM_PRIOR = 0.25 if int8.vnni() else 0.5
+"""Its time as a multiple of the float roofline until measured: VPDPBUSD does 4 times an fma's multiply-adds per
+instruction; without VNNI, VPMADDUBSW and VPMADDWD take two instructions for as many (gemm_int8.c)."""
 for _composite in ACTIVATION_DTYPES:
-    register_candidates(_composite, Candidate(INT8_GEMM, _int8_gemm_fits, prior=0.25))
+    register_candidates(_composite, Candidate(INT8_GEMM, _int8_gemm_fits, prior=INT8_GEMM_PRIOR))
 
 
 def runs_as_int8_gemm(node: Node) -> bool:

@@ -108,6 +108,20 @@ def test_a_target_without_avx512_runs_the_gemm_library_on_avx2(tmp_path: Path) -
     np.testing.assert_allclose(got, tg.compile(model)(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(not gemm_enabled(), reason="the GEMM library does not run here")
+def test_a_target_without_avx512_runs_the_int8_gemm_on_avx2(tmp_path: Path) -> None:
+    """x86-64-v3 builds the int8 GEMM with VPMADDUBSW in place of VNNI's VPDPBUSD: integer sums exact either way,
+    the same float epilogue, so the same bits as the program compiled for this machine."""
+    tg.manual_seed(3)
+    model = tg.quantization.quantize_dynamic(tg.nn.Sequential(tg.nn.Linear(16, 32), tg.nn.ReLU(),
+                                                              tg.nn.Linear(32, 4)))
+    x = tg.randn(8, 16)
+    exported = tg.export(model, (x,), tmp_path, name="qmlp", options=BuildOptions(target="x86-64-v3"))
+    assert "gemm_int8" in exported.program.libraries
+    got = run_c(exported, [[x.numpy()]])[0][0][0]
+    np.testing.assert_array_equal(got, tg.compile(model)(x).detach().numpy())
+
+
 def test_a_spectrogram_calls_the_fft_library_from_c(tmp_path: Path) -> None:
     window = tg.tensor(np.hanning(64).astype(np.float32))
 

@@ -1,15 +1,19 @@
 """The int8 GEMM against a numpy oracle (int64 sums, float32 steps as the reference decomposition takes them), on
-odd shapes (tile tails, 1 and 0), both activation signs, zero points, NaN/Inf activations and the epilogue."""
+odd shapes (tile tails, 1 and 0), both activation signs, zero points, NaN/Inf activations and the epilogue; and
+against torch (integer products, quantize_per_tensor, fbgemm's dynamic linear layer) where the kernel's inner
+product differs by target (VNNI, or AVX2's two steps for 7-bit and 8-bit activations)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from tensorgraphs.errors import ShapeError
 from tensorgraphs.kernels.gemm import int8
 
-pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")
+pytestmark = [pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]  # torch deprecates its quantized tensors
 
 SHAPES = [(1, 1, 1), (7, 33, 255), (13, 70, 5), (6, 64, 4), (5, 65, 3), (100, 130, 131), (0, 5, 7), (5, 0, 7),
           (5, 7, 0), (300, 200, 100)]
@@ -107,3 +111,64 @@ def test_quantizing_rounds_the_product_before_adding_the_zero_point():
     expected = (np.rint(t) - zero_point).astype(np.float32) * scale
     got = int8.qlinear(x, packed, colsum, np.ones(8, np.float32), qparams=(float(scale), zero_point))
     np.testing.assert_array_equal(got, expected)
+
+
+# Without VNNI the kernel has two inner-product steps (gemm_int8.c, dot4): VPMADDUBSW pairs in int16 for activations
+# that are all at most 127, and a split into a & 127 and a & 128 for the rest. The cases below sit at the int16 limit
+# of each, and switch between them by one byte.
+@pytest.mark.parametrize(("a_value", "w_value"), [(127, -128), (127, 127), (128, -128), (255, 127), (128, 127)])
+def test_pairs_at_the_int16_limit_are_exact(a_value, w_value):
+    a = np.full((7, 37), a_value, np.uint8)
+    w = np.full((20, 37), w_value, np.int8)
+    packed, colsum = int8.pack_weights(w)
+    expected = torch.from_numpy(a).long() @ torch.from_numpy(w).long().T
+    np.testing.assert_array_equal(int8.qgemm(a, packed, colsum), expected.numpy())
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+@pytest.mark.parametrize(("top", "zero_point"), [(128, 0), (128, 64), (256, 0)])
+def test_qgemm_matches_torch(m, n, k, top, zero_point):
+    """Seven-bit activations (top 128), then one byte of 255 in them (the exact split step takes over)."""
+    rng = np.random.default_rng(8)
+    a = rng.integers(0, top, (m, k), dtype=np.uint8)
+    w = _weights(n, k, 9)
+    packed, colsum = int8.pack_weights(w)
+    expected = (torch.from_numpy(a).long() - zero_point) @ torch.from_numpy(w).long().T
+    np.testing.assert_array_equal(int8.qgemm(a, packed, colsum, zero_point), expected.numpy(), err_msg=f"{m}x{n}x{k}")
+    if a.size:
+        a[m // 2, k // 2] = 255
+        expected = (torch.from_numpy(a).long() - zero_point) @ torch.from_numpy(w).long().T
+        np.testing.assert_array_equal(int8.qgemm(a, packed, colsum, zero_point), expected.numpy())
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 1), (7, 33), (13, 5), (40, 131)])
+@pytest.mark.parametrize(("quant_max", "scale", "zero_point"), [(127, 0.05, 60), (127, 0.013, 0), (255, 0.02, 131)])
+def test_quantized_activations_match_torch(m, k, quant_max, scale, zero_point):
+    """Identity weights: each output is an activation quantized and dequantized, torch.quantize_per_tensor's value
+    (clamped to quant_max) times the scale."""
+    x = (np.random.default_rng(10).standard_normal((m, k)) * 2).astype(np.float32)
+    packed, colsum = int8.pack_weights(np.eye(k, dtype=np.int8))
+    q = torch.quantize_per_tensor(torch.from_numpy(x), scale, zero_point, torch.quint8).int_repr().int()
+    expected = (q.clamp(max=quant_max) - zero_point).float() * torch.tensor(scale, dtype=torch.float32)
+    got = int8.qlinear(x, packed, colsum, np.ones(k, np.float32), quant_max=quant_max, qparams=(scale, zero_point))
+    np.testing.assert_array_equal(got, expected.numpy())
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(7, 33, 255), (13, 70, 5), (100, 130, 131), (1, 1, 1), (300, 200, 100)])
+def test_qlinear_matches_torch_dynamic_linear(m, n, k):
+    """torch's dynamically quantized linear layer (fbgemm, per-channel int8 weights, activations in [0, 127]): the
+    same integer sums, so results differ only by float rounding (torch picks the activations' scale in double),
+    far below one quantization step."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    w_float = rng.standard_normal((n, k)).astype(np.float32)
+    scales = np.abs(w_float).max(1).astype(np.float64) / 127.5
+    weight = torch.quantize_per_channel(torch.from_numpy(w_float), torch.from_numpy(scales),
+                                        torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+    bias = rng.standard_normal(n).astype(np.float32)
+    expected = torch.ops.quantized.linear_dynamic(
+        torch.from_numpy(x), torch.ops.quantized.linear_prepack(weight, torch.from_numpy(bias)), True).numpy()
+    packed, colsum = int8.pack_weights(weight.int_repr().numpy())
+    got = int8.qlinear(x, packed, colsum, scales.astype(np.float32), bias, quant_max=127)
+    step = (x.max() - min(x.min(), 0)) / 127 * scales.min()
+    np.testing.assert_allclose(got, expected, rtol=5e-7, atol=0.01 * step)  # a few ulp, or 1% of a step

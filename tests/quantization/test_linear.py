@@ -14,7 +14,7 @@ from tensorgraphs.quantization.linear import matmul_integer, quantized_linear
 from tensorgraphs.schedule import schedule_kernels
 
 pytestmark = [pytest.mark.device("cpu", compile=True),
-              pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")]
+              pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler")]
 
 
 def _layer(n: int, k: int, seed: int) -> tuple[tg.Tensor, tg.Tensor, tg.Tensor, tg.Tensor]:

@@ -10,12 +10,15 @@ import torch
 import tensorgraphs as tg
 from tensorgraphs.kernels.gemm import int8
 
-pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")
+pytestmark = [pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]  # torch deprecates its observers' reduce_range
 
 
 @pytest.mark.parametrize("batches", [[(3.0, 0.5)], [(1.0, 2.0), (0.1, 7.0)], [(0.0, 1.0)]])
-def test_observer_matches_torch(batches):
-    observer, reference = tg.quantization.MinMaxObserver(), torch.ao.quantization.MinMaxObserver()
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_observer_matches_torch(batches, reduce_range):
+    observer = tg.quantization.MinMaxObserver(reduce_range=reduce_range)
+    reference = torch.ao.quantization.MinMaxObserver(reduce_range=reduce_range)
     rng = np.random.default_rng(0)
     for spread, shift in batches:
         x = (rng.standard_normal((7, 13)) * spread + shift).astype(np.float32)
@@ -31,9 +34,14 @@ def _model(seed: int) -> tg.nn.Module:
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_prepare_calibrate_convert(compiled):
+@pytest.mark.parametrize("reduce_range", [None, False, True])
+def test_prepare_calibrate_convert(compiled, reduce_range):
+    """reduce_range None: [0, 127] where the machine lacks VNNI (`default_reduce_range`)."""
     model = _model(1)
-    prepared = tg.quantization.prepare(model)
+    prepared = tg.quantization.prepare(model, reduce_range=reduce_range)
+    reduced = not int8.vnni() if reduce_range is None else reduce_range
+    expected_max = 127 if reduced else 255
+    assert prepared[0].activation_post_process.quant_max == expected_max
     assert isinstance(model[0], tg.nn.Linear)  # a copy
     rng = np.random.default_rng(2)
     for _ in range(4):
@@ -41,7 +49,7 @@ def test_prepare_calibrate_convert(compiled):
     quantized = tg.quantization.convert(prepared)
     assert [type(m).__name__ for m in quantized] == ["StaticQuantizedLinear", "ReLU", "StaticQuantizedLinear"]
     first_qparams = prepared[0].activation_post_process.calculate_qparams()
-    assert quantized[0].activation_qparams == first_qparams
+    assert quantized[0].activation_qparams == first_qparams and quantized[0].quant_max == expected_max
     x = tg.tensor(rng.standard_normal((8, 37)).astype(np.float32) * 1.5)  # some beyond the calibrated range
     run = tg.compile(lambda x: quantized(x)) if compiled else quantized
     got = run(x).numpy()
@@ -57,7 +65,8 @@ def _fake_quantized(model: tg.nn.Module, x: np.ndarray) -> np.ndarray:
             x = np.maximum(x, 0)
             continue
         scale, zero_point = layer.activation_qparams
-        q = np.clip(np.rint(x.astype(np.float32) * (np.float32(1) / np.float32(scale)) + zero_point), 0, 255)
+        q = np.rint(x.astype(np.float32) * (np.float32(1) / np.float32(scale)) + zero_point)
+        q = np.clip(q, 0, layer.quant_max)
         weights = layer.weight().dequantize().numpy().astype(np.float64)
         x = (q - zero_point) * scale @ weights.T + layer.bias.numpy()
     return x
@@ -98,7 +107,7 @@ def test_conv2d_is_quantized_statically_as_a_product_of_patches():
     for layer, conv in ((quantized[0], model[0]), (quantized[2], model[2])):  # fake-quantized, in float64
         scale, zero_point = layer.activation_qparams
         t = (expected.float() * (np.float32(1) / np.float32(scale))).float() + zero_point
-        q = torch.clamp(torch.round(t), 0, 255).double()
+        q = torch.clamp(torch.round(t), 0, layer.quant_max).double()
         weights = torch.from_numpy(layer.weight().dequantize().numpy()).double().reshape(conv.weight.shape)
         bias = None if conv.bias is None else torch.from_numpy(conv.bias.detach().numpy()).double()
         expected = torch.nn.functional.conv2d((q - zero_point) * scale, weights, bias, conv.stride, conv.padding)

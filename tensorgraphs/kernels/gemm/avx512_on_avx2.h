@@ -128,6 +128,9 @@ TG_BINARY(tg_min_ps, tg_f32x16, _mm256_min_ps)
 TG_BINARY(tg_unpacklo_ps, tg_f32x16, _mm256_unpacklo_ps)
 TG_BINARY(tg_unpackhi_ps, tg_f32x16, _mm256_unpackhi_ps)
 TG_BINARY(tg_add_epi32, tg_i32x16, _mm256_add_epi32)
+TG_BINARY(tg_sub_epi32, tg_i32x16, _mm256_sub_epi32)
+TG_BINARY(tg_maddubs_epi16, tg_i32x16, _mm256_maddubs_epi16)
+TG_BINARY(tg_madd_epi16, tg_i32x16, _mm256_madd_epi16)
 TG_BINARY(tg_mullo_epi32, tg_i32x16, _mm256_mullo_epi32)
 TG_BINARY(tg_and_si512, tg_i32x16, _mm256_and_si256)
 TG_BINARY(tg_or_si512, tg_i32x16, _mm256_or_si256)
@@ -157,6 +160,21 @@ TG_SIMD tg_f32x16 tg_scalef_ps(tg_f32x16 x, tg_f32x16 n) {
     return tg_f32x16_of(tg_scalef8(x.lo, n.lo), tg_scalef8(x.hi, n.hi));
 }
 
+/* min / max of the 16 lanes, as a tree of MINPS / MAXPS (which of several NaN lanes wins depends on the order). */
+TG_SIMD float tg_reduce_min_ps(tg_f32x16 x) {
+    __m256 m = _mm256_min_ps(x.lo, x.hi);
+    __m128 quarter = _mm_min_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    quarter = _mm_min_ps(quarter, _mm_movehl_ps(quarter, quarter));
+    return _mm_cvtss_f32(_mm_min_ss(quarter, _mm_movehdup_ps(quarter)));
+}
+
+TG_SIMD float tg_reduce_max_ps(tg_f32x16 x) {
+    __m256 m = _mm256_max_ps(x.lo, x.hi);
+    __m128 quarter = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    quarter = _mm_max_ps(quarter, _mm_movehl_ps(quarter, quarter));
+    return _mm_cvtss_f32(_mm_max_ss(quarter, _mm_movehdup_ps(quarter)));
+}
+
 TG_SIMD float tg_reduce_add_ps(tg_f32x16 x) {
     __m256 sum = _mm256_add_ps(x.lo, x.hi);
     __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
@@ -182,6 +200,28 @@ TG_SIMD tg_f32x16 tg_dpbf16_ps(tg_f32x16 acc, tg_i32x16 a, tg_i32x16 b) {
 
 TG_SIMD tg_i32x16 tg_set1_epi32(int32_t x) { return tg_i32x16_of(_mm256_set1_epi32(x), _mm256_set1_epi32(x)); }
 TG_SIMD tg_i32x16 tg_setzero_si512(void) { return tg_i32x16_of(_mm256_setzero_si256(), _mm256_setzero_si256()); }
+TG_SIMD tg_i32x16 tg_set1_epi16(int16_t x) { return tg_i32x16_of(_mm256_set1_epi16(x), _mm256_set1_epi16(x)); }
+TG_SIMD tg_i32x16 tg_set1_epi8(int8_t x) { return tg_i32x16_of(_mm256_set1_epi8(x), _mm256_set1_epi8(x)); }
+
+/* Bytes whose bit of `mask` is set, as all-ones bytes. */
+TG_SIMD __m128i tg_byte_lanes(__mmask16 mask) {
+    const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128(mask), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    return _mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit);
+}
+
+TG_SIMD __m128i tg_maskz_mov_epi8(__mmask16 mask, __m128i x) { return _mm_and_si128(x, tg_byte_lanes(mask)); }
+
+TG_SIMD void tg_mask_storeu_epi8(void *p, __mmask16 mask, __m128i x) {
+    if (mask == 0xFFFF) {
+        _mm_storeu_si128((__m128i *)p, x);
+        return;
+    }
+    uint8_t bytes[16];
+    _mm_storeu_si128((__m128i *)bytes, x);
+    for (int i = 0; i < 16; i++)
+        if (mask >> i & 1) ((uint8_t *)p)[i] = bytes[i];
+}
 
 TG_SIMD tg_i32x16 tg_castps_si512(tg_f32x16 x) {
     return tg_i32x16_of(_mm256_castps_si256(x.lo), _mm256_castps_si256(x.hi));
@@ -196,6 +236,30 @@ TG_SIMD tg_f64x8 tg_unpacklo_pd(tg_f64x8 a, tg_f64x8 b) {
 }
 TG_SIMD tg_f64x8 tg_unpackhi_pd(tg_f64x8 a, tg_f64x8 b) {
     return (tg_f64x8){_mm256_unpackhi_pd(a.lo, b.lo), _mm256_unpackhi_pd(a.hi, b.hi)};
+}
+
+TG_SIMD tg_i32x16 tg_maskz_loadu_epi32(__mmask16 mask, const void *p) {
+    return tg_castps_si512(tg_maskz_loadu_ps(mask, p));
+}
+TG_SIMD void tg_mask_storeu_epi32(void *p, __mmask16 mask, tg_i32x16 x) { tg_mask_storeu_ps(p, mask, tg_castsi512_ps(x)); }
+
+TG_SIMD tg_f32x16 tg_cvtepi32_ps(tg_i32x16 x) { return tg_f32x16_of(_mm256_cvtepi32_ps(x.lo), _mm256_cvtepi32_ps(x.hi)); }
+/* Truncation; a lane out of int32's range (or NaN) becomes INT32_MIN, as VCVTTPS2DQ's "integer indefinite". */
+TG_SIMD tg_i32x16 tg_cvttps_epi32(tg_f32x16 x) {
+    return tg_i32x16_of(_mm256_cvttps_epi32(x.lo), _mm256_cvttps_epi32(x.hi));
+}
+
+TG_SIMD tg_f32x16 tg_mask_blend_ps(__mmask16 mask, tg_f32x16 a, tg_f32x16 b) {
+    return tg_f32x16_of(_mm256_blendv_ps(a.lo, b.lo, _mm256_castsi256_ps(tg_lanes8(mask & 0xFF))),
+                        _mm256_blendv_ps(a.hi, b.hi, _mm256_castsi256_ps(tg_lanes8(mask >> 8))));
+}
+
+/* The 16 lanes as bytes, each unsigned 32-bit lane saturated to 255 (VPMOVUSDB). */
+TG_SIMD __m128i tg_cvtusepi32_epi8(tg_i32x16 x) {
+    const __m256i top = _mm256_set1_epi32(255);
+    __m256i words = _mm256_packus_epi32(_mm256_min_epu32(x.lo, top), _mm256_min_epu32(x.hi, top));
+    __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+    return _mm_shuffle_epi32(bytes, _MM_SHUFFLE(3, 1, 2, 0)); /* lanes 0-3 8-11 4-7 12-15 -> 0-3 4-7 8-11 12-15 */
 }
 
 TG_SIMD tg_i32x16 tg_mask_or_epi32(tg_i32x16 src, __mmask16 mask, tg_i32x16 a, tg_i32x16 b) {
@@ -324,6 +388,21 @@ TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) 
 #undef _mm512_shuffle_ps
 #undef _mm512_shuffle_f32x4
 #undef _mm512_permutex2var_ps
+#undef _mm512_sub_epi32
+#undef _mm512_maddubs_epi16
+#undef _mm512_madd_epi16
+#undef _mm512_set1_epi16
+#undef _mm512_set1_epi8
+#undef _mm512_maskz_loadu_epi32
+#undef _mm512_mask_storeu_epi32
+#undef _mm512_cvtepi32_ps
+#undef _mm512_cvttps_epi32
+#undef _mm512_mask_blend_ps
+#undef _mm512_cvtusepi32_epi8
+#undef _mm_maskz_mov_epi8
+#undef _mm_mask_storeu_epi8
+#undef _mm512_reduce_min_ps
+#undef _mm512_reduce_max_ps
 #define _mm512_loadu_ps tg_loadu_ps
 #define _mm512_load_ps tg_load_ps
 #define _mm512_store_ps tg_store_ps
@@ -375,4 +454,19 @@ TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) 
 #define _mm512_shuffle_ps(a, b, imm) TG_F32_IMM(a, b, imm, _mm256_shuffle_ps)
 #define _mm512_shuffle_f32x4 tg_shuffle_f32x4
 #define _mm512_permutex2var_ps tg_permutex2var_ps
+#define _mm512_sub_epi32 tg_sub_epi32
+#define _mm512_maddubs_epi16 tg_maddubs_epi16
+#define _mm512_madd_epi16 tg_madd_epi16
+#define _mm512_set1_epi16 tg_set1_epi16
+#define _mm512_set1_epi8 tg_set1_epi8
+#define _mm512_maskz_loadu_epi32 tg_maskz_loadu_epi32
+#define _mm512_mask_storeu_epi32 tg_mask_storeu_epi32
+#define _mm512_cvtepi32_ps tg_cvtepi32_ps
+#define _mm512_cvttps_epi32 tg_cvttps_epi32
+#define _mm512_mask_blend_ps tg_mask_blend_ps
+#define _mm512_cvtusepi32_epi8 tg_cvtusepi32_epi8
+#define _mm_maskz_mov_epi8 tg_maskz_mov_epi8
+#define _mm_mask_storeu_epi8 tg_mask_storeu_epi8
+#define _mm512_reduce_min_ps tg_reduce_min_ps
+#define _mm512_reduce_max_ps tg_reduce_max_ps
 #endif

@@ -1,12 +1,13 @@
-/* int8 GEMM on AVX-512 VNNI (see gemm_int8.h for the contract).
+/* int8 GEMM (see gemm_int8.h for the contract): u8 x s8 products summed in int32.
  *
  * Activations are made a row-major u8 matrix with rows padded to whole groups of 4 bytes (quantized from float32,
  * or shifted from s8, by all threads together; u8 rows already so padded are read in place). The register tile is
- * QMR rows x 64 columns of int32 accumulators: per group of 4 k, a 32-bit broadcast of 4 activation bytes per row
- * and one VPDPBUSD per 16 columns adds 4 products to each lane. Tiles are handed out panel by panel, so a thread
- * reuses a panel of packed weights (k x 64 bytes, in L2) for the next row blocks; one at a time, not split in
- * advance, so a thread the OS deschedules does not hold back the others (they take its tiles). The epilogue
- * (zero-point compensation, dequantization, bias, activation) runs on the accumulators before the one store. */
+ * QMR rows x QTV 16-lane vectors of int32 accumulators: per group of 4 k, a 32-bit broadcast of 4 activation bytes
+ * per row and one inner-product step per vector adds 4 products to each lane (dot4, below: the one part that
+ * depends on the target). Tiles are handed out panel by panel, so a thread reuses a panel of packed weights
+ * (k x 64 bytes, in L2) for the next row blocks; one at a time, not split in advance, so a thread the OS deschedules
+ * does not hold back the others (they take its tiles). The epilogue (zero-point compensation, dequantization, bias,
+ * activation) runs on the accumulators before the one store. */
 /* Quantizing and dequantizing round every step, as the reference decomposition does (and whatever the build flags:
  * an exported library compiles this file with its own): no multiply-add contracted into an fma. */
 #pragma GCC optimize("fp-contract=off")
@@ -23,6 +24,18 @@
 #define QMR 6
 #define QNV 4 /* 16-lane vectors per panel: 64 columns */
 #define QNR (QNV * 16)
+#ifdef __AVX512F__
+#define QTV 4 /* vectors per register tile: 6 x 4 accumulators of AVX-512's 32 registers */
+#else
+#define QTV 1 /* AVX2: 6 x 1 pairs of AVX registers, 12 of its 16 */
+#endif
+#ifdef __AVX512VNNI__
+#define QK_UNROLL 1
+#else
+#define QK_UNROLL 2 /* groups of k per loop turn: about 10% faster on AVX2 (bench/NOTES.md) */
+#endif
+#define TG_PRAGMA(text) _Pragma(#text)
+#define TG_UNROLL(n) TG_PRAGMA(GCC unroll n)
 #define TG_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
@@ -77,7 +90,7 @@ static void activation_row(const qgemm *g, int64_t i, uint8_t *dst, int64_t kp) 
             __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             __mmask16 below_top = _mm512_cmp_ps_mask(r, top, _CMP_LE_OQ); /* false for NaN */
             r = _mm512_mask_blend_ps(below_top, top, _mm512_max_ps(r, _mm512_setzero_ps()));
-            __m128i bytes = _mm512_cvtusepi32_epi8(_mm512_cvttps_epu32(r));
+            __m128i bytes = _mm512_cvtusepi32_epi8(_mm512_cvttps_epi32(r)); /* r in [0, quant_max] */
             _mm_mask_storeu_epi8(dst + k, (__mmask16)tg_tail_mask(kp - k), _mm_maskz_mov_epi8(mask, bytes));
         }
         return;
@@ -89,24 +102,45 @@ static void activation_row(const qgemm *g, int64_t i, uint8_t *dst, int64_t kp) 
 
 /* ---------------------------------------------------------------- micro-kernel */
 
-/* Rows row0.. (m_valid of them) times one panel; nv and the epilogue kind are constants after inlining. */
-TG_ALWAYS_INLINE void tile(const int nv, const int float_out, const qgemm *g, const uint8_t *a, int64_t a_rs,
-                           int64_t kq, int64_t row0, int64_t m_valid, int64_t panel) {
-    const int32_t *b = (const int32_t *)g->w_packed + panel * kq * QNR;
+/* acc + the sum of the 4 products a(r) * w(r) (a u8, w s8) of each 32-bit lane, exactly. VPDPBUSD (AVX-512 VNNI)
+ * does it in one instruction. Without VNNI, VPMADDUBSW multiplies the byte pairs and sums adjacent products into
+ * int16 with saturation, and VPMADDWD by ones widens those sums into int32 (FBGEMM's and oneDNN's way): two
+ * multiply instructions where VNNI takes one, still twice an fma's multiply-adds per instruction. A pair is exact
+ * only while it fits int16: always when a <= 127 (|127 * -128 * 2| < 2^15; `seven_bit`, as torch's `reduce_range`
+ * activations are). Otherwise a is split into a & 127 and a & 128, each pair of which fits (128 * (w0 + w1) is in
+ * [-2^15, 2^15)), at twice the multiplies. */
+TG_ALWAYS_INLINE __m512i dot4(const int seven_bit, __m512i acc, __m512i a, __m512i w) {
+#ifdef __AVX512VNNI__
+    (void)seven_bit;
+    return _mm512_dpbusd_epi32(acc, a, w);
+#else
+    const __m512i ones = _mm512_set1_epi16(1);
+    if (seven_bit) return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, w), ones));
+    __m512i low = _mm512_and_si512(a, _mm512_set1_epi8(0x7F)), high = _mm512_and_si512(a, _mm512_set1_epi8(-128));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(low, w), ones));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(high, w), ones));
+#endif
+}
+
+/* Rows row0.. (m_valid of them) times vectors v0..v0+nv of one panel; nv, the epilogue kind and seven_bit (dot4)
+ * are constants after inlining. */
+TG_ALWAYS_INLINE void tile(const int nv, const int float_out, const int seven_bit, const qgemm *g, const uint8_t *a,
+                           int64_t a_rs, int64_t kq, int64_t row0, int64_t m_valid, int64_t panel, int64_t v0) {
+    const int32_t *b = (const int32_t *)g->w_packed + panel * kq * QNR + v0 * 16;
     const uint8_t *rows[QMR];
     for (int i = 0; i < QMR; i++) rows[i] = a + (row0 + (i < m_valid ? i : m_valid - 1)) * a_rs;
-    __m512i acc[QMR][QNV];
+    __m512i acc[QMR][QTV];
     _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++)
         _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_si512();
-    for (int64_t p = 0; p < kq; p++) {
-        __m512i bv[QNV];
+    TG_UNROLL(QK_UNROLL) for (int64_t p = 0; p < kq; p++) {
+        __m512i bv[QTV];
         _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) bv[v] = _mm512_loadu_si512(b + p * QNR + v * 16);
         _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++) {
             __m512i ai = _mm512_set1_epi32(*(const unaligned_i32 *)(rows[i] + 4 * p));
-            _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbusd_epi32(acc[i][v], ai, bv[v]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < nv; v++) acc[i][v] = dot4(seven_bit, acc[i][v], ai, bv[v]);
         }
     }
-    int64_t col0 = panel * QNR;
+    int64_t col0 = panel * QNR + v0 * 16;
     __m512i zp = _mm512_set1_epi32(g->zero_point);
     _Pragma("GCC unroll 8") for (int i = 0; i < QMR; i++) {
         if (i >= m_valid) break;
@@ -126,17 +160,33 @@ TG_ALWAYS_INLINE void tile(const int nv, const int float_out, const qgemm *g, co
     }
 }
 
-static void run_tile(const qgemm *g, const uint8_t *a, int64_t a_rs, int64_t kq, int64_t row0, int64_t panel) {
+/* Rows row0.. times one panel, a register tile of QTV vectors at a time. */
+static void run_tile(const qgemm *g, const uint8_t *a, int64_t a_rs, int64_t kq, int64_t row0, int64_t panel,
+                     int seven_bit) {
     int64_t m_valid = g->m - row0 < QMR ? g->m - row0 : QMR;
     int64_t vectors = ceil_div(g->n - panel * QNR, 16);
+    vectors = vectors < QNV ? vectors : QNV;
     int float_out = g->a_kind == A_F32;
-#define QTILE(nv) (float_out ? tile(nv, 1, g, a, a_rs, kq, row0, m_valid, panel) \
-                             : tile(nv, 0, g, a, a_rs, kq, row0, m_valid, panel))
-    if (vectors >= 4) QTILE(4);
-    else if (vectors == 3) QTILE(3);
-    else if (vectors == 2) QTILE(2);
-    else QTILE(1);
+#ifdef __AVX512VNNI__
+    seven_bit = 0; /* one dot4 for every activation: one variant of the tile */
+#endif
+    for (int64_t v0 = 0; v0 < vectors; v0 += QTV) {
+        int64_t nv = vectors - v0 < QTV ? vectors - v0 : QTV;
+#define QTILE(nv, seven_bit) (float_out ? tile(nv, 1, seven_bit, g, a, a_rs, kq, row0, m_valid, panel, v0) \
+                                        : tile(nv, 0, seven_bit, g, a, a_rs, kq, row0, m_valid, panel, v0))
+#define QTILES(nv) (seven_bit ? QTILE(nv, 1) : QTILE(nv, 0))
+#if QTV == 4
+        if (nv == 4) QTILES(4);
+        else if (nv == 3) QTILES(3);
+        else if (nv == 2) QTILES(2);
+        else QTILES(1);
+#else
+        (void)nv;
+        QTILES(1);
+#endif
+#undef QTILES
 #undef QTILE
+    }
 }
 
 /* ---------------------------------------------------------------- dynamic quantization */
@@ -174,6 +224,20 @@ static void choose_qparams(qgemm *g) {
 
 /* ---------------------------------------------------------------- driver */
 
+/* Whether dot4's seven-bit step is exact for the activations `a` (m rows of kp bytes): quantized ones are at most
+ * quant_max; integer ones are looked at (m x k bytes, against m x n x k products). VNNI has one step for all. */
+static int seven_bit_activations(const qgemm *g, const uint8_t *a, int64_t kp) {
+#ifdef __AVX512VNNI__
+    (void)g, (void)a, (void)kp;
+    return 0;
+#else
+    if (g->a_kind == A_F32) return g->quant_max <= 127;
+    uint8_t high = 0;
+    for (int64_t i = 0; i < g->m * kp; i++) high |= a[i];
+    return high < 128;
+#endif
+}
+
 static int run_qgemm(const qgemm *g) {
     if (g->m <= 0 || g->n <= 0) return TG_GEMM_OK;
     if (g->activation < TG_ACT_NONE || g->activation > TG_ACT_GELU_TANH) return TG_GEMM_BAD_ACTIVATION;
@@ -189,9 +253,11 @@ static int run_qgemm(const qgemm *g) {
 #pragma omp for schedule(dynamic, 8)
             for (int64_t i = 0; i < g->m; i++) activation_row(g, i, a + i * kp, kp);
         }
+        int seven_bit = seven_bit_activations(g, a, kp); /* each thread alike, after the barrier above */
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t panel = 0; panel < panels; panel++)
-            for (int64_t block = 0; block < row_blocks; block++) run_tile(g, a, kp, kq, block * QMR, panel);
+            for (int64_t block = 0; block < row_blocks; block++)
+                run_tile(g, a, kp, kq, block * QMR, panel, seven_bit);
     }
     return TG_GEMM_OK;
 }

@@ -1,4 +1,6 @@
-/* Public C entry points of the int8 GEMM (AVX-512 VNNI): u8 x s8 products summed in int32 by VPDPBUSD.
+/* Public C entry points of the int8 GEMM: u8 x s8 products summed in int32, exactly, by VPDPBUSD (AVX-512 VNNI) or
+ * by VPMADDUBSW and VPMADDWD (AVX-512BW, or AVX2 on avx512_on_avx2.h). Without VNNI, activations that are all at
+ * most 127 (quant_max <= 127, torch's `reduce_range`) take about half the multiplies of other ones (gemm_int8.c).
  *
  * The weights are packed once (tensorgraphs.kernels.gemm.int8.pack_weights): a matrix W of n rows (output channels)
  * and k columns becomes ceil(n / 64) panels of ceil(k / 4) groups of 64 x 4 bytes, byte (p, j, r) of panel q being

@@ -1,4 +1,5 @@
-"""The int8 GEMM (gemm_int8.c): u8 x s8 products summed in int32 by AVX-512 VNNI, with weights packed once.
+"""The int8 GEMM (gemm_int8.c): u8 x s8 products summed in int32 (AVX-512 VNNI, or AVX2's VPMADDUBSW where VNNI is
+missing), with weights packed once.
 
 Generated programs call `C_FUNCTIONS` (declared in `HEADER`, linked from `library_path()`); Python calls them on
 numpy arrays through `qgemm` and `qlinear`, which the tests and the benchmark use. The contract is in gemm_int8.h.
@@ -31,15 +32,21 @@ _QLINEAR_ARGTYPES = [_i64, _i64, _i64, _ptr, _i64, ctypes.c_float, _i32, _i32, _
                      _i32]
 
 
-@functools.cache
 def available() -> bool:
-    """Whether this machine has AVX-512 VNNI (VPDPBUSD) and the float GEMM's prerequisites."""
+    """Whether this machine runs the kernel: the float GEMM's prerequisites (AVX-512, or AVX2 and FMA, and a C
+    compiler); without AVX-512 VNNI its inner product takes more instructions (`vnni`)."""
+    return gemm.available()
+
+
+@functools.cache
+def vnni() -> bool:
+    """Whether this machine has AVX-512 VNNI (VPDPBUSD): without it, activations of at most 7 bits (quant_max 127)
+    run about twice as fast as others (gemm_int8.c)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            has_vnni = any(line.startswith("flags") and " avx512_vnni" in line for line in cpuinfo)
+            return any(line.startswith("flags") and " avx512_vnni" in line for line in cpuinfo)
     except OSError:
         return False
-    return has_vnni and gemm.available()
 
 
 def library_path() -> Path:

@@ -1,5 +1,6 @@
 """ONNX's MatMulInteger with a constant int8 B runs on the int8 GEMM (weights packed once, at import) and agrees
-with onnxruntime."""
+with the exact integer product (numpy, int64): onnxruntime is no oracle here, as its u8 x s8 kernel for AVX2
+(MLAS, VPMADDUBSW) saturates pairs of products in int16 on a machine without VNNI."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from tensorgraphs.graph.node import toposort
 from tensorgraphs.kernels.gemm import int8
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX-512 VNNI and a C compiler")
+pytestmark = pytest.mark.skipif(not int8.available(), reason="needs AVX2 (or AVX-512) and a C compiler")
 
 
 def _model(b: np.ndarray, a_type: int, a_zero: np.ndarray | None) -> onnx.ModelProto:
@@ -35,9 +35,9 @@ def test_matmul_integer_with_constant_weights_runs_on_the_int8_gemm(dtype, a_zer
     b = rng.integers(-128, 128, (33, 70), dtype=np.int8)
     a = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, (9, 33), dtype=dtype)
     model = _model(b, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), a_zero)
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    expected = (a.astype(np.int64) - (0 if a_zero is None else int(a_zero))) @ b.astype(np.int64)
     module = tg.onnx.load(model)
     result = module(a)
     assert "matmul_integer" in {node.op.name for node in toposort([result.node])}
-    np.testing.assert_array_equal(result.numpy(), expected[0])
-    np.testing.assert_array_equal(tg.compile(module)(tg.tensor(a)).numpy(), expected[0])
+    np.testing.assert_array_equal(result.numpy(), expected)
+    np.testing.assert_array_equal(tg.compile(module)(tg.tensor(a)).numpy(), expected)
