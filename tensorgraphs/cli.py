@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import re
 import sys
 from pathlib import Path
@@ -120,8 +119,6 @@ def _build(args: argparse.Namespace) -> int:
     if not options.model.is_file():
         print(f"tg build: error: {options.model}: no such file", file=sys.stderr)
         return 2
-    if options.target == "x86-64-v3":
-        os.environ["TG_GEMM"] = "0"  # the GEMM library needs AVX-512: matrix products as generated loops
     from tensorgraphs.errors import ArgumentError, TGError
     from tensorgraphs.export import BuildOptions, export
     from tensorgraphs.export.sources import load_source

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -112,3 +113,12 @@ def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path,
     got = run_c(built, [[x]])[0][0][0]
     (expected,) = onnxruntime.InferenceSession(str(model)).run(None, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_x86_64_v3_build_calls_the_gemm_library(model_file: Path, tmp_path: Path) -> None:
+    """AVX2 machines run the GEMM library (its AVX-512 intrinsics on pairs of AVX registers): a `--target
+    x86-64-v3` build calls it as a native build does, and no longer leaves the process without it."""
+    out = tmp_path / "out"
+    assert status_of(["build", str(model_file), "--name", "net", "-o", str(out), "--target", "x86-64-v3"]) == 0
+    assert "tg_gemm_f32(" in (out / "net.c").read_text()
+    assert os.environ.get("TG_GEMM") != "0"
