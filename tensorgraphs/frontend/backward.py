@@ -14,12 +14,13 @@ from tensorgraphs.autograd.vjp import input_grads, vjp
 from tensorgraphs.errors import ArgumentError, AutogradError, ShapeError, UnsupportedError, fail
 from tensorgraphs.frontend import gradient_rules  # noqa: F401  (registers the primitives' gradient rules)
 from tensorgraphs.frontend.inplace_ops import overwritten
-from tensorgraphs.frontend.tensor import Tensor, as_tensor, carried, held
+from tensorgraphs.frontend.tensor import Tensor, as_tensor, held
 from tensorgraphs.graph.node import Node, const, structure, toposort
-from tensorgraphs.graph.ops import SOURCES, Op
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import (
     cached_executable,
+    carried_with,
     default_device,
     graph_without_data,
     input_value,
@@ -102,7 +103,7 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
             leaf.grad = Tensor(total.node)
         run_post_accumulate_grad_hooks(totals)
         return
-    state = _carried_state(output.node)
+    state = carried_with([output.node])  # a hidden state carried to the next step: computed along
     key, inputs = structure([output.node, seed, *state], lambda n: n.op is Op.BUFFER or is_data_view(n))
     tracing.refuse_placeholders("backward", map(view_source, inputs))
     owners = [_leaf_of(n) for n in inputs]
@@ -121,22 +122,6 @@ def backward(output: Tensor, gradient: Tensor | None = None, retain_graph: bool 
     for index, value in zip(updated, values[1:]):
         leaves[index].grad = held(value, leaves[index].dtype)
     run_post_accumulate_grad_hooks(leaves[index] for index in updated)
-
-
-def _carried_state(output: Node) -> list[Node]:
-    """Nodes of live tensors detached from `output`'s graph (`tensor.carried`) whose values are not known yet:
-    backward computes them with the gradients, so a hidden state carried into the next step is data there
-    (`realize.as_realized`) instead of this step's whole graph, recomputed and growing at every step."""
-    known = realized_values(default_device())
-    detached = {id_: t.node for id_, t in list(carried.items())}
-    pending = {id_: node for id_, node in detached.items() if node not in known}
-    if not pending:
-        return []
-    forward = {n for n in toposort([output]) if n.op not in SOURCES}
-    state = {id_: node for id_, node in pending.items() if _reads_any(node, forward)}
-    for id_ in state:
-        carried.pop(id_, None)
-    return list(dict.fromkeys(state.values()))
 
 
 def check_versions(output: Node) -> None:
@@ -190,11 +175,6 @@ def _written_from(value: Node) -> set[Node]:
         if any(s in reached for s in n.src):
             reached.add(n)
     return reached - {value}
-
-
-def _reads_any(node: Node, nodes: set[Node]) -> bool:
-    """Whether `node` is computed from one of `nodes`."""
-    return any(n in nodes for n in toposort([node], stop=nodes.__contains__))
 
 
 def _backward_graph(output: Tensor, seed: Node, state: list[Node], inputs: list[Node],

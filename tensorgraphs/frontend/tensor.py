@@ -27,7 +27,7 @@ from tensorgraphs.graph.node import Node, Shape
 from tensorgraphs.graph.ops import BINARY, MOVEMENT, REDUCE, UNARY, Op
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.buffer import HOST, Buffer
-from tensorgraphs.runtime.realize import as_realized, default_device, device, realize
+from tensorgraphs.runtime.realize import as_realized, carry, default_device, device, realize
 
 Scalar = bool | int | float
 
@@ -229,8 +229,8 @@ class Tensor:
         """A tensor of the same storage (a view: writes into either show in both) that does not require grad."""
         out = Tensor(detach_node(self.node) if self.requires_grad else self.node)
         link_view(self, out)
-        if self.requires_grad and not tracing.traces_recording:
-            carried[id(out)] = out
+        if self.requires_grad:
+            carry(out.node)
         return out
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,
@@ -258,12 +258,6 @@ class Tensor:
 # decomposition bodies are written with Tensors, and a decomposition is the same whether or not it is built in an
 # autocast region
 composites.use_values(Tensor, lambda tensor: tensor.node, autocast_suspended)
-
-
-carried: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
-"""Eager tensors detached from a graph that requires grad (by id: a Tensor's == compares values): state carried
-into the next step, such as an RNN's hidden state, which the next backward computes along (`frontend.backward`)
-so that the next step's graph starts from its value."""
 
 
 def link_view(x: Tensor, out: Tensor) -> None:

@@ -8,7 +8,7 @@ the layers, the cells, both directions and the stacking all share it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
@@ -18,6 +18,7 @@ from tensorgraphs.nn import functional as F
 from tensorgraphs.nn import init
 from tensorgraphs.nn.linear import new_parameter
 from tensorgraphs.nn.module import Module
+from tensorgraphs.runtime.realize import carry
 
 State = tuple[Tensor, ...]  # (h,) or, for LSTM, (h, c)
 Weights = tuple[Tensor, Tensor | None]  # (W_hh, b_hh)
@@ -59,6 +60,13 @@ def _rnn_mode(nonlinearity: str) -> str:
     if nonlinearity not in ("tanh", "relu"):
         raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
     return f"RNN_{nonlinearity.upper()}"
+
+
+def _carry(state: Sequence[Tensor]) -> None:
+    """The state a layer returns is carried into its next call: the next realization computes it along, so the
+    next call's graph starts from its value (`realize.carry`)."""
+    for tensor in state:
+        carry(tensor.node)
 
 
 def _reset_uniform(module: Module, hidden_size: int) -> None:
@@ -148,6 +156,7 @@ class RNNBase(Module):
             sequence, final_states = mv.squeeze(sequence, 1), [mv.squeeze(s, 1) for s in final_states]
         elif self.batch_first:
             sequence = mv.transpose(sequence, 0, 1)
+        _carry(final_states)
         return sequence, (tuple(final_states) if state_count == 2 else final_states[0])
 
     def extra_repr(self) -> str:
@@ -214,6 +223,7 @@ class RNNCellBase(Module):
         state = step(F.linear(input, self.weight_ih, self.bias_ih), state, self.weight_hh, self.bias_hh)
         if unbatched:
             state = tuple(mv.squeeze(s, 0) for s in state)
+        _carry(state)
         return state if state_count == 2 else state[0]
 
     def extra_repr(self) -> str:

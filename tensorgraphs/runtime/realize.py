@@ -173,6 +173,34 @@ def as_realized(node: Node) -> Node:
     return found
 
 
+_carried: weakref.WeakSet[Node] = weakref.WeakSet()
+
+
+def carry(node: Node) -> None:
+    """Mark `node` as state that eager code carries into later graphs (an RNN's hidden state, a tensor detached
+    from a graph that requires grad): the next realization of a graph it is computed from computes it too
+    (`carried_with`), so later graphs start from its value (`as_realized`) instead of recomputing (and growing by)
+    every step before it."""
+    if not tracing.traces_recording:
+        _carried.add(node)
+
+
+def carried_with(roots: list[Node]) -> list[Node]:
+    """The carried nodes (`carry`) not known yet that are computed from the graph of `roots` or inside it (roots
+    aside); they are no longer carried once returned."""
+    known = realized_values(default_device())
+    pending = [n for n in list(_carried) if n not in known]
+    if not pending:
+        return []
+    graph = {n for n in toposort(roots, stop=known.__contains__) if n.op not in SOURCES}
+    below = lambda n: n in graph or n in known  # noqa: E731
+    outputs = set(roots)
+    state = [node for node in pending if node not in outputs and any(n in graph for n in toposort([node], stop=below))]
+    for node in state:
+        _carried.discard(node)
+    return state
+
+
 def realize(nodes: list[Node]) -> list[np.ndarray]:
     """Values of `nodes`, computed together (shared work done once) on the current device.
 
@@ -184,6 +212,7 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
     known = realized_values(name)
     if all(n in known for n in nodes):  # computed before (a loss its backward pass computed): nothing to run
         return [known[n] for n in nodes]
+    wanted, nodes = len(nodes), [*nodes, *carried_with(nodes)]
     backend = BACKENDS[name]
     if hasattr(backend, "prepare"):
         key, inputs = structure(nodes, lambda n: n.op is Op.BUFFER or is_data_view(n) or n in known)
@@ -195,7 +224,7 @@ def realize(nodes: list[Node]) -> list[np.ndarray]:
         values = backend.evaluate(optimize(nodes, stop=known.__contains__), known=known)
     for node, value in zip(nodes, values):
         known[node] = value
-    return values
+    return values[:wanted]
 
 
 DATA_VIEWS = frozenset({Op.SHRINK, Op.RESHAPE, Op.PERMUTE, Op.FLIP})

@@ -256,3 +256,31 @@ def test_a_detached_hidden_state_is_computed_by_the_backward_and_read_as_data(re
     ours = _recurrent_steps(tg, 5, lambda: counts.append(len(rewrites)))
     np.testing.assert_allclose(ours, _recurrent_steps(torch, 5), rtol=1e-5, atol=1e-6)
     assert counts[2] == counts[-1]  # the first step starts from zeros, the second from a state: then nothing new
+
+
+def _greedy_tokens(lib, steps: int, on_step=None) -> list[int]:
+    """Greedy sampling from a GRU language model under no_grad, one token per step (a char-RNN's sample loop):
+    the hidden state is never read by the loop, only carried."""
+    lib.manual_seed(0)
+    embed, rnn, head = lib.nn.Embedding(7, 4), lib.nn.GRU(4, 5), lib.nn.Linear(5, 7)
+    for module in (embed, rnn, head):
+        for name, p in module.named_parameters():
+            with lib.no_grad():
+                p.copy_(lib.tensor(np.random.default_rng(len(name)).standard_normal(tuple(p.shape)), dtype=lib.float32))
+    token, hidden, tokens = lib.tensor([[3]]), None, []
+    with lib.no_grad():
+        for _ in range(steps):
+            out, hidden = rnn(embed(token), hidden)
+            token = head(out).argmax(-1)
+            tokens.append(int(token.item()))
+            if on_step:
+                on_step()
+    return tokens
+
+
+def test_a_recurrent_state_carried_under_no_grad_is_computed_with_what_the_loop_reads(rewrites: list[int]) -> None:
+    """The hidden state a recurrent layer returns is computed along with the next value realized, so each step's
+    graph starts from it (it grew by a step each time: a new program per step, recomputing every step before)."""
+    counts: list[int] = []
+    assert _greedy_tokens(tg, 8, lambda: counts.append(len(rewrites))) == _greedy_tokens(torch, 8)
+    assert counts[2] == counts[-1]
