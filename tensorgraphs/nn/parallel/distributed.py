@@ -29,6 +29,7 @@ from tensorgraphs.distributed import (
     broadcast,
     is_initialized,
 )
+from tensorgraphs.distributed.collectives import broadcast_array
 from tensorgraphs.distributed.host_collectives import all_reduce_mean
 from tensorgraphs.errors import AutogradError, UnsupportedError, fail
 from tensorgraphs.frontend import movement
@@ -62,20 +63,21 @@ def assign_buckets(params: list[Parameter], first_bytes: float, cap_bytes: float
     or the dtype changes. With `last_bytes`, the parameters ready last form a bucket of their own as soon as they
     hold that much: in a compiled step only that bucket's all-reduce is left when backward ends, and the optimizer
     updates the others meanwhile (torch's eager optimizer step cannot start before every bucket is averaged)."""
-    tail: list[Parameter] = []
-    while last_bytes and len(tail) < len(params) and sum(_nbytes(p) for p in tail) < last_bytes and (
-            not tail or params[-len(tail) - 1].dtype is tail[0].dtype):
-        tail.insert(0, params[-len(tail) - 1])
+    tail = 0  # how many of the last parameters form the last bucket
+    size = 0
+    while last_bytes and tail < len(params) and size < last_bytes and params[-1 - tail].dtype is params[-1].dtype:
+        size += _nbytes(params[-1 - tail])
+        tail += 1
     buckets: list[_Bucket] = []
     size = 0
-    for param in params[:len(params) - len(tail)]:
+    for param in params[:len(params) - tail]:
         limit = first_bytes if len(buckets) == 1 else cap_bytes
         if not buckets or size >= limit or buckets[-1].params[0].dtype is not param.dtype:
             buckets.append(_Bucket([]))
             size = 0
         buckets[-1].params.append(param)
         size += _nbytes(param)
-    return buckets + ([_Bucket(tail)] if tail else [])
+    return buckets + ([_Bucket(params[len(params) - tail:])] if tail else [])
 
 
 def _nbytes(param: Parameter) -> int:
@@ -147,9 +149,17 @@ class DistributedDataParallel(Module):
             self._broadcast_buffers()
         output = self.module(*args, **kwargs)
         if not self._rebuilt:
-            self._assign_buckets(ready_order(self._params, [t.node for t in _tensors_in(output)]))
-            self._rebuilt = True
+            self._rebuild_buckets(ready_order(self._params, [t.node for t in _tensors_in(output)]))
         return output
+
+    def _rebuild_buckets(self, ready: list[Parameter]) -> None:
+        """Buckets over the parameters in rank 0's `ready` order (as torch's, so that every rank's buckets match
+        even where the ranks' first forwards differ)."""
+        number = {id(p): i for i, p in enumerate(self._params)}
+        order = np.array([number[id(p)] for p in ready], np.int64)
+        broadcast_array(order, 0)
+        self._assign_buckets([self._params[i] for i in order])
+        self._rebuilt = True
 
     def _broadcast_buffers(self) -> None:
         """Every rank's module buffers become rank 0's."""
