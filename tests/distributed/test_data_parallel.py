@@ -19,7 +19,7 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
     first, second = group_results("train")
     names = [key.partition("/")[2] for key in first if key.startswith("single/")]
     assert len(names) == 4
-    for way in ("eager", "compiled"):
+    for way in ("eager", "compiled", "compiled-3"):
         for name in names:
             value = first[f"{way}/{name}"]
             np.testing.assert_array_equal(second[f"{way}/{name}"], value, err_msg=f"{way}: {name} differs by rank")
@@ -35,6 +35,8 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
     # the first bucket's all-reduce goes on while the backward kernels producing the second bucket's gradients run
     assert calls[starts][0] < producers[starts][1] and calls[~starts][0] > calls[starts][1]
     assert (calls[~starts] > calls[starts]).all() and (np.diff(calls[~starts]) > 0).all()  # waited for in order
+    calls, starts = first["compiled-3/host_calls"], first["compiled-3/starts"]
+    assert starts.sum() == 3 and (calls[starts] < calls[~starts].min()).all() and (np.diff(calls[~starts]) > 0).all()
 
 
 def test_buckets_follow_the_order_gradients_are_ready_as_torchs_rebuilt_buckets(group_results) -> None:

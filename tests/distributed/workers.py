@@ -199,10 +199,11 @@ def accumulate_without_sync() -> dict[str, np.ndarray]:
 
 
 def train_every_way() -> dict[str, np.ndarray]:
-    """The training eagerly, compiled (with two buckets) and in torch on this process group, and (on rank 0)
+    """The training eagerly, compiled (with two and three buckets) and in torch on this process group, and (on rank 0)
     in one process on the whole batch: results named "<way>/<name>"."""
     ways = {"eager": lambda: train_tg(compiled=False, distributed=True),
             "compiled": lambda: train_tg(compiled=True, distributed=True, bucket_cap_mb=TWO_BUCKETS_MB),
+            "compiled-3": lambda: train_tg(compiled=True, distributed=True, bucket_cap_mb=THREE_BUCKETS_MB),
             "torch": train_torch_ddp}
     if int(os.environ["RANK"]) == 0:
         ways["single"] = lambda: train_tg(compiled=False, distributed=False)
@@ -215,6 +216,8 @@ def train_every_way() -> dict[str, np.ndarray]:
 TWO_BUCKETS_MB = (OUTPUTS * HIDDEN + OUTPUTS + HIDDEN) * 4 / 2**20
 """A bucket cap that the last layer and the first layer's bias fill (torch's buckets take parameters, from the
 last, until they hold the cap): the first layer's weight goes to a second bucket."""
+THREE_BUCKETS_MB = 10 * 4 / 2**20
+"""A cap the last layer's bias does not fill, its weight and the first layer's bias each do: three buckets."""
 
 def encoder(nn):  # noqa: ANN001, ANN201
     """Two small pre-norm transformer encoder layers in torch.nn or tg.nn: backward produces the gradients in
