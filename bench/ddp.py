@@ -12,7 +12,9 @@ and never waited: processes x CPU time of one process / CPU time of each), the t
 all-reduces (tg: the time its step spends in the host calls that start them and wait for them, i.e. not hidden
 behind the rest of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's
 asynchronous all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone
-(gloo). The model, data and Adam settings are bench/train.py's.
+(gloo). Then, per tg bucket, where the compiled program starts its all-reduce and waits for it (kernel positions)
+and the time the step spends in each of the two calls: the wait's time is the part not hidden. The model, data
+and Adam settings are bench/train.py's.
 """
 
 from __future__ import annotations
