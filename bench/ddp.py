@@ -12,12 +12,15 @@ and never waited: processes x CPU time of one process / CPU time of each), the t
 all-reduces (tg: the time its step spends in the host calls that start them and wait for them, i.e. not hidden
 behind the rest of the backward pass, waiting for the slower rank included; torch: from issuing each bucket's
 asynchronous all-reduce to its completion, overlapped or not), and one all-reduce of all the gradients alone
-(gloo). The model, data and Adam settings are bench/train.py's.
+(gloo). Then, per tg bucket, where the compiled program starts its all-reduce and waits for it (kernel positions)
+and the time the step spends in each of the two calls: the wait's time is the part not hidden. The model, data
+and Adam settings are bench/train.py's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -37,23 +40,27 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 
 
 class StepClock:
-    """Seconds spent in gradient all-reduces since the last `take()`."""
+    """Seconds spent in gradient all-reduces since the last `take()`, in total and per timed call, in order."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.calls: list[float] = []
 
     def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             start = time.perf_counter()
             result = function(*args)
-            self.seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.seconds += seconds
+            self.calls.append(seconds)
             return result
 
         return run
 
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
+    def take(self) -> tuple[float, list[float]]:
+        taken = self.seconds, self.calls
+        self.seconds, self.calls = 0.0, []
+        return taken
 
 
 def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | None) -> Callable[[], None]:
@@ -79,7 +86,30 @@ def tg_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | N
         optimizer.step()
         return loss
 
-    return lambda: step(inputs, targets)
+    return functools.partial(step, inputs, targets)
+
+
+def host_call_layout(step: Any) -> list[dict[str, Any]]:
+    """Each host call of the compiled step (`step.func`), in program order: its kernel's position, whether it
+    starts a bucket's all-reduce (else it waits for one) and how many elements it moves."""
+    from tensorgraphs.codegen.loop_ir import HostCall
+
+    (trace,) = [t for traces in step.func.traces.values() for t in traces]
+    return [{"position": position, "starts": call.placement == "early", "elements": sum(call.sizes)}
+            for position, kernel in enumerate(trace.program.kernels)
+            for call in kernel.body if isinstance(call, HostCall)] + [{"kernels": len(trace.program.kernels)}]
+
+
+def bucket_rows(layout: list[dict[str, Any]], call_seconds: list[list[float]]) -> list[dict[str, Any]]:
+    """Per bucket, in the order the step starts them: its elements, the positions of the kernels that start it
+    and wait for it, and the median seconds the step spends in each (the wait's is what stays exposed)."""
+    calls = layout[:-1]
+    medians = [statistics.median(step[i] for step in call_seconds) for i in range(len(calls))]
+    starts = [i for i, call in enumerate(calls) if call["starts"]]
+    waits = [i for i, call in enumerate(calls) if not call["starts"]]
+    return [{"elements": calls[s]["elements"], "started_at": calls[s]["position"], "waited_at": calls[w]["position"],
+             "kernels": layout[-1]["kernels"], "start_s": medians[s], "wait_s": medians[w]}
+            for s, w in zip(starts, waits)]
 
 
 def torch_step(spec: ModelSpec, distributed: bool, clock: StepClock, cap: float | None) -> Callable[[], None]:
@@ -128,17 +158,20 @@ def worker(system: str, layers: int, steps: int, distributed: bool, cap: float |
     step = (tg_step if system == "tg" else torch_step)(spec, distributed, clock, cap)
     for _ in range(WARMUP_STEPS):
         step()
-    times, cpu_times, reduces = [], [], []
+    times, cpu_times, reduces, call_seconds = [], [], [], []
     for _ in range(steps):
         clock.take()
         start, cpu_start = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
-        reduces.append(clock.take())
+        seconds, calls = clock.take()
+        reduces.append(seconds)
+        call_seconds.append(calls)
+    buckets = bucket_rows(host_call_layout(step), call_seconds) if system == "tg" and distributed else []
     print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu_times),
                       "all_reduce_s": statistics.median(reduces), "alone_s": all_reduce_alone(spec) if distributed
-                      else 0.0, "batch": spec.batch}))
+                      else 0.0, "batch": spec.batch, "buckets": buckets}))
     if distributed:
         import torch.distributed as dist
 
@@ -208,6 +241,7 @@ def main() -> None:
     print("| system | processes | step ms | CPU ms/step | samples/s | scaling | scaling by CPU time | "
           "all-reduce ms/step | one all-reduce alone ms |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    buckets = []
     for system in args.systems.split(","):
         single = run(system, 1, args.layers, args.steps, args.bucket_cap_mb)
         parallel = run(system, args.nproc, args.layers, args.steps, args.bucket_cap_mb)
@@ -223,6 +257,21 @@ def main() -> None:
                              else ("-", "-"))
             print(f"| {system} | {nproc} | {result['step_s'] * 1e3:.1f} | {result['cpu_s'] * 1e3:.1f} | "
                   f"{result['samples_s']:.1f} | {scaling} | {cpu_scaling} | {reduce} | {alone} |", flush=True)
+            buckets += result["buckets"]
+    if buckets:
+        print_buckets(buckets)
+
+
+def print_buckets(buckets: list[dict[str, Any]]) -> None:
+    """tg's buckets in the data-parallel run: where the program starts and waits for each all-reduce, and the time
+    each call takes (the slowest rank's); kernels between the two run while the bucket is summed."""
+    print(f"\ntg buckets (the program has {buckets[0]['kernels']} kernels)")
+    print("| bucket | elements | started after kernel | waited for at kernel | kernels between | start ms | wait ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for number, bucket in enumerate(buckets):
+        print(f"| {number} | {bucket['elements']} | {bucket['started_at']} | {bucket['waited_at']} | "
+              f"{bucket['waited_at'] - bucket['started_at'] - 1} | {bucket['start_s'] * 1e3:.1f} | "
+              f"{bucket['wait_s'] * 1e3:.1f} |")
 
 
 if __name__ == "__main__":

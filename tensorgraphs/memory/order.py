@@ -15,7 +15,8 @@ the value it overwrites. Two passes improve on graph order:
 
 `best_order` keeps whichever candidate order has the fewest bytes live at once;
 `order_for_memory` then moves host calls that start or wait for asynchronous work
-(`place_host_calls`: a collective proceeds while the kernels between run) and
+(`place_host_calls`: a collective proceeds while the kernels between run, and the
+kernels a collective needs run before those it does not) and
 recomputes what is cheap to make again rather than keep (`recompute`).
 """
 
@@ -148,18 +149,21 @@ def _position(kernels: list[Kernel], kernel: Kernel) -> int:
 
 
 def place_host_calls(schedule: Schedule) -> Schedule:
-    """`schedule` with each host call that starts asynchronous work ("early") moved up to just after the last
-    kernel it depends on, and each that waits for it ("late") moved, with every kernel depending on it, to the
-    end (keeping their order): the work proceeds while the kernels between run. Both moves keep every
-    dependency (what follows a moved set is in it)."""
+    """`schedule` with each host call that starts asynchronous work ("early") moved up, with the kernels it depends
+    on, as far as the ones before it allow (the kernels it does not depend on run after it), and each that waits
+    for such work ("late") moved, with every kernel depending on it, to the end (keeping their order; one waiting
+    for work started earlier first): the work proceeds while the kernels between run. The gradients of a
+    data-parallel bucket are then computed, and its all-reduce started, before the backward kernels of later
+    buckets. Both moves keep every dependency (what precedes a kernel moved up moves with it, what follows one
+    moved down is moved too)."""
     kernels = list(schedule.kernels)
     if not any(_placement(k) for k in kernels):
         return schedule
-    for kernel in [k for k in kernels if _placement(k) == "early"]:
-        position = _position(kernels, kernel)
-        target = max(kernel_dependencies(kernels)[position], default=-1) + 1
-        kernels.insert(target, kernels.pop(position))
-    for kernel in [k for k in kernels if _placement(k) == "late"]:
+    kernels = _start_early(kernels)
+    predecessors = kernel_dependencies(kernels)
+    late = [i for i, k in enumerate(kernels) if _placement(k) == "late"]
+    # waited for in the order the work was started (the last of them, and what reads its result, at the end)
+    for kernel in [kernels[i] for i in sorted(late, key=lambda i: max(predecessors[i], default=-1))]:
         successors = _successors(kernel_dependencies(kernels))
         start = _position(kernels, kernel)
         moved = {start}
@@ -168,6 +172,23 @@ def place_host_calls(schedule: Schedule) -> Schedule:
                 moved.update(successors[position])
         kernels = [k for i, k in enumerate(kernels) if i not in moved] + [kernels[i] for i in sorted(moved)]
     return dataclasses.replace(schedule, kernels=kernels)
+
+
+def _start_early(kernels: list[Kernel]) -> list[Kernel]:
+    """`kernels` with the "early" host calls in turn each preceded only by the kernels it depends on that no
+    earlier one does (in their order), the other kernels after the last: each call comes right after the last
+    kernel it depends on, and as early as the calls before it allow."""
+    predecessors = kernel_dependencies(kernels)
+    starts = [i for i, k in enumerate(kernels) if _placement(k) == "early"]
+    group = [len(starts)] * len(kernels)  # the first early call depending on each kernel (len(starts): none)
+    for number, start in enumerate(starts):
+        stack = [start]
+        while stack:
+            position = stack.pop()
+            if group[position] == len(starts):
+                group[position] = number
+                stack.extend(predecessors[position])
+    return [kernels[i] for i in sorted(range(len(kernels)), key=lambda i: (group[i], i))]
 
 
 def order_for_memory(schedule: Schedule) -> Schedule:

@@ -19,7 +19,7 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
     first, second = group_results("train")
     names = [key.partition("/")[2] for key in first if key.startswith("single/")]
     assert len(names) == 4
-    for way in ("eager", "compiled"):
+    for way in ("eager", "compiled", "compiled-3"):
         for name in names:
             value = first[f"{way}/{name}"]
             np.testing.assert_array_equal(second[f"{way}/{name}"], value, err_msg=f"{way}: {name} differs by rank")
@@ -32,7 +32,17 @@ def test_ranks_train_the_parameters_of_one_process_on_the_global_batch_and_of_to
     assert starts.sum() == 2 and (~starts).sum() == 2  # two buckets
     assert (calls[starts] == producers[starts] + 1).all()
     assert calls[starts].max() < calls[~starts].min() and (calls < consumers).all()
-    assert calls[~starts].min() - calls[starts].min() > 2  # kernels run while the first bucket is summed
+    # the first bucket's all-reduce goes on while the backward kernels producing the second bucket's gradients run
+    assert calls[starts][0] < producers[starts][1] and calls[~starts][0] > calls[starts][1]
+    assert (calls[~starts] > calls[starts]).all() and (np.diff(calls[~starts]) > 0).all()  # waited for in order
+    calls, starts = first["compiled-3/host_calls"], first["compiled-3/starts"]
+    assert starts.sum() == 3 and (calls[starts] < calls[~starts].min()).all() and (np.diff(calls[~starts]) > 0).all()
+
+
+def test_buckets_follow_the_order_gradients_are_ready_as_torchs_rebuilt_buckets(group_results) -> None:
+    for results in group_results("buckets"):
+        assert len(results["torch"]) > 2
+        np.testing.assert_array_equal(results["tg"], results["torch"])
 
 
 def test_module_buffers_follow_rank_0_as_in_torch_ddp(group_results) -> None:
@@ -93,17 +103,23 @@ def test_alone_it_trains_as_the_module_does(one_process_group: None, compiled: b
 
 @pytest.mark.parametrize("cap_mb", [None, 25.0, 0.002, 1e-6])
 def test_buckets_are_torchs(one_process_group: None, cap_mb: float | None) -> None:
+    """torch's buckets (before the first forward, over the parameters in reverse registration order); by default
+    the parameters ready last, from the end until they hold torch's first-bucket bytes, form a bucket of their own."""
     import torch
     from torch._C._distributed_c10d import _compute_bucket_assignment_by_size
 
     model = tg.nn.Sequential(*(tg.nn.Linear(n, 300) for n in (200, 300, 300, 300, 300)), tg.nn.Linear(300, 3))
     ddp = tg.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
-    # torch's reducer rebuilds its buckets in the order gradients are ready: the reverse of registration here
     ready_order = [torch.zeros(p.shape) for p in model.parameters()][::-1]
     cap = int((25.0 if cap_mb is None else cap_mb) * 2**20)
     limits = [torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, cap] if cap_mb is None else [cap]
-    expected, _ = _compute_bucket_assignment_by_size(ready_order, limits)
-    assert ddp.bucket_sizes == [sum(ready_order[i].numel() for i in bucket) for bucket in expected]
+    tail = 0
+    while cap_mb is None and sum(t.numel() * 4 for t in ready_order[len(ready_order) - tail:]) < limits[0]:
+        tail += 1
+    expected, _ = _compute_bucket_assignment_by_size(ready_order[:len(ready_order) - tail], limits)
+    sizes = [sum(ready_order[i].numel() for i in bucket) for bucket in expected]
+    assert ddp.bucket_sizes == sizes + ([sum(t.numel() for t in ready_order[-tail:])] if tail else [])
+    assert cap_mb is not None or len(ddp.bucket_sizes) == 2  # the last 1 MB on its own
 
 
 def test_state_dict_keys_are_torchs(one_process_group: None) -> None:

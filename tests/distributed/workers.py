@@ -199,10 +199,11 @@ def accumulate_without_sync() -> dict[str, np.ndarray]:
 
 
 def train_every_way() -> dict[str, np.ndarray]:
-    """The training eagerly, compiled (with two buckets) and in torch on this process group, and (on rank 0)
+    """The training eagerly, compiled (with two and three buckets) and in torch on this process group, and (on rank 0)
     in one process on the whole batch: results named "<way>/<name>"."""
     ways = {"eager": lambda: train_tg(compiled=False, distributed=True),
             "compiled": lambda: train_tg(compiled=True, distributed=True, bucket_cap_mb=TWO_BUCKETS_MB),
+            "compiled-3": lambda: train_tg(compiled=True, distributed=True, bucket_cap_mb=THREE_BUCKETS_MB),
             "torch": train_torch_ddp}
     if int(os.environ["RANK"]) == 0:
         ways["single"] = lambda: train_tg(compiled=False, distributed=False)
@@ -215,10 +216,49 @@ def train_every_way() -> dict[str, np.ndarray]:
 TWO_BUCKETS_MB = (OUTPUTS * HIDDEN + OUTPUTS + HIDDEN) * 4 / 2**20
 """A bucket cap that the last layer and the first layer's bias fill (torch's buckets take parameters, from the
 last, until they hold the cap): the first layer's weight goes to a second bucket."""
+THREE_BUCKETS_MB = 10 * 4 / 2**20
+"""A cap the last layer's bias does not fill, its weight and the first layer's bias each do: three buckets."""
+
+def encoder(nn):  # noqa: ANN001, ANN201
+    """Two small pre-norm transformer encoder layers in torch.nn or tg.nn: backward produces the gradients in
+    neither the order nor the reverse of the order the parameters are registered (each layer's first norm last)."""
+    return nn.Sequential(*(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True)
+                           for _ in range(2)))
+
+
+ENCODER_BUCKET_MB = 700 / 2**20
+
+
+def bucket_sizes() -> dict[str, np.ndarray]:
+    """Elements per bucket of torch's DistributedDataParallel once it has rebuilt its buckets in the order the
+    gradients were ready (its second iteration, seen by a communication hook), and of tg's after one step."""
+    import torch
+    import torch.distributed as dist
+
+    import tensorgraphs as tg
+
+    sizes: dict[int, int] = {}
+
+    def record(state, bucket):  # noqa: ANN001, ANN202 - torch checks the annotation is GradBucket
+        sizes[bucket.index()] = bucket.buffer().numel()
+        return dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future().then(
+            lambda future: future.value()[0])
+
+    ddp = torch.nn.parallel.DistributedDataParallel(encoder(torch.nn), bucket_cap_mb=ENCODER_BUCKET_MB)
+    ddp.register_comm_hook(None, record)
+    for _ in range(2):
+        sizes.clear()
+        ddp(torch.ones(2, 3, 8)).sum().backward()
+    ours = tg.nn.parallel.DistributedDataParallel(encoder(tg.nn), bucket_cap_mb=ENCODER_BUCKET_MB)
+    ours(tg.ones(2, 3, 8)).sum().backward()
+    return {"torch": np.array([sizes[i] for i in sorted(sizes)]), "tg": np.array(ours.bucket_sizes)}
+
 
 def everything() -> dict[str, np.ndarray]:
-    """The collectives, no_sync and the training, in one process group (starting one costs seconds)."""
-    parts = {"collectives": collectives, "no-sync": accumulate_without_sync, "train": train_every_way}
+    """The collectives, no_sync, the buckets and the training, in one process group (starting one costs
+    seconds)."""
+    parts = {"collectives": collectives, "no-sync": accumulate_without_sync, "buckets": bucket_sizes,
+             "train": train_every_way}
     return {f"{part}:{key}": value for part, run in parts.items() for key, value in run().items()}
 
 

@@ -78,3 +78,25 @@ def test_asynchronous_host_calls_start_early_and_finish_late() -> None:
     start, finish = order.index("early"), order.index("late")
     assert start == 1 and finish == len(order) - 2  # after the product; before the last kernel, which reads it
     assert finish - start > 3
+
+
+def test_each_started_work_runs_after_only_what_it_reads_and_is_waited_for_in_the_order_started() -> None:
+    """Two collectives, the second started after the first: the first starts right after the kernel producing its
+    source, before the kernels producing the second's (which the graph lists first); the waits come in the
+    order the work was started, though the graph lists the second's first."""
+    x = np.linspace(-1, 1, 60_000, dtype=np.float32).reshape(200, 300)
+    t = tg.tensor(x)
+    second_source, first_source = (t * 3).sum(0), (t * 2).exp2()  # the small one first, to keep less memory
+    first = host_call("test.negate", [first_source.node], placement="early")
+    second = host_call("test.negate", [second_source.node], first, placement="early")
+    waits = [tg.Tensor(host_call("test.negate", [started], placement="late")) for started in (second, first)]
+    compiled, inputs = CPU.program([(waits[0] + 1).node, (waits[1] + 1).node])
+    results = compiled.run([n.arg.data for n in inputs])
+    np.testing.assert_allclose(results[0], (x * 3).sum(0) + 1, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(results[1], np.exp2(x * 2).ravel() + 1, rtol=1e-6)
+    calls = [(k, s) for k, kernel in enumerate(compiled.kernels) for s in kernel.body if isinstance(s, HostCall)]
+    (start_first, first_call), (start_second, second_call), (wait_first, first_wait), (wait_second, _) = calls
+    writers = {b.name: k for k, kernel in enumerate(compiled.kernels) for b in kernel.buffers if b.writes}
+    assert first_call.after is None and second_call.after == first_call.output
+    assert start_first == writers[first_call.sources[0]] + 1 < writers[second_call.sources[0]] < start_second
+    assert first_wait.sources == (first_call.output,) and start_second < wait_first < wait_second

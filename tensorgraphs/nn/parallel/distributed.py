@@ -1,15 +1,17 @@
 """`DistributedDataParallel`: torch's data-parallel wrapper, on `tg.distributed` (gloo).
 
 At wrap, every rank takes rank 0's parameters and buffers. Each backward() then averages the gradients over
-the ranks, bucket by bucket (torch's buckets, `assign_buckets`: about `bucket_cap_mb` each), as soon as every
-gradient of a bucket has been accumulated (a post-accumulate-grad hook). A bucket's gradients are copied into
-one flat array and averaged there: in eager code at once (`distributed.ALL_REDUCE_MEAN`); inside a function
-`tg.compile` traces, as two `host_call` nodes of the graph: one reading the gradients starts the all-reduce as
-soon as the backward kernels have produced them, the other waits for it before the optimizer kernels read the
-bucket, and the kernels between (the rest of the backward pass) run while the collective proceeds in torch's
-background thread. Module buffers (batch norm's running statistics) are broadcast from rank 0 before each
-forward the same two ways. Every rank issues the collectives in the same order: in a compiled step each waits
-for the previous one (its `after` source), so no schedule can reorder them.
+the ranks, bucket by bucket, as soon as every gradient of a bucket has been accumulated (a post-accumulate-grad
+hook). The buckets are torch's (`assign_buckets`: about `bucket_cap_mb` each), over the parameters in the order
+backward produces their gradients, which the first forward finds in its graph (torch rebuilds its buckets in that
+order after the first iteration). A bucket's gradients are copied into one flat array and averaged there: in
+eager code at once (`distributed.ALL_REDUCE_MEAN`); inside a function `tg.compile` traces, as two `host_call`
+nodes of the graph: one reading the gradients starts the all-reduce as soon as the backward kernels have produced
+them, the other waits for it before the optimizer kernels read the bucket, and the kernels between (the rest of
+the backward pass, the optimizer's update of the buckets averaged before) run while the collective proceeds in
+torch's background thread (`memory.order.place_host_calls`). Module buffers (batch norm's running statistics)
+are broadcast from rank 0 before each forward the same two ways. Every rank issues the collectives in the same
+order: in a compiled step each waits for the previous one (its `after` source), so no schedule can reorder them.
 """
 
 from __future__ import annotations
@@ -27,20 +29,23 @@ from tensorgraphs.distributed import (
     broadcast,
     is_initialized,
 )
+from tensorgraphs.distributed.collectives import broadcast_array
 from tensorgraphs.distributed.host_collectives import all_reduce_mean
 from tensorgraphs.errors import AutogradError, UnsupportedError, fail
 from tensorgraphs.frontend import movement
 from tensorgraphs.frontend.grad_mode import no_grad
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.host_call import host_call
-from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.node import Node, toposort
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.nn.module import Module
 from tensorgraphs.nn.parameter import Parameter
 from tensorgraphs.runtime import tracing
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 FIRST_BUCKET_BYTES = 1 << 20
-"""torch's limit for the first bucket with the default bucket_cap_mb (`dist._DEFAULT_FIRST_BUCKET_BYTES`)."""
+"""torch's limit for the first bucket with the default bucket_cap_mb (`dist._DEFAULT_FIRST_BUCKET_BYTES`); with
+the default, the last bucket is as small (see `assign_buckets`)."""
 
 
 @dataclass
@@ -51,20 +56,46 @@ class _Bucket:
     ready: set[int] = field(default_factory=set)  # ids of those accumulated since the bucket was last averaged
 
 
-def assign_buckets(params: list[Parameter], first_bytes: float, cap_bytes: float) -> list[_Bucket]:
-    """torch's buckets as its reducer rebuilds them after the first iteration, in the order gradients are ready
-    (the reverse of registration here): each filled until it holds at least its limit (`first_bytes` for the
-    first, so that the last layers' gradients are sent early, `cap_bytes` after), or the dtype changes."""
+def assign_buckets(params: list[Parameter], first_bytes: float, cap_bytes: float,
+                   last_bytes: float = 0.0) -> list[_Bucket]:
+    """torch's buckets over `params` in the order their gradients are ready: each filled until it holds at least
+    its limit (`first_bytes` for the first, so that the last layers' gradients are sent early, `cap_bytes` after),
+    or the dtype changes. With `last_bytes`, the parameters ready last form a bucket of their own as soon as they
+    hold that much: in a compiled step only that bucket's all-reduce is left when backward ends, and the optimizer
+    updates the others meanwhile (torch's eager optimizer step cannot start before every bucket is averaged)."""
+    tail = 0  # how many of the last parameters form the last bucket
+    size = 0
+    while last_bytes and tail < len(params) and size < last_bytes and params[-1 - tail].dtype is params[-1].dtype:
+        size += _nbytes(params[-1 - tail])
+        tail += 1
     buckets: list[_Bucket] = []
     size = 0
-    for param in reversed(params):
+    for param in params[:len(params) - tail]:
         limit = first_bytes if len(buckets) == 1 else cap_bytes
         if not buckets or size >= limit or buckets[-1].params[0].dtype is not param.dtype:
             buckets.append(_Bucket([]))
             size = 0
         buckets[-1].params.append(param)
-        size += param.numel() * param.dtype.itemsize
-    return buckets
+        size += _nbytes(param)
+    return buckets + ([_Bucket(params[len(params) - tail:])] if tail else [])
+
+
+def _nbytes(param: Parameter) -> int:
+    return param.numel() * param.dtype.itemsize
+
+
+def ready_order(params: list[Parameter], outputs: list[Node]) -> list[Parameter]:
+    """`params` (in registration order) in the order a backward from `outputs` produces their gradients: the
+    reverse of the order of their first use in the forward graph (a gradient is complete once backward has passed
+    its earliest use), parameters first used together (a linear layer's weight and bias) in reverse registration
+    order as torch's; those the graph does not read last."""
+    first_use: dict[int, int] = {}
+    for position, node in enumerate(toposort(outputs)):
+        for src in node.src:
+            leaf = src.arg.grad_leaf() if src.op is Op.BUFFER and src.arg.grad_leaf is not None else None
+            if leaf is not None:
+                first_use.setdefault(id(leaf), position)
+    return sorted(reversed(params), key=lambda p: (id(p) not in first_use, -first_use.get(id(p), 0)))
 
 
 class DistributedDataParallel(Module):
@@ -97,20 +128,38 @@ class DistributedDataParallel(Module):
         with no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 broadcast(tensor, src=0)
-        params = [p for p in module.parameters() if p.requires_grad]
-        self._buckets = assign_buckets(params, FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap_bytes, cap_bytes)
-        self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
+        default = bucket_cap_mb is None
+        self._limits = (FIRST_BUCKET_BYTES if default else cap_bytes, cap_bytes, FIRST_BUCKET_BYTES if default else 0)
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._assign_buckets(self._params[::-1])  # until the first forward shows the order of use
+        self._rebuilt = False
         self._next_bucket = 0  # the bucket to average next in this backward
         self._last_collective: Node | None = None  # while tracing: the previous collective of this step
-        for param in params:
+        for param in self._params:
             param.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def _assign_buckets(self, ready: list[Parameter]) -> None:
+        self._buckets = assign_buckets(ready, *self._limits)
+        self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._require_finished_reduction()
         self._last_collective = None
         if self.broadcast_buffers:
             self._broadcast_buffers()
-        return self.module(*args, **kwargs)
+        output = self.module(*args, **kwargs)
+        if not self._rebuilt:
+            self._rebuild_buckets(ready_order(self._params, [t.node for t in _tensors_in(output)]))
+        return output
+
+    def _rebuild_buckets(self, ready: list[Parameter]) -> None:
+        """Buckets over the parameters in rank 0's `ready` order (as torch's, so that every rank's buckets match
+        even where the ranks' first forwards differ)."""
+        number = {id(p): i for i, p in enumerate(self._params)}
+        order = np.array([number[id(p)] for p in ready], np.int64)
+        broadcast_array(order, 0)
+        self._assign_buckets([self._params[i] for i in order])
+        self._rebuilt = True
 
     def _broadcast_buffers(self) -> None:
         """Every rank's module buffers become rank 0's."""
@@ -135,7 +184,8 @@ class DistributedDataParallel(Module):
 
     @property
     def bucket_sizes(self) -> list[int]:
-        """Elements per bucket, in the order they are averaged."""
+        """Elements per bucket, in the order they are averaged (from the first forward on, the order backward
+        produces their gradients)."""
         return [sum(p.numel() for p in bucket.params) for bucket in self._buckets]
 
     def _gradient_ready(self, param: Tensor) -> None:
@@ -194,3 +244,11 @@ def _offsets(params: list[Parameter]) -> list[int]:
     sizes = [p.numel() for p in params]
     return [sum(sizes[:i]) for i in range(len(sizes))]
 
+
+def _tensors_in(value: Any) -> list[Tensor]:
+    """The tensors in a forward's output (a tensor, or lists, tuples and dicts of them)."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for item in value for t in _tensors_in(item)] if isinstance(value, (list, tuple)) else []
