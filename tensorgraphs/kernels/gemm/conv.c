@@ -39,7 +39,6 @@ static inline __mmask16 inside(__m512i column, int64_t width) {
 static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int64_t width, int64_t length,
                              float *dst) {
     const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     for (int64_t t = 0; t < length; t += 16) {
         int64_t first = iw0 + t * stride;
         __mmask16 store = tg_tail_mask(length - t);
@@ -49,8 +48,8 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
             values = _mm512_maskz_loadu_ps(store & inside(contiguous, width), row + first);
         } else if (stride == 2) {
             __m512i upper = _mm512_add_epi32(contiguous, _mm512_set1_epi32(16));
-            values = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(inside(contiguous, width), row + first), even,
-                                            _mm512_maskz_loadu_ps(inside(upper, width), row + first + 16));
+            values = tg_even_lanes_ps(_mm512_maskz_loadu_ps(inside(contiguous, width), row + first),
+                                      _mm512_maskz_loadu_ps(inside(upper, width), row + first + 16));
         } else {
             __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
                                               _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
@@ -58,6 +57,12 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
         }
         _mm512_mask_storeu_ps(dst + t, store, values);
     }
+}
+
+/* A panel's rows read each channel's plane in turn, more streams than the hardware prefetcher follows: each read
+ * fetches what the next panel's read of the same row most likely is (the row's continuation) into cache. */
+static inline void prefetch_span(const float *at, int64_t span) {
+    for (int64_t offset = 0; offset < span; offset += 16) _mm_prefetch((const char *)(at + offset), _MM_HINT_T0);
 }
 
 static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
@@ -73,8 +78,11 @@ static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, i
             const float *row_plane = plane + rows.image[r] * g->cin * g->h * g->w;
             int64_t ih = rows.oh[r] * g->stride_h - g->pad_h + ki * g->dilation_h;
             int64_t iw0 = rows.ow[r] * g->stride_w - g->pad_w + kj * g->dilation_w;
-            if (ih >= 0 && ih < g->h)
-                copy_row_segment(row_plane + ih * g->w, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r]);
+            if (ih >= 0 && ih < g->h) {
+                const float *row = row_plane + ih * g->w;
+                prefetch_span(row + iw0 + rows.length[r] * g->stride_w, rows.length[r] * g->stride_w);
+                copy_row_segment(row, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r]);
+            }
             else
                 for (int64_t t = 0; t < rows.length[r]; t++) d[rows.start[r] + t] = 0.0f;
         }

@@ -39,31 +39,15 @@ static _Thread_local scratch pack_scratch;
  * contiguous dimension is the reduction (row-major A, column-major B). */
 static void transpose_16x16(const float *src, int64_t src_ld, int64_t rows, int64_t cols, float *dst, int64_t dst_ld,
                             int64_t width) {
-    __m512 r[16], t[16];
-    __mmask16 col_mask = tg_tail_mask(cols), width_mask = tg_tail_mask(width);
+    __m512 r[16];
+    __mmask16 col_mask = tg_tail_mask(cols);
     for (int i = 0; i < 16; i++) {
         r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * src_ld) : _mm512_setzero_ps();
         if (i < rows) _mm_prefetch((const char *)(src + i * src_ld + 64), _MM_HINT_T0); /* 4 calls ahead */
     }
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 4; g++) { /* r[4g + col]: rows 4g..4g+3 of column 4*lane + col */
-        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (int col = 0; col < 4; col++) {
-        __m512 low01 = _mm512_shuffle_f32x4(r[col], r[4 + col], 0x44), low23 = _mm512_shuffle_f32x4(r[8 + col], r[12 + col], 0x44);
-        __m512 high01 = _mm512_shuffle_f32x4(r[col], r[4 + col], 0xEE), high23 = _mm512_shuffle_f32x4(r[8 + col], r[12 + col], 0xEE);
-        t[col] = _mm512_shuffle_f32x4(low01, low23, 0x88);
-        t[4 + col] = _mm512_shuffle_f32x4(low01, low23, 0xDD);
-        t[8 + col] = _mm512_shuffle_f32x4(high01, high23, 0x88);
-        t[12 + col] = _mm512_shuffle_f32x4(high01, high23, 0xDD);
-    }
-    for (int c = 0; c < cols; c++) _mm512_mask_storeu_ps(dst + c * dst_ld, width_mask, t[c]);
+    tg_transpose_16x16(r);
+    for (int c = 0; c < cols; c++) /* ascending: a column's overrun lands where the next ones store */
+        tg_store_prefix(dst + c * dst_ld, width, width == dst_ld ? (cols - c) * dst_ld : width, r[c]);
 }
 
 /* A (mc x kc) as micro-panels dst[ir*kc + k*TG_MR + ii], rows past mc zero-padded. Row-major A goes through
@@ -74,9 +58,9 @@ static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t k
     if (rs == 1 && TG_MR <= 16) {
         for (int64_t k = 0; k < kc; k++) {
             const float *column = a + k * cs;
-            for (int64_t ir = 0; ir < mc; ir += TG_MR)
-                _mm512_mask_storeu_ps(dst + ir * kc + k * TG_MR, tg_tail_mask(TG_MR),
-                                      _mm512_maskz_loadu_ps(tg_tail_mask(mc - ir), column + ir));
+            for (int64_t ir = 0; ir < mc; ir += TG_MR) /* the overrun lands on later k, stored after this one */
+                tg_store_prefix(dst + ir * kc + k * TG_MR, TG_MR, (kc - k) * TG_MR,
+                                _mm512_maskz_loadu_ps(tg_tail_mask(mc - ir), column + ir));
         }
         return;
     }
