@@ -82,10 +82,16 @@ TG_SIMD tg_f32x16 tg_maskz_loadu_ps(__mmask16 mask, const void *p) {
     return tg_f32x16_of(tg_maskz_loadu8(mask & 0xFF, f), tg_maskz_loadu8(mask >> 8, f + 8));
 }
 
+TG_SIMD __m256 tg_mask_loadu8(__m256 src, unsigned bits, const float *f) {
+    if (bits == 0xFF) return _mm256_loadu_ps(f);
+    if (bits == 0) return src;
+    __m256i lanes = tg_lanes8(bits);
+    return _mm256_blendv_ps(src, _mm256_maskload_ps(f, lanes), _mm256_castsi256_ps(lanes));
+}
+
 TG_SIMD tg_f32x16 tg_mask_loadu_ps(tg_f32x16 src, __mmask16 mask, const void *p) {
-    tg_f32x16 loaded = tg_maskz_loadu_ps(mask, p);
-    return tg_f32x16_of(_mm256_blendv_ps(src.lo, loaded.lo, _mm256_castsi256_ps(tg_lanes8(mask & 0xFF))),
-                        _mm256_blendv_ps(src.hi, loaded.hi, _mm256_castsi256_ps(tg_lanes8(mask >> 8))));
+    const float *f = (const float *)p;
+    return tg_f32x16_of(tg_mask_loadu8(src.lo, mask & 0xFF, f), tg_mask_loadu8(src.hi, mask >> 8, f + 8));
 }
 
 TG_SIMD void tg_mask_storeu_ps(void *p, __mmask16 mask, tg_f32x16 x) {

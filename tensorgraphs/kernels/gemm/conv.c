@@ -119,17 +119,25 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
         first[v] = image + img * g->cin * plane + p, second[v] = image + (img + 1) * g->cin * plane - split;
         in_first[v] = tg_tail_mask(split), valid[v] = tg_tail_mask(nr - 16 * v);
     }
-    const __m512i height = _mm512_set1_epi32((int32_t)g->h), width = _mm512_set1_epi32((int32_t)g->w);
+    /* Lanes whose input row under each kernel row, and column under each kernel column, lie in the image (unsigned
+     * compares: negative rows and columns are out too): a tap's lanes are one of each, the same for every channel. */
+    __mmask16 rows_in[g->kh][TG_NV], columns_in[g->kw][TG_NV];
+    for (int v = 0; v < TG_NV; v++) {
+        __m512i rows = _mm512_loadu_si512(out_row + 16 * v), columns = _mm512_loadu_si512(out_col + 16 * v);
+        for (int64_t ki = 0; ki < g->kh; ki++)
+            rows_in[ki][v] = valid[v] & _mm512_cmplt_epu32_mask(
+                _mm512_add_epi32(rows, _mm512_set1_epi32((int32_t)(ki * g->dilation_h - g->pad_h))),
+                _mm512_set1_epi32((int32_t)g->h));
+        for (int64_t kj = 0; kj < g->kw; kj++)
+            columns_in[kj][v] = _mm512_cmplt_epu32_mask(
+                _mm512_add_epi32(columns, _mm512_set1_epi32((int32_t)(kj * g->dilation_w - g->pad_w))),
+                _mm512_set1_epi32((int32_t)g->w));
+    }
     int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
     for (int64_t k = 0; k < kc; k++) {
-        int64_t di = ki * g->dilation_h - g->pad_h, dj = kj * g->dilation_w - g->pad_w;
-        int64_t shift = channel * plane + di * g->w + dj;
-        __m512i row_shift = _mm512_set1_epi32((int32_t)di), col_shift = _mm512_set1_epi32((int32_t)dj);
-        for (int v = 0; v < TG_NV; v++) { /* unsigned compares: negative rows and columns are out too */
-            __m512i ih = _mm512_add_epi32(_mm512_loadu_si512(out_row + 16 * v), row_shift);
-            __m512i iw = _mm512_add_epi32(_mm512_loadu_si512(out_col + 16 * v), col_shift);
-            __mmask16 inside_image =
-                valid[v] & _mm512_cmplt_epu32_mask(ih, height) & _mm512_cmplt_epu32_mask(iw, width);
+        int64_t shift = channel * plane + (ki * g->dilation_h - g->pad_h) * g->w + kj * g->dilation_w - g->pad_w;
+        for (int v = 0; v < TG_NV; v++) {
+            __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v];
             __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
             x = _mm512_mask_loadu_ps(x, inside_image & ~in_first[v], second[v] + shift);
             _mm512_store_ps(dst + k * TG_NR + 16 * v, x);
