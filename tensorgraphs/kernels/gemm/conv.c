@@ -27,17 +27,20 @@ static void split_panel(const conv_geometry *g, int64_t j0, int64_t nr, panel_ro
     }
 }
 
-/* Lanes of `column` inside [0, width). */
-static inline __mmask16 inside(__m512i column, int64_t width) {
+/* Lanes of `column` (from `first` up to `last`) inside [0, width): all of them, without a compare, for a segment
+ * that lies inside (most do). */
+static inline __mmask16 inside(__m512i column, int64_t first, int64_t last, int64_t width) {
+    if (first >= 0 && last < width) return 0xFFFF;
     return _mm512_cmpge_epi32_mask(column, _mm512_setzero_si512()) &
            _mm512_cmplt_epi32_mask(column, _mm512_set1_epi32((int32_t)width));
 }
 
-/* dst[t] = row[iw0 + t*stride] where that column lies in [0, width), else 0, for t < length. Masked loads never
- * touch out-of-image lanes, so padding costs no branches: stride 1 is one load, stride 2 two loads and a
- * permute, larger strides a gather. */
+/* dst[t] = row[iw0 + t*stride] where that column lies in [0, width), else 0, for t < length; the `room` floats
+ * from dst may take junk past length (stores after this one overwrite it). Masked loads never touch out-of-image
+ * lanes, so padding costs no branches: stride 1 is one load, stride 2 two loads and a permute, larger strides a
+ * gather. */
 static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int64_t width, int64_t length,
-                             float *dst) {
+                             float *dst, int64_t room) {
     const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t t = 0; t < length; t += 16) {
         int64_t first = iw0 + t * stride;
@@ -45,17 +48,19 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
         __m512i contiguous = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first), lanes);
         __m512 values;
         if (stride == 1) {
-            values = _mm512_maskz_loadu_ps(store & inside(contiguous, width), row + first);
+            values = _mm512_maskz_loadu_ps(store & inside(contiguous, first, first + 15, width), row + first);
         } else if (stride == 2) {
             __m512i upper = _mm512_add_epi32(contiguous, _mm512_set1_epi32(16));
-            values = tg_even_lanes_ps(_mm512_maskz_loadu_ps(inside(contiguous, width), row + first),
-                                      _mm512_maskz_loadu_ps(inside(upper, width), row + first + 16));
+            values = tg_even_lanes_ps(
+                _mm512_maskz_loadu_ps(inside(contiguous, first, first + 15, width), row + first),
+                _mm512_maskz_loadu_ps(inside(upper, first + 16, first + 31, width), row + first + 16));
         } else {
             __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
                                               _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
-            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), store & inside(column, width), column, row, 4);
+            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), store & inside(column, first, first + 15 * stride, width),
+                                              column, row, 4);
         }
-        _mm512_mask_storeu_ps(dst + t, store, values);
+        tg_store_prefix(dst + t, length - t, room - t, values);
     }
 }
 
@@ -81,7 +86,8 @@ static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, i
             if (ih >= 0 && ih < g->h) {
                 const float *row = row_plane + ih * g->w;
                 prefetch_span(row + iw0 + rows.length[r] * g->stride_w, rows.length[r] * g->stride_w);
-                copy_row_segment(row, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r]);
+                copy_row_segment(row, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r],
+                                 TG_NR - rows.start[r]); /* later segments, then the padding, overwrite */
             }
             else
                 for (int64_t t = 0; t < rows.length[r]; t++) d[rows.start[r] + t] = 0.0f;
