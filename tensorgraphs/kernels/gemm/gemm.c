@@ -250,7 +250,7 @@ static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int6
 /* Whether the full micro-panels of A's row blocks are read in place rather than packed (the rows past the last
  * full one are packed still): for row-major A with no prologue and no bfloat16 rounding, when at most
  * A_IN_PLACE_PANELS B panels read each block. Packing is a pass over A (a transpose) that only its reuse by many
- * panels pays back: a conv's weights against a 7x7 image's 49 columns (4 panels of 16) cost a third of the call. */
+ * panels pays back (a conv's weights against a 7x7 image: 49 columns, 4 panels of 16). */
 enum { A_IN_PLACE_PANELS = 4 };
 
 static int a_read_in_place(const gemm_problem *p, int64_t panels) {
