@@ -64,31 +64,36 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
     }
 }
 
-/* A panel's rows read each channel's plane in turn, more streams than the hardware prefetcher follows: each read
- * fetches what the next panel's read of the same row most likely is (the row's continuation) into cache. */
-static inline void prefetch_span(const float *at, int64_t span) {
-    for (int64_t offset = 0; offset < span; offset += 16) _mm_prefetch((const char *)(at + offset), _MM_HINT_T0);
+/* Segment r's input row under tap (channel, ki, kj), NULL where it lies in the padding; *iw0 its first column. */
+static inline const float *segment_row(const conv_geometry *g, const float *image, const panel_rows *rows, int64_t r,
+                                       int64_t channel, int64_t ki, int64_t kj, int64_t *iw0) {
+    int64_t ih = rows->oh[r] * g->stride_h - g->pad_h + ki * g->dilation_h;
+    *iw0 = rows->ow[r] * g->stride_w - g->pad_w + kj * g->dilation_w;
+    return ih >= 0 && ih < g->h ? image + ((rows->image[r] * g->cin + channel) * g->h + ih) * g->w : NULL;
 }
 
+/* A panel reads one row per channel in turn, more streams than the hardware prefetcher follows, and stalls on each:
+ * so while it packs a row, what the next panel reads under the same tap is fetched into cache (a prefetch never
+ * faults, past the last image included). */
 static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                           float *restrict dst) {
     const conv_geometry *g = src->conv;
-    panel_rows rows;
+    panel_rows rows, next;
     split_panel(g, j0, nr, &rows);
-    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
+    split_panel(g, j0 + nr, TG_NR, &next);
+    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw, iw0;
     for (int64_t k = 0; k < kc; k++) {
-        const float *plane = image + channel * g->h * g->w;
         float *restrict d = dst + k * TG_NR;
+        for (int64_t r = 0; r < next.count; r++) {
+            const float *row = segment_row(g, image, &next, r, channel, ki, kj, &iw0);
+            for (int64_t at = 0; row && at < next.length[r] * g->stride_w; at += 16)
+                _mm_prefetch((const char *)(row + iw0 + at), _MM_HINT_T0);
+        }
         for (int64_t r = 0; r < rows.count; r++) {
-            const float *row_plane = plane + rows.image[r] * g->cin * g->h * g->w;
-            int64_t ih = rows.oh[r] * g->stride_h - g->pad_h + ki * g->dilation_h;
-            int64_t iw0 = rows.ow[r] * g->stride_w - g->pad_w + kj * g->dilation_w;
-            if (ih >= 0 && ih < g->h) {
-                const float *row = row_plane + ih * g->w;
-                prefetch_span(row + iw0 + rows.length[r] * g->stride_w, rows.length[r] * g->stride_w);
+            const float *row = segment_row(g, image, &rows, r, channel, ki, kj, &iw0);
+            if (row)
                 copy_row_segment(row, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r],
                                  TG_NR - rows.start[r]); /* later segments, then the padding, overwrite */
-            }
             else
                 for (int64_t t = 0; t < rows.length[r]; t++) d[rows.start[r] + t] = 0.0f;
         }
