@@ -234,7 +234,8 @@ TG_SIMD tg_f32x16 tg_even_lanes_ps(tg_f32x16 a, tg_f32x16 b) {
 /* r[c] = lane c of each of r[0..7]: an 8x8 transpose in registers. */
 TG_SIMD void tg_transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 2)
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
     for (int i = 0; i < 8; i += 4) {
         u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
         u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
@@ -250,7 +251,8 @@ TG_SIMD void tg_transpose_16x16(tg_f32x16 r[16]) {
     for (int i = 0; i < 8; i++)
         block[0][i] = r[i].lo, block[1][i] = r[i].hi, block[2][i] = r[8 + i].lo, block[3][i] = r[8 + i].hi;
     for (int b = 0; b < 4; b++) tg_transpose8(block[b]);
-    for (int c = 0; c < 8; c++) r[c] = tg_f32x16_of(block[0][c], block[2][c]), r[8 + c] = tg_f32x16_of(block[1][c], block[3][c]);
+    for (int c = 0; c < 8; c++)
+        r[c] = tg_f32x16_of(block[0][c], block[2][c]), r[8 + c] = tg_f32x16_of(block[1][c], block[3][c]);
 }
 
 #define TG_ROUND_PS(x, imm)                                                        \

@@ -57,8 +57,8 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
         } else {
             __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
                                               _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
-            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), store & inside(column, first, first + 15 * stride, width),
-                                              column, row, 4);
+            __mmask16 read = store & inside(column, first, first + 15 * stride, width);
+            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), read, column, row, 4);
         }
         tg_store_prefix(dst + t, length - t, room - t, values);
     }

@@ -161,9 +161,9 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
  * `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
  * packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1). */
 TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t kc, const float *restrict a,
-                                           int64_t a_rs, int64_t a_ks, const float *restrict b, float *c, int64_t c_rs, int64_t m_valid,
-                                           int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
-                                           int64_t col0) {
+                                           int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
+                                           int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
+                                           const tg_epilogue *ep, int64_t row0, int64_t col0) {
     __m512 acc[TG_MR][TG_NV];
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
@@ -315,14 +315,15 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                 for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
                     int64_t jr = jc + panel * TG_NR;
                     for (int64_t ir = 0; ir < mcur; ir += TG_MR)
-                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_pack + panel * TG_NR * kc, p->c + (ic + ir) * p->c_rs + jr,
-                                     p->c_rs, mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
+                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_pack + panel * TG_NR * kc,
+                                     p->c + (ic + ir) * p->c_rs + jr, p->c_rs, mcur - ir, p->n - jr, kb > 0, ep,
+                                     ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
-                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col, p->c_rs,
-                                     min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep, ic + ir,
-                                     p->tail_col);
+                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col,
+                                     p->c_rs, min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep,
+                                     ic + ir, p->tail_col);
 #undef TG_A_PANEL
             }
             if (nthreads > 1) {
