@@ -1,6 +1,7 @@
 """Benchmark: ONNX models on tensorgraphs (`tg.onnx.load`, compiled with `tg.compile`) vs ONNX Runtime.
 
     .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10] [--threads 1]
+                                   [--clock wall|cpu]
 
 Models: the graphs the onnx wheel ships under backend/test/data/light (their weights are ConstantOfShape
 placeholders), given seeded random weights (He-scaled normal; vectors (biases, batch-norm statistics) uniform in
@@ -8,7 +9,9 @@ placeholders), given seeded random weights (He-scaled normal; vectors (biases, b
 batch of 1 gets -1).
 Each (framework, model, batch) runs in its own subprocess: the median latency of `--repeat` calls after one
 warm-up, the compile time (tg: trace and compile; ORT: session creation) and the process's peak RSS. Both use
-`--threads` threads, every core by default (ORT: intra_op_num_threads; tg: OMP_NUM_THREADS).
+`--threads` threads, every core by default (ORT: intra_op_num_threads; tg: OMP_NUM_THREADS). On a machine shared
+with other work, `--threads 1 --clock cpu` times each call by the process's CPU time (time it was descheduled
+does not count), as bench/gemm.py does.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not bench/ (this file would shadow onnx)
 
 MODELS = ("resnet50", "squeezenet", "densenet121", "inception_v1", "shufflenet", "vgg19")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def light_model(name: str, batch: int, seed: int = 0):
@@ -80,7 +85,17 @@ def example(model, batch: int) -> np.ndarray:
     return np.random.default_rng(1).standard_normal([batch, *dims[1:]]).astype(np.float32)
 
 
-def run_ours(name: str, batch: int, repeat: int) -> dict:
+def median_ms(call: Callable[[], object], repeat: int, clock: str) -> float:
+    """Median milliseconds of `repeat` calls by `clock` (CLOCKS)."""
+    now, times = CLOCKS[clock], []
+    for _ in range(repeat):
+        start = now()
+        call()
+        times.append(now() - start)
+    return statistics.median(times) * 1e3
+
+
+def run_ours(name: str, batch: int, repeat: int, clock: str) -> dict:
     import tensorgraphs as tg
 
     model = light_model(name, batch)
@@ -90,16 +105,11 @@ def run_ours(name: str, batch: int, repeat: int) -> dict:
     start = time.perf_counter()
     out = forward(tg.tensor(x)).numpy()
     compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        forward(tg.tensor(x)).numpy()
-        times.append(time.perf_counter() - start)
-    return {"ms": statistics.median(times) * 1e3, "compile_s": compile_s, "rss": peak_rss_mib(),
-            "checksum": float(np.abs(out).sum())}
+    return {"ms": median_ms(lambda: forward(tg.tensor(x)).numpy(), repeat, clock), "compile_s": compile_s,
+            "rss": peak_rss_mib(), "checksum": float(np.abs(out).sum())}
 
 
-def run_ort(name: str, batch: int, repeat: int) -> dict:
+def run_ort(name: str, batch: int, repeat: int, clock: str) -> dict:
     import onnxruntime as ort
 
     model = light_model(name, batch)
@@ -111,18 +121,13 @@ def run_ort(name: str, batch: int, repeat: int) -> dict:
     feed = {model.graph.input[0].name: x}
     out = session.run(None, feed)[0]
     compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - start)
-    return {"ms": statistics.median(times) * 1e3, "compile_s": compile_s, "rss": peak_rss_mib(),
-            "checksum": float(np.abs(out).sum())}
+    return {"ms": median_ms(lambda: session.run(None, feed), repeat, clock), "compile_s": compile_s,
+            "rss": peak_rss_mib(), "checksum": float(np.abs(out).sum())}
 
 
-def measure(framework: str, name: str, batch: int, repeat: int, threads: int) -> dict:
+def measure(framework: str, name: str, batch: int, repeat: int, threads: int, clock: str) -> dict:
     """One measurement in a fresh process (so its peak RSS is its own) with `threads` threads."""
-    command = [sys.executable, __file__, "--child", framework, name, str(batch), str(repeat)]
+    command = [sys.executable, __file__, "--child", framework, name, str(batch), str(repeat), clock]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
@@ -135,20 +140,24 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        framework, name, batch, repeat = args.child
+        framework, name, batch, repeat, clock = args.child
         run = run_ours if framework == "tg" else run_ort
-        print(json.dumps(run(name, int(batch), int(repeat))))
+        print(json.dumps(run(name, int(batch), int(repeat), clock)))
         return
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: add --threads 1")
+    print(f"clock {args.clock}, threads {args.threads}, load average {os.getloadavg()[0]:.1f}")
     print("| model | batch | tg ms | ORT ms | ORT / tg | tg compile s | ORT session s | tg RSS MiB | ORT RSS MiB |"
           " outputs agree |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            ours = measure("tg", name, batch, args.repeat, args.threads)
-            theirs = measure("ort", name, batch, args.repeat, args.threads)
+            ours = measure("tg", name, batch, args.repeat, args.threads, args.clock)
+            theirs = measure("ort", name, batch, args.repeat, args.threads, args.clock)
             if "error" in ours or "error" in theirs:
                 print(f"| {name} | {batch} | {ours.get('error', '')} | {theirs.get('error', '')} |", flush=True)
                 continue

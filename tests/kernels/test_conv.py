@@ -38,6 +38,8 @@ CASES = [
     (1, 1024, 20, 20, 3, (1, 1), 1, 0, 1),  # ...in blocks of 6 output rows
     (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
+    (2, 3, 9, 35, 4, (3, 3), 2, 1, 1),  # stride 2, rows of 18: segments wholly inside the image, then past its edge
+    (2, 5, 6, 34, 3, (1, 1), 2, 0, 1),  # ...and a 1x1 whose second load ends one column past the row
     # stride 1 and "same" width pack by shifting whole images (a vector straddles two images)...
     (3, 4, 5, 6, 6, (3, 1), 1, 0, 1),  # ...with fewer output rows than input rows
     (2, 3, 6, 9, 5, (1, 5), 1, (0, 2), 1),  # ...with a wide kernel

@@ -107,6 +107,34 @@ def test_transposed_operands_on_odd_shapes(m, n, k, transpose_a, transpose_b):
     assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k} transpose_a={transpose_a} b={transpose_b}")
 
 
+@needs_gemm
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 9, 15, 16, 17, 18, 31, 33, 383, 385, 769])
+def test_packing_stores_at_every_edge_of_a_block(k, transpose_a, transpose_b):
+    """Packing writes whole vectors whose overrun a later store of the same block overwrites, and masks only a
+    block's last columns (A's K steps and panels, B's transposes): K around the transpose width (8, 16), the K
+    block and its tail, with M and N ending inside a register tile and across panels."""
+    for m, n in ((1, 1), (5, 17), (7, 9), (13, 33), (61, 40)):
+        a = random((k, m), 13).T if transpose_a else random((m, k), 13)
+        b = random((n, k), 14).T if transpose_b else random((k, n), 14)
+        assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k} transpose_a={transpose_a} b={transpose_b}")
+
+
+@needs_gemm
+@pytest.mark.parametrize("m", [6, 7, 12, 245, 481])
+@pytest.mark.parametrize(("n", "k"), [(1, 5), (16, 33), (49, 400), (64, 800), (65, 70)])
+def test_row_major_a_read_in_place_by_few_panels(m, n, k):
+    """Few B panels read row-major A's full micro-panels in place (rows a stride apart, here a slice of a wider
+    array) and pack only the rows past the last full one: every M remainder, row blocks (MC) and K blocks (KC), at
+    most and just past four panels, with the whole epilogue."""
+    a = random((m, k + 9), 15)[:, 3 : 3 + k]
+    b, bias, residual = random((k, n), 16), random((n,), 17), random((m, n), 18)
+    got = gemm.matmul(a, b, bias=bias, residual=residual, activation="relu", alpha=0.5)
+    expected = reference(a, b, bias=bias, residual=residual, activation="relu", alpha=0.5)
+    assert_close(got, expected, k, f"{m}x{n}x{k}")
+
+
 @implementations
 def test_general_strides(matmul):
     """Neither stride is 1 (every other row and column): the generated kernel packs, BLAS copies."""

@@ -5,7 +5,9 @@
  * below take the place of the real intrinsics. Arithmetic is lane for lane the same IEEE operation, so results
  * match AVX-512's except for the order of _mm512_reduce_add_ps's sum. Operations that take an immediate are
  * macros (statement expressions), so they compile at -O0 too. The register tile is narrowed to fit 16 registers
- * (gemm_internal.h). */
+ * (gemm_internal.h). Where a lane-for-lane stand-in would be slow, the native AVX2 way takes its place: masked
+ * accesses by 8-lane half (a plain load or store where a half is whole, none where it is empty), and epilogue.h's
+ * shuffles (the 16x16 transpose as four 8x8 ones, the even lanes of a stride-2 row) in place of AVX-512's. */
 #ifndef TG_AVX512_ON_AVX2_H
 #define TG_AVX512_ON_AVX2_H
 #include <float.h>
@@ -18,13 +20,8 @@ typedef struct {
 typedef struct {
     __m256i lo, hi;
 } tg_i32x16;
-typedef struct {
-    __m256d lo, hi;
-} tg_f64x8;
-
 #define __m512 tg_f32x16
 #define __m512i tg_i32x16
-#define __m512d tg_f64x8
 #define __m512bh tg_i32x16 /* bfloat16 pairs, kept as their bits */
 #define TG_AS_BF16(x) (x)
 
@@ -66,28 +63,44 @@ TG_SIMD void tg_store_ps(void *p, tg_f32x16 x) {
     _mm256_store_ps(f + 8, x.hi);
 }
 
+/* 8 lanes of a masked load or store, by `bits`: a plain access for all 8 (AMD's VMASKMOVPS store is microcoded,
+ * tens of cycles), none for no lane, AVX2's masked access otherwise. */
+TG_SIMD __m256 tg_maskz_loadu8(unsigned bits, const float *f) {
+    if (bits == 0xFF) return _mm256_loadu_ps(f);
+    return bits ? _mm256_maskload_ps(f, tg_lanes8(bits)) : _mm256_setzero_ps();
+}
+
+TG_SIMD void tg_mask_storeu8(float *f, unsigned bits, __m256 x) {
+    if (bits == 0xFF)
+        _mm256_storeu_ps(f, x);
+    else if (bits)
+        _mm256_maskstore_ps(f, tg_lanes8(bits), x);
+}
+
 TG_SIMD tg_f32x16 tg_maskz_loadu_ps(__mmask16 mask, const void *p) {
     const float *f = (const float *)p;
-    if (mask == 0xFFFF) return tg_loadu_ps(f);
-    return tg_f32x16_of(_mm256_maskload_ps(f, tg_lanes8(mask & 0xFF)), _mm256_maskload_ps(f + 8, tg_lanes8(mask >> 8)));
+    return tg_f32x16_of(tg_maskz_loadu8(mask & 0xFF, f), tg_maskz_loadu8(mask >> 8, f + 8));
+}
+
+TG_SIMD __m256 tg_mask_loadu8(__m256 src, unsigned bits, const float *f) {
+    if (bits == 0xFF) return _mm256_loadu_ps(f);
+    if (bits == 0) return src;
+    __m256i lanes = tg_lanes8(bits);
+    return _mm256_blendv_ps(src, _mm256_maskload_ps(f, lanes), _mm256_castsi256_ps(lanes));
 }
 
 TG_SIMD tg_f32x16 tg_mask_loadu_ps(tg_f32x16 src, __mmask16 mask, const void *p) {
-    tg_f32x16 loaded = tg_maskz_loadu_ps(mask, p);
-    return tg_f32x16_of(_mm256_blendv_ps(src.lo, loaded.lo, _mm256_castsi256_ps(tg_lanes8(mask & 0xFF))),
-                        _mm256_blendv_ps(src.hi, loaded.hi, _mm256_castsi256_ps(tg_lanes8(mask >> 8))));
+    const float *f = (const float *)p;
+    return tg_f32x16_of(tg_mask_loadu8(src.lo, mask & 0xFF, f), tg_mask_loadu8(src.hi, mask >> 8, f + 8));
 }
 
 TG_SIMD void tg_mask_storeu_ps(void *p, __mmask16 mask, tg_f32x16 x) {
     float *f = (float *)p;
-    if (mask == 0xFFFF) {
-        _mm256_storeu_ps(f, x.lo);
-        _mm256_storeu_ps(f + 8, x.hi);
-        return;
-    }
-    _mm256_maskstore_ps(f, tg_lanes8(mask & 0xFF), x.lo);
-    _mm256_maskstore_ps(f + 8, tg_lanes8(mask >> 8), x.hi);
+    tg_mask_storeu8(f, mask & 0xFF, x.lo);
+    tg_mask_storeu8(f + 8, mask >> 8, x.hi);
 }
+
+TG_SIMD void tg_storeu_ps(void *p, tg_f32x16 x) { tg_mask_storeu_ps(p, 0xFFFF, x); }
 
 TG_SIMD tg_i32x16 tg_loadu_si512(const void *p) {
     const __m256i *v = (const __m256i *)p;
@@ -95,11 +108,15 @@ TG_SIMD tg_i32x16 tg_loadu_si512(const void *p) {
 }
 
 TG_SIMD __m128 tg_maskz_loadu_ps128(__mmask8 mask, const void *p) {
+    if ((mask & 0xF) == 0xF) return _mm_loadu_ps((const float *)p);
     return _mm_maskload_ps((const float *)p, tg_lanes4(mask & 0xF));
 }
 
 TG_SIMD void tg_mask_storeu_ps128(void *p, __mmask8 mask, __m128 x) {
-    _mm_maskstore_ps((float *)p, tg_lanes4(mask & 0xF), x);
+    if ((mask & 0xF) == 0xF)
+        _mm_storeu_ps((float *)p, x);
+    else
+        _mm_maskstore_ps((float *)p, tg_lanes4(mask & 0xF), x);
 }
 
 #define TG_GATHER_PS(src, mask, index, base, scale)                                                                \
@@ -125,8 +142,6 @@ TG_BINARY(tg_mul_ps, tg_f32x16, _mm256_mul_ps)
 TG_BINARY(tg_div_ps, tg_f32x16, _mm256_div_ps)
 TG_BINARY(tg_max_ps, tg_f32x16, _mm256_max_ps)
 TG_BINARY(tg_min_ps, tg_f32x16, _mm256_min_ps)
-TG_BINARY(tg_unpacklo_ps, tg_f32x16, _mm256_unpacklo_ps)
-TG_BINARY(tg_unpackhi_ps, tg_f32x16, _mm256_unpackhi_ps)
 TG_BINARY(tg_add_epi32, tg_i32x16, _mm256_add_epi32)
 TG_BINARY(tg_sub_epi32, tg_i32x16, _mm256_sub_epi32)
 TG_BINARY(tg_maddubs_epi16, tg_i32x16, _mm256_maddubs_epi16)
@@ -229,15 +244,6 @@ TG_SIMD tg_i32x16 tg_castps_si512(tg_f32x16 x) {
 TG_SIMD tg_f32x16 tg_castsi512_ps(tg_i32x16 x) {
     return tg_f32x16_of(_mm256_castsi256_ps(x.lo), _mm256_castsi256_ps(x.hi));
 }
-TG_SIMD tg_f64x8 tg_castps_pd(tg_f32x16 x) { return (tg_f64x8){_mm256_castps_pd(x.lo), _mm256_castps_pd(x.hi)}; }
-TG_SIMD tg_f32x16 tg_castpd_ps(tg_f64x8 x) { return tg_f32x16_of(_mm256_castpd_ps(x.lo), _mm256_castpd_ps(x.hi)); }
-TG_SIMD tg_f64x8 tg_unpacklo_pd(tg_f64x8 a, tg_f64x8 b) {
-    return (tg_f64x8){_mm256_unpacklo_pd(a.lo, b.lo), _mm256_unpacklo_pd(a.hi, b.hi)};
-}
-TG_SIMD tg_f64x8 tg_unpackhi_pd(tg_f64x8 a, tg_f64x8 b) {
-    return (tg_f64x8){_mm256_unpackhi_pd(a.lo, b.lo), _mm256_unpackhi_pd(a.hi, b.hi)};
-}
-
 TG_SIMD tg_i32x16 tg_maskz_loadu_epi32(__mmask16 mask, const void *p) {
     return tg_castps_si512(tg_maskz_loadu_ps(mask, p));
 }
@@ -279,34 +285,39 @@ TG_SIMD __mmask16 tg_cmplt_epu32_mask(tg_i32x16 a, tg_i32x16 b) {
 
 /* ---------------------------------------------------------------- lane movement */
 
-/* 128-bit lane `lane` (0..3) of x. */
-TG_SIMD __m128 tg_lane128(tg_f32x16 x, int lane) {
-    __m256 half = lane < 2 ? x.lo : x.hi;
-    return (lane & 1) ? _mm256_extractf128_ps(half, 1) : _mm256_castps256_ps128(half);
+/* Lanes 0, 2, ..., 30 of a's 16 then b's 16 (tg_even_lanes_ps, epilogue.h): per half, one shuffle takes the even
+ * lanes of each 128-bit lane and one permute puts the four 64-bit pairs in order. */
+TG_SIMD __m256 tg_even_lanes8(__m256 lo, __m256 hi) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
 }
 
-TG_SIMD tg_f32x16 tg_shuffle_f32x4(tg_f32x16 a, tg_f32x16 b, int imm) {
-    return tg_f32x16_of(_mm256_set_m128(tg_lane128(a, (imm >> 2) & 3), tg_lane128(a, imm & 3)),
-                        _mm256_set_m128(tg_lane128(b, (imm >> 6) & 3), tg_lane128(b, (imm >> 4) & 3)));
+TG_SIMD tg_f32x16 tg_even_lanes_ps(tg_f32x16 a, tg_f32x16 b) {
+    return tg_f32x16_of(tg_even_lanes8(a.lo, a.hi), tg_even_lanes8(b.lo, b.hi));
 }
 
-/* Lane i of the result is lane idx[i] (mod 32) of a's 16 then b's 16. */
-TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) {
-    float table[32] __attribute__((aligned(32)));
-    int32_t lanes[16] __attribute__((aligned(32)));
-    float out[16] __attribute__((aligned(32)));
-    _mm256_store_ps(table, a.lo), _mm256_store_ps(table + 8, a.hi);
-    _mm256_store_ps(table + 16, b.lo), _mm256_store_ps(table + 24, b.hi);
-    _mm256_store_si256((__m256i *)lanes, index.lo), _mm256_store_si256((__m256i *)(lanes + 8), index.hi);
-    for (int i = 0; i < 16; i++) out[i] = table[lanes[i] & 31];
-    return tg_load_ps(out);
+/* r[c] = lane c of each of r[0..7]: an 8x8 transpose in registers. */
+TG_SIMD void tg_transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2)
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
 }
 
-#define TG_F32_IMM(a, b, imm, op)                                                  \
-    ({                                                                             \
-        tg_f32x16 a_ = (a), b_ = (b);                                              \
-        tg_f32x16_of(op(a_.lo, b_.lo, imm), op(a_.hi, b_.hi, imm));                \
-    })
+/* r[c] = lane c of each of r[0..15] (epilogue.h's tg_transpose_16x16): four 8x8 blocks, each transposed in eight
+ * registers, the off-diagonal two swapped. */
+TG_SIMD void tg_transpose_16x16(tg_f32x16 r[16]) {
+    __m256 block[4][8]; /* rows 0-7 or 8-15 (bit 1), columns 0-7 or 8-15 (bit 0) */
+    for (int i = 0; i < 8; i++)
+        block[0][i] = r[i].lo, block[1][i] = r[i].hi, block[2][i] = r[8 + i].lo, block[3][i] = r[8 + i].hi;
+    for (int b = 0; b < 4; b++) tg_transpose8(block[b]);
+    for (int c = 0; c < 8; c++)
+        r[c] = tg_f32x16_of(block[0][c], block[2][c]), r[8 + c] = tg_f32x16_of(block[1][c], block[3][c]);
+}
 
 #define TG_ROUND_PS(x, imm)                                                        \
     ({                                                                             \
@@ -375,19 +386,10 @@ TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) 
 #undef _mm512_set_epi32
 #undef _mm512_castps_si512
 #undef _mm512_castsi512_ps
-#undef _mm512_castps_pd
-#undef _mm512_castpd_ps
 #undef _mm512_mask_or_epi32
 #undef _mm512_cmplt_epi32_mask
 #undef _mm512_cmpge_epi32_mask
 #undef _mm512_cmplt_epu32_mask
-#undef _mm512_unpacklo_ps
-#undef _mm512_unpackhi_ps
-#undef _mm512_unpacklo_pd
-#undef _mm512_unpackhi_pd
-#undef _mm512_shuffle_ps
-#undef _mm512_shuffle_f32x4
-#undef _mm512_permutex2var_ps
 #undef _mm512_sub_epi32
 #undef _mm512_maddubs_epi16
 #undef _mm512_madd_epi16
@@ -403,6 +405,7 @@ TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) 
 #undef _mm_mask_storeu_epi8
 #undef _mm512_reduce_min_ps
 #undef _mm512_reduce_max_ps
+#undef _mm512_storeu_ps
 #define _mm512_loadu_ps tg_loadu_ps
 #define _mm512_load_ps tg_load_ps
 #define _mm512_store_ps tg_store_ps
@@ -441,19 +444,10 @@ TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) 
     tg_i32x16_of(_mm256_set_epi32(e7, e6, e5, e4, e3, e2, e1, e0), _mm256_set_epi32(e15, e14, e13, e12, e11, e10, e9, e8))
 #define _mm512_castps_si512 tg_castps_si512
 #define _mm512_castsi512_ps tg_castsi512_ps
-#define _mm512_castps_pd tg_castps_pd
-#define _mm512_castpd_ps tg_castpd_ps
 #define _mm512_mask_or_epi32 tg_mask_or_epi32
 #define _mm512_cmplt_epi32_mask tg_cmplt_epi32_mask
 #define _mm512_cmpge_epi32_mask tg_cmpge_epi32_mask
 #define _mm512_cmplt_epu32_mask tg_cmplt_epu32_mask
-#define _mm512_unpacklo_ps tg_unpacklo_ps
-#define _mm512_unpackhi_ps tg_unpackhi_ps
-#define _mm512_unpacklo_pd tg_unpacklo_pd
-#define _mm512_unpackhi_pd tg_unpackhi_pd
-#define _mm512_shuffle_ps(a, b, imm) TG_F32_IMM(a, b, imm, _mm256_shuffle_ps)
-#define _mm512_shuffle_f32x4 tg_shuffle_f32x4
-#define _mm512_permutex2var_ps tg_permutex2var_ps
 #define _mm512_sub_epi32 tg_sub_epi32
 #define _mm512_maddubs_epi16 tg_maddubs_epi16
 #define _mm512_madd_epi16 tg_madd_epi16
@@ -469,4 +463,5 @@ TG_SIMD tg_f32x16 tg_permutex2var_ps(tg_f32x16 a, tg_i32x16 index, tg_f32x16 b) 
 #define _mm_mask_storeu_epi8 tg_mask_storeu_epi8
 #define _mm512_reduce_min_ps tg_reduce_min_ps
 #define _mm512_reduce_max_ps tg_reduce_max_ps
+#define _mm512_storeu_ps tg_storeu_ps
 #endif

@@ -27,54 +27,73 @@ static void split_panel(const conv_geometry *g, int64_t j0, int64_t nr, panel_ro
     }
 }
 
-/* Lanes of `column` inside [0, width). */
-static inline __mmask16 inside(__m512i column, int64_t width) {
+/* Lanes of `column` (from `first` up to `last`) inside [0, width): all of them, without a compare, for a segment
+ * that lies inside (most do). */
+static inline __mmask16 inside(__m512i column, int64_t first, int64_t last, int64_t width) {
+    if (first >= 0 && last < width) return 0xFFFF;
     return _mm512_cmpge_epi32_mask(column, _mm512_setzero_si512()) &
            _mm512_cmplt_epi32_mask(column, _mm512_set1_epi32((int32_t)width));
 }
 
-/* dst[t] = row[iw0 + t*stride] where that column lies in [0, width), else 0, for t < length. Masked loads never
- * touch out-of-image lanes, so padding costs no branches: stride 1 is one load, stride 2 two loads and a
- * permute, larger strides a gather. */
+/* dst[t] = row[iw0 + t*stride] where that column lies in [0, width), else 0, for t < length; the `room` floats
+ * from dst may take junk past length (stores after this one overwrite it). Masked loads never touch out-of-image
+ * lanes, so padding costs no branches: stride 1 is one load, stride 2 two loads and a permute, larger strides a
+ * gather. */
 static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int64_t width, int64_t length,
-                             float *dst) {
+                             float *dst, int64_t room) {
     const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     for (int64_t t = 0; t < length; t += 16) {
         int64_t first = iw0 + t * stride;
         __mmask16 store = tg_tail_mask(length - t);
         __m512i contiguous = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first), lanes);
         __m512 values;
         if (stride == 1) {
-            values = _mm512_maskz_loadu_ps(store & inside(contiguous, width), row + first);
+            values = _mm512_maskz_loadu_ps(store & inside(contiguous, first, first + 15, width), row + first);
         } else if (stride == 2) {
             __m512i upper = _mm512_add_epi32(contiguous, _mm512_set1_epi32(16));
-            values = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(inside(contiguous, width), row + first), even,
-                                            _mm512_maskz_loadu_ps(inside(upper, width), row + first + 16));
+            values = tg_even_lanes_ps(
+                _mm512_maskz_loadu_ps(inside(contiguous, first, first + 15, width), row + first),
+                _mm512_maskz_loadu_ps(inside(upper, first + 16, first + 31, width), row + first + 16));
         } else {
             __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
                                               _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
-            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), store & inside(column, width), column, row, 4);
+            __mmask16 read = store & inside(column, first, first + 15 * stride, width);
+            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), read, column, row, 4);
         }
-        _mm512_mask_storeu_ps(dst + t, store, values);
+        tg_store_prefix(dst + t, length - t, room - t, values);
     }
 }
 
+/* Segment r's input row under tap (channel, ki, kj), NULL where it lies in the padding; *iw0 its first column. */
+static inline const float *segment_row(const conv_geometry *g, const float *image, const panel_rows *rows, int64_t r,
+                                       int64_t channel, int64_t ki, int64_t kj, int64_t *iw0) {
+    int64_t ih = rows->oh[r] * g->stride_h - g->pad_h + ki * g->dilation_h;
+    *iw0 = rows->ow[r] * g->stride_w - g->pad_w + kj * g->dilation_w;
+    return ih >= 0 && ih < g->h ? image + ((rows->image[r] * g->cin + channel) * g->h + ih) * g->w : NULL;
+}
+
+/* A panel reads one row per channel in turn, more streams than the hardware prefetcher follows, and stalls on each:
+ * so while it packs a row, what the next panel reads under the same tap is fetched into cache (a prefetch never
+ * faults, past the last image included). */
 static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                           float *restrict dst) {
     const conv_geometry *g = src->conv;
-    panel_rows rows;
+    panel_rows rows, next;
     split_panel(g, j0, nr, &rows);
-    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
+    split_panel(g, j0 + nr, TG_NR, &next);
+    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw, iw0;
     for (int64_t k = 0; k < kc; k++) {
-        const float *plane = image + channel * g->h * g->w;
         float *restrict d = dst + k * TG_NR;
+        for (int64_t r = 0; r < next.count; r++) {
+            const float *row = segment_row(g, image, &next, r, channel, ki, kj, &iw0);
+            for (int64_t at = 0; row && at < next.length[r] * g->stride_w; at += 16)
+                _mm_prefetch((const char *)(row + iw0 + at), _MM_HINT_T0);
+        }
         for (int64_t r = 0; r < rows.count; r++) {
-            const float *row_plane = plane + rows.image[r] * g->cin * g->h * g->w;
-            int64_t ih = rows.oh[r] * g->stride_h - g->pad_h + ki * g->dilation_h;
-            int64_t iw0 = rows.ow[r] * g->stride_w - g->pad_w + kj * g->dilation_w;
-            if (ih >= 0 && ih < g->h)
-                copy_row_segment(row_plane + ih * g->w, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r]);
+            const float *row = segment_row(g, image, &rows, r, channel, ki, kj, &iw0);
+            if (row)
+                copy_row_segment(row, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r],
+                                 TG_NR - rows.start[r]); /* later segments, then the padding, overwrite */
             else
                 for (int64_t t = 0; t < rows.length[r]; t++) d[rows.start[r] + t] = 0.0f;
         }
@@ -111,17 +130,25 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
         first[v] = image + img * g->cin * plane + p, second[v] = image + (img + 1) * g->cin * plane - split;
         in_first[v] = tg_tail_mask(split), valid[v] = tg_tail_mask(nr - 16 * v);
     }
-    const __m512i height = _mm512_set1_epi32((int32_t)g->h), width = _mm512_set1_epi32((int32_t)g->w);
+    /* Lanes whose input row under each kernel row, and column under each kernel column, lie in the image (unsigned
+     * compares: negative rows and columns are out too): a tap's lanes are one of each, the same for every channel. */
+    __mmask16 rows_in[g->kh][TG_NV], columns_in[g->kw][TG_NV];
+    for (int v = 0; v < TG_NV; v++) {
+        __m512i rows = _mm512_loadu_si512(out_row + 16 * v), columns = _mm512_loadu_si512(out_col + 16 * v);
+        for (int64_t ki = 0; ki < g->kh; ki++)
+            rows_in[ki][v] = valid[v] & _mm512_cmplt_epu32_mask(
+                _mm512_add_epi32(rows, _mm512_set1_epi32((int32_t)(ki * g->dilation_h - g->pad_h))),
+                _mm512_set1_epi32((int32_t)g->h));
+        for (int64_t kj = 0; kj < g->kw; kj++)
+            columns_in[kj][v] = _mm512_cmplt_epu32_mask(
+                _mm512_add_epi32(columns, _mm512_set1_epi32((int32_t)(kj * g->dilation_w - g->pad_w))),
+                _mm512_set1_epi32((int32_t)g->w));
+    }
     int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
     for (int64_t k = 0; k < kc; k++) {
-        int64_t di = ki * g->dilation_h - g->pad_h, dj = kj * g->dilation_w - g->pad_w;
-        int64_t shift = channel * plane + di * g->w + dj;
-        __m512i row_shift = _mm512_set1_epi32((int32_t)di), col_shift = _mm512_set1_epi32((int32_t)dj);
-        for (int v = 0; v < TG_NV; v++) { /* unsigned compares: negative rows and columns are out too */
-            __m512i ih = _mm512_add_epi32(_mm512_loadu_si512(out_row + 16 * v), row_shift);
-            __m512i iw = _mm512_add_epi32(_mm512_loadu_si512(out_col + 16 * v), col_shift);
-            __mmask16 inside_image =
-                valid[v] & _mm512_cmplt_epu32_mask(ih, height) & _mm512_cmplt_epu32_mask(iw, width);
+        int64_t shift = channel * plane + (ki * g->dilation_h - g->pad_h) * g->w + kj * g->dilation_w - g->pad_w;
+        for (int v = 0; v < TG_NV; v++) {
+            __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v];
             __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
             x = _mm512_mask_loadu_ps(x, inside_image & ~in_first[v], second[v] + shift);
             _mm512_store_ps(dst + k * TG_NR + 16 * v, x);

@@ -9,6 +9,32 @@
 #include <stdint.h>
 #ifdef __AVX512F__
 #define TG_AS_BF16(x) ((__m512bh)(x))
+/* Lanes 0, 2, ..., 30 of a's 16 then b's 16: a stride-2 row segment from two loads. */
+static inline __attribute__((always_inline)) __m512 tg_even_lanes_ps(__m512 a, __m512 b) {
+    return _mm512_permutex2var_ps(a, _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0), b);
+}
+/* r[c] = lane c of each of r[0..15]: a 16x16 transpose in registers (32-bit, 64-bit, then 128-bit interleaves). */
+static inline __attribute__((always_inline)) void tg_transpose_16x16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2)
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 16; i += 4)
+        for (int half = 0; half < 2; half++) {
+            __m512d a = _mm512_castps_pd(t[i + half]), b = _mm512_castps_pd(t[i + half + 2]);
+            r[i + 2 * half] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * half + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88), r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+    }
+}
 #else
 #include "avx512_on_avx2.h"
 #endif
@@ -82,6 +108,15 @@ static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, 
 
 static inline __mmask16 tg_tail_mask(int64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : remaining <= 0 ? (__mmask16)0 : (__mmask16)((1u << remaining) - 1);
+}
+
+/* dst[0:width] = lanes 0..width-1 of x, where the `room` floats from dst may also take junk that a later store
+ * overwrites: then all 16 lanes are stored (a plain store; AVX2 emulates masked stores, slowly on AMD). */
+static inline __attribute__((always_inline)) void tg_store_prefix(float *dst, int64_t width, int64_t room, __m512 x) {
+    if (room >= 16)
+        _mm512_storeu_ps(dst, x);
+    else
+        _mm512_mask_storeu_ps(dst, tg_tail_mask(width), x);
 }
 
 /* x[0:count] = activation(x[0:count]): a prologue on a packed operand block (zero padding stays zero). */

@@ -39,31 +39,15 @@ static _Thread_local scratch pack_scratch;
  * contiguous dimension is the reduction (row-major A, column-major B). */
 static void transpose_16x16(const float *src, int64_t src_ld, int64_t rows, int64_t cols, float *dst, int64_t dst_ld,
                             int64_t width) {
-    __m512 r[16], t[16];
-    __mmask16 col_mask = tg_tail_mask(cols), width_mask = tg_tail_mask(width);
+    __m512 r[16];
+    __mmask16 col_mask = tg_tail_mask(cols);
     for (int i = 0; i < 16; i++) {
         r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * src_ld) : _mm512_setzero_ps();
         if (i < rows) _mm_prefetch((const char *)(src + i * src_ld + 64), _MM_HINT_T0); /* 4 calls ahead */
     }
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 4; g++) { /* r[4g + col]: rows 4g..4g+3 of column 4*lane + col */
-        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (int col = 0; col < 4; col++) {
-        __m512 low01 = _mm512_shuffle_f32x4(r[col], r[4 + col], 0x44), low23 = _mm512_shuffle_f32x4(r[8 + col], r[12 + col], 0x44);
-        __m512 high01 = _mm512_shuffle_f32x4(r[col], r[4 + col], 0xEE), high23 = _mm512_shuffle_f32x4(r[8 + col], r[12 + col], 0xEE);
-        t[col] = _mm512_shuffle_f32x4(low01, low23, 0x88);
-        t[4 + col] = _mm512_shuffle_f32x4(low01, low23, 0xDD);
-        t[8 + col] = _mm512_shuffle_f32x4(high01, high23, 0x88);
-        t[12 + col] = _mm512_shuffle_f32x4(high01, high23, 0xDD);
-    }
-    for (int c = 0; c < cols; c++) _mm512_mask_storeu_ps(dst + c * dst_ld, width_mask, t[c]);
+    tg_transpose_16x16(r);
+    for (int c = 0; c < cols; c++) /* ascending: a column's overrun lands where the next ones store */
+        tg_store_prefix(dst + c * dst_ld, width, width == dst_ld ? (cols - c) * dst_ld : width, r[c]);
 }
 
 /* A (mc x kc) as micro-panels dst[ir*kc + k*TG_MR + ii], rows past mc zero-padded. Row-major A goes through
@@ -74,9 +58,9 @@ static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t k
     if (rs == 1 && TG_MR <= 16) {
         for (int64_t k = 0; k < kc; k++) {
             const float *column = a + k * cs;
-            for (int64_t ir = 0; ir < mc; ir += TG_MR)
-                _mm512_mask_storeu_ps(dst + ir * kc + k * TG_MR, tg_tail_mask(TG_MR),
-                                      _mm512_maskz_loadu_ps(tg_tail_mask(mc - ir), column + ir));
+            for (int64_t ir = 0; ir < mc; ir += TG_MR) /* the overrun lands on later k, stored after this one */
+                tg_store_prefix(dst + ir * kc + k * TG_MR, TG_MR, (kc - k) * TG_MR,
+                                _mm512_maskz_loadu_ps(tg_tail_mask(mc - ir), column + ir));
         }
         return;
     }
@@ -140,17 +124,18 @@ static void pair_rows_in_place(float *x, int64_t rows, int64_t width) {
 
 /* ---------------------------------------------------------------- micro-kernel */
 
-/* acc += a_panel (TG_MR x kc) @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA. */
-TG_ALWAYS_INLINE void accumulate_f32(const int nv, int64_t kc, const float *restrict a, const float *restrict b,
-                                     __m512 acc[TG_MR][TG_NV]) {
+/* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place)
+ * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA. */
+TG_ALWAYS_INLINE void accumulate_f32(const int nv, int64_t kc, const float *restrict a, int64_t a_rs, int64_t a_ks,
+                                     const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
     for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(b + v * 16);
         _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
-            __m512 ai = _mm512_set1_ps(a[i]);
+            __m512 ai = _mm512_set1_ps(a[i * a_rs]);
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
         }
-        a += TG_MR;
+        a += a_ks;
         b += TG_NR;
     }
 }
@@ -173,18 +158,19 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
 
 /* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
  * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv` and
- * `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. */
+ * `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
+ * packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1). */
 TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t kc, const float *restrict a,
-                                           const float *restrict b, float *c, int64_t c_rs, int64_t m_valid,
-                                           int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
-                                           int64_t col0) {
+                                           int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
+                                           int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
+                                           const tg_epilogue *ep, int64_t row0, int64_t col0) {
     __m512 acc[TG_MR][TG_NV];
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
     if (bf16)
         accumulate_bf16(nv, kc, a, b, acc);
     else
-        accumulate_f32(nv, kc, a, b, acc);
+        accumulate_f32(nv, kc, a, a_rs, a_ks, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
@@ -199,14 +185,16 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t
     }
 }
 
-/* The tile computes only the 16-wide column vectors it needs: a narrow last panel costs what it holds. */
-static void micro_kernel(int bf16, int64_t kc, const float *restrict a, const float *restrict b, float *c,
-                         int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate, const tg_epilogue *ep,
-                         int64_t row0, int64_t col0) {
+/* The tile computes only the 16-wide column vectors it needs: a narrow last panel costs what it holds. `a_rs` is 0
+ * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only). */
+static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, const float *restrict b,
+                         float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
+                         const tg_epilogue *ep, int64_t row0, int64_t col0) {
     int64_t vectors = ceil_div(n_valid, 16);
-#define TG_TILE(nv)                                                                                              \
-    (bf16 ? micro_kernel_vectors(nv, 1, kc, a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)        \
-          : micro_kernel_vectors(nv, 0, kc, a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0))
+#define TG_TILE(nv)                                                                                               \
+    (bf16   ? micro_kernel_vectors(nv, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
+     : a_rs ? micro_kernel_vectors(nv, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
+            : micro_kernel_vectors(nv, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0))
     if (vectors >= TG_NV) TG_TILE(TG_NV);
 #if TG_NV > 1
     else if (vectors == 1) TG_TILE(1);
@@ -259,6 +247,16 @@ static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int6
     for (int64_t ir = 0; p->bf16 && ir < mc; ir += TG_MR) pair_rows_in_place(block + ir * kc, kc, TG_MR);
 }
 
+/* Whether the full micro-panels of A's row blocks are read in place rather than packed (the rows past the last
+ * full one are packed still): for row-major A with no prologue and no bfloat16 rounding, when at most
+ * A_IN_PLACE_PANELS B panels read each block. Packing is a pass over A (a transpose) that only its reuse by many
+ * panels pays back (a conv's weights against a 7x7 image: 49 columns, 4 panels of 16). */
+enum { A_IN_PLACE_PANELS = 4 };
+
+static int a_read_in_place(const gemm_problem *p, int64_t panels) {
+    return p->a_cs == 1 && !p->a_prologue && !p->bf16 && panels <= A_IN_PLACE_PANELS;
+}
+
 /* Row block size: at most TG_MC, and a count of blocks that divides evenly among the threads. */
 static int64_t row_block(int64_t m, int nthreads) {
     int64_t blocks = ceil_div(ceil_div(m, TG_MC), nthreads) * nthreads;
@@ -303,26 +301,30 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
             }
             if (tid == 0 || nthreads == 1) work->next[0][!parity] = work->next[1][!parity] = 0;
             const tg_epilogue *ep = kb == k_blocks - 1 ? &p->ep : NULL;
-            int64_t packed_block = -1;
+            int64_t packed_block = -1, in_place = a_read_in_place(p, panels / n_split + tail);
             for (int64_t unit; (unit = claim(&work->next[1][parity], nthreads)) < units;) {
                 int64_t block = unit / n_split, part = unit % n_split;
-                int64_t ic = block * mc, mcur = min_i64(mc, p->m - ic);
+                int64_t ic = block * mc, mcur = min_i64(mc, p->m - ic), packed = in_place ? mcur / TG_MR * TG_MR : 0;
+                const float *a_block = p->a + ic * p->a_rs + pc * p->a_cs;
                 if (block != packed_block) {
-                    pack_a(p->a + ic * p->a_rs + pc * p->a_cs, p->a_rs, p->a_cs, mcur, kc, a_pack);
-                    finish_a_block(p, a_pack, mcur, kc);
+                    pack_a(a_block + packed * p->a_rs, p->a_rs, p->a_cs, mcur - packed, kc, a_pack + packed * kc);
+                    finish_a_block(p, a_pack + packed * kc, mcur - packed, kc);
                 }
                 packed_block = block;
+#define TG_A_PANEL(ir) (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, (ir) < packed ? p->a_rs : 0
                 for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
                     int64_t jr = jc + panel * TG_NR;
                     for (int64_t ir = 0; ir < mcur; ir += TG_MR)
-                        micro_kernel(p->bf16, kc, a_pack + ir * kc, b_pack + panel * TG_NR * kc, p->c + (ic + ir) * p->c_rs + jr,
-                                     p->c_rs, mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
+                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_pack + panel * TG_NR * kc,
+                                     p->c + (ic + ir) * p->c_rs + jr, p->c_rs, mcur - ir, p->n - jr, kb > 0, ep,
+                                     ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
-                        micro_kernel(p->bf16, kc, a_pack + ir * kc, tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col, p->c_rs,
-                                     min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep, ic + ir,
-                                     p->tail_col);
+                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col,
+                                     p->c_rs, min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep,
+                                     ic + ir, p->tail_col);
+#undef TG_A_PANEL
             }
             if (nthreads > 1) {
 #pragma omp barrier

@@ -155,29 +155,6 @@ static int transform_input(const geometry *g, const float *x, float *v) {
     return !bad;
 }
 
-/* r[c] = lane c of each of r[0..15]: a 16x16 transpose in registers (32-bit, 64-bit, then 128-bit interleaves). */
-static inline __attribute__((always_inline)) void transpose_16x16(v16 r[16]) {
-    v16 t[16];
-    for (int i = 0; i < 16; i += 2)
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    for (int i = 0; i < 16; i += 4)
-        for (int half = 0; half < 2; half++) {
-            __m512d a = _mm512_castps_pd(t[i + half]), b = _mm512_castps_pd(t[i + half + 2]);
-            r[i + 2 * half] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[i + 2 * half + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
-        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
-        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88), r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
-        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
-        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
-    }
-}
-
 /* out = epilogue(A^T M A), each 4x4 tile cut at the output's edge: 16 output channels of a tile at a time,
  * transposed in registers so each channel's tile is four short row stores. */
 static void transform_output(const geometry *g, const float *m, const float *bias, float alpha,
@@ -200,7 +177,7 @@ static void transform_output(const geometry *g, const float *m, const float *bia
                 output_transform(column, y);
                 for (int i = 0; i < TILE; i++) tile_values[i * TILE + j] = y[i];
             }
-            transpose_16x16(tile_values); /* tile_values[channel], lane i * 4 + j */
+            tg_transpose_16x16(tile_values); /* tile_values[channel], lane i * 4 + j */
             int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
             __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
             for (int64_t c = 0; c < 16 && co + c < g->cout; c++) {
