@@ -14,14 +14,7 @@
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Grow-only, page-aligned scratch owned by the calling thread: packing buffers are reused across calls,
- * so page faults are paid once. */
-typedef struct {
-    float *data;
-    size_t capacity;
-} scratch;
-
-static float *scratch_reserve(scratch *s, size_t count) {
+float *tg_scratch_reserve(tg_scratch *s, size_t count) {
     if (count <= s->capacity) return s->data;
     free(s->data);
     size_t bytes = (count * sizeof(float) + 4095) & ~(size_t)4095;
@@ -30,7 +23,7 @@ static float *scratch_reserve(scratch *s, size_t count) {
     return s->data;
 }
 
-static _Thread_local scratch pack_scratch;
+static _Thread_local tg_scratch pack_scratch;
 
 /* ---------------------------------------------------------------- packing */
 
@@ -422,7 +415,7 @@ int tg_run_gemm_batch(const gemm_batch *g) {
     enum band_split split = band_split(g, team);
     int one_per_thread = team > 1 && batch_in_parallel(g, team), bands = team > 1 && split != SHARED_TEAM;
     size_t per_thread = b_pack_count(g) + a_pack_count;
-    float *packs = scratch_reserve(&pack_scratch, one_per_thread || bands ? per_thread * team
+    float *packs = tg_scratch_reserve(&pack_scratch, one_per_thread || bands ? per_thread * team
                                                                           : b_pack_count(g) + a_pack_count * team);
     if (!packs) return TG_GEMM_NO_MEMORY;
     if (one_per_thread) {
