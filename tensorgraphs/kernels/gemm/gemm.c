@@ -407,9 +407,13 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
  *    percent; measured on a shared machine, barriers cost far more whenever the OS deschedules one thread);
  *  - problems too small in both M and N for bands: the whole team shares the packed B (blocks handed out by
  *    counters, two barriers per K block). */
+static _Atomic int64_t path_counts[2]; /* tg_gemm_path_counts */
+
 int tg_run_gemm_batch(const gemm_batch *g) {
     if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
-    if (tg_gemv_fits(g)) return tg_run_gemv(g);
+    int few_rows = tg_gemv_fits(g);
+    path_counts[!few_rows]++;
+    if (few_rows) return tg_run_gemv(g);
     int nthreads = omp_get_max_threads();
     int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
     enum band_split split = band_split(g, team);
@@ -467,6 +471,11 @@ static int gemm_bf16(int rounded, TG_GEMM_PARAMS) {
 int tg_gemm_bf16(TG_GEMM_PARAMS) { return gemm_bf16(1, TG_GEMM_ARGS); }
 
 int tg_gemm_bf16_f32(TG_GEMM_PARAMS) { return gemm_bf16(0, TG_GEMM_ARGS); }
+
+void tg_gemm_path_counts(int64_t out[2]) {
+    out[0] = path_counts[0];
+    out[1] = path_counts[1];
+}
 
 void tg_gemm_config(int64_t out[5]) {
     out[0] = TG_MR;
