@@ -16,6 +16,7 @@
 #define TG_GEMV_ROWS 4
 #define ACCUMULATORS 8 /* vectors summed at once: rows x (ACCUMULATORS / rows) columns or vectors in flight */
 #define DOT_BLOCK 16   /* columns of C per task in the dot order (one epilogue vector) */
+#define SHORT_COLUMN 512 /* floats: shorter columns of B are read one after another (dot_columns) */
 
 #ifdef __AVX512F__
 #define LANES 16
@@ -65,15 +66,10 @@ static inline void store_block(const tg_epilogue *ep, float *c, int64_t row, int
     _mm512_mask_storeu_ps(c + col, mask, tg_epilogue_apply(_mm512_maskz_loadu_ps(mask, sums), ep, row, col, mask));
 }
 
-/* sums[i][jj + q] = row i of A . column j + q of B for q < columns: `rows` x `columns` accumulators, every column
- * a stream of its own. Columns past n repeat column n - 1 (read, never stored). */
-static inline __attribute__((always_inline)) void dot_columns(int rows, int columns, int64_t k, const float *a,
-                                                              int64_t a_rs, const float *b, int64_t b_cs,
-                                                              int64_t j, int64_t n, float sums[][DOT_BLOCK],
-                                                              int jj) {
-    const float *column[ACCUMULATORS];
-    for (int q = 0; q < columns; q++) column[q] = b + (j + q < n ? j + q : n - 1) * b_cs;
-    vec acc[TG_GEMV_ROWS][ACCUMULATORS] = {{{0}}};
+/* acc[i][q] += row i of A . column q of B for q < columns: the columns' streams interleaved. */
+static inline __attribute__((always_inline)) void dot_pass(int rows, int columns, int64_t k, const float *a,
+                                                           int64_t a_rs, const float *const *column,
+                                                           vec acc[][ACCUMULATORS]) {
     int64_t whole = k / LANES * LANES;
     for (int64_t kk = 0; kk < whole; kk += LANES)
         for (int i = 0; i < rows; i++) {
@@ -86,6 +82,27 @@ static inline __attribute__((always_inline)) void dot_columns(int rows, int colu
             vec av = load_lanes(a + i * a_rs + whole, tail);
             for (int q = 0; q < columns; q++) acc[i][q] += av * load_lanes(column[q] + whole, tail);
         }
+    }
+}
+
+/* sums[i][jj + q] = row i of A . column j + q of B for q < columns. Long columns are read together, each a stream
+ * of its own; short ones (a few cache lines: attention's keys) one after another, in memory order, as interleaved
+ * streams that short are too short for the prefetchers. Columns past n repeat column n - 1 (read, never stored). */
+static inline __attribute__((always_inline)) void dot_columns(int rows, int columns, int64_t k, const float *a,
+                                                              int64_t a_rs, const float *b, int64_t b_cs,
+                                                              int64_t j, int64_t n, float sums[][DOT_BLOCK],
+                                                              int jj) {
+    const float *column[ACCUMULATORS];
+    for (int q = 0; q < columns; q++) column[q] = b + (j + q < n ? j + q : n - 1) * b_cs;
+    vec acc[TG_GEMV_ROWS][ACCUMULATORS] = {{{0}}};
+    if (k < SHORT_COLUMN) {
+        for (int q = 0; q < columns; q++) {
+            vec one[TG_GEMV_ROWS][ACCUMULATORS] = {{{0}}};
+            dot_pass(rows, 1, k, a, a_rs, column + q, one);
+            for (int i = 0; i < rows; i++) acc[i][q] = one[i][0];
+        }
+    } else {
+        dot_pass(rows, columns, k, a, a_rs, column, acc);
     }
     for (int i = 0; i < rows; i++)
         for (int q = 0; q < columns; q++) sums[i][jj + q] = sum_lanes(acc[i][q]);
