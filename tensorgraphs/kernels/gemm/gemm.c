@@ -399,6 +399,8 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
     if (band.m > 0 && band.n > 0) gemm_blocks(&band, b_pack, a_pack, 0, 1, &alone, &step);
 }
 
+static _Atomic int64_t path_counts[2]; /* tg_gemm_path_counts */
+
 /* Products of at most a few rows read B in place (gemv.c). Otherwise three ways to use the threads, cheapest
  * synchronization first:
  *  - a batch of small problems: one problem per thread at a time;
@@ -407,8 +409,6 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
  *    percent; measured on a shared machine, barriers cost far more whenever the OS deschedules one thread);
  *  - problems too small in both M and N for bands: the whole team shares the packed B (blocks handed out by
  *    counters, two barriers per K block). */
-static _Atomic int64_t path_counts[2]; /* tg_gemm_path_counts */
-
 int tg_run_gemm_batch(const gemm_batch *g) {
     if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
     int few_rows = tg_gemv_fits(g);

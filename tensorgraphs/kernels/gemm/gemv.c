@@ -86,8 +86,9 @@ static inline __attribute__((always_inline)) void dot_pass(int rows, int columns
 }
 
 /* sums[i][jj + q] = row i of A . column j + q of B for q < columns. Long columns are read together, each a stream
- * of its own; short ones (a few cache lines: attention's keys) one after another, in memory order, as interleaved
- * streams that short are too short for the prefetchers. Columns past n repeat column n - 1 (read, never stored). */
+ * of its own; short ones (a few cache lines each: attention's keys) one after another, in memory order, since
+ * streams that short end before the prefetchers follow them. Columns past n repeat column n - 1 (read, never
+ * stored). */
 static inline __attribute__((always_inline)) void dot_columns(int rows, int columns, int64_t k, const float *a,
                                                               int64_t a_rs, const float *b, int64_t b_cs,
                                                               int64_t j, int64_t n, float sums[][DOT_BLOCK],
