@@ -1,7 +1,7 @@
 """Benchmark: batch-1 greedy decoding with a KV cache, tokens per second, tg against torch eager and torch.compile.
 
     .venv/bin/python bench/generate.py [--models shipped,gpt2-small] [--tokens 48] [--prompt 1]
-                                       [--no-torch-compile] [--threads N] [--torch-threads N] [--clock wall|cpu]
+                                       [--no-torch-compile] [--threads N] [--clock wall|cpu]
 
 Models: the shipped GPT with `tg train`'s default config (4 layers, width 128, block 64, the corpus's characters)
 and a GPT-2-small-sized one (12 layers, width 768, 12 heads, block 1024, 50257 tokens); random weights, the same
@@ -192,21 +192,21 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=1, help="prompt length (token ids 0, 1, ...)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
-    parser.add_argument("--threads", type=int, default=0, help="threads of both systems (0: their default)")
-    parser.add_argument("--torch-threads", type=int, default=0, help="torch's threads, overriding --threads")
+    # one setting for both: tg's programs link libgomp.so.1, which resolves to the copy torch loaded at import, so
+    # torch.set_num_threads sets tg's threads too (OMP_NUM_THREADS reaches a runtime of tg's own, not yet started)
+    parser.add_argument("--threads", "--torch-threads", type=int, default=0, help="threads of both (0: default)")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
     args = parser.parse_args()
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: add --threads 1")
     if args.threads:
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read when our first native library starts OpenMP
-    if args.torch_threads or args.threads:
-        torch.set_num_threads(args.torch_threads or args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     global clock
     clock = CLOCKS[args.clock]
     known = models()
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; tg {args.threads or 'default'} threads; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads (tg's too); "
         f"{args.clock} clock, load average {os.getloadavg()[0]:.1f}; batch 1, a {args.prompt}-token prompt, "
         f"{args.tokens} greedy tokens"
     )
