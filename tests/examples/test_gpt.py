@@ -12,7 +12,9 @@ from torch import nn
 
 import tensorgraphs as tg
 from tensorgraphs.cli import main as tg_main
+from tensorgraphs.codegen.loop_ir import GemmCall, walk
 from tensorgraphs.examples import gpt
+from tensorgraphs.kernels import gemm
 from tensorgraphs.testing.mixed_precision import assert_tracks_torch
 
 EQUIVALENCE_STEPS = 50
@@ -27,8 +29,10 @@ class TorchCausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, channels = x.shape
-        heads = [t.reshape(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
-                 for t in self.qkv(x).split(channels, dim=2)]
+        heads = [
+            t.reshape(batch, length, self.n_head, channels // self.n_head).transpose(1, 2)
+            for t in self.qkv(x).split(channels, dim=2)
+        ]
         y = TF.scaled_dot_product_attention(*heads, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
 
@@ -39,9 +43,13 @@ class TorchBlock(nn.Module):
         self.ln_1 = nn.LayerNorm(config.n_embd)
         self.attn = TorchCausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = nn.ModuleDict({"fc": nn.Linear(config.n_embd, 4 * config.n_embd),
-                                  "gelu": nn.GELU(approximate="tanh"),
-                                  "proj": nn.Linear(4 * config.n_embd, config.n_embd)})
+        self.mlp = nn.ModuleDict(
+            {
+                "fc": nn.Linear(config.n_embd, 4 * config.n_embd),
+                "gelu": nn.GELU(approximate="tanh"),
+                "proj": nn.Linear(4 * config.n_embd, config.n_embd),
+            }
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -129,8 +137,28 @@ def test_autocast_training_tracks_torch_autocast(tmp_path, monkeypatch) -> None:
     assert losses[-1] < losses[0] - 1.0, f"the model should learn: losses {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-TINY = ["--batch-size", "2", "--block-size", "8", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
-        "--eval-every", "2", "--eval-batches", "1", "--sample-length", "20", "--device", "numpy", "--blas-threads", "0"]
+TINY = [
+    "--batch-size",
+    "2",
+    "--block-size",
+    "8",
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--eval-every",
+    "2",
+    "--eval-batches",
+    "1",
+    "--sample-length",
+    "20",
+    "--device",
+    "numpy",
+    "--blas-threads",
+    "0",
+]
 
 
 def test_tg_train_saves_a_checkpoint_and_resumes_where_it_stopped(tmp_path, capsys, monkeypatch) -> None:
@@ -148,8 +176,7 @@ def test_tg_train_saves_a_checkpoint_and_resumes_where_it_stopped(tmp_path, caps
     resumed, uninterrupted = tg.load(split), tg.load(straight)
     assert resumed["step"] == uninterrupted["step"] == 4
     for name, value in uninterrupted["model"].items():
-        np.testing.assert_allclose(resumed["model"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-7,
-                                   err_msg=name)
+        np.testing.assert_allclose(resumed["model"][name].numpy(), value.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 @pytest.mark.slow
@@ -198,7 +225,7 @@ def test_greedy_generation_matches_full_forward_decoding_in_torch_and_tg() -> No
 def _one_token_at_a_time(model: gpt.GPT, tokens: np.ndarray, temperature: float, top_k: int | None) -> np.ndarray:
     """The prefill as generate did it before there was one: every token by itself through the decoding step."""
     for position in range(tokens.shape[1]):
-        following = model._decode(tokens[:, position:position + 1], position, temperature, top_k)
+        following = model._decode(tokens[:, position : position + 1], position, temperature, top_k)
     return following
 
 
@@ -245,12 +272,35 @@ def test_sampling_keeps_to_the_top_k_and_is_reproducible_under_manual_seed() -> 
         assert sampled[length] in top, (length, sampled, top)
     tg.manual_seed(7)
     np.testing.assert_array_equal(model.generate(prompt, 5, temperature=1.5, top_k=3).numpy()[0], sampled)
-    np.testing.assert_array_equal(model.generate(prompt, 6, temperature=0.7, top_k=1).numpy(),
-                                  model.generate(prompt, 6, temperature=0).numpy())
+    np.testing.assert_array_equal(
+        model.generate(prompt, 6, temperature=0.7, top_k=1).numpy(), model.generate(prompt, 6, temperature=0).numpy()
+    )
     programs = _decode_programs(model)
     model.generate(prompt, 3 * config.block_size, temperature=1.5, top_k=3)
     model.generate(tg.tensor([[1, 2, 3, 4]]), 4, temperature=0.9, top_k=3)  # the temperature is a program input
     assert _decode_programs(model) == programs == 3  # (top_k 3), (top_k 1), greedy
+
+
+@pytest.mark.skipif(not gemm.available(), reason="needs the GEMM library (AVX-512F or AVX2, a C compiler)")
+def test_a_batch_1_decoding_step_runs_its_products_on_the_few_row_kernel_reading_weights_in_place() -> None:
+    """Per layer qkv, scores, weighted values, proj, fc, mlp proj, and the head: one-row products of the GEMM
+    library, which runs each by its few-row kernel (never packing B); the weights are read where they lie (no
+    kernel of the step writes a copy of them)."""
+    config = gpt.GPTConfig(vocab_size=300, block_size=32, n_layer=2, n_head=2, n_embd=64)
+    model, _ = _generation_pair(config)
+    model.generate(tg.tensor([[1, 2]]), 2, temperature=0)
+    (trace,) = [t for traces in model.__dict__["_decode_step"].traces.values() for t in traces]
+    kernels = trace.program.kernels
+    calls = [s for kernel in kernels for s in walk(kernel.body) if isinstance(s, GemmCall)]
+    assert len(calls) == 6 * config.n_layer + 1, calls
+    assert all(call.function == gemm.C_FUNCTIONS["matmul"] and call.m == 1 for call in calls), calls
+    written = {buffer.name for kernel in kernels for buffer in kernel.buffers if buffer.writes}
+    weights = [call for call in calls if call.batch == 1]  # the others read the KV cache (written: extended)
+    assert len(weights) == 4 * config.n_layer + 1 and not {call.b for call in weights} & written, weights
+    before = gemm.path_counts()
+    model._decode(np.array([[3]]), 2, 1.0, None)
+    after = gemm.path_counts()
+    assert (after["few_rows"] - before["few_rows"], after["blocked"] - before["blocked"]) == (len(calls), 0)
 
 
 def test_generate_rejects_an_empty_prompt() -> None:

@@ -49,8 +49,9 @@ TORCH_ACTIVATIONS = {
 }
 
 
-def reference(a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none",
-              b_prologue="none") -> np.ndarray:
+def reference(
+    a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none", b_prologue="none"
+) -> np.ndarray:
     """gemm.h in float64 torch: activation(alpha * a_prologue(a) @ b_prologue(b) + bias) + residual."""
     as64 = lambda x: torch.from_numpy(np.asarray(x, np.float64))
     a, b = TORCH_ACTIVATIONS[a_prologue](as64(a)), TORCH_ACTIVATIONS[b_prologue](as64(b))
@@ -229,12 +230,57 @@ def test_few_row_products_with_prologues(m, layout, operand):
     assert_close(gemm.matmul(a, b, **prologue), reference(a, b, **prologue), k, f"{layout} {operand}")
 
 
+def few_row_operands(m: int, n: int, k: int, layout: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """a (m x k) and b (k x n) as gemv.c reads them: b's columns contiguous (a linear layer's x @ W.T), its rows
+    contiguous, either one inside a wider buffer (rows or columns padded), or a not row-major (a strided copy)."""
+    a = random((m, 2 * k + 1), seed)[:, 1::2] if layout == "strided_a" else random((m, k), seed)
+    if layout in ("rows", "padded_rows"):
+        return a, random((k, n + 3 * (layout == "padded_rows")), seed + 1)[:, :n]
+    return a, random((n, k + 5 * (layout == "padded_columns")), seed + 1)[:, :k].T
+
+
 @needs_gemm
-def test_few_row_products_propagate_nan_and_inf():
-    a = np.array([[np.nan, 1.0, np.inf], [1.0, 2.0, 3.0]], np.float32)
-    b = np.ones((3, 5), np.float32)
-    for operand_b in (b, np.ascontiguousarray(b.T).T):
-        np.testing.assert_array_equal(gemm.matmul(a, operand_b), reference(a, operand_b).astype(np.float32))
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["columns", "rows", "padded_columns", "padded_rows", "strided_a"])
+def test_few_row_products_on_every_tail_read_b_in_place(m, layout):
+    """Sizes around the vector width (8 or 16 lanes), the blocks of columns (16 in the dot order, up to 128 in
+    the row order) and the short columns read one after another (under 512), with a row bias: every one is
+    computed without packing B."""
+    before = gemm.path_counts()
+    shapes = [(n, k) for n in (1, 7, 9, 17, 33, 130) for k in (1, 5, 8, 17, 100, 511, 600)]
+    for n, k in shapes:
+        a, b = few_row_operands(m, n, k, layout, 31)
+        bias = random((n,), 32)
+        assert_close(gemm.matmul(a, b, bias=bias), reference(a, b, bias=bias), k, f"{layout} {m}x{n}x{k}")
+    after = gemm.path_counts()
+    assert (after["few_rows"] - before["few_rows"], after["blocked"] - before["blocked"]) == (len(shapes), 0)
+
+
+@needs_gemm
+def test_few_row_products_with_a_prologue_on_b_pack_it():
+    """Activating B while reading it in every call is the blocked driver's job (it activates what it packs)."""
+    a, b = random((1, 40), 33), random((40, 30), 34)
+    before = gemm.path_counts()
+    assert_close(gemm.matmul(a, b, b_prologue="relu"), reference(a, b, b_prologue="relu"), 40, "b prologue")
+    after = gemm.path_counts()
+    assert (after["few_rows"] - before["few_rows"], after["blocked"] - before["blocked"]) == (0, 1)
+
+
+@needs_gemm
+@pytest.mark.parametrize("layout", ["columns", "rows", "strided_a"])
+def test_few_row_products_propagate_nan_and_inf(layout):
+    """NaN and infinities in A, and in B's last column and last element of K (the tails): each reaches the
+    outputs that read it (inf * 0 is NaN), and no other."""
+    for m, n, k in ((2, 5, 3), (1, 9, 17), (3, 130, 33)):
+        a, b = few_row_operands(m, n, k, layout, 35)
+        a[-1, -1], a[0, 0] = np.inf, np.nan if m > 1 else a[0, 0]
+        b[-1, -1], b[k // 2, 0], b[-1, n // 2] = np.nan, -np.inf, 0.0
+        expected, actual = reference(a, b).astype(np.float32), gemm.matmul(a, b)
+        context = f"{layout} {m}x{n}x{k}"
+        special = ~np.isfinite(expected)
+        assert np.isnan(expected).any() and np.isinf(expected).any(), context
+        np.testing.assert_array_equal(actual[special], expected[special], err_msg=context)
+        assert_close(np.where(special, 0, actual), np.where(special, 0, expected), k, context)
 
 
 @implementations
@@ -307,12 +353,16 @@ def test_prologues_beyond_every_cache_block():
 @pytest.mark.parametrize("operand", ["a", "b"])
 def test_prologues_propagate_nan_and_inf_like_torch(matmul, operand):
     special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, -20.0, 3.0], np.float32)
-    a, b = (special[:, None], np.ones((1, 17), np.float32)) if operand == "a" else (
-        np.ones((17, 1), np.float32), special[None, :])
+    a, b = (
+        (special[:, None], np.ones((1, 17), np.float32))
+        if operand == "a"
+        else (np.ones((17, 1), np.float32), special[None, :])
+    )
     for prologue in ("relu", "gelu_tanh"):
         arguments = {f"{operand}_prologue": prologue}
-        np.testing.assert_allclose(matmul(a, b, **arguments), reference(a, b, **arguments), rtol=1e-6,
-                                   err_msg=f"{arguments}")
+        np.testing.assert_allclose(
+            matmul(a, b, **arguments), reference(a, b, **arguments), rtol=1e-6, err_msg=f"{arguments}"
+        )
 
 
 @implementations
@@ -352,8 +402,9 @@ int main(void) {
 """
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("generated", marks=needs_gemm),
-                                    pytest.param("blas", marks=needs_blas)])
+@pytest.mark.parametrize(
+    "kernel", [pytest.param("generated", marks=needs_gemm), pytest.param("blas", marks=needs_blas)]
+)
 def test_a_c_program_links_and_calls_the_kernel(kernel, tmp_path):
     """What generated C does: include gemm.h, link the cached library, call the function by name."""
     library = gemm.library_path() if kernel == "generated" else blas.library_path()
@@ -373,8 +424,7 @@ def test_a_c_program_links_and_calls_the_kernel(kernel, tmp_path):
     subprocess.run(command, check=True)
     output = subprocess.run([str(tmp_path / "caller")], capture_output=True, text=True, check=True).stdout.split()
     expected = np.maximum(
-        np.arange(1, 7, dtype=np.float32).reshape(2, 3) @ np.float32([[1, 0], [0, 2], [0.5, 1]])
-        + np.float32([10, 20]),
+        np.arange(1, 7, dtype=np.float32).reshape(2, 3) @ np.float32([[1, 0], [0, 2], [0.5, 1]]) + np.float32([10, 20]),
         0,
     )
     assert output[0] == "0"
@@ -410,8 +460,9 @@ def bf16(x: np.ndarray) -> np.ndarray:
     return dtypes.round_to_storage(np.asarray(x, np.float32), dtypes.bfloat16)
 
 
-def oracle(a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none", b_prologue="none"
-           ) -> tuple[np.ndarray, np.ndarray]:
+def oracle(
+    a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none", b_prologue="none"
+) -> tuple[np.ndarray, np.ndarray]:
     """The exact bfloat16 product (float64, before the final rounding) and sum |a||b| for the tolerance."""
     activated = lambda x, name: TORCH_ACTIVATIONS[name](torch.from_numpy(np.asarray(x, np.float32))).numpy()
     a64, b64 = (bf16(activated(x, name)).astype(np.float64) for x, name in ((a, a_prologue), (b, b_prologue)))

@@ -24,13 +24,21 @@ SOURCES = ("describe.c", "gemm.c", "gemv.c", "conv.c", "winograd.c")
 HEADER = SOURCE_DIR / "gemm.h"
 WINOGRAD_HEADER = SOURCE_DIR / "winograd.h"
 """Declares tg_conv2d_winograd_f32 (tg_conv2d_f32's contract)."""
-C_FUNCTIONS = {"matmul": "tg_gemm_f32", "matmul_bf16": "tg_gemm_bf16", "matmul_bf16_f32": "tg_gemm_bf16_f32",
-               "conv2d": "tg_conv2d_f32", "conv2d_winograd": "tg_conv2d_winograd_f32"}
+C_FUNCTIONS = {
+    "matmul": "tg_gemm_f32",
+    "matmul_bf16": "tg_gemm_bf16",
+    "matmul_bf16_f32": "tg_gemm_bf16_f32",
+    "conv2d": "tg_conv2d_f32",
+    "conv2d_winograd": "tg_conv2d_winograd_f32",
+}
 CONV_ALGORITHMS = {"implicit_gemm": "conv2d", "winograd": "conv2d_winograd"}
 """conv2d's kernels (keys of C_FUNCTIONS) by algorithm; both are tg_conv2d_fn (gemm.h). (The im2col kernel, which
 links OpenBLAS, is `blas.conv2d`.)"""
-GEMM_FUNCTIONS = {("float32", "float32"): "matmul", ("bfloat16", "bfloat16"): "matmul_bf16",
-                  ("bfloat16", "float32"): "matmul_bf16_f32"}
+GEMM_FUNCTIONS = {
+    ("float32", "float32"): "matmul",
+    ("bfloat16", "bfloat16"): "matmul_bf16",
+    ("bfloat16", "float32"): "matmul_bf16_f32",
+}
 """The product kernel (a key of C_FUNCTIONS) by (operand dtype, result dtype). Every array is float32: bfloat16
 operands are rounded to bfloat16 while packing, their exact products summed in float32, and a bfloat16 result is
 rounded after the epilogue (gemm.h)."""
@@ -39,7 +47,9 @@ STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", 
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
 GEMM_ARGTYPES = (
-    [_i64] * 4 + [_ptr, _i64, _i64, _i64] * 2 + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64]
+    [_i64] * 4
+    + [_ptr, _i64, _i64, _i64] * 2
+    + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64]
     + [_i32] * 3  # activation, a_prologue, b_prologue
 )
 CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_f32, _ptr, _i32]
@@ -73,6 +83,8 @@ def _functions() -> dict[str, Callable[..., int]]:
         functions[name] = function
     library.tg_gemm_config.argtypes = [ctypes.POINTER(ctypes.c_int64 * 5)]
     functions["config"] = library.tg_gemm_config
+    library.tg_gemm_path_counts.argtypes = [ctypes.POINTER(ctypes.c_int64 * 2)]
+    functions["path_counts"] = library.tg_gemm_path_counts
     return functions
 
 
@@ -81,6 +93,14 @@ def blocking() -> dict[str, int]:
     values = (ctypes.c_int64 * 5)()
     _functions()["config"](ctypes.byref(values))
     return dict(zip(("MR", "NR", "MC", "KC", "NC"), values, strict=True))
+
+
+def path_counts() -> dict[str, int]:
+    """How many products this process has run by each path of the library (generated programs' calls included):
+    "few_rows" read B in place (gemv.c), "blocked" packed it (gemm.c)."""
+    values = (ctypes.c_int64 * 2)()
+    _functions()["path_counts"](ctypes.byref(values))
+    return dict(zip(("few_rows", "blocked"), values, strict=True))
 
 
 def _check_status(op: str, status: int) -> None:
@@ -228,8 +248,9 @@ def _gemm_function(dtype: str, result: str | None) -> Callable[..., int]:
     return _functions()[GEMM_FUNCTIONS[key]]
 
 
-def matmul(a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", result: str | None = None,
-           **epilogue: object) -> np.ndarray:
+def matmul(
+    a: np.ndarray, b: np.ndarray, *, dtype: str = "float32", result: str | None = None, **epilogue: object
+) -> np.ndarray:
     """The generated GEMM on numpy float32 arrays: operands rounded to `dtype`, the result to `result` (`dtype` if
     None; see `GEMM_FUNCTIONS`); see `bind_gemm` for the epilogue arguments."""
     return call_gemm(_gemm_function(dtype, result), a, b, **epilogue)
@@ -288,8 +309,9 @@ def call_conv(
     return out
 
 
-def conv2d(x: np.ndarray, weight: np.ndarray, *args: Any, algorithm: str = "implicit_gemm", **kwargs: Any
-           ) -> np.ndarray:
+def conv2d(
+    x: np.ndarray, weight: np.ndarray, *args: Any, algorithm: str = "implicit_gemm", **kwargs: Any
+) -> np.ndarray:
     """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue (arguments as `call_conv`), by `algorithm`
     (`CONV_ALGORITHMS`): an implicit-im2col GEMM, or Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run
     the implicit GEMM)."""

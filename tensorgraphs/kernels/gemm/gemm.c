@@ -14,14 +14,7 @@
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Grow-only, page-aligned scratch owned by the calling thread: packing buffers are reused across calls,
- * so page faults are paid once. */
-typedef struct {
-    float *data;
-    size_t capacity;
-} scratch;
-
-static float *scratch_reserve(scratch *s, size_t count) {
+float *tg_scratch_reserve(tg_scratch *s, size_t count) {
     if (count <= s->capacity) return s->data;
     free(s->data);
     size_t bytes = (count * sizeof(float) + 4095) & ~(size_t)4095;
@@ -30,7 +23,7 @@ static float *scratch_reserve(scratch *s, size_t count) {
     return s->data;
 }
 
-static _Thread_local scratch pack_scratch;
+static _Thread_local tg_scratch pack_scratch;
 
 /* ---------------------------------------------------------------- packing */
 
@@ -408,6 +401,8 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
     if (band.m > 0 && band.n > 0) gemm_blocks(&band, b_pack, a_pack, 0, 1, &alone, &step);
 }
 
+static _Atomic int64_t path_counts[2]; /* tg_gemm_path_counts */
+
 /* Products of at most a few rows read B in place (gemv.c). Otherwise three ways to use the threads, cheapest
  * synchronization first:
  *  - a batch of small problems: one problem per thread at a time;
@@ -418,13 +413,15 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
  *    counters, two barriers per K block). */
 int tg_run_gemm_batch(const gemm_batch *g) {
     if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
-    if (tg_gemv_fits(g)) return tg_run_gemv(g);
+    int few_rows = tg_gemv_fits(g);
+    path_counts[!few_rows]++;
+    if (few_rows) return tg_run_gemv(g);
     int nthreads = omp_get_max_threads();
     int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
     enum band_split split = band_split(g, team);
     int one_per_thread = team > 1 && batch_in_parallel(g, team), bands = team > 1 && split != SHARED_TEAM;
     size_t per_thread = b_pack_count(g) + a_pack_count;
-    float *packs = scratch_reserve(&pack_scratch, one_per_thread || bands ? per_thread * team
+    float *packs = tg_scratch_reserve(&pack_scratch, one_per_thread || bands ? per_thread * team
                                                                           : b_pack_count(g) + a_pack_count * team);
     if (!packs) return TG_GEMM_NO_MEMORY;
     if (one_per_thread) {
@@ -476,6 +473,11 @@ static int gemm_bf16(int rounded, TG_GEMM_PARAMS) {
 int tg_gemm_bf16(TG_GEMM_PARAMS) { return gemm_bf16(1, TG_GEMM_ARGS); }
 
 int tg_gemm_bf16_f32(TG_GEMM_PARAMS) { return gemm_bf16(0, TG_GEMM_ARGS); }
+
+void tg_gemm_path_counts(int64_t out[2]) {
+    out[0] = path_counts[0];
+    out[1] = path_counts[1];
+}
 
 void tg_gemm_config(int64_t out[5]) {
     out[0] = TG_MR;

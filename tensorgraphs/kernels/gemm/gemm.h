@@ -62,4 +62,9 @@ tg_conv2d_fn tg_conv2d_f32;
 
 /* The compile-time blocking, so callers and benchmarks can report what they run. */
 void tg_gemm_config(int64_t out[5]); /* MR, NR, MC, KC, NC */
+
+/* How many products (float32 and bfloat16, convolutions included) this process has run by each path: out[0] by
+ * the few-row kernel that reads B in place (gemv.c), out[1] by the blocked driver that packs it; so tests can
+ * check which path a program's products take. */
+void tg_gemm_path_counts(int64_t out[2]);
 #endif

@@ -1,6 +1,8 @@
 /* What gemm.c and conv.c share: the problem description and the batched, blocked driver. */
 #ifndef TG_GEMM_INTERNAL_H
 #define TG_GEMM_INTERNAL_H
+#include <stddef.h>
+
 #include "conv_geometry.h"
 #include "epilogue.h"
 #include "gemm.h"
@@ -67,6 +69,16 @@ typedef struct {
 #define TG_GEMM_ARGS                                                                                            \
     batch, m, n, k, a, a_bs, a_rs, a_cs, b, b_bs, b_rs, b_cs, c, c_bs, c_rs, alpha, bias, bias_bs, bias_rs,     \
         bias_cs, residual, residual_bs, residual_rs, activation, a_prologue, b_prologue
+
+/* Grow-only, page-aligned scratch owned by the calling thread (a _Thread_local): packing buffers are reused across
+ * calls, so page faults are paid once. */
+typedef struct {
+    float *data;
+    size_t capacity;
+} tg_scratch;
+
+/* Room for `count` floats in `s` (its old contents are lost when it grows); NULL when out of memory. */
+float *tg_scratch_reserve(tg_scratch *s, size_t count);
 
 /* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible) whose
  * B panels `pack` packs (NULL for a kernel that reads B itself) (describe.c). */
