@@ -201,7 +201,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
         recomputed = set().union(*(low.recomputed for low in lowerings))
         uses = Counter(n for low in lowerings for n in low.inlined if n.op in REDUCE)
         reductions = {n for n in recomputed if n.op in REDUCE} | {n for n, count in uses.items() if count > 1}
-        added = (reductions or recomputed) - materialized  # what a recomputed reduction contains may be fine once
+        added = (reductions or recomputed or shared_chains(lowerings, order, materialized, leaf)) - materialized
         if not added:  # it is a buffer
             break
         materialized |= added
@@ -312,6 +312,25 @@ def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput
             cut.add(node)
             depth[node] = 0
     return cut
+
+
+MAX_SHARED_INLINE_DEPTH = 32
+"""Longest chain of nodes that more than one kernel computes inline: a value at the end of a longer one (an RNN's
+cell state, a recurrence of elementwise steps) gets a buffer, as otherwise every kernel reading it recomputes the
+whole chain (and the program's C grows with the product of its length and its readers)."""
+
+
+def shared_chains(lowerings: list[Lowering], order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
+    """Nodes more than one kernel computes inline at the end of a chain deeper than MAX_SHARED_INLINE_DEPTH."""
+    uses = Counter(n for low in lowerings for n in low.inlined)
+    depth: dict[Node, int] = {}
+    found: set[Node] = set()
+    for node in order:
+        depth[node] = 0 if leaf(node) or node in materialized else 1 + max((depth[s] for s in node.src), default=0)
+        if depth[node] >= MAX_SHARED_INLINE_DEPTH and uses[node] > 1:
+            found.add(node)
+            depth[node] = 0
+    return found
 
 
 def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node], roots: list[Node],
