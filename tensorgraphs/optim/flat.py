@@ -1,0 +1,134 @@
+"""Flat storage for an eager optimizer step: a param group updated as one vector (torch's foreach/fused optimizers).
+
+Every update rule is elementwise in the parameter, its gradient and its per-element state, with 0-d values (the
+step count, the learning rate) broadcast; so a group whose parameters share a dtype and a step count can be
+updated as one vector. Its per-element state is one flat tensor per key and its 0-d state one tensor per key,
+and each parameter's state entry is a view of it (`Tensor._base`): the step's program takes a handful of arrays
+(the flat parameters, gradients and state) and returns as many, and the state is replaced by one assignment per
+key. Parameters are leaves and keep buffers of their own, as consecutive views of the program's flat output: a
+later step that finds them still holding those nodes passes that array whole.
+
+Nothing of this is visible as semantics: a state entry is a tensor with the values torch's would have (a view
+sees its base's present value), and whatever breaks the layout (a parameter without a gradient, state replaced,
+loaded or written through the per-parameter step, step counts that differ) sends the step down the per-parameter
+path, which makes each state entry it updates a tensor of its own; the next step that can fuses the group again
+from the values then present.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from tensorgraphs.dtypes import float32, float64
+from tensorgraphs.frontend.tensor import Tensor, node_values, replay
+from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.ops import Op
+
+ParamGroup = dict[str, Any]
+FLAT_DTYPES = (float32, float64)
+"""Parameter dtypes a group is fused for (a narrower float's update computes in float32 per parameter)."""
+
+
+def hyperparameters(group: ParamGroup) -> tuple:
+    """What a group's update graph depends on besides its tensors and the learning rate (an input)."""
+    return tuple((k, repr(v)) for k, v in sorted(group.items()) if k not in ("params", "lr"))
+
+
+def fusable(group: ParamGroup) -> bool:
+    """Whether the parameters of `group` could be one vector at this step: each has a gradient of its own dtype
+    and shape, and all share one of `FLAT_DTYPES` (0-d parameters are left out: their state would look 0-d)."""
+    params = group["params"]
+    dtype = params[0].dtype if params else None
+    return dtype in FLAT_DTYPES and all(
+        p.dtype is dtype and p.ndim and (grad := p.grad) is not None and grad.dtype is dtype and grad.shape == p.shape
+        for p in params)
+
+
+def _view(base: Tensor, steps: tuple) -> Tensor:
+    """A tensor reading `base` through `steps` (movement ops), as a view made by an op would."""
+    node = base.node
+    view = Tensor(replay(steps, node))
+    view._base, view._steps, view._seen = base, steps, node
+    return view
+
+
+class FlatGroup:
+    """One param group stored flat: its per-element state as one tensor per key (`bases`), each parameter's state
+    entries views of them, and the flat array the parameters' buffers are views of after a fused step."""
+
+    def __init__(self, group: ParamGroup, states: list[dict[str, Any]], bases: dict[str, Tensor]) -> None:
+        self.group, self.params, self.states, self.bases = group, list(group["params"]), states, bases
+        self.spans = [(start, start + p.numel()) for p, start in
+                      zip(self.params, np.cumsum([0] + [p.numel() for p in self.params]).tolist())]
+        self.views: list[dict[str, Tensor]] = []
+        for state, param, (start, stop) in zip(states, self.params, self.spans):
+            steps = ((Op.SHRINK, ((start, stop),)), (Op.RESHAPE, param.shape))
+            self.views.append({k: _view(base, steps if base.ndim else ()) for k, base in bases.items()})
+            state.update(self.views[-1])
+        self.nodes: list[Node] = []  # the parameters' nodes the last fused step gave them
+        self.flat: np.ndarray | None = None  # the array those nodes' buffers are views of
+
+    @staticmethod
+    def fuse(group: ParamGroup, state: dict[Tensor, dict[str, Any]],
+             init_state: Callable[[Tensor, ParamGroup], dict[str, Any]]) -> FlatGroup | None:
+        """`group` (`fusable`) stored flat from its present state (created for parameters that have none yet,
+        when none has); None where the states do not line up (other keys, dtypes, or step counts)."""
+        params = group["params"]
+        states = [state.get(p) for p in params]
+        if all(s is None for s in states):
+            states = [state.setdefault(p, init_state(p, group)) for p in params]
+        if any(s is None for s in states):
+            return None
+        keys = list(states[0])
+        if any(list(s) != keys or not all(isinstance(v, Tensor) for v in s.values()) for s in states):
+            return None
+        elementwise = [all(s[k].shape == p.shape for s, p in zip(states, params)) for k in keys]
+        if any(not per_element and any(s[k].shape != () for s in states) for k, per_element in zip(keys, elementwise)):
+            return None
+        if any(len({s[k].dtype for s in states}) > 1 for k in keys):
+            return None
+        values = node_values([s[k].node for s in states for k in keys])
+        bases = {}
+        for i, (key, per_element) in enumerate(zip(keys, elementwise)):
+            column = values[i::len(keys)]
+            if not per_element and any(not np.array_equal(v, column[0]) for v in column):
+                return None  # step counts that differ: each parameter steps on its own
+            data = np.concatenate([v.reshape(-1) for v in column]) if per_element else column[0]
+            bases[key] = Tensor.from_numpy(data, states[0][key].dtype)
+        return FlatGroup(group, states, bases)
+
+    def intact(self, state: dict[Tensor, dict[str, Any]]) -> bool:
+        """Whether the group still has these parameters and each its state of views of `bases`."""
+        params = self.group["params"]
+        return len(params) == len(self.params) and all(
+            p is mine and state.get(p) is s and len(s) == len(views) and all(s.get(k) is v for k, v in views.items())
+            for p, mine, s, views in zip(params, self.params, self.states, self.views))
+
+    def layout(self) -> Hashable:
+        """What the group's update graph depends on (besides the optimizer's type)."""
+        return (hyperparameters(self.group), self.params[0].dtype, self.spans[-1][1],
+                tuple((k, b.dtype, b.shape) for k, b in self.bases.items()))
+
+    def arrays(self) -> list[np.ndarray]:
+        """The update's inputs: the flat parameters, the flat gradients, each base's value, the learning rate."""
+        params = self.params
+        if self.flat is not None and all(p.node is n for p, n in zip(params, self.nodes)):
+            flat = self.flat
+        else:  # written since (in place, `.data`, load_state_dict): their present values
+            flat = np.concatenate([a.reshape(-1) for a in node_values([p.node for p in params])])
+        grads = np.concatenate([a.reshape(-1) for a in node_values([p.grad.node for p in params])])
+        return [flat, grads, *node_values([b.node for b in self.bases.values()]),
+                np.asarray(self.group["lr"], np.float32)]
+
+    def take(self, key: str, value: np.ndarray) -> None:
+        """Hold the update's new value of `key` ("param": the parameters, as views of one flat array)."""
+        if key != "param":
+            self.bases[key]._hold(value)
+            return
+        for param, (start, stop) in zip(self.params, self.spans):
+            param._hold(value[start:stop].reshape(param.shape))
+        self.nodes = [p.node for p in self.params]
+        self.flat = value
+
