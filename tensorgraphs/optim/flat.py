@@ -100,10 +100,12 @@ class FlatGroup:
         return FlatGroup(group, states, bases)
 
     def intact(self, state: dict[Tensor, dict[str, Any]]) -> bool:
-        """Whether the group still has these parameters and each its state of views of `bases`."""
-        params = self.group["params"]
+        """Whether the group still has these parameters and each its state of views of `bases` (an entry given a
+        value of its own, by the per-parameter step or `Tensor.node`, is no view any more)."""
+        params, bases = self.group["params"], self.bases
         return len(params) == len(self.params) and all(
-            p is mine and state.get(p) is s and len(s) == len(views) and all(s.get(k) is v for k, v in views.items())
+            p is mine and state.get(p) is s and len(s) == len(views)
+            and all(s.get(k) is v and v._base is bases[k] for k, v in views.items())
             for p, mine, s, views in zip(params, self.params, self.states, self.views))
 
     def layout(self) -> Hashable:
