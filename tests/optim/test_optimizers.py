@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tensorgraphs as tg
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.optim.optimizer import commit
 from tensorgraphs.rewrite.structural_hash import structural_hash
 
@@ -242,6 +243,25 @@ def test_clip_grad_norm_matches_torch(norm_type: float) -> None:
     assert total.item() == pytest.approx(expected.item(), rel=1e-5)
     for name, p in reference.named_parameters():
         np.testing.assert_allclose(mine.get_parameter(name).grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_clip_grad_norm_then_manual_updates_match_torch() -> None:
+    """Clipping, then a hand-written SGD step in place: each clipped gradient is a value (a buffer), so updating one
+    parameter computes that parameter only, not the norm over every gradient again."""
+    torch.manual_seed(0)
+    reference, mine = build(torch.nn), build(tg.nn)
+    copy_weights(reference, mine)
+    for step, (x, y) in enumerate(batches()[:3]):
+        for lib, model in ((torch, reference), (tg, mine)):
+            model.zero_grad()
+            lib.nn.functional.mse_loss(model(lib.tensor(x)), lib.tensor(y) * 10).backward()
+            lib.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            if lib is tg:
+                assert all(p.grad.node.op is Op.BUFFER for p in model.parameters()), step
+            with lib.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+    assert_same_parameters(reference, mine, "clipped manual SGD")
 
 
 def test_clip_grad_value_matches_torch() -> None:
