@@ -146,9 +146,17 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
     position: dict[Node, int] = {}
     entries: list[tuple] = []
     inputs: list[Node] = []
-    for node in toposort(roots, stop=is_input):
-        position[node] = len(entries)
+    found: set[Node] = set()  # `is_input` asked once per node (toposort asks it first)
+
+    def stop(node: Node) -> bool:
         if is_input(node):
+            found.add(node)
+            return True
+        return False
+
+    for node in toposort(roots, stop=stop):
+        position[node] = len(entries)
+        if node in found:
             inputs.append(node)
             entries.append(("input", node.dtype, node.shape))
         else:

@@ -152,3 +152,34 @@ def test_state_dict_round_trip_through_a_file(tmp_path: Path) -> None:
             np.testing.assert_array_equal(second.state_dict()["state"][number][key].numpy(), value.numpy())
     run(tg, mine, second, data, range(3, 6), tg.nn.functional.mse_loss)
     assert_same_parameters(reference, mine, "AdamW resumed from a file")
+
+
+@pytest.mark.parametrize("order", ["eager first", "compiled first"])
+def test_eager_and_compiled_steps_of_one_optimizer(order: str) -> None:
+    """Flat state read and written by a compiled step (a trace of the per-parameter update), and the other way."""
+    torch.manual_seed(0)
+    reference, mine = build(torch.nn), build(tg.nn)
+    copy_weights(reference, mine)
+    data = batches()
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
+    run(torch, reference, ref_opt, data, range(6), torch.nn.functional.mse_loss)
+    optimizer = tg.optim.Adam(mine.parameters(), lr=0.01)
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = tg.nn.functional.mse_loss(mine(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compiled = range(2, 6) if order == "eager first" else range(3)
+    for index in range(6):
+        if index in compiled:
+            step(tg.tensor(data[index][0]), tg.tensor(data[index][1]))
+        else:
+            run(tg, mine, optimizer, data, range(index, index + 1), tg.nn.functional.mse_loss)
+    assert_same_parameters(reference, mine, order)
+    for expected, state in zip(ref_opt.state.values(), optimizer.state.values()):
+        for key, value in expected.items():
+            np.testing.assert_allclose(state[key].numpy(), value.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
