@@ -257,7 +257,7 @@ def movement_shape(op: Op, shape: Shape, arg: Any) -> Shape:
     """The shape rule of every movement op (the Tensor API validates `arg` first)."""
     assert op in MOVEMENT
     if op is Op.RESHAPE:
-        assert math.prod(arg) == math.prod(shape) and min(arg, default=0) >= 0, (shape, arg)
+        assert math.prod(arg) == math.prod(shape) and (not arg or min(arg) >= 0), (shape, arg)
         return tuple(arg)
     if op is Op.PERMUTE:
         assert sorted(arg) == list(range(len(shape))), arg
