@@ -3,7 +3,7 @@
 Every update rule is elementwise in the parameter, its gradient and its per-element state, with 0-d values (the
 step count, the learning rate) broadcast; so a group whose parameters share a dtype and a step count can be
 updated as one vector. Its per-element state is one flat tensor per key and its 0-d state one tensor per key,
-and each parameter's state entry is a view of it (`Tensor._base`): the step's program takes a handful of arrays
+and each parameter's state entry becomes a view of it (`Tensor._base`): the step's program takes a handful of arrays
 (the flat parameters, gradients and state) and returns as many, and the state is replaced by one assignment per
 key. Parameters are leaves and keep buffers of their own, as consecutive views of the program's flat output: a
 later step that finds them still holding those nodes passes that array whole.
@@ -46,12 +46,12 @@ def fusable(group: ParamGroup) -> bool:
         for p in params)
 
 
-def _view(base: Tensor, steps: tuple) -> Tensor:
-    """A tensor reading `base` through `steps` (movement ops), as a view made by an op would."""
+def _become_view(tensor: Tensor, base: Tensor, steps: tuple) -> Tensor:
+    """`tensor` made a view of `base` through `steps` (movement ops), as a view op's result is one: the same
+    object, so whoever holds it (a state_dict taken before) goes on seeing the optimizer's updates."""
     node = base.node
-    view = Tensor(replay(steps, node))
-    view._base, view._steps, view._seen = base, steps, node
-    return view
+    tensor._node, tensor._base, tensor._steps, tensor._seen = replay(steps, node), base, steps, node
+    return tensor
 
 
 class FlatGroup:
@@ -65,8 +65,7 @@ class FlatGroup:
         self.views: list[dict[str, Tensor]] = []
         for state, param, (start, stop) in zip(states, self.params, self.spans):
             steps = ((Op.SHRINK, ((start, stop),)), (Op.RESHAPE, param.shape))
-            self.views.append({k: _view(base, steps if base.ndim else ()) for k, base in bases.items()})
-            state.update(self.views[-1])
+            self.views.append({k: _become_view(state[k], b, steps if b.ndim else ()) for k, b in bases.items()})
         self.nodes: list[Node] = []  # the parameters' nodes the last fused step gave them
         self.flat: np.ndarray | None = None  # the array those nodes' buffers are views of
 
@@ -84,6 +83,8 @@ class FlatGroup:
         keys = list(states[0])
         if any(list(s) != keys or not all(isinstance(v, Tensor) for v in s.values()) for s in states):
             return None
+        if len({id(v) for s in states for v in s.values()}) != len(keys) * len(states):
+            return None  # one tensor in two places cannot be a view of both
         elementwise = [all(s[k].shape == p.shape for s, p in zip(states, params)) for k in keys]
         if any(not per_element and any(s[k].shape != () for s in states) for k, per_element in zip(keys, elementwise)):
             return None
