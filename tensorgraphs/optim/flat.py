@@ -25,6 +25,7 @@ from tensorgraphs.dtypes import float32, float64
 from tensorgraphs.frontend.tensor import Tensor, node_values, replay
 from tensorgraphs.graph.node import Node
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import tracing
 
 ParamGroup = dict[str, Any]
 FLAT_DTYPES = (float32, float64)
@@ -124,6 +125,24 @@ class FlatGroup:
         grads = np.concatenate([a.reshape(-1) for a in node_values([p.grad.node for p in params])])
         return [flat, grads, *node_values([b.node for b in self.bases.values()]),
                 np.asarray(self.group["lr"], np.float32)]
+
+    def unflatten(self) -> None:
+        """Give each state entry still a view of `bases` a buffer of its own with its present value (a slice of its
+        base's array): a graph of per-parameter updates (`step_updates`, a traced step) then reads and writes it in
+        place, not through a write into the whole flat tensor per parameter."""
+        bases = self.bases
+        if tracing.traces_recording:  # nothing is computed while tracing: only bases that are arrays already
+            if any(b._node.op is not Op.BUFFER for b in bases.values()):
+                return
+            values = [b._node.arg.data for b in bases.values()]
+        else:
+            values = node_values([b.node for b in bases.values()])
+        arrays = dict(zip(bases, values))
+        for views, param, (start, stop) in zip(self.views, self.params, self.spans):
+            for key, view in views.items():
+                if view._base is bases[key]:
+                    array = arrays[key]
+                    view._hold(array[start:stop].reshape(param.shape) if array.ndim else array.copy())
 
     def take(self, key: str, value: np.ndarray) -> None:
         """Hold the update's new value of `key` ("param": the parameters, as views of one flat array)."""

@@ -144,6 +144,9 @@ class Optimizer:
 
     def step_updates(self) -> list[Update]:
         """Every (target, new value) pair of one step, as lazy in-graph Tensor ops."""
+        for flat in self._flat.values():
+            flat.unflatten()
+        self._flat.clear()
         entries = self._entries()
         lrs = {id(group): live_scalar(lambda group=group: group["lr"]) for group in self.param_groups}
         updates: list[Update] = []
