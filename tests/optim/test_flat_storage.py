@@ -187,3 +187,24 @@ def test_eager_and_compiled_steps_of_one_optimizer(order: str) -> None:
     for expected, state in zip(ref_opt.state.values(), optimizer.state.values()):
         for key, value in expected.items():
             np.testing.assert_allclose(state[key].numpy(), value.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop"])
+def test_a_compiled_flat_step_is_one_kernel_per_group_storing_parameters_and_state(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large enough to be compiled (not interpreted): per group, one kernel over the flat vector stores the
+    parameters and every per-element state array, and one more the step count."""
+    count_builds(monkeypatch)
+    model = tg.nn.Sequential(tg.nn.Linear(128, 256), tg.nn.Tanh(), tg.nn.Linear(256, 8))
+    options = {"momentum": 0.9} if name == "SGD" else {}
+    optimizer = getattr(tg.optim, name)(groups(model, (0.1, 0.2)), lr=0.01, **options)
+    x = tg.tensor(np.ones((4, 128), np.float32))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    (prepared,) = [run for key, (run, _) in realize._executables.items() if key[2][0] == "flat optimizer step"]
+    assert prepared._program is not None, "interpreted: the test's model is too small to be compiled"
+    stores = sorted(sum(b.writes for b in kernel.buffers) for kernel in prepared._program.kernels)
+    per_element = 1 + sum(v.ndim > 0 for v in optimizer.state[model[0].weight].values())
+    assert stores == [1, 1, per_element, per_element], stores
