@@ -56,19 +56,34 @@ def _become_view(tensor: Tensor, base: Tensor, steps: tuple) -> Tensor:
 
 
 class FlatGroup:
-    """One param group stored flat: its per-element state as one tensor per key (`bases`), each parameter's state
-    entries views of them, and the flat array the parameters' buffers are views of after a fused step."""
+    """One param group stored flat: its state as one tensor per key (`bases`: the per-element state of every
+    parameter end to end; a 0-d state, equal for all, one element per parameter, in `scalars`), each parameter's
+    state entries views of them, and the flat array the parameters' buffers are views of after a fused step."""
 
-    def __init__(self, group: ParamGroup, states: list[dict[str, Any]], bases: dict[str, Tensor]) -> None:
+    def __init__(self, group: ParamGroup, states: list[dict[str, Any]], bases: dict[str, Tensor],
+                 scalars: frozenset[str]) -> None:
         self.group, self.params, self.states, self.bases = group, list(group["params"]), states, bases
+        self.scalars = scalars
         self.spans = [(start, start + p.numel()) for p, start in
                       zip(self.params, np.cumsum([0] + [p.numel() for p in self.params]).tolist())]
-        self.views: list[dict[str, Tensor]] = []
-        for state, param, (start, stop) in zip(states, self.params, self.spans):
-            steps = ((Op.SHRINK, ((start, stop),)), (Op.RESHAPE, param.shape))
-            self.views.append({k: _become_view(state[k], b, steps if b.ndim else ()) for k, b in bases.items()})
+        self.views = [{k: _become_view(state[k], b, self._steps(k, index)) for k, b in bases.items()}
+                      for index, state in enumerate(states)]
+        # a write into an entry (through its view) replaces its base's node: the group is fused again from the
+        # entries' values, and 0-d entries no longer equal step on their own
+        self.base_nodes = {k: b._node for k, b in bases.items()}
         self.nodes: list[Node] = []  # the parameters' nodes the last fused step gave them
         self.flat: np.ndarray | None = None  # the array those nodes' buffers are views of
+
+    def _region(self, key: str, index: int) -> tuple[int, int, tuple[int, ...]]:
+        """Where parameter `index`'s entry `key` lies in its base: (start, stop, the entry's shape)."""
+        if key in self.scalars:
+            return index, index + 1, ()
+        start, stop = self.spans[index]
+        return start, stop, self.params[index].shape
+
+    def _steps(self, key: str, index: int) -> tuple:
+        start, stop, shape = self._region(key, index)
+        return (Op.SHRINK, ((start, stop),)), (Op.RESHAPE, shape)
 
     @staticmethod
     def fuse(group: ParamGroup, state: dict[Tensor, dict[str, Any]],
@@ -97,15 +112,14 @@ class FlatGroup:
             column = values[i::len(keys)]
             if not per_element and any(not np.array_equal(v, column[0]) for v in column):
                 return None  # step counts that differ: each parameter steps on its own
-            data = np.concatenate([v.reshape(-1) for v in column]) if per_element else column[0]
-            bases[key] = Tensor.from_numpy(data, states[0][key].dtype)
-        return FlatGroup(group, states, bases)
+            bases[key] = Tensor.from_numpy(np.concatenate([v.reshape(-1) for v in column]), states[0][key].dtype)
+        return FlatGroup(group, states, bases, frozenset(k for k, e in zip(keys, elementwise) if not e))
 
     def intact(self, state: dict[Tensor, dict[str, Any]]) -> bool:
         """Whether the group still has these parameters and each its state of views of `bases` (an entry given a
         value of its own, by the per-parameter step or `Tensor.node`, is no view any more)."""
         params, bases = self.group["params"], self.bases
-        return len(params) == len(self.params) and all(
+        return len(params) == len(self.params) and all(b._node is self.base_nodes[k] for k, b in bases.items()) and all(
             p is mine and state.get(p) is s and len(s) == len(views)
             and all(s.get(k) is v and v._base is bases[k] for k, v in views.items())
             for p, mine, s, views in zip(params, self.params, self.states, self.views))
@@ -113,7 +127,7 @@ class FlatGroup:
     def layout(self) -> Hashable:
         """What the group's update graph depends on (besides the optimizer's type)."""
         return (hyperparameters(self.group), self.params[0].dtype, self.spans[-1][1],
-                tuple((k, b.dtype, b.shape) for k, b in self.bases.items()))
+                tuple((k, b.dtype, b.shape, k in self.scalars) for k, b in self.bases.items()))
 
     def arrays(self) -> list[np.ndarray]:
         """The update's inputs: the flat parameters, the flat gradients, each base's value, the learning rate."""
@@ -138,16 +152,17 @@ class FlatGroup:
         else:
             values = node_values([b.node for b in bases.values()])
         arrays = dict(zip(bases, values))
-        for views, param, (start, stop) in zip(self.views, self.params, self.spans):
+        for index, views in enumerate(self.views):
             for key, view in views.items():
                 if view._base is bases[key]:
-                    array = arrays[key]
-                    view._hold(array[start:stop].reshape(param.shape) if array.ndim else array.copy())
+                    start, stop, shape = self._region(key, index)
+                    view._hold(arrays[key][start:stop].reshape(shape))
 
     def take(self, key: str, value: np.ndarray) -> None:
         """Hold the update's new value of `key` ("param": the parameters, as views of one flat array)."""
         if key != "param":
             self.bases[key]._hold(value)
+            self.base_nodes[key] = self.bases[key]._node
             return
         for param, (start, stop) in zip(self.params, self.spans):
             param._hold(value[start:stop].reshape(param.shape))

@@ -214,14 +214,17 @@ class Optimizer:
             size = flat.spans[-1][1]
             twin = Tensor(placeholder(flat.params[0].dtype, (size,)))
             twin.grad = Tensor(placeholder(twin.dtype, (size,)))
-            state = {k: Tensor(placeholder(b.dtype, b.shape)) for k, b in flat.bases.items()}
+            bases = {k: Tensor(placeholder(b.dtype, b.shape)) for k, b in flat.bases.items()}
             lrs[id(flat.group)] = Tensor(placeholder(float32, ()))
-            entries.append((flat.group, twin, state))
-            inputs += [twin.node, twin.grad.node, *(t.node for t in state.values()), lrs[id(flat.group)].node]
+            entries.append((flat.group, twin, {k: b[0] if k in flat.scalars else b for k, b in bases.items()}))
+            inputs += [twin.node, twin.grad.node, *(b.node for b in bases.values()), lrs[id(flat.group)].node]
         outputs, roots = [], []
         for index, values in enumerate(self._new_values(entries, lrs)):
+            flat = flats[index]
             for key, value in values:
-                assert key == "param" or key in flats[index].bases, f"{type(self).__name__} made state {key!r}"
+                assert key == "param" or key in flat.bases, f"{type(self).__name__} made state {key!r}"
+                if key in flat.scalars:  # equal for every parameter: one element each
+                    value = value.reshape(1).expand(len(flat.params))
                 outputs.append((index, key))
                 roots.append(value.node)
         return roots, inputs, outputs

@@ -104,6 +104,8 @@ def test_state_written_in_place_is_seen_by_the_next_step() -> None:
         if step == 1:
             optimizer.state[model[0].weight]["exp_avg"].zero_()
             optimizer.state[model[2].bias]["exp_avg_sq"].mul_(4.0)
+        if step == 2:  # one parameter's step count: the others' stay as they are
+            optimizer.state[model[2].weight]["step"].add_(3.0)
 
     reference, mine, _, _ = train_both("Adam", {"lr": 0.01}, None, between)
     assert_same_parameters(reference, mine, "Adam with state written in place")
