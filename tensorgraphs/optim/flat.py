@@ -2,15 +2,16 @@
 
 Every update rule is elementwise in the parameter, its gradient and its per-element state, with 0-d values (the
 step count, the learning rate) broadcast; so a group whose parameters share a dtype and a step count can be
-updated as one vector. Its per-element state is one flat tensor per key and its 0-d state one tensor per key,
-and each parameter's state entry becomes a view of it (`Tensor._base`): the step's program takes a handful of arrays
-(the flat parameters, gradients and state) and returns as many, and the state is replaced by one assignment per
-key. Parameters are leaves and keep buffers of their own, as consecutive views of the program's flat output: a
-later step that finds them still holding those nodes passes that array whole.
+updated as one vector. Its per-element state is one flat tensor per key, its 0-d state (equal for every
+parameter) one element per parameter, and each parameter's state entry becomes a view of it (`Tensor._base`):
+the step's program takes a handful of arrays (the flat parameters, gradients and state) and returns as many, and
+the state is replaced by one assignment per key. Parameters are leaves and keep buffers of their own, as
+consecutive views of the program's flat output: a later step that finds them still holding those nodes passes
+that array whole.
 
 Nothing of this is visible as semantics: a state entry is a tensor with the values torch's would have (a view
 sees its base's present value), and whatever breaks the layout (a parameter without a gradient, state replaced,
-loaded or written through the per-parameter step, step counts that differ) sends the step down the per-parameter
+loaded or written, step counts that differ) sends the step down the per-parameter
 path, which makes each state entry it updates a tensor of its own; the next step that can fuses the group again
 from the values then present.
 """
@@ -29,7 +30,7 @@ from tensorgraphs.runtime import tracing
 
 ParamGroup = dict[str, Any]
 FLAT_DTYPES = (float32, float64)
-"""Parameter dtypes a group is fused for (a narrower float's update computes in float32 per parameter)."""
+"""Parameter dtypes a group is fused for (float16 and bfloat16 parameters keep the per-parameter step)."""
 
 
 def hyperparameters(group: ParamGroup) -> tuple:
