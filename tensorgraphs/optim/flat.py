@@ -10,10 +10,10 @@ consecutive views of the program's flat output: a later step that finds them sti
 that array whole.
 
 Nothing of this is visible as semantics: a state entry is a tensor with the values torch's would have (a view
-sees its base's present value), and whatever breaks the layout (a parameter without a gradient, state replaced,
-loaded or written, step counts that differ) sends the step down the per-parameter
-path, which makes each state entry it updates a tensor of its own; the next step that can fuses the group again
-from the values then present.
+sees its base's present value). State replaced, loaded or written is fused again from its present values; where
+the layout breaks (a parameter without a gradient, step counts that differ, other dtypes) the step takes the
+per-parameter path, which makes each state entry it updates a tensor of its own, and the next step that can fuses
+the group again.
 """
 
 from __future__ import annotations
