@@ -41,11 +41,17 @@ class AutocastState:
 
 
 _OFF = AutocastState()
-_local = threading.local()
+
+
+class _AutocastLocal(threading.local):
+    state = _OFF  # each thread starts off (a class default: read for every op, without getattr's)
+
+
+_local = _AutocastLocal()
 
 
 def autocast_state() -> AutocastState:
-    return getattr(_local, "state", _OFF)
+    return _local.state
 
 
 def _set_state(state: AutocastState) -> None:

@@ -6,11 +6,16 @@ import functools
 import threading
 from typing import Any, Callable
 
-_state = threading.local()
+
+class _GradMode(threading.local):
+    enabled = True  # each thread starts recording (a class default: read for every op built, without getattr's)
+
+
+_state = _GradMode()
 
 
 def is_grad_enabled() -> bool:
-    return getattr(_state, "enabled", True)
+    return _state.enabled
 
 
 def _set_grad_enabled(mode: bool) -> None:

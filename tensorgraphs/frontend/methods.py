@@ -132,7 +132,8 @@ reflected method, as Python does on NotImplemented."""
 
 def _deferring(fn: Any) -> Any:
     def operator(a: Tensor, b: Any) -> Any:
-        return NotImplemented if getattr(b, "tensor_operators_defer", False) else fn(a, b)
+        # a Tensor has no such attribute: asking it would build Tensor's missing-name error at every operator
+        return NotImplemented if type(b) is not Tensor and getattr(b, "tensor_operators_defer", False) else fn(a, b)
 
     return operator
 

@@ -24,7 +24,7 @@ def _arg_key(arg: Any) -> Any:
     if arg is None:
         return None
     if isinstance(arg, tuple):
-        if all(type(a) is int for a in arg):  # shapes, axes: the common case, keyed whole
+        if set(map(type, arg)) <= _PLAIN_INTS:  # shapes, axes: the common case, keyed whole (checked in C)
             return ("ints", arg)
         return tuple(_arg_key(a) for a in arg)
     if isinstance(arg, float):
@@ -146,9 +146,17 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
     position: dict[Node, int] = {}
     entries: list[tuple] = []
     inputs: list[Node] = []
-    for node in toposort(roots, stop=is_input):
-        position[node] = len(entries)
+    found: set[Node] = set()  # `is_input` asked once per node (toposort asks it first)
+
+    def stop(node: Node) -> bool:
         if is_input(node):
+            found.add(node)
+            return True
+        return False
+
+    for node in toposort(roots, stop=stop):
+        position[node] = len(entries)
+        if node in found:
             inputs.append(node)
             entries.append(("input", node.dtype, node.shape))
         else:
@@ -249,7 +257,7 @@ def movement_shape(op: Op, shape: Shape, arg: Any) -> Shape:
     """The shape rule of every movement op (the Tensor API validates `arg` first)."""
     assert op in MOVEMENT
     if op is Op.RESHAPE:
-        assert math.prod(arg) == math.prod(shape) and all(s >= 0 for s in arg), (shape, arg)
+        assert math.prod(arg) == math.prod(shape) and (not arg or min(arg) >= 0), (shape, arg)
         return tuple(arg)
     if op is Op.PERMUTE:
         assert sorted(arg) == list(range(len(shape))), arg
@@ -274,7 +282,7 @@ def is_noop_view(op: Op, shape: Shape, arg: Any) -> bool:
     if op is Op.PERMUTE:
         return tuple(arg) == tuple(range(len(shape)))
     if op is Op.PAD:
-        return all(p == (0, 0) for p in arg)
+        return arg == ((0, 0),) * len(arg)
     if op is Op.SHRINK:
         return all(b == 0 and e == s for (b, e), s in zip(arg, shape))
     return not any(shape[a] > 1 for a in arg)  # FLIP of size-1 axes
@@ -282,7 +290,7 @@ def is_noop_view(op: Op, shape: Shape, arg: Any) -> bool:
 
 def _plain_ints(arg: Any) -> Any:
     """Nested tuples of Python ints, so equal arguments given as lists or numpy ints share one node."""
-    if type(arg) is tuple and all(type(a) is int for a in arg):
+    if type(arg) is tuple and set(map(type, arg)) <= _PLAIN_INTS:
         return arg
     return tuple(_plain_ints(a) if isinstance(a, (list, tuple)) else int(a) for a in arg)
 

@@ -12,6 +12,8 @@ from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.grad_mode import no_grad
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.runtime import tracing
+from tensorgraphs.runtime.realize import realize
 from tensorgraphs.serialization import load as load_safetensors
 from tensorgraphs.serialization import save as save_safetensors
 
@@ -43,8 +45,14 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     total = get_total_norm(grads, norm_type, error_if_nonfinite)
     with no_grad():
         coefficient = ew.clamp(ew.div(float(max_norm), ew.add(total, 1e-6)), max=1.0)
-        for grad in grads:
-            grad.assign(ew.mul(grad, coefficient))
+        clipped = [ew.mul(grad, coefficient) for grad in grads]
+        if tracing.active() is None:  # eager: computed now, as torch does, in one program; left lazy, every
+            # gradient would be a graph over all of them, computed again wherever one is read (an in-place update
+            # of its parameter realizes that parameter at once)
+            values = realize([total.node, *(c.node for c in clipped)])[1:]
+            clipped = [Tensor.from_numpy(value, grad.dtype) for value, grad in zip(values, grads)]
+        for grad, value in zip(grads, clipped):
+            grad.assign(value)
     return total
 
 

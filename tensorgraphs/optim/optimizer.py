@@ -9,7 +9,8 @@ references held by modules, schedulers and compiled programs stay valid).
 An eager `step()` builds that graph once per layout (which parameters have gradients, their
 shapes and dtypes, the state's, the hyperparameters other than the learning rate) over
 placeholders, and at later steps only runs it on the current arrays (`realize.cached_executable`):
-the same graph and values, without rebuilding it per step.
+the same graph and values, without rebuilding it per step. Where every group allows it, the
+groups are stored flat (`optim.flat`) and the step's program updates each group as one vector.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tensorgraphs.dtypes import DType, float32
 from tensorgraphs.frontend.grad_mode import enable_grad, no_grad
 from tensorgraphs.frontend.tensor import Tensor, live_buffer, node_values
 from tensorgraphs.graph.node import Node
+from tensorgraphs.optim.flat import FlatGroup, fusable, hyperparameters
 from tensorgraphs.runtime import tracing
 from tensorgraphs.runtime.realize import cached_executable, owned, placeholder, realize
 
@@ -79,6 +81,7 @@ class Optimizer:
     def __init__(self, params: Iterable[Tensor] | Iterable[ParamGroup], defaults: dict[str, Any]) -> None:
         self.defaults = defaults
         self.state: dict[Tensor, dict[str, Any]] = {}
+        self._flat: dict[int, FlatGroup] = {}  # by id of the param group
         self.param_groups: list[ParamGroup] = []
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
@@ -141,6 +144,9 @@ class Optimizer:
 
     def step_updates(self) -> list[Update]:
         """Every (target, new value) pair of one step, as lazy in-graph Tensor ops."""
+        for flat in self._flat.values():
+            flat.unflatten()
+        self._flat.clear()
         entries = self._entries()
         lrs = {id(group): live_scalar(lambda group=group: group["lr"]) for group in self.param_groups}
         updates: list[Update] = []
@@ -163,6 +169,11 @@ class Optimizer:
 
     def _replayed_step(self) -> None:
         """`commit(self.step_updates())` with the step's graph built once per layout (module docstring)."""
+        stepped = [group for group in self.param_groups if any(p.grad is not None for p in group["params"])]
+        flats = [self._flat_group(group) for group in stepped] if all(map(fusable, stepped)) else [None]
+        if None not in flats:
+            self._flat_step(flats)  # type: ignore[arg-type]
+            return
         entries = self._entries()
         if not entries:
             return
@@ -176,12 +187,53 @@ class Optimizer:
             target = param if key == "param" else _state_target(state, key, value.shape, dtype)
             target._hold(value)
 
+    def _flat_group(self, group: ParamGroup) -> FlatGroup | None:
+        """`group` stored flat: as the last step left it, or fused anew (None where its state does not allow it)."""
+        flat = self._flat.get(id(group))
+        if flat is None or flat.group is not group or not flat.intact(self.state):
+            flat = FlatGroup.fuse(group, self.state, self.init_state)
+            if flat is not None:
+                self._flat[id(group)] = flat
+        return flat
+
+    def _flat_step(self, flats: list[FlatGroup]) -> None:
+        """The step of groups stored flat: one program over a few arrays per group (`optim.flat`)."""
+        run, outputs = cached_executable(("flat optimizer step", type(self), tuple(f.layout() for f in flats)),
+                                         lambda: self._flat_graph(flats))
+        arrays = [array for flat in flats for array in flat.arrays()]
+        for (index, key), value in zip(outputs, owned(run(arrays), arrays)):
+            flats[index].take(key, value)
+
+    def _flat_graph(self, flats: list[FlatGroup]) -> tuple[list[Node], list[Node], list[tuple[int, str]]]:
+        """The flat step's graph over placeholders (in `FlatGroup.arrays`' order): roots, inputs, and which
+        (group, key) each root is the new value of."""
+        entries: list[Entry] = []
+        lrs: dict[int, Tensor] = {}
+        inputs: list[Node] = []
+        for flat in flats:
+            size = flat.spans[-1][1]
+            twin = Tensor(placeholder(flat.params[0].dtype, (size,)))
+            twin.grad = Tensor(placeholder(twin.dtype, (size,)))
+            bases = {k: Tensor(placeholder(b.dtype, b.shape)) for k, b in flat.bases.items()}
+            lrs[id(flat.group)] = Tensor(placeholder(float32, ()))
+            entries.append((flat.group, twin, {k: b[0] if k in flat.scalars else b for k, b in bases.items()}))
+            inputs += [twin.node, twin.grad.node, *(b.node for b in bases.values()), lrs[id(flat.group)].node]
+        outputs, roots = [], []
+        for index, values in enumerate(self._new_values(entries, lrs)):
+            flat = flats[index]
+            for key, value in values:
+                assert key == "param" or key in flat.bases, f"{type(self).__name__} made state {key!r}"
+                if key in flat.scalars:  # equal for every parameter: one element each
+                    value = value.reshape(1).expand(len(flat.params))
+                outputs.append((index, key))
+                roots.append(value.node)
+        return roots, inputs, outputs
+
     def _layout(self, entries: list[Entry], nodes: list[Node]) -> Hashable:
         """What the step's graph over `nodes` (of each entry's parameter, gradient and state tensors) depends on
         besides the arrays' values (see the module docstring)."""
         groups = {id(group): index for index, group in enumerate(self.param_groups)}
-        hyper = tuple(tuple((k, repr(v)) for k, v in sorted(group.items()) if k not in ("params", "lr"))
-                      for group in self.param_groups)
+        hyper = tuple(hyperparameters(group) for group in self.param_groups)
         per_param = tuple((groups[id(group)], tuple((k, None if isinstance(v, Tensor) else repr(v))
                                                     for k, v in state.items()))
                           for group, _, state in entries)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tensorgraphs as tg
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.optim.optimizer import commit
 from tensorgraphs.rewrite.structural_hash import structural_hash
 
@@ -244,6 +245,25 @@ def test_clip_grad_norm_matches_torch(norm_type: float) -> None:
         np.testing.assert_allclose(mine.get_parameter(name).grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-7)
 
 
+def test_clip_grad_norm_then_manual_updates_match_torch() -> None:
+    """Clipping, then a hand-written SGD step in place: each clipped gradient is a value (a buffer), so updating one
+    parameter computes that parameter only, not the norm over every gradient again."""
+    torch.manual_seed(0)
+    reference, mine = build(torch.nn), build(tg.nn)
+    copy_weights(reference, mine)
+    for step, (x, y) in enumerate(batches()[:3]):
+        for lib, model in ((torch, reference), (tg, mine)):
+            model.zero_grad()
+            lib.nn.functional.mse_loss(model(lib.tensor(x)), lib.tensor(y) * 10).backward()
+            lib.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            if lib is tg:
+                assert all(p.grad.node.op is Op.BUFFER for p in model.parameters()), step
+            with lib.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+    assert_same_parameters(reference, mine, "clipped manual SGD")
+
+
 def test_clip_grad_value_matches_torch() -> None:
     torch.manual_seed(0)
     reference, mine = build(torch.nn), build(tg.nn)
@@ -312,9 +332,11 @@ def test_eager_steps_build_their_graph_once_and_read_the_scheduled_lr(label: str
     from tensorgraphs.runtime import realize
 
     monkeypatch.setattr(realize, "_executables", type(realize._executables)())
-    built: list[int] = []
-    step_graph = Optimizer._step_graph
-    monkeypatch.setattr(Optimizer, "_step_graph", lambda self, *args: built.append(1) or step_graph(self, *args))
+    built: list[str] = []
+    for builder in ("_step_graph", "_flat_graph"):
+        original = getattr(Optimizer, builder)
+        monkeypatch.setattr(Optimizer, builder, lambda self, *args, builder=builder, original=original:
+                            built.append(builder) or original(self, *args))
     name, options, lrs = OPTIMIZERS[label]
     torch.manual_seed(0)
     reference, mine = build(torch.nn), build(tg.nn)
@@ -329,7 +351,7 @@ def test_eager_steps_build_their_graph_once_and_read_the_scheduled_lr(label: str
             run(lib, model, optimizer, data, range(step, step + 1), lib.nn.functional.mse_loss)
             scheduler.step()
     assert_same_parameters(reference, mine, label)
-    assert len(built) == 1
+    assert built == ["_flat_graph"]
 
 
 @pytest.mark.parametrize("label", ["Adadelta_wd_groups", "Adamax_wd_maximize", "NAdam_wd", "RAdam"])
