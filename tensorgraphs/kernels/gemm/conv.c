@@ -5,6 +5,7 @@
  * (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole implicit conv, and building the
  * columns costs more than that. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gemm_internal.h"
 
@@ -168,7 +169,10 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
         for (int64_t co = 0; co < cout; co++) {
             const float *from = temp + (co * images + image) * positions;
             int64_t offset = (image * cout + co) * positions;
-            for (int64_t p = 0; p < positions; p++) out[offset + p] = from[p] + (residual ? residual[offset + p] : 0.0f);
+            if (residual) /* no `+ 0.0f` without one: it would turn a -0 result into +0 */
+                for (int64_t p = 0; p < positions; p++) out[offset + p] = from[p] + residual[offset + p];
+            else
+                memcpy(out + offset, from, (size_t)positions * sizeof(float));
         }
 }
 
