@@ -173,7 +173,8 @@ def as_realized(node: Node) -> Node:
     return found
 
 
-_carried: weakref.WeakSet[Node] = weakref.WeakSet()
+_carried: weakref.WeakKeyDictionary[Node, None] = weakref.WeakKeyDictionary()
+"""The carried nodes in the order they were marked (a graph's extra outputs keep one order, so one structure)."""
 
 
 def carry(node: Node) -> None:
@@ -182,7 +183,7 @@ def carry(node: Node) -> None:
     (`carried_with`), so later graphs start from its value (`as_realized`) instead of recomputing (and growing by)
     every step before it."""
     if not tracing.traces_recording:
-        _carried.add(node)
+        _carried[node] = None
 
 
 def carried_with(roots: list[Node]) -> list[Node]:
@@ -197,7 +198,7 @@ def carried_with(roots: list[Node]) -> list[Node]:
     outputs = set(roots)
     state = [node for node in pending if node not in outputs and any(n in graph for n in toposort([node], stop=below))]
     for node in state:
-        _carried.discard(node)
+        _carried.pop(node, None)
     return state
 
 

@@ -255,7 +255,7 @@ def test_a_detached_hidden_state_is_computed_by_the_backward_and_read_as_data(re
     counts: list[int] = []
     ours = _recurrent_steps(tg, 5, lambda: counts.append(len(rewrites)))
     np.testing.assert_allclose(ours, _recurrent_steps(torch, 5), rtol=1e-5, atol=1e-6)
-    assert counts[2] == counts[-1]  # the first step starts from zeros, the second from a state: then nothing new
+    assert counts[2] == counts[-1], counts  # the first step starts from zeros, the second from a state: then nothing new
 
 
 def _greedy_tokens(lib, steps: int, on_step=None) -> list[int]:
