@@ -230,7 +230,7 @@ class Tensor:
         out = Tensor(detach_node(self.node) if self.requires_grad else self.node)
         link_view(self, out)
         if self.requires_grad:
-            carry(out.node)
+            carry(out.node, out)
         return out
 
     def backward(self, gradient: Tensor | None = None, retain_graph: bool | None = None,

@@ -66,7 +66,7 @@ def _carry(state: Sequence[Tensor]) -> None:
     """The state a layer returns is carried into its next call: the next realization computes it along, so the
     next call's graph starts from its value (`realize.carry`)."""
     for tensor in state:
-        carry(tensor.node)
+        carry(tensor.node, tensor)
 
 
 def _reset_uniform(module: Module, hidden_size: int) -> None:

@@ -173,33 +173,37 @@ def as_realized(node: Node) -> Node:
     return found
 
 
-_carried: weakref.WeakKeyDictionary[Node, None] = weakref.WeakKeyDictionary()
-"""The carried nodes in the order they were marked (a graph's extra outputs keep one order, so one structure)."""
+_carried: dict[int, tuple[weakref.ref, Node]] = {}
+"""Carried nodes by their owner's id, in the order they were marked (a graph's extra outputs keep one order, so one
+structure); an entry leaves when its owner dies."""
 
 
-def carry(node: Node) -> None:
-    """Mark `node` as state that eager code carries into later graphs (an RNN's hidden state, a tensor detached
-    from a graph that requires grad): the next realization of a graph it is computed from computes it too
-    (`carried_with`), so later graphs start from its value (`as_realized`) instead of recomputing (and growing by)
-    every step before it."""
+def carry(node: Node, owner: Any) -> None:
+    """Mark `node` as state that eager code carries into later graphs while `owner` (the tensor holding it) lives:
+    an RNN's hidden state, a tensor detached from a graph that requires grad. The next realization of a graph it is
+    computed from computes it too (`carried_with`), so later graphs start from its value (`as_realized`) instead of
+    recomputing (and growing by) every step before it. A temporary an op detaches inside its own graph dies at once,
+    and is never computed for it."""
     if not tracing.traces_recording:
-        _carried[node] = None
+        key = id(owner)
+        _carried[key] = weakref.ref(owner, lambda _: _carried.pop(key, None)), node
 
 
 def carried_with(roots: list[Node]) -> list[Node]:
     """The carried nodes (`carry`) not known yet that are computed from the graph of `roots` or inside it (roots
     aside); they are no longer carried once returned."""
     known = realized_values(default_device())
-    pending = [n for n in list(_carried) if n not in known]
+    pending = {key: node for key, (_, node) in list(_carried.items()) if node not in known}
     if not pending:
         return []
     graph = {n for n in toposort(roots, stop=known.__contains__) if n.op not in SOURCES}
     below = lambda n: n in graph or n in known  # noqa: E731
     outputs = set(roots)
-    state = [node for node in pending if node not in outputs and any(n in graph for n in toposort([node], stop=below))]
-    for node in state:
-        _carried.pop(node, None)
-    return state
+    state = {key: node for key, node in pending.items()
+             if node not in outputs and any(n in graph for n in toposort([node], stop=below))}
+    for key in state:
+        _carried.pop(key, None)
+    return list(dict.fromkeys(state.values()))
 
 
 def realize(nodes: list[Node]) -> list[np.ndarray]:

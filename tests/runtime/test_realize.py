@@ -255,7 +255,8 @@ def test_a_detached_hidden_state_is_computed_by_the_backward_and_read_as_data(re
     counts: list[int] = []
     ours = _recurrent_steps(tg, 5, lambda: counts.append(len(rewrites)))
     np.testing.assert_allclose(ours, _recurrent_steps(torch, 5), rtol=1e-5, atol=1e-6)
-    assert counts[2] == counts[-1], counts  # the first step starts from zeros, the second from a state: then nothing new
+    # the first step starts from zeros, the second from a state: then nothing new
+    assert counts[2] == counts[-1], counts
 
 
 def _greedy_tokens(lib, steps: int, on_step=None) -> list[int]:
@@ -284,3 +285,20 @@ def test_a_recurrent_state_carried_under_no_grad_is_computed_with_what_the_loop_
     counts: list[int] = []
     assert _greedy_tokens(tg, 8, lambda: counts.append(len(rewrites))) == _greedy_tokens(torch, 8)
     assert counts[2] == counts[-1]
+
+
+def test_a_temporary_an_op_detaches_is_not_carried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BatchNorm detaches its batch statistics and an Embedding with padding_idx its padding rows inside their own
+    graphs: no state carried to a later step, so the backward computes nothing besides the loss and gradients."""
+    marked: list[int] = []
+    carry = tg.frontend.tensor.carry
+    monkeypatch.setattr(tg.frontend.tensor, "carry", lambda node, owner: (marked.append(1), carry(node, owner)))
+    carried: list[int] = []
+    carried_with = realization.carried_with
+    monkeypatch.setattr(tg.frontend.backward, "carried_with",
+                        lambda roots: carried.append(len(state := carried_with(roots))) or state)
+    embed, model = tg.nn.Embedding(5, 8, padding_idx=0), tg.nn.Sequential(tg.nn.Linear(8, 3), tg.nn.BatchNorm1d(3))
+    tokens = tg.tensor([0, 2, 1, 1])
+    for _ in range(2):
+        tg.nn.functional.cross_entropy(model(embed(tokens)), tokens).backward()
+    assert marked and carried == [0, 0]
