@@ -199,9 +199,10 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
         recomputed = set().union(*(low.recomputed for low in lowerings))
-        uses = Counter(n for low in lowerings for n in low.inlined if n.op in REDUCE)
-        reductions = {n for n in recomputed if n.op in REDUCE} | {n for n, count in uses.items() if count > 1}
-        added = (reductions or recomputed or shared_chains(lowerings, order, materialized, leaf)) - materialized
+        inlined_by = Counter(n for low in lowerings for n in low.inlined)  # how many kernels compute each inline
+        reductions = {n for n in recomputed if n.op in REDUCE} | {
+            n for n, count in inlined_by.items() if n.op in REDUCE and count > 1}
+        added = (reductions or recomputed or shared_chains(inlined_by, order, materialized, leaf)) - materialized
         if not added:  # it is a buffer
             break
         materialized |= added
@@ -299,8 +300,10 @@ MAX_INLINE_DEPTH = 96
 exceeded Python's recursion limit), and so does the C compiler's expression handling."""
 
 
-def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
-    """Nodes to give buffers so that no kernel inlines a chain longer than MAX_INLINE_DEPTH."""
+def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput, limit: int = MAX_INLINE_DEPTH,
+                       cuttable: Callable[[Node], bool] = lambda node: True) -> set[Node]:
+    """Nodes to give buffers (of those `cuttable`) so that no kernel inlines a chain longer than `limit` through
+    them."""
     depth: dict[Node, int] = {}
     cut: set[Node] = set()
     for node in order:
@@ -308,7 +311,7 @@ def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput
             depth[node] = 0
             continue
         depth[node] = 1 + max((depth[s] for s in node.src), default=0)
-        if depth[node] >= MAX_INLINE_DEPTH:
+        if depth[node] >= limit and cuttable(node):
             cut.add(node)
             depth[node] = 0
     return cut
@@ -320,17 +323,10 @@ cell state, a recurrence of elementwise steps) gets a buffer, as otherwise every
 whole chain (and the program's C grows with the product of its length and its readers)."""
 
 
-def shared_chains(lowerings: list[Lowering], order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
-    """Nodes more than one kernel computes inline at the end of a chain deeper than MAX_SHARED_INLINE_DEPTH."""
-    uses = Counter(n for low in lowerings for n in low.inlined)
-    depth: dict[Node, int] = {}
-    found: set[Node] = set()
-    for node in order:
-        depth[node] = 0 if leaf(node) or node in materialized else 1 + max((depth[s] for s in node.src), default=0)
-        if depth[node] >= MAX_SHARED_INLINE_DEPTH and uses[node] > 1:
-            found.add(node)
-            depth[node] = 0
-    return found
+def shared_chains(inlined_by: Counter[Node], order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
+    """Nodes more than one kernel computes inline (`inlined_by`: how many) at the end of a chain deeper than
+    MAX_SHARED_INLINE_DEPTH."""
+    return too_deep_to_inline(order, materialized, leaf, MAX_SHARED_INLINE_DEPTH, lambda node: inlined_by[node] > 1)
 
 
 def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node], roots: list[Node],
