@@ -9,7 +9,16 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from test_optimizers import OPTIMIZERS, assert_same_parameters, batches, build, copy_weights, groups, run
+from test_optimizers import (
+    OPTIMIZERS,
+    assert_same_parameters,
+    batches,
+    build,
+    compiled_step,
+    copy_weights,
+    groups,
+    run,
+)
 
 import tensorgraphs as tg
 from tensorgraphs.optim.optimizer import Optimizer
@@ -171,13 +180,7 @@ def test_eager_and_compiled_steps_of_one_optimizer(order: str) -> None:
     run(torch, reference, ref_opt, data, range(6), torch.nn.functional.mse_loss)
     optimizer = tg.optim.Adam(mine.parameters(), lr=0.01)
 
-    @tg.compile
-    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        optimizer.zero_grad()
-        loss = tg.nn.functional.mse_loss(mine(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = compiled_step(mine, optimizer)
 
     compiled = range(2, 6) if order == "eager first" else range(3)
     for index in range(6):

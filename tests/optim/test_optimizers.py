@@ -70,6 +70,20 @@ def run(lib: Any, model: Any, optimizer: Any, data: list, steps: range, loss_fn:
         optimizer.step()
 
 
+def compiled_step(model: tg.nn.Module, optimizer: tg.optim.Optimizer) -> Callable[[tg.Tensor, tg.Tensor], tg.Tensor]:
+    """One training step on mse_loss, compiled whole (forward, backward, optimizer.step)."""
+
+    @tg.compile
+    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
+        optimizer.zero_grad()
+        loss = tg.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def copy_weights(reference: torch.nn.Module, mine: tg.nn.Module) -> None:
     mine.load_state_dict({k: v.detach().numpy() for k, v in reference.state_dict().items()})
 
@@ -115,13 +129,7 @@ def test_compiled_step_matches_eager_and_torch(label: str) -> None:
     run(tg, eager, getattr(tg.optim, name)(groups(eager, lrs), **options), data, range(4), tg.nn.functional.mse_loss)
     optimizer = getattr(tg.optim, name)(groups(compiled, lrs), **options)
 
-    @tg.compile
-    def step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        optimizer.zero_grad()
-        loss = tg.nn.functional.mse_loss(compiled(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
+    step = compiled_step(compiled, optimizer)
 
     for x, y in data:
         step(tg.tensor(x), tg.tensor(y))
@@ -359,13 +367,7 @@ def test_compiled_optimizer_step_matches_torch(label: str) -> None:
     """The update traced once by tg.compile replays every step (step-dependent factors are graph values)."""
     reference, mine, my_opt, data = trained_reference(label)
 
-    @tg.compile
-    def train_step(x: tg.Tensor, y: tg.Tensor) -> tg.Tensor:
-        my_opt.zero_grad()
-        loss = tg.nn.functional.mse_loss(mine(x), y)
-        loss.backward()
-        my_opt.step()
-        return loss
+    train_step = compiled_step(mine, my_opt)
 
     for x, y in data:
         train_step(x, y)
