@@ -9,7 +9,7 @@ ordinary primitive graph that later stages optimize like the forward.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from tensorgraphs.graph.ops import Op
 
@@ -25,3 +25,21 @@ def register(rules: Mapping[Op, GradientRule]) -> None:
     if taken:
         raise ValueError(f"gradient rules of {sorted(op.name for op in taken)} are already registered")
     GRAD_RULES.update(rules)
+
+
+def add_in_order(parts: Sequence[Any]) -> Any:
+    """The sum of a node's gradient contributions, left to right in the order they arrived."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+GradientSum = Callable[[Sequence[Any]], Any]
+GRADIENT_SUM: list[GradientSum] = [add_in_order]
+"""How the contributions to one node's gradient are summed (the front end registers one that joins the disjoint
+slices of a split into one concatenation, `register_gradient_sum`)."""
+
+
+def register_gradient_sum(gradient_sum: GradientSum) -> None:
+    GRADIENT_SUM[0] = gradient_sum

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tensorgraphs.autograd.rules import GRAD_RULES
+from tensorgraphs.autograd.rules import GRAD_RULES, GRADIENT_SUM
 from tensorgraphs.graph.composite import as_node, as_value, body_context, decompose, is_composite, params_of
 from tensorgraphs.graph.node import Node, toposort
 
@@ -31,22 +31,29 @@ def _vjp(roots: Sequence[Node], root_grads: Sequence[Node], wrt: Sequence[Node],
     for node in order:
         if node.dtype.is_floating_point and (node in targets or any(s in relevant for s in node.src)):
             relevant.add(node)
-    grads: dict[Node, Any] = {}
+    contributions: dict[Node, list[Any]] = {}
     for root, root_grad in zip(roots, root_grads):
-        _accumulate(grads, root, as_value(root_grad))
+        _accumulate(contributions, root, as_value(root_grad))
     for node in reversed(order):
-        if node not in grads or node not in relevant or not node.src or (wrt_are_leaves and node in targets):
+        if node not in contributions or node not in relevant or not node.src or (wrt_are_leaves and node in targets):
             continue
-        for src, src_grad in zip(node.src, input_grads(node, grads[node])):
+        for src, src_grad in zip(node.src, input_grads(node, _total(contributions, node))):
             if src_grad is not None and src in relevant:
-                _accumulate(grads, src, src_grad)
-    return [as_node(grads[w]) if w in grads else None for w in wrt]
+                _accumulate(contributions, src, src_grad)
+    return [as_node(_total(contributions, w)) if w in contributions else None for w in wrt]
 
 
-def _accumulate(grads: dict[Node, Any], node: Node, grad: Any) -> None:
+def _accumulate(contributions: dict[Node, list[Any]], node: Node, grad: Any) -> None:
     assert grad.shape == node.shape, f"gradient of {node} has shape {grad.shape}"
-    previous = grads.get(node)
-    grads[node] = grad if previous is None else previous + grad
+    contributions.setdefault(node, []).append(grad)
+
+
+def _total(contributions: dict[Node, list[Any]], node: Node) -> Any:
+    """`node`'s whole gradient: its contributions summed once all have arrived (`rules.GRADIENT_SUM`)."""
+    parts = contributions[node]
+    if len(parts) > 1:
+        contributions[node] = parts = [GRADIENT_SUM[0](parts)]
+    return parts[0]
 
 
 def input_grads(node: Node, grad: Any) -> tuple[Any, ...]:

@@ -10,8 +10,9 @@ bodies; autograd calls them through the same value hook (`as_value`).
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
-from tensorgraphs.autograd.rules import register
+from tensorgraphs.autograd.rules import add_in_order, register, register_gradient_sum
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor, apply, cast, expand_to, full_like_node
@@ -23,6 +24,50 @@ def _unbroadcast_sum(grad: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Sum `grad` over the axes where `shape` has size 1 but grad does not (EXPAND's transpose)."""
     axes = tuple(i for i, (s, t) in enumerate(zip(shape, grad.shape)) if s != t)
     return apply(Op.REDUCE_SUM, grad, arg=axes) if axes else grad
+
+
+def _padded_axis(t: Tensor) -> int | None:
+    """The one axis `t` zero-pads its source along (None: `t` is no padding, or pads several axes)."""
+    if t.node.op is not Op.PAD:
+        return None
+    axes = [axis for axis, widths in enumerate(t.node.arg) if widths != (0, 0)]
+    return axes[0] if len(axes) == 1 else None
+
+
+def _joined_slices(slices: list[Tensor], axis: int) -> tuple[Tensor, list[Tensor]]:
+    """The concatenation of zero-padded slices' sources along `axis`, zeros in the gaps, taking slices by start
+    while their ranges are disjoint; and the slices left out (overlapping one taken)."""
+    pieces, left_out, end = [], [], 0
+    for part in sorted(slices, key=lambda t: t.node.arg[axis][0]):
+        start = part.node.arg[axis][0]
+        if start < end:
+            left_out.append(part)
+            continue
+        if start > end:
+            pieces.append(_zeros_along(part, axis, start - end))
+        pieces.append(Tensor(part.node.src[0]))
+        end = start + part.node.src[0].shape[axis]
+    if end < slices[0].shape[axis]:
+        pieces.append(_zeros_along(slices[0], axis, slices[0].shape[axis] - end))
+    return mv.cat(pieces, axis), left_out
+
+
+def _zeros_along(like: Tensor, axis: int, size: int) -> Tensor:
+    return Tensor(g.const(0, like.dtype, like.shape[:axis] + (size,) + like.shape[axis + 1:]))
+
+
+def _sum_gradients(parts: Sequence[Tensor]) -> Tensor:
+    """The contributions to one gradient, summed. Zero-padded slices along one axis with disjoint ranges (the
+    gradients of a split's pieces, or of a sequence's time steps) are joined into one concatenation, as torch's
+    split backward does: their sum would evaluate every slice, bounds-checked, at each element. The join is the sum
+    exactly, but for the sign of a zero (a slice's -0.0 stays -0.0, as in torch)."""
+    axes = [_padded_axis(part) for part in parts]
+    axis = next((a for a in axes if a is not None), None)
+    slices = [part for part, a in zip(parts, axes) if a is not None and a == axis]
+    if len(slices) < 2:
+        return add_in_order(parts)
+    joined, left_out = _joined_slices(slices, axis)
+    return add_in_order([joined, *left_out, *(part for part, a in zip(parts, axes) if a != axis)])
 
 
 def _max_grad(out: Tensor, grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,3 +141,4 @@ register({
     Op.ASSIGN: lambda out, grad, target, value: (None, grad),
     Op.COPY: lambda out, grad, x: (grad,),
 })
+register_gradient_sum(_sum_gradients)

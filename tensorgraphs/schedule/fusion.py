@@ -317,16 +317,31 @@ def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput
     return cut
 
 
-MAX_SHARED_INLINE_DEPTH = 32
-"""Longest chain of nodes that more than one kernel computes inline: a value at the end of a longer one (an RNN's
-cell state, a recurrence of elementwise steps) gets a buffer, as otherwise every kernel reading it recomputes the
-whole chain (and the program's C grows with the product of its length and its readers)."""
+MAX_SHARED_INLINE_NODES = 32
+"""Most nodes that computing a value inline may take (its cone back to buffers and inputs) when more than one
+kernel computes it: a larger one (an RNN's cell state, a recurrence of elementwise steps, forward activations a
+backward recomputes) gets a buffer, as otherwise every kernel reading it recomputes all of it (and the program's
+C grows with the product of its size and its readers)."""
 
 
 def shared_chains(inlined_by: Counter[Node], order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
-    """Nodes more than one kernel computes inline (`inlined_by`: how many) at the end of a chain deeper than
-    MAX_SHARED_INLINE_DEPTH."""
-    return too_deep_to_inline(order, materialized, leaf, MAX_SHARED_INLINE_DEPTH, lambda node: inlined_by[node] > 1)
+    """Nodes more than one kernel computes inline (`inlined_by`: how many) whose cone has more than
+    MAX_SHARED_INLINE_NODES nodes."""
+    cone: dict[Node, frozenset[Node] | None] = {}  # None: more than the limit
+    cut: set[Node] = set()
+    for node in order:
+        if leaf(node) or node in materialized:
+            cone[node] = frozenset()
+            continue
+        sources = [cone[s] for s in node.src]
+        nodes = None if None in sources else frozenset({node}).union(*sources)
+        if nodes is None or len(nodes) > MAX_SHARED_INLINE_NODES:
+            nodes = None
+            if inlined_by[node] > 1:
+                cut.add(node)
+                nodes = frozenset()
+        cone[node] = nodes
+    return cut
 
 
 def _name_buffers(order: list[Node], inputs: list[Node], materialized: set[Node], roots: list[Node],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -9,6 +11,7 @@ import tensorgraphs as tg
 from tensorgraphs.autograd.vjp import vjp
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.ops import Op
 
 
@@ -53,3 +56,34 @@ def test_a_composite_input_computed_from_another_input_is_counted_once() -> None
         with tg.device("numpy"):
             got = x.grad.numpy()
         np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def _slices(x: Any) -> list[Any]:
+    """Pieces of x along its last axis: three of four chunks (a gap where the third was) and a slice overlapping
+    two of them."""
+    a, b, _, d = x.chunk(4, -1)
+    return [a, b, d, x[:, 1:3]]
+
+
+def test_slices_gradients_join_into_one_concatenation_matching_torch() -> None:
+    """The gradients of disjoint slices along one axis (a split's pieces, an LSTM's gates and time steps) become
+    one concatenation, as torch's split backward does, not a sum of zero-padded pieces each evaluated at every
+    element; overlapping slices are added. Values and the sign of zero equal torch's."""
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((3, 8)).astype(np.float32)
+    weights = [-0.0, *rng.standard_normal(3).astype(np.float32)]  # -0.0: a slice's gradient that is negative zero
+
+    def loss(x: Any) -> Any:
+        return sum((piece.sin() * float(w)).sum() for piece, w in zip(_slices(x), weights))
+
+    x = tg.tensor(data, requires_grad=True)
+    (grad,) = vjp([loss(x).node], [g.const(1.0, tg.float32, ())], [x.node])
+    nodes = grad.toposort()
+    assert [n.op for n in nodes].count(Op.PAD) == 1, "only the overlapping slice is padded and added"
+    (joined,) = [n for n in nodes if is_composite(n) and n.op.name == "cat"]
+    assert [piece.shape[-1] for piece in joined.src] == [2, 2, 2, 2]
+    tx = torch.tensor(data, requires_grad=True)
+    loss(tx).backward()
+    (got,) = REFERENCE.evaluate([grad])
+    np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.signbit(got[:, :2]), np.signbit(tx.grad.numpy()[:, :2]))

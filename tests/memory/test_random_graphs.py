@@ -95,7 +95,7 @@ def test_recomputing_graphs_equal_unplanned_and_reference() -> None:
     """Longer random graphs, where a cheap value is now and then recomputed (`memory.recompute`) instead of kept."""
     recomputing = 0
     for seed in range(96):
-        roots = random_graph(seed, steps=12)
+        roots = random_graph(seed, steps=16)
         schedule = schedule_kernels(roots)
         if len(order_for_memory(schedule).kernels) > len(schedule.kernels):
             check(roots, seed, rtol=2e-3)

@@ -15,12 +15,12 @@ from tensorgraphs.backends.cpu import CPU, CPU_TARGET
 from tensorgraphs.backends.cpu.renderer import PREAMBLE, CpuRenderer
 from tensorgraphs.backends.native import Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.loop_ir import Kernel, Reduce, Store, walk
+from tensorgraphs.codegen.loop_ir import Kernel, Let, Reduce, Store, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import fuzz, optimize
 from tensorgraphs.schedule import Schedule, count_kernels, schedule_kernels
-from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, SPLIT_MIN_SIZE, to_primitive
+from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, MAX_SHARED_INLINE_NODES, SPLIT_MIN_SIZE, to_primitive
 from tensorgraphs.schedule.lower import Lowering
 
 pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
@@ -269,3 +269,22 @@ def test_a_rider_never_makes_a_chain_deeper_than_the_inline_limit() -> None:
     for _ in range(MAX_INLINE_DEPTH // 2 - 8):
         second = second * 0.99 - 0.01
     assert [sum(stores_per_buffer(k).values()) for k in schedule_kernels([first.node, second.node]).kernels] == [1, 1]
+
+
+def test_a_recurrence_read_by_several_kernels_is_stored_not_recomputed_by_each() -> None:
+    """An elementwise recurrence (an LSTM's cell state: c = sigmoid(f) * c + sigmoid(i) * tanh(g)) whose every
+    step is also read by an output kernel: a step whose cone back to buffers exceeds MAX_SHARED_INLINE_NODES gets
+    a buffer, so the program's code grows linearly in the steps rather than with steps times the inlined depth."""
+    steps, gates = 24, [tensor(3, 8, seed=s) for s in range(3)]
+    c = tensor(8, seed=9)
+    outputs = []
+    for t in range(steps):
+        f, i, g = (gate[t % 3] * (1 + t / steps) for gate in gates)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        outputs.append(c * 2)
+    roots = [o.node for o in outputs]
+    schedule = schedule_kernels(roots)
+    lets = [sum(1 for s in walk(k.body) if isinstance(s, Let)) for k in schedule.kernels]
+    assert max(lets) <= 3 * MAX_SHARED_INLINE_NODES and sum(lets) <= 80 * steps, lets  # 307 and 4308 when inlined
+    for got, want in zip(CPU.evaluate(roots), REFERENCE.evaluate(roots)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
