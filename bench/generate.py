@@ -9,8 +9,9 @@ in every system. Each system reads a `--prompt`-token prompt in one call (the pr
 tokens in all, one token per call:
 
 - tg: `GPT.generate(temperature=0)`: a prefill program compiled once for every prompt length (dynamic shapes),
-  then one compiled program per token (the cache a fixed block_size buffer, updated in place), compiled once;
-  the first call's extra time is the compile time.
+  then one call of a compiled program per token (the cache a fixed block_size buffer, updated in place; a step
+  reads the cache's filled rows rounded up to a power of two, 64 at least: a program per such count, compiled
+  once); the first call's extra time is the compile time.
 - torch eager: the usual KV cache, keys and values concatenated to the past ones at every step.
 - torch.compile: a static cache (block_size rows, the new rows written with index_copy_, later rows masked), so
   one graph serves every position (a growing cache would recompile per length); compile time is its first call.

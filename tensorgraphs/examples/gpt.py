@@ -33,6 +33,9 @@ TEXT_PATH = Path(__file__).parent / "data" / "asv_gospels.txt"
 # evaluation runs lazily on this device (planned picks measured kernels per op); sampling runs compiled prefill
 # and KV-cache decoding steps (`GPT.generate`).
 DEFAULT_DEVICE = "planned"
+# A decoding step attends over the cache rows filled so far, rounded up to a power of two (a program per size, each
+# traced once): attention reads at most twice the rows it needs; below 64 rows the saving no longer pays a trace.
+FEWEST_CACHE_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -70,19 +73,21 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, length, channels))
 
-    def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache) -> tg.Tensor:
-        """One token x (batch, 1, channels) at `position` (a 1-element int64 tensor): its key and value are written
-        into the cache at that row, and it attends to rows 0..position (later rows hold stale or no values)."""
+    def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache, rows: int) -> tg.Tensor:
+        """One token x (batch, 1, channels) at `position` (a 1-element int64 tensor, below `rows`): its key and
+        value are written into the cache at that row, and it attends to rows 0..position, reading only the cache's
+        first `rows` rows (later rows hold stale or no values: masked, or not read)."""
         batch, _, channels = x.shape
         q, k, v = self.heads(x)
-        rows = tg.arange(cache.keys.shape[2]).reshape(1, 1, -1, 1)
-        cache.keys.assign(tg.where(rows == position, k, cache.keys))
-        cache.values.assign(tg.where(rows == position, v, cache.values))
-        visible = rows.reshape(1, 1, 1, -1) <= position
+        row = tg.arange(cache.keys.shape[2]).reshape(1, 1, -1, 1)
+        cache.keys.assign(tg.where(row == position, k, cache.keys))
+        cache.values.assign(tg.where(row == position, v, cache.values))
+        keys, values = cache.keys[:, :, :rows], cache.values[:, :, :rows]
+        visible = tg.arange(rows).reshape(1, 1, 1, -1) <= position
         # written out as two matrix products: for one query row they run as GEMVs over the cache, where the fused
         # attention kernel took ~10x as long at block 1024
-        scores = (q @ cache.keys.transpose(2, 3)) * (1.0 / math.sqrt(q.shape[-1]))
-        y = F.softmax(tg.where(visible, scores, float("-inf")), dim=-1) @ cache.values
+        scores = (q @ keys.transpose(2, 3)) * (1.0 / math.sqrt(q.shape[-1]))
+        y = F.softmax(tg.where(visible, scores, float("-inf")), dim=-1) @ values
         return self.proj(y.transpose(1, 2).reshape(batch, 1, channels))
 
 
@@ -111,8 +116,8 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
-    def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache) -> tg.Tensor:
-        x = x + self.attn.decode(self.ln_1(x), position, cache)
+    def decode(self, x: tg.Tensor, position: tg.Tensor, cache: KVCache, rows: int) -> tg.Tensor:
+        x = x + self.attn.decode(self.ln_1(x), position, cache, rows)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -204,7 +209,12 @@ class GPT(nn.Module):
     def _decode(self, token: np.ndarray, position: int, temperature: float, top_k: int | None) -> np.ndarray:
         step = self.__dict__.setdefault("_decode_step", tg.compile(self.decode_step))
         return step(np.ascontiguousarray(token), np.array([position]), float(temperature or 1.0), top_k,
-                    temperature == 0).numpy()
+                    temperature == 0, self._cache_rows_read(position)).numpy()
+
+    def _cache_rows_read(self, position: int) -> int:
+        """The cache rows a decoding step at `position` reads: the least power of two past it, FEWEST_CACHE_ROWS
+        at least and block_size at most (a program per such size)."""
+        return min(max(FEWEST_CACHE_ROWS, 1 << position.bit_length()), self.config.block_size)
 
     def _caches(self, batch: int) -> list[KVCache]:
         """This batch size's KV cache of every block."""
@@ -222,11 +232,12 @@ class GPT(nn.Module):
         return self._next_token(x, temperature, top_k, greedy)
 
     def decode_step(self, token: tg.Tensor, position: tg.Tensor, temperature: float, top_k: int | None,
-                    greedy: bool) -> tg.Tensor:
-        """Token ids (batch, 1) at `position` -> the next ids (batch, 1), extending this batch size's KV cache."""
+                    greedy: bool, rows: int) -> tg.Tensor:
+        """Token ids (batch, 1) at `position` -> the next ids (batch, 1), extending this batch size's KV cache;
+        attention reads the cache's first `rows` rows (more than `position`; a trace per value)."""
         x = self.token_embedding(token) + self.position_embedding(position)
         for block, cache in zip(self.blocks, self._caches(token.shape[0])):
-            x = block.decode(x, position, cache)
+            x = block.decode(x, position, cache, int(rows))
         return self._next_token(x, temperature, top_k, greedy)
 
     def _next_token(self, x: tg.Tensor, temperature: float, top_k: int | None, greedy: bool) -> tg.Tensor:

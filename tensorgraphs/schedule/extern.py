@@ -6,7 +6,8 @@ contract (`tensorgraphs.kernels.blas`), or its decomposition. Run by a library, 
 scheduler: its kernel is one `GemmCall` of the chosen C function reading two buffers and writing its own.
 An operand needs no copy when it is a buffer, a reshape of one (buffers are contiguous), a slice of one's leading
 dim (a contiguous block: an offset, as the q/k/v rows of an attention's in_proj
-weight), or any of those with its last two axes swapped (the transpose becomes
+weight), a slice of the rows of those (each batch entry's first rows: the filled rows of a KV cache, read with
+the source's batch stride), or any of those with its last two axes swapped (the transpose becomes
 swapped strides); anything else is materialized into a buffer first. The kernel reads and writes through its
 `Kernel.buffers` like any other, so liveness and the memory planner see it as one.
 
@@ -174,17 +175,33 @@ def _contiguous_chain(view: Node, rounding: bool = False) -> list[Node]:
     return chain
 
 
+def _row_slice_start(view: Node) -> int | None:
+    """Elements of its source before `view`, when `view` slices only the rows (the second last dim) of a batch of
+    matrices: each batch entry's rows start there, a batch stride of the source's apart (`operand_strides`)."""
+    if view.op is not Op.SHRINK or view.ndim < 3:
+        return None
+    source = view.src[0].shape
+    (start, _), kept = view.arg[-2], [*view.arg[:-2], view.arg[-1]]
+    if any(bounds != (0, size) for bounds, size in zip(kept, [*source[:-2], source[-1]])):
+        return None
+    return start * source[-1]
+
+
 def _view_chain(view: Node, rounding: bool = False) -> list[Node]:
     """`view` and the views under it down to the node whose buffer holds its elements (last): a swap of the
-    last two axes, then reshapes, slices of the leading dim and casts (see `_contiguous_chain`)."""
-    if _swaps_last_two(view):
-        return [view, *_contiguous_chain(view.src[0], rounding)]
-    return _contiguous_chain(view, rounding)
+    last two axes, then a slice of the rows, then reshapes, slices of the leading dim and casts (see
+    `_contiguous_chain`)."""
+    chain = [view]
+    if _swaps_last_two(chain[-1]):
+        chain.append(chain[-1].src[0])
+    if _row_slice_start(chain[-1]) is not None:
+        chain.append(chain[-1].src[0])
+    return [*chain[:-1], *_contiguous_chain(chain[-1], rounding)]
 
 
 def _storage_and_offset(chain: list[Node]) -> tuple[Node, int]:
     *views, storage = chain
-    return storage, sum(_leading_slice_start(node) or 0 for node in views)
+    return storage, sum(_leading_slice_start(node) or _row_slice_start(node) or 0 for node in views)
 
 
 def contiguous_storage(view: Node) -> tuple[Node, int]:
@@ -218,12 +235,14 @@ def gemm_operand_bases(product: Node) -> list[Node]:
 
 def operand_strides(view: Node) -> tuple[int, int, int]:
     """(batch, row, column) element strides of `view` read from its base's contiguous buffer; the batch dims
-    are contiguous there, so they fold into one of stride rows * columns."""
-    stored = view.src[0].shape if _swaps_last_two(view) else view.shape
-    contiguous = [math.prod(stored[d + 1:]) for d in range(len(stored))]
+    are contiguous there, so they fold into one of stride rows * columns (the rows of the source where `view`
+    slices them: `_row_slice_start`)."""
+    stored = view.src[0] if _swaps_last_two(view) else view
+    rows = stored.src[0].shape[-2] if _row_slice_start(stored) is not None else stored.shape[-2]
+    contiguous = [math.prod(stored.shape[d + 1:]) for d in range(stored.ndim)]
     if _swaps_last_two(view):
         contiguous[-2], contiguous[-1] = contiguous[-1], contiguous[-2]
-    return math.prod(stored[-2:]), contiguous[-2], contiguous[-1]
+    return rows * stored.shape[-1], contiguous[-2], contiguous[-1]
 
 
 # ---------------------------------------------------------------------------

@@ -303,6 +303,35 @@ def test_a_batch_1_decoding_step_runs_its_products_on_the_few_row_kernel_reading
     assert (after["few_rows"] - before["few_rows"], after["blocked"] - before["blocked"]) == (len(calls), 0)
 
 
+def _cache_products(model: gpt.GPT) -> list[GemmCall]:
+    """The products of every decoding program that read the KV cache (a batch entry per head)."""
+    traces = [t for traces in model.__dict__["_decode_step"].traces.values() for t in traces]
+    calls = [s for t in traces for kernel in t.program.kernels for s in walk(kernel.body) if isinstance(s, GemmCall)]
+    return [call for call in calls if call.batch == model.config.n_head]
+
+
+def test_decoding_attends_over_the_filled_rows_rounded_up_to_a_power_of_two() -> None:
+    """A decoding step at position p reads the cache's first max(64, 2^k > p) rows, block_size at most, in place
+    (a program per row count): the scores' and the weighted values' products span those rows, a batch stride of the
+    whole cache apart. Greedy tokens from one token to the full cache (past each row count's edge) are the argmax
+    of torch's full forwards."""
+    config = gpt.GPTConfig(vocab_size=29, block_size=160, n_layer=2, n_head=2, n_embd=16)
+    model, reference = _generation_pair(config, seed=4)
+    assert [model._cache_rows_read(p) for p in (0, 63, 64, 127, 128, 159)] == [64, 64, 128, 128, 160, 160]
+    generated = model.generate(tg.tensor([[3]]), config.block_size - 1, temperature=0).numpy()
+    expected = [[3]]
+    for _ in range(config.block_size - 1):
+        expected[0].append(int(_torch_logits(reference, expected)[0].argmax()))
+    np.testing.assert_array_equal(generated, expected)
+    assert _decode_programs(model) == 3
+    head = config.n_embd // config.n_head
+    calls = _cache_products(model)
+    assert all(call.b_strides[0] == config.block_size * head for call in calls), calls
+    assert len(calls) == 3 * 2 * config.n_layer, calls
+    assert sorted(call.n for call in calls if call.k == head) == [64, 64, 128, 128, 160, 160]  # scores
+    assert sorted(call.k for call in calls if call.n == head) == [64, 64, 128, 128, 160, 160]  # weighted values
+
+
 def test_generate_rejects_an_empty_prompt() -> None:
     model = gpt.GPT(gpt.GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4))
     with pytest.raises(ValueError, match="length >= 1"):
@@ -311,12 +340,13 @@ def test_generate_rejects_an_empty_prompt() -> None:
 
 @pytest.mark.slow
 def test_a_gpt2_small_sized_model_generates_greedily_as_torch_does() -> None:
-    """12 layers, width 768, 50257 tokens, block 1024, random weights: greedy tokens as torch's full forwards."""
+    """12 layers, width 768, 50257 tokens, block 1024, random weights: greedy tokens as torch's full forwards, past
+    the first 64 cache rows (a decoding program reading 64 rows, then one reading 128)."""
     config = gpt.GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
     model, reference = _generation_pair(config)
-    generated = model.generate(tg.tensor([[10, 20, 30]]), 8, temperature=0).numpy().tolist()
+    generated = model.generate(tg.tensor([[10, 20, 30]]), 66, temperature=0).numpy().tolist()
     expected = [[10, 20, 30]]
-    for _ in range(8):
+    for _ in range(66):
         expected[0].append(int(_torch_logits(reference, expected)[0].argmax()))
     assert generated == expected
-    assert _decode_programs(model) == 1
+    assert _decode_programs(model) == 2

@@ -243,11 +243,11 @@ def few_row_operands(m: int, n: int, k: int, layout: str, seed: int) -> tuple[np
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", ["columns", "rows", "padded_columns", "padded_rows", "strided_a"])
 def test_few_row_products_on_every_tail_read_b_in_place(m, layout):
-    """Sizes around the vector width (8 or 16 lanes), the blocks of columns (16 in the dot order, up to 128 in
-    the row order) and the short columns read one after another (under 512), with a row bias: every one is
-    computed without packing B."""
+    """Sizes around the vector width (8 or 16 lanes) and the blocks of columns (16 in the dot order, up to 128 in
+    the row order), and block counts that the dot order's streams (up to 8 blocks a task) do not divide, with a
+    row bias: every one is computed without packing B."""
     before = gemm.path_counts()
-    shapes = [(n, k) for n in (1, 7, 9, 17, 33, 130) for k in (1, 5, 8, 17, 100, 511, 600)]
+    shapes = [(n, k) for n in (1, 7, 9, 17, 33, 130, 257) for k in (1, 5, 8, 17, 100, 511, 600)]
     for n, k in shapes:
         a, b = few_row_operands(m, n, k, layout, 31)
         bias = random((n,), 32)

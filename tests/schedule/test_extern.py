@@ -283,6 +283,26 @@ def test_leading_dim_slices_are_read_in_place_with_an_offset() -> None:
         np.testing.assert_allclose(columns.numpy(), x.numpy() @ stacked.numpy()[:32, :16], rtol=1e-5, atol=1e-5)
 
 
+def test_row_slices_of_a_batch_are_read_in_place_with_the_sources_batch_stride() -> None:
+    """The filled rows of a KV cache (batch, heads, rows, head size): a slice of the rows of every batch entry is
+    read where it lies, as keys (transposed) and as values, each entry a batch stride of the whole source apart;
+    a slice of the rows and the columns is copied first."""
+    rng = np.random.default_rng(7)
+    q, p, cache = (rng.standard_normal(s, dtype=np.float32) for s in ((2, 3, 1, 8), (2, 3, 1, 5), (2, 3, 10, 8)))
+    cases = [(lambda c: tg.tensor(q) @ c[:, :, 2:7].mT, q @ cache[:, :, 2:7].swapaxes(-1, -2), (80, 1, 8)),
+             (lambda c: tg.tensor(p) @ c[:, :, :5], p @ cache[:, :, :5], (80, 8, 1))]
+    with tg.device("cpu"):
+        for product, expected, strides in cases:
+            result = product(tg.tensor(cache))
+            (kernel,) = schedule_kernels([result.node]).kernels
+            (call,) = kernel.body
+            assert isinstance(call, GemmCall) and call.b_strides == strides and call.b_offset in (0, 16), call
+            np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5)
+        both = tg.tensor(p) @ tg.tensor(cache)[:, :, :5, :4]
+        assert len(schedule_kernels([both.node]).kernels) == 2
+        np.testing.assert_allclose(both.numpy(), p @ cache[:, :, :5, :4], rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------
 # Prologues: an operand's activation applied while packing it (schedule.extern.fuse_prologues)
 # ---------------------------------------------------------------------------
@@ -302,6 +322,8 @@ PROLOGUE_CASES = {  # name: (function of tg or torch tensors and their F module,
     "batched, transposed B": (lambda F, q, k: q @ F.relu(k).mT, [(2, 3, 5, 7), (2, 3, 4, 7)], "relu(b1)[28, 1, 7]"),
     "both operands": (lambda F, x, y: F.relu(x) @ _gelu(F, y), [(1, 255), (255, 1)], "gemm[1x1x1x255](relu(b0)"),
     "leading-dim slice": (lambda F, h, w: _gelu(F, h)[8:16] @ w, [(32, 9), (9, 4)], "gelu_tanh(b0+72)"),
+    "row slice of a batch": (lambda F, q, k: q @ F.relu(k)[:, :, 1:4].mT, [(2, 3, 5, 7), (2, 3, 6, 7)],
+                             "relu(b1+7)[42, 1, 7]"),
     "with bias and residual": (lambda F, h, w, b, r: F.linear(_gelu(F, h), w, b) + r,
                                [(2, 5, 33), (17, 33), (17,), (2, 5, 17)], "gelu_tanh(b0)"),
 }

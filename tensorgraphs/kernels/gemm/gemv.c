@@ -2,7 +2,8 @@
  * lies, with no packing. Packing B costs as much memory traffic as the whole product when A has a single row,
  * so the blocked driver (gemm.c) would move B three times instead of once. Two loop orders, by B's layout:
  *  - B's columns contiguous (x @ W.T of a linear layer): dot products of A's rows with B's columns, several
- *    columns in flight, each a stream of its own (one stream at a time leaves the memory bandwidth unused);
+ *    columns in flight, each from a long run of B of its own (`dot_blocks`: one stream at a time leaves the
+ *    memory bandwidth unused);
  *  - B's rows contiguous: A's elements broadcast against B's rows (an axpy per element of A).
  * The inner loops use the target's own vectors (GCC vector extensions, LANES floats wide), not the 16-lane
  * emulation of AVX-512 on AVX2: a pair of AVX registers per vector would leave half the columns in flight.
@@ -15,8 +16,7 @@
 
 #define TG_GEMV_ROWS 4
 #define ACCUMULATORS 8 /* vectors summed at once: rows x (ACCUMULATORS / rows) columns or vectors in flight */
-#define DOT_BLOCK 16   /* columns of C per task in the dot order (one epilogue vector) */
-#define SHORT_COLUMN 512 /* floats: shorter columns of B are read one after another (dot_columns) */
+#define DOT_BLOCK 16   /* columns of C per stream of a task in the dot order (one epilogue vector) */
 
 #ifdef __AVX512F__
 #define LANES 16
@@ -85,39 +85,32 @@ static inline __attribute__((always_inline)) void dot_pass(int rows, int columns
     }
 }
 
-/* sums[i][jj + q] = row i of A . column j + q of B for q < columns. Long columns are read together, each a stream
- * of its own; short ones (a few cache lines each: attention's keys) one after another, in memory order, since
- * streams that short end before the prefetchers follow them. Columns past n repeat column n - 1 (read, never
- * stored). */
-static inline __attribute__((always_inline)) void dot_columns(int rows, int columns, int64_t k, const float *a,
-                                                              int64_t a_rs, const float *b, int64_t b_cs,
-                                                              int64_t j, int64_t n, float sums[][DOT_BLOCK],
-                                                              int jj) {
-    const float *column[ACCUMULATORS];
-    for (int q = 0; q < columns; q++) column[q] = b + (j + q < n ? j + q : n - 1) * b_cs;
-    vec acc[TG_GEMV_ROWS][ACCUMULATORS] = {{{0}}};
-    if (k < SHORT_COLUMN) {
-        for (int q = 0; q < columns; q++) {
-            vec one[TG_GEMV_ROWS][ACCUMULATORS] = {{{0}}};
-            dot_pass(rows, 1, k, a, a_rs, column + q, one);
-            for (int i = 0; i < rows; i++) acc[i][q] = one[i][0];
+/* C[0:rows, block first + q * stride] (16 columns each, up to n) for q < streams, by dot products: stream q walks
+ * its block's columns in order, so over a thread's consecutive tasks (first, first + 1, ...) each stream reads one
+ * long run of B, `streams` runs in flight. Streams that long keep the prefetchers ahead, where columns read side by
+ * side (neighbours in memory) or one after another start a new stream every few cache lines. Columns past n
+ * repeat column n - 1 (read from cache, never stored). */
+static inline __attribute__((always_inline)) void dot_blocks(int rows, int64_t k, const float *a, int64_t a_rs,
+                                                             const float *b, int64_t b_cs, float *c, int64_t c_rs,
+                                                             const tg_epilogue *ep, int64_t first, int64_t stride,
+                                                             int64_t n) {
+    const int streams = ACCUMULATORS / rows;
+    float sums[ACCUMULATORS][TG_GEMV_ROWS][DOT_BLOCK];
+    for (int jj = 0; jj < DOT_BLOCK; jj++) {
+        const float *column[ACCUMULATORS];
+        for (int q = 0; q < streams; q++) {
+            int64_t j = (first + q * stride) * DOT_BLOCK + jj;
+            column[q] = b + (j < n ? j : n - 1) * b_cs;
         }
-    } else {
-        dot_pass(rows, columns, k, a, a_rs, column, acc);
+        vec acc[TG_GEMV_ROWS][ACCUMULATORS] = {{{0}}};
+        dot_pass(rows, streams, k, a, a_rs, column, acc);
+        for (int q = 0; q < streams; q++)
+            for (int i = 0; i < rows; i++) sums[q][i][jj] = sum_lanes(acc[i][q]);
     }
-    for (int i = 0; i < rows; i++)
-        for (int q = 0; q < columns; q++) sums[i][jj + q] = sum_lanes(acc[i][q]);
-}
-
-/* C[0:rows, j0:j0+DOT_BLOCK] (up to n) by dot products. */
-static inline __attribute__((always_inline)) void dot_block(int rows, int64_t k, const float *a, int64_t a_rs,
-                                                            const float *b, int64_t b_cs, float *c, int64_t c_rs,
-                                                            const tg_epilogue *ep, int64_t j0, int64_t n) {
-    const int columns = ACCUMULATORS / rows;
-    float sums[TG_GEMV_ROWS][DOT_BLOCK];
-    int64_t width = n - j0 < DOT_BLOCK ? n - j0 : DOT_BLOCK;
-    for (int jj = 0; jj < width; jj += columns) dot_columns(rows, columns, k, a, a_rs, b, b_cs, j0 + jj, n, sums, jj);
-    for (int i = 0; i < rows; i++) store_block(ep, c + i * c_rs, i, j0, sums[i], width);
+    for (int q = 0; q < streams && (first + q * stride) * DOT_BLOCK < n; q++) {
+        int64_t j0 = (first + q * stride) * DOT_BLOCK, width = n - j0 < DOT_BLOCK ? n - j0 : DOT_BLOCK;
+        for (int i = 0; i < rows; i++) store_block(ep, c + i * c_rs, i, j0, sums[q][i], width);
+    }
 }
 
 /* C[0:rows, j0:j0+vectors*LANES] (up to n) by broadcasting each element of A against a row of B; `masked` when
@@ -151,22 +144,30 @@ static inline __attribute__((always_inline)) void row_block(int rows, int masked
 
 static int64_t row_block_width(int64_t m) { return ACCUMULATORS / m * LANES; }
 
-/* One task: the columns j0.. of problem `index`, with its operands offset to that batch entry. A is read from
- * `a` with row stride `a_rs` and unit column stride (the caller's copy where A's own is not). */
+/* Tasks per batch entry: in the dot order also the blocks between a task's streams (`dot_blocks`). */
+static int64_t task_slots(const gemm_batch *g, int dots) {
+    int64_t block = dots ? DOT_BLOCK : row_block_width(g->m), blocks = (g->n + block - 1) / block;
+    int64_t per_task = dots ? ACCUMULATORS / g->m : 1;
+    return (blocks + per_task - 1) / per_task;
+}
+
+/* One task: slot `slot` of `slots` (`task_slots`) of problem `index`, with its operands offset to that batch entry.
+ * A is read from `a` with row stride `a_rs` and unit column stride (the caller's copy where A's own is not). */
 static void run_task(const gemm_batch *g, int dots, const float *a, int64_t a_bs, int64_t a_rs, int64_t index,
-                     int64_t j0) {
+                     int64_t slot, int64_t slots) {
     const float *b = g->b + index * g->b_bs;
     float *c = g->c + index * g->c_bs;
     a += index * a_bs;
     tg_epilogue ep = g->ep;
     if (ep.bias) ep.bias += index * g->bias_bs;
     if (ep.residual) ep.residual += index * g->residual_bs;
+    int64_t j0 = slot * row_block_width(g->m);
     int masked = j0 + row_block_width(g->m) > g->n;
     /* A literal row count per call, so each variant's accumulators stay in registers. */
 #define TG_GEMV_CASE(rows)                                                                                       \
     case rows:                                                                                                   \
         if (dots)                                                                                                \
-            dot_block(rows, g->k, a, a_rs, b, g->b_src.cs, c, g->c_rs, &ep, j0, g->n);                           \
+            dot_blocks(rows, g->k, a, a_rs, b, g->b_src.cs, c, g->c_rs, &ep, slot, slots, g->n);                 \
         else if (masked)                                                                                         \
             row_block(rows, 1, g->k, a, a_rs, b, g->b_src.rs, c, g->c_rs, &ep, j0, g->n);                        \
         else                                                                                                     \
@@ -200,12 +201,11 @@ int tg_run_gemv(const gemm_batch *g) {
             }
         a = copy, a_bs = g->a_bs ? g->m * g->k : 0, a_rs = g->k;
     }
-    int64_t block = dots ? DOT_BLOCK : row_block_width(g->m), blocks = (g->n + block - 1) / block;
-    int64_t tasks = g->batch * blocks;
+    int64_t slots = task_slots(g, dots), tasks = g->batch * slots;
     int nthreads = omp_get_max_threads();
     int team = nthreads > 1 && tasks > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1;
 #pragma omp parallel for schedule(static) num_threads(team)
     for (int64_t task = 0; task < tasks; task++)
-        run_task(g, dots, a, a_bs, a_rs, task / blocks, task % blocks * block);
+        run_task(g, dots, a, a_bs, a_rs, task / slots, task % slots, slots);
     return TG_GEMM_OK;
 }
