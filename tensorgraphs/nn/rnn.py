@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
-from tensorgraphs.frontend.creation import zeros
+from tensorgraphs.frontend.creation import tensor, zeros
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn import functional as F
 from tensorgraphs.nn import init
@@ -65,8 +65,8 @@ def _rnn_mode(nonlinearity: str) -> str:
 def _carry(state: Sequence[Tensor]) -> None:
     """The state a layer returns is carried into its next call: the next realization computes it along, so the
     next call's graph starts from its value (`realize.carry`)."""
-    for tensor in state:
-        carry(tensor.node, tensor)
+    for value in state:
+        carry(value.node, value)
 
 
 def _reset_uniform(module: Module, hidden_size: int) -> None:
@@ -135,7 +135,10 @@ class RNNBase(Module):
         state_count = _MODES[self.mode][2]
         if hx is None:
             sizes = (self.proj_size or self.hidden_size, self.hidden_size)[:state_count]  # h, then c
-            states = [zeros(self.num_layers * directions, input.shape[1], size, dtype=input.dtype) for size in sizes]
+            # data, not constants: the first call's graph is then the one later calls build from the state they
+            # carry (`_carry`), and an eager loop compiles one program rather than two
+            states = [tensor(zeros(self.num_layers * directions, input.shape[1], size, dtype=input.dtype))
+                      for size in sizes]
         else:
             states = list(hx) if isinstance(hx, (tuple, list)) else [hx]
             states = [mv.unsqueeze(s, 1) for s in states] if unbatched else states
