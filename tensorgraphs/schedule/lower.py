@@ -16,6 +16,7 @@ materialize them instead.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -451,23 +452,32 @@ class Lowering:
         if key not in self._same:
             load = Load(self._fresh("v"), dtype, buffer, offset)
             self._loads.append(load)
-            self._same[key] = self._place(load, dtype, ix.symbols(offset))
+            self._same[key] = self._place(load, dtype, self._innermost(ix.symbols(offset)))
         return self._same[key]
 
     def _let(self, dtype: dtypes.DType, op: Op | str, args: tuple[Operand, ...]) -> Operand:
         key = (dtype, op, tuple((a.dtype, repr(a.value)) if isinstance(a, Lit) else a for a in args))
         if key not in self._same:
             let = Let(self._fresh("v"), dtype, op, args)
-            self._same[key] = self._place(let, dtype, set().union(*map(_operand_symbols, args)))
+            scope = max(map(self._scope_of_operand, args), key=lambda s: s.depth, default=self._root)
+            self._same[key] = self._place(let, dtype, scope)
         return self._same[key]
 
-    def _place(self, stmt: Load | Let, dtype: dtypes.DType, symbols: set[str]) -> Ref:
-        scope = self._innermost(symbols)
+    def _scope_of_operand(self, operand: Operand) -> Scope:
+        """The innermost loop body whose counters `operand` depends on."""
+        if isinstance(operand, Ref):
+            return self._scope_of[operand.name]
+        if isinstance(operand, IndexValue):
+            return self._innermost(ix.symbols(operand.expr))
+        return self._root
+
+    def _place(self, stmt: Load | Let, dtype: dtypes.DType, scope: Scope) -> Ref:
+        """`stmt` placed in `scope` (the innermost loop body of the counters it depends on)."""
         scope.stmts.append(stmt)
         self._scope_of[stmt.name] = scope
         return Ref(stmt.name, dtype)
 
-    def _innermost(self, symbols: set[str]) -> Scope:
+    def _innermost(self, symbols: set[str] | frozenset[str]) -> Scope:
         scopes = [self._scope_of[s] for s in symbols]
         return max(scopes, key=lambda s: s.depth, default=self._root)
 
@@ -524,16 +534,10 @@ def _coefficient(e: Expr, var: Var) -> int:
     return dict(e.terms).get(var, 0) if isinstance(e, ix.Sum) else 0
 
 
-def _index_symbols(index: Index) -> set[str]:
-    return set().union(*map(ix.symbols, index))
-
-
-def _operand_symbols(operand: Operand) -> set[str]:
-    if isinstance(operand, Ref):
-        return {operand.name}
-    if isinstance(operand, IndexValue):
-        return ix.symbols(operand.expr)
-    return set()
+@functools.lru_cache(maxsize=1 << 12)
+def _index_symbols(index: Index) -> frozenset[str]:
+    """The counters `index` depends on (cached: every node of an elementwise chain is read at the same index)."""
+    return frozenset().union(*map(ix.symbols, index))
 
 
 # ---------------------------------------------------------------------------
