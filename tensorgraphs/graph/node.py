@@ -51,13 +51,14 @@ def _forget(ref: _Interned, table: dict[tuple, _Interned] = _INTERNED) -> None:
 class Node:
     """One operation in the graph. `op` is a primitive `Op` or a `Composite`."""
 
-    __slots__ = ("op", "dtype", "shape", "src", "arg", "arg_key", "__weakref__")
+    __slots__ = ("op", "dtype", "shape", "size", "src", "arg", "arg_key", "__weakref__")
     _interned = _INTERNED
     """Every live non-BUFFER node by its key (op, dtype, shape, sources, argument); weak, so unused nodes die."""
 
     op: Any
     dtype: DType
     shape: Shape
+    size: int  # elements: the product of `shape` (kept, as the scheduler asks it per node and index)
     src: tuple[Node, ...]
     arg: Any
     arg_key: Any  # `arg` as nodes are keyed by it (`_arg_key`)
@@ -85,6 +86,7 @@ class Node:
         setattr_(node, "op", op)
         setattr_(node, "dtype", dtype)
         setattr_(node, "shape", shape)
+        setattr_(node, "size", math.prod(shape))
         setattr_(node, "src", src)
         setattr_(node, "arg", arg)
         setattr_(node, "arg_key", arg_key)
@@ -98,10 +100,6 @@ class Node:
 
     def __reduce__(self):  # pragma: no cover - nodes are not meant to be pickled
         raise TypeError("Node cannot be pickled; realize the tensor instead")
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
     @property
     def ndim(self) -> int:
