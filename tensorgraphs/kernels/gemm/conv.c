@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "columns.h"
 #include "gemm_internal.h"
 
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -183,6 +184,72 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
  * layer4 has 4 images of 7x7, 196 columns: 13 vectors, where the column bands run 12.5. */
 enum { MERGE_IMAGES_BELOW = 1024 };
 
+/* `g` (a batch of `images` problems, one per image, whose B columns continue from one image to the next) as one
+ * wider GEMM into scratch, then scattered to `out` (NCHW) with the residual added there. */
+static int run_merged(gemm_batch g, int64_t images, const float *residual, float *out) {
+    int64_t positions = g.n;
+    float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions));
+    if (!temp) return TG_GEMM_NO_MEMORY;
+    g.batch = 1, g.n = images * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
+    int status = tg_run_gemm_batch(&g);
+    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, residual, out);
+    free(temp);
+    return status;
+}
+
+#ifndef __AVX512F__
+/* On AVX2 a conv whose output rows are not its input rows shifted (strided, or "valid") multiplies explicit
+ * columns (columns.h) instead: the implicit packing gathers each panel from one input row per channel in turn,
+ * more streams than the prefetcher follows, and there cost more than the product for a 1x1/2 downsample, where
+ * writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). Images are
+ * filled and multiplied block by block of output rows, COLUMN_BYTES of columns (cached when the GEMM packs them)
+ * each and at least a few columns per output channel, one (image, block) per thread at a time with no barrier;
+ * small images are merged, COLUMNS_MERGED_BYTES of them at a time. */
+enum { COLUMN_BYTES = 512 << 10, COLUMNS_PER_CHANNEL = 4, COLUMNS_MERGE_BELOW = 256, COLUMNS_MERGED_BYTES = 4 << 20 };
+
+static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, int64_t n, const float *x) {
+    int64_t depth = conv->k, positions = conv->n, cout = conv->m, image_size = geo->cin * geo->h * geo->w;
+    int64_t out_size = cout * positions;
+    if (n > 1 && positions < COLUMNS_MERGE_BELOW) {
+        int64_t chunk = tg_clamp(COLUMNS_MERGED_BYTES / (int64_t)sizeof(float) / (depth * positions), 1, n);
+        float *columns = malloc(sizeof(float) * (size_t)(depth * chunk * positions));
+        int status = columns ? TG_GEMM_OK : TG_GEMM_NO_MEMORY;
+        for (int64_t first = 0; first < n && status == TG_GEMM_OK; first += chunk) {
+            int64_t images = min_i64(chunk, n - first);
+            tg_conv_fill_columns(geo, x + first * image_size, images, 0, geo->oh, columns);
+            gemm_batch g = *conv;
+            g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * positions, .cs = 1};
+            const float *residual = conv->ep.residual ? conv->ep.residual + first * out_size : NULL;
+            status = run_merged(g, images, residual, conv->c + first * out_size);
+        }
+        free(columns);
+        return status;
+    }
+    int64_t wide = tg_clamp(COLUMN_BYTES / (int64_t)sizeof(float) / depth, COLUMNS_PER_CHANNEL * cout, positions);
+    int64_t rows = tg_clamp(wide / geo->ow, 1, geo->oh), per_image = (geo->oh + rows - 1) / rows;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed) if (n * per_image > 1)
+    {
+        float *columns = malloc(sizeof(float) * (size_t)(depth * rows * geo->ow));
+        failed = !columns;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < n * per_image; task++) {
+            int64_t image = task / per_image, oy0 = task % per_image * rows, oy1 = min_i64(oy0 + rows, geo->oh);
+            if (!columns) continue;
+            tg_conv_fill_columns(geo, x + image * image_size, 1, oy0, oy1, columns);
+            gemm_batch g = *conv;
+            int64_t at = image * out_size + oy0 * geo->ow;
+            g.batch = 1, g.n = (oy1 - oy0) * geo->ow, g.b = columns, g.c = conv->c + at;
+            g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = g.n, .cs = 1};
+            if (g.ep.residual) g.ep.residual += at;
+            failed |= tg_run_gemm_batch(&g) != TG_GEMM_OK;
+        }
+        free(columns);
+    }
+    return failed ? TG_GEMM_NO_MEMORY : TG_GEMM_OK;
+}
+#endif
+
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                   int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
@@ -203,12 +270,9 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = 1, .bias_cs = 0,
                .residual = residual, .residual_rs = positions},
     };
+#ifndef __AVX512F__
+    if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
+#endif
     if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
-    float *temp = malloc(sizeof(float) * (size_t)(cout * n * positions));
-    if (!temp) return TG_GEMM_NO_MEMORY;
-    g.batch = 1, g.n = n * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
-    int status = tg_run_gemm_batch(&g);
-    if (status == TG_GEMM_OK) scatter_images(temp, n, cout, positions, residual, out);
-    free(temp);
-    return status;
+    return run_merged(g, n, residual, out);
 }
