@@ -149,6 +149,10 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
     for (int64_t k = 0; k < kc; k++) {
         int64_t shift = channel * plane + (ki * g->dilation_h - g->pad_h) * g->w + kj * g->dilation_w - g->pad_w;
+        /* what the next panel reads under this tap: as in pack_b_im2col, one stream per channel row is more than
+         * the prefetcher follows (a prefetch never faults, past the image included) */
+        _mm_prefetch((const char *)(first[0] + shift + TG_NR), _MM_HINT_T1);
+        _mm_prefetch((const char *)(first[0] + shift + 2 * TG_NR - 1), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++) {
             __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v];
             __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
