@@ -125,9 +125,11 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     __mmask16 in_first[TG_NV], valid[TG_NV];
     for (int v = 0; v < TG_NV; v++) {
         int64_t j = j0 + 16 * v, img = j / positions, p = j % positions, split = min_i64(16, positions - p);
+        int32_t row = (int32_t)(p / g->ow), col = (int32_t)(p % g->ow); /* then stepped: no division per lane */
         for (int64_t i = 0; i < 16; i++) {
-            int64_t position = i < split ? p + i : i - split;
-            out_row[16 * v + i] = (int32_t)(position / g->ow), out_col[16 * v + i] = (int32_t)(position % g->ow);
+            if (i == split) row = col = 0;
+            out_row[16 * v + i] = row, out_col[16 * v + i] = col;
+            if (++col == g->ow) col = 0, row++;
         }
         first[v] = image + img * g->cin * plane + p, second[v] = image + (img + 1) * g->cin * plane - split;
         in_first[v] = tg_tail_mask(split), valid[v] = tg_tail_mask(nr - 16 * v);

@@ -120,16 +120,28 @@ static void pair_rows_in_place(float *x, int64_t rows, int64_t width) {
 
 /* ---------------------------------------------------------------- micro-kernel */
 
+#ifdef __AVX512F__
+enum { HALF_TILES = 0 };
+#define tg_load_low_ps _mm512_load_ps
+#define tg_fmadd_low_ps _mm512_fmadd_ps
+#else
+/* A 16-lane vector is two AVX registers (avx512_on_avx2.h): a tile of at most 8 columns (the last panel of an
+ * image of 7x7 output positions: 49 columns) multiplies its first one only. */
+enum { HALF_TILES = 1 };
+#endif
+
 /* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place)
- * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA. */
-TG_ALWAYS_INLINE void accumulate_f32(const int nv, int64_t kc, const float *restrict a, int64_t a_rs, int64_t a_ks,
-                                     const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
+ * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first 8 columns of one vector. */
+TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, int64_t kc, const float *restrict a, int64_t a_rs,
+                                     int64_t a_ks, const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
     for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
-        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(b + v * 16);
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
+            bv[v] = half ? tg_load_low_ps(b + v * 16) : _mm512_load_ps(b + v * 16);
         _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
             __m512 ai = _mm512_set1_ps(a[i * a_rs]);
-            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
+                acc[i][v] = half ? tg_fmadd_low_ps(ai, bv[v], acc[i][v]) : _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
         }
         a += a_ks;
         b += TG_NR;
@@ -153,10 +165,10 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
 }
 
 /* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
- * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv` and
- * `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
+ * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv`, `half`
+ * and `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
  * packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1). */
-TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t kc, const float *restrict a,
+TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const int bf16, int64_t kc, const float *restrict a,
                                            int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
                                            int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
                                            const tg_epilogue *ep, int64_t row0, int64_t col0) {
@@ -172,7 +184,7 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t
     if (bf16)
         accumulate_bf16(nv, kc, a, b, acc);
     else
-        accumulate_f32(nv, kc, a, a_rs, a_ks, b, acc);
+        accumulate_f32(nv, half, kc, a, a_rs, a_ks, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
@@ -187,25 +199,29 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t
     }
 }
 
-/* The tile computes only the 16-wide column vectors it needs: a narrow last panel costs what it holds. `a_rs` is 0
+/* The tile computes only the 16-wide column vectors (or, on AVX2, the half of one) it needs: a narrow last panel
+ * costs what it holds (bfloat16 products take whole vectors). `a_rs` is 0
  * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only). */
 static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, const float *restrict b,
                          float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
                          const tg_epilogue *ep, int64_t row0, int64_t col0) {
     int64_t vectors = ceil_div(n_valid, 16);
-#define TG_TILE(nv)                                                                                               \
-    (bf16   ? micro_kernel_vectors(nv, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
-     : a_rs ? micro_kernel_vectors(nv, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
-            : micro_kernel_vectors(nv, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0))
-    if (vectors >= TG_NV) TG_TILE(TG_NV);
+#define TG_TILE(nv, half)                                                                                         \
+    (bf16 ? micro_kernel_vectors(nv, 0, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
+     : a_rs                                                                                                        \
+         ? micro_kernel_vectors(nv, half, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
+         : micro_kernel_vectors(nv, half, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0,     \
+                                col0))
+    if (HALF_TILES && n_valid <= 8) TG_TILE(1, 1);
+    else if (vectors >= TG_NV) TG_TILE(TG_NV, 0);
 #if TG_NV > 1
-    else if (vectors == 1) TG_TILE(1);
+    else if (vectors == 1) TG_TILE(1, 0);
 #endif
 #if TG_NV > 2
-    else if (vectors == 2) TG_TILE(2);
+    else if (vectors == 2) TG_TILE(2, 0);
 #endif
 #if TG_NV > 3
-    else if (vectors == 3) TG_TILE(3);
+    else if (vectors == 3) TG_TILE(3, 0);
 #endif
 #undef TG_TILE
 }
