@@ -1,9 +1,10 @@
 /* conv2d lowered to GEMM with an implicit im2col: out[img] (cout x oh*ow) = weight (cout x cin*kh*kw) @ cols,
  * where the columns are never materialized: packing a B panel reads them straight from the image (stride-1
  * rows become contiguous copies, and with "same" width whole images shift). Large images are the batch of the
- * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement
+ * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement on AVX-512
  * (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole implicit conv, and building the
- * columns costs more than that. */
+ * columns costs more than that. On AVX2 only the shifted images are packed implicitly: strided convs multiply
+ * explicit columns (convolve_columns). */
 #include <stdlib.h>
 #include <string.h>
 
