@@ -5,6 +5,7 @@
  * (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole implicit conv, and building the
  * columns costs more than that. On AVX2 only the shifted images are packed implicitly: strided convs multiply
  * explicit columns (convolve_columns). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -208,47 +209,43 @@ static int run_merged(gemm_batch g, int64_t images, const float *residual, float
 /* On AVX2 a conv whose output rows are not its input rows shifted (strided, or "valid") multiplies explicit
  * columns (columns.h) instead: the implicit packing gathers each panel from one input row per channel in turn,
  * more streams than the prefetcher follows, and there cost more than the product for a 1x1/2 downsample, where
- * writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). Images are
- * filled and multiplied block by block of output rows, COLUMN_BYTES of columns (cached when the GEMM packs them)
- * each and at least a few columns per output channel, one (image, block) per thread at a time with no barrier;
- * small images are merged, COLUMNS_MERGED_BYTES of them at a time. */
+ * writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). The work is
+ * tasks that each fill their columns and multiply them alone, handed to the threads one at a time with no barrier
+ * (a descheduled thread holds back no one): an image's block of output rows, COLUMN_BYTES of columns (cached when
+ * the GEMM packs them) and at least a few columns per output channel; or, for small images, a group of them merged
+ * (COLUMNS_MERGED_BYTES of columns, at most a thread's share of the images). */
 enum { COLUMN_BYTES = 512 << 10, COLUMNS_PER_CHANNEL = 4, COLUMNS_MERGE_BELOW = 256, COLUMNS_MERGED_BYTES = 4 << 20 };
 
 static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, int64_t n, const float *x) {
     int64_t depth = conv->k, positions = conv->n, cout = conv->m, image_size = geo->cin * geo->h * geo->w;
-    int64_t out_size = cout * positions;
-    if (n > 1 && positions < COLUMNS_MERGE_BELOW) {
-        int64_t chunk = tg_clamp(COLUMNS_MERGED_BYTES / (int64_t)sizeof(float) / (depth * positions), 1, n);
-        float *columns = malloc(sizeof(float) * (size_t)(depth * chunk * positions));
-        int status = columns ? TG_GEMM_OK : TG_GEMM_NO_MEMORY;
-        for (int64_t first = 0; first < n && status == TG_GEMM_OK; first += chunk) {
-            int64_t images = min_i64(chunk, n - first);
-            tg_conv_fill_columns(geo, x + first * image_size, images, 0, geo->oh, columns);
-            gemm_batch g = *conv;
-            g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * positions, .cs = 1};
-            const float *residual = conv->ep.residual ? conv->ep.residual + first * out_size : NULL;
-            status = run_merged(g, images, residual, conv->c + first * out_size);
-        }
-        free(columns);
-        return status;
-    }
-    int64_t wide = tg_clamp(COLUMN_BYTES / (int64_t)sizeof(float) / depth, COLUMNS_PER_CHANNEL * cout, positions);
-    int64_t rows = tg_clamp(wide / geo->ow, 1, geo->oh), per_image = (geo->oh + rows - 1) / rows;
+    int64_t out_size = cout * positions, group = 1, rows = geo->oh, threads = omp_get_max_threads();
+    if (n > 1 && positions < COLUMNS_MERGE_BELOW)
+        group = tg_clamp(COLUMNS_MERGED_BYTES / (int64_t)sizeof(float) / (depth * positions), 1,
+                         (n + threads - 1) / threads);
+    else
+        rows = tg_clamp(tg_clamp(COLUMN_BYTES / (int64_t)sizeof(float) / depth, COLUMNS_PER_CHANNEL * cout, positions) /
+                            geo->ow, 1, geo->oh);
+    int64_t per_group = (geo->oh + rows - 1) / rows, tasks = (n + group - 1) / group * per_group;
     int failed = 0;
-#pragma omp parallel reduction(| : failed) if (n * per_image > 1)
+#pragma omp parallel reduction(| : failed) if (tasks > 1)
     {
-        float *columns = malloc(sizeof(float) * (size_t)(depth * rows * geo->ow));
+        float *columns = malloc(sizeof(float) * (size_t)(depth * group * rows * geo->ow));
         failed = !columns;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < n * per_image; task++) {
-            int64_t image = task / per_image, oy0 = task % per_image * rows, oy1 = min_i64(oy0 + rows, geo->oh);
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t first = task / per_group * group, images = min_i64(group, n - first);
+            int64_t oy0 = task % per_group * rows, oy1 = min_i64(oy0 + rows, geo->oh), block = (oy1 - oy0) * geo->ow;
             if (!columns) continue;
-            tg_conv_fill_columns(geo, x + image * image_size, 1, oy0, oy1, columns);
+            tg_conv_fill_columns(geo, x + first * image_size, images, oy0, oy1, columns);
             gemm_batch g = *conv;
-            int64_t at = image * out_size + oy0 * geo->ow;
-            g.batch = 1, g.n = (oy1 - oy0) * geo->ow, g.b = columns, g.c = conv->c + at;
-            g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = g.n, .cs = 1};
+            int64_t at = first * out_size + oy0 * geo->ow;
+            g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * block, .cs = 1};
             if (g.ep.residual) g.ep.residual += at;
+            if (images > 1) {
+                failed |= run_merged(g, images, g.ep.residual, conv->c + at) != TG_GEMM_OK;
+                continue;
+            }
+            g.batch = 1, g.n = block, g.c = conv->c + at;
             failed |= tg_run_gemm_batch(&g) != TG_GEMM_OK;
         }
         free(columns);
