@@ -28,7 +28,7 @@ LIBRARY = "tg_blas"
 SOURCES = ("blas.c", "describe.c")
 C_FUNCTION = "tg_blas_gemm_f32"
 CONV_LIBRARY = "tg_conv_im2col"
-CONV_SOURCES = ("im2col.c",)
+CONV_SOURCES = ("im2col.c", "columns.c")
 CONV_FUNCTION = "tg_conv2d_im2col_f32"
 CONV_HEADER = SOURCE_DIR / "im2col.h"
 

@@ -1,16 +1,16 @@
 """Convolutions run by a conv2d kernel of the GEMM library instead of their decomposition (patches and a matmul).
 
-A float32 `conv2d` composite with one group, NCHW, and the same padding before and after each spatial dim has
-up to three candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner,
-`plan.choices`): on a machine with AVX-512, "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight
-from the image) and, for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3),
-fewer multiplies but about ten times the rounding error, so it has to measure faster to be chosen); with OpenBLAS
-installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm, portable C, for strided convs where
-the implicit packing's gathers cost most, and the conv kernel of machines without AVX-512; chosen only where
-measured faster than the decomposition, `IM2COL_PRIOR`). Run by a kernel, the composite is kept whole by
-the scheduler: one `ConvCall` reading x and the weight where their buffers hold them in NCHW order (through
-reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else is materialized first) and
-writing a buffer of its own.
+A float32 `conv2d` composite with one group, NCHW, and the same padding before and after each spatial dim has up to
+three candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`): on
+a machine with AVX-512 (or AVX2 and FMA), "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from
+the image; on AVX2 a strided conv's from explicit columns) and, for 3x3 kernels at stride 1 without dilation,
+"winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer multiplies but about ten times the rounding error, so it has
+to measure faster to be chosen); with OpenBLAS installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks
+and sgemm, portable C, for strided convs where the implicit packing's gathers cost most, and the conv kernel of
+machines without AVX-512; chosen only where measured faster than the decomposition, `IM2COL_PRIOR`). Run by a
+kernel, the composite is kept whole by the scheduler: one `ConvCall` reading x and the weight where their buffers
+hold them in NCHW order (through reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else
+is materialized first) and writing a buffer of its own.
 
 Its elementwise consumers that the kernel applies before storing (a scale, a bias per output channel: the
 frontend adds conv's bias after the composite, an activation, a residual; gemm.h's epilogue) are fused into the

@@ -37,6 +37,7 @@ CASES = [
     (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 256 positions (im2col: the image is the columns)
     (1, 1024, 20, 20, 3, (1, 1), 1, 0, 1),  # ...in blocks of 6 output rows
     (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
+    (12, 512, 13, 13, 3, (3, 3), 2, 1, 1),  # small strided images merged in chunks (AVX2's explicit columns: 3 of 4)
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
     (2, 3, 9, 35, 4, (3, 3), 2, 1, 1),  # stride 2, rows of 18: segments wholly inside the image, then past its edge
     (2, 5, 6, 34, 3, (1, 1), 2, 0, 1),  # ...and a 1x1 whose second load ends one column past the row

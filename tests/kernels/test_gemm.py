@@ -35,6 +35,8 @@ ODD_SHAPES = [
     (7, 1000, 255),
     (7, 255, 1000),
     (500, 1000, 70),  # column bands, their last partial vector split by rows across row blocks
+    (13, 24, 40),  # a last panel of 8 columns (AVX2: half a vector's registers), then of 9
+    (13, 25, 40),
 ]
 
 

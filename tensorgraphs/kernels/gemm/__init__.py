@@ -20,7 +20,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_library, compiler_version, load_library
 
 LIBRARY = "tg_gemm"
-SOURCES = ("describe.c", "gemm.c", "gemv.c", "conv.c", "winograd.c")
+SOURCES = ("describe.c", "gemm.c", "gemv.c", "conv.c", "columns.c", "winograd.c")
 HEADER = SOURCE_DIR / "gemm.h"
 WINOGRAD_HEADER = SOURCE_DIR / "winograd.h"
 """Declares tg_conv2d_winograd_f32 (tg_conv2d_f32's contract)."""

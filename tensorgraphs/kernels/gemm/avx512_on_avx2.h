@@ -157,6 +157,14 @@ TG_SIMD tg_f32x16 tg_fmadd_ps(tg_f32x16 a, tg_f32x16 b, tg_f32x16 c) {
     return tg_f32x16_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
 }
 
+/* a * b + c in the low 8 lanes, and no work for the high ones (left as c's: a tile of at most 8 columns). */
+TG_SIMD tg_f32x16 tg_fmadd_low_ps(tg_f32x16 a, tg_f32x16 b, tg_f32x16 c) {
+    return tg_f32x16_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), c.hi);
+}
+
+/* 8 floats from p (aligned) in the low lanes, zeros above. */
+TG_SIMD tg_f32x16 tg_load_low_ps(const void *p) { return tg_f32x16_of(_mm256_load_ps((const float *)p), _mm256_setzero_ps()); }
+
 TG_SIMD tg_f32x16 tg_fnmadd_ps(tg_f32x16 a, tg_f32x16 b, tg_f32x16 c) {
     return tg_f32x16_of(_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi));
 }

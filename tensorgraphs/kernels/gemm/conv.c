@@ -1,12 +1,15 @@
 /* conv2d lowered to GEMM with an implicit im2col: out[img] (cout x oh*ow) = weight (cout x cin*kh*kw) @ cols,
  * where the columns are never materialized: packing a B panel reads them straight from the image (stride-1
  * rows become contiguous copies, and with "same" width whole images shift). Large images are the batch of the
- * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement
+ * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement on AVX-512
  * (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole implicit conv, and building the
- * columns costs more than that. */
+ * columns costs more than that. On AVX2 only the shifted images are packed implicitly: strided convs multiply
+ * explicit columns (convolve_columns). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "columns.h"
 #include "gemm_internal.h"
 
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -124,9 +127,11 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     __mmask16 in_first[TG_NV], valid[TG_NV];
     for (int v = 0; v < TG_NV; v++) {
         int64_t j = j0 + 16 * v, img = j / positions, p = j % positions, split = min_i64(16, positions - p);
+        int32_t row = (int32_t)(p / g->ow), col = (int32_t)(p % g->ow); /* then stepped: no division per lane */
         for (int64_t i = 0; i < 16; i++) {
-            int64_t position = i < split ? p + i : i - split;
-            out_row[16 * v + i] = (int32_t)(position / g->ow), out_col[16 * v + i] = (int32_t)(position % g->ow);
+            if (i == split) row = col = 0;
+            out_row[16 * v + i] = row, out_col[16 * v + i] = col;
+            if (++col == g->ow) col = 0, row++;
         }
         first[v] = image + img * g->cin * plane + p, second[v] = image + (img + 1) * g->cin * plane - split;
         in_first[v] = tg_tail_mask(split), valid[v] = tg_tail_mask(nr - 16 * v);
@@ -148,6 +153,10 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
     for (int64_t k = 0; k < kc; k++) {
         int64_t shift = channel * plane + (ki * g->dilation_h - g->pad_h) * g->w + kj * g->dilation_w - g->pad_w;
+        /* what the next panel reads under this tap: as in pack_b_im2col, one stream per channel row is more than
+         * the prefetcher follows (a prefetch never faults, past the image included) */
+        _mm_prefetch((const char *)(first[0] + shift + TG_NR), _MM_HINT_T1);
+        _mm_prefetch((const char *)(first[0] + shift + 2 * TG_NR - 1), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++) {
             __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v];
             __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
@@ -183,6 +192,68 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
  * layer4 has 4 images of 7x7, 196 columns: 13 vectors, where the column bands run 12.5. */
 enum { MERGE_IMAGES_BELOW = 1024 };
 
+/* `g` (a batch of `images` problems, one per image, whose B columns continue from one image to the next) as one
+ * wider GEMM into scratch, then scattered to `out` (NCHW) with the residual added there. */
+static int run_merged(gemm_batch g, int64_t images, const float *residual, float *out) {
+    int64_t positions = g.n;
+    float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions));
+    if (!temp) return TG_GEMM_NO_MEMORY;
+    g.batch = 1, g.n = images * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
+    int status = tg_run_gemm_batch(&g);
+    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, residual, out);
+    free(temp);
+    return status;
+}
+
+#ifndef __AVX512F__
+/* On AVX2 a conv whose output rows are not its input rows shifted (strided, or "valid") multiplies explicit
+ * columns (columns.h) instead: the implicit packing gathers each panel from one input row per channel in turn,
+ * more streams than the prefetcher follows, and there cost more than the product for a 1x1/2 downsample, where
+ * writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). The work is
+ * tasks that each fill their columns and multiply them alone, handed to the threads one at a time with no barrier
+ * (a descheduled thread holds back no one): an image's block of output rows, COLUMN_BYTES of columns (cached when
+ * the GEMM packs them) and at least a few columns per output channel; or, for small images, a group of them merged
+ * (COLUMNS_MERGED_BYTES of columns, at most a thread's share of the images). */
+enum { COLUMN_BYTES = 512 << 10, COLUMNS_PER_CHANNEL = 4, COLUMNS_MERGE_BELOW = 256, COLUMNS_MERGED_BYTES = 4 << 20 };
+
+static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, int64_t n, const float *x) {
+    int64_t depth = conv->k, positions = conv->n, cout = conv->m, image_size = geo->cin * geo->h * geo->w;
+    int64_t out_size = cout * positions, group = 1, rows = geo->oh, threads = omp_get_max_threads();
+    if (n > 1 && positions < COLUMNS_MERGE_BELOW)
+        group = tg_clamp(COLUMNS_MERGED_BYTES / (int64_t)sizeof(float) / (depth * positions), 1,
+                         (n + threads - 1) / threads);
+    else
+        rows = tg_clamp(tg_clamp(COLUMN_BYTES / (int64_t)sizeof(float) / depth, COLUMNS_PER_CHANNEL * cout, positions) /
+                            geo->ow, 1, geo->oh);
+    int64_t per_group = (geo->oh + rows - 1) / rows, tasks = (n + group - 1) / group * per_group;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed) if (tasks > 1)
+    {
+        float *columns = malloc(sizeof(float) * (size_t)(depth * group * rows * geo->ow));
+        failed = !columns;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t first = task / per_group * group, images = min_i64(group, n - first);
+            int64_t oy0 = task % per_group * rows, oy1 = min_i64(oy0 + rows, geo->oh), block = (oy1 - oy0) * geo->ow;
+            if (!columns) continue;
+            tg_conv_fill_columns(geo, x + first * image_size, images, oy0, oy1, columns);
+            gemm_batch g = *conv;
+            int64_t at = first * out_size + oy0 * geo->ow;
+            g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * block, .cs = 1};
+            if (g.ep.residual) g.ep.residual += at;
+            if (images > 1) {
+                failed |= run_merged(g, images, g.ep.residual, conv->c + at) != TG_GEMM_OK;
+                continue;
+            }
+            g.batch = 1, g.n = block, g.c = conv->c + at;
+            failed |= tg_run_gemm_batch(&g) != TG_GEMM_OK;
+        }
+        free(columns);
+    }
+    return failed ? TG_GEMM_NO_MEMORY : TG_GEMM_OK;
+}
+#endif
+
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                   int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
@@ -203,12 +274,9 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = 1, .bias_cs = 0,
                .residual = residual, .residual_rs = positions},
     };
+#ifndef __AVX512F__
+    if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
+#endif
     if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
-    float *temp = malloc(sizeof(float) * (size_t)(cout * n * positions));
-    if (!temp) return TG_GEMM_NO_MEMORY;
-    g.batch = 1, g.n = n * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
-    int status = tg_run_gemm_batch(&g);
-    if (status == TG_GEMM_OK) scatter_images(temp, n, cout, positions, residual, out);
-    free(temp);
-    return status;
+    return run_merged(g, n, residual, out);
 }

@@ -1,6 +1,6 @@
 /* Blocked GEMM with packing and an AVX-512 FMA register tile (BLIS loop order: jc, pc, ic, jr, ir).
- * A blocks (MC x KC) are packed by the thread that computes them, B panels (KC x NC) by each thread or by the
- * team together (see tg_run_gemm_batch), each then activated in place by its operand's prologue (while it is
+ * A blocks (MC x KC) are packed by the thread that computes them, B panels (KC x NC) by each thread (as the first
+ * row block needs them, see gemm_blocks) or by the team together (see tg_run_gemm_batch), each then activated in place by its operand's prologue (while it is
  * still in cache); the TG_MR x TG_NR micro-kernel keeps its accumulators in zmm registers and applies the fused
  * epilogue before the last store. A bfloat16 product (tg_gemm_bf16) runs the same driver: each packed block, once
  * activated, is rewritten in place as bfloat16 pairs, and the micro-kernel sums them by VDPBF16PS. */
@@ -79,6 +79,9 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
         for (int64_t k = 0; k < kc; k++) {
             const float *row = s + k * rs;
             float *restrict d = dst + k * TG_NR;
+            /* the next panel's part of the row, into L2: kc rows far apart are more streams than the prefetcher
+             * follows (a prefetch never faults, past the matrix included) */
+            _mm_prefetch((const char *)(row + TG_NR), _MM_HINT_T1);
             for (int v = 0; v < TG_NV; v++) {
                 __mmask16 mask = tg_tail_mask(nr - v * 16);
                 _mm512_store_ps(d + v * 16, _mm512_maskz_loadu_ps(mask, row + v * 16));
@@ -117,16 +120,29 @@ static void pair_rows_in_place(float *x, int64_t rows, int64_t width) {
 
 /* ---------------------------------------------------------------- micro-kernel */
 
+#ifdef __AVX512F__
+enum { HALF_TILES = 0 };
+#define tg_load_low_ps _mm512_load_ps
+#define tg_fmadd_low_ps _mm512_fmadd_ps
+#else
+/* A 16-lane vector is two AVX registers (avx512_on_avx2.h): a tile of at most 8 columns (the last panel of an
+ * image of 7x7 output positions: 49 columns) multiplies its first one only. */
+enum { HALF_TILES = 1 };
+#endif
+
 /* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place)
- * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA. */
-TG_ALWAYS_INLINE void accumulate_f32(const int nv, int64_t kc, const float *restrict a, int64_t a_rs, int64_t a_ks,
-                                     const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
-    for (int64_t k = 0; k < kc; k++) {
+ * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first 8 columns of one vector. */
+TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, int64_t kc, const float *restrict a, int64_t a_rs,
+                                     int64_t a_ks, const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
+    /* unrolled: on AVX2 the rolled loop ran 5-10% slower in whole products (2 and 8 ran as 4; bench/NOTES.md) */
+    _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
-        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(b + v * 16);
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
+            bv[v] = half ? tg_load_low_ps(b + v * 16) : _mm512_load_ps(b + v * 16);
         _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
             __m512 ai = _mm512_set1_ps(a[i * a_rs]);
-            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
+                acc[i][v] = half ? tg_fmadd_low_ps(ai, bv[v], acc[i][v]) : _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
         }
         a += a_ks;
         b += TG_NR;
@@ -150,20 +166,26 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
 }
 
 /* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
- * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv` and
- * `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
+ * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv`, `half`
+ * and `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
  * packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1). */
-TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t kc, const float *restrict a,
+TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const int bf16, int64_t kc, const float *restrict a,
                                            int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
                                            int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
                                            const tg_epilogue *ep, int64_t row0, int64_t col0) {
     __m512 acc[TG_MR][TG_NV];
-    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. */
+        if (i < m_valid) {
+            _mm_prefetch((const char *)(c + i * c_rs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * c_rs + 16 * nv - 1), _MM_HINT_T0);
+        }
+    }
     if (bf16)
         accumulate_bf16(nv, kc, a, b, acc);
     else
-        accumulate_f32(nv, kc, a, a_rs, a_ks, b, acc);
+        accumulate_f32(nv, half, kc, a, a_rs, a_ks, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
@@ -178,25 +200,29 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int bf16, int64_t
     }
 }
 
-/* The tile computes only the 16-wide column vectors it needs: a narrow last panel costs what it holds. `a_rs` is 0
+/* The tile computes only the 16-wide column vectors (or, on AVX2, the half of one) it needs: a narrow last panel
+ * costs what it holds (bfloat16 products take whole vectors). `a_rs` is 0
  * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only). */
 static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, const float *restrict b,
                          float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
                          const tg_epilogue *ep, int64_t row0, int64_t col0) {
     int64_t vectors = ceil_div(n_valid, 16);
-#define TG_TILE(nv)                                                                                               \
-    (bf16   ? micro_kernel_vectors(nv, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
-     : a_rs ? micro_kernel_vectors(nv, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
-            : micro_kernel_vectors(nv, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0))
-    if (vectors >= TG_NV) TG_TILE(TG_NV);
+#define TG_TILE(nv, half)                                                                                         \
+    (bf16 ? micro_kernel_vectors(nv, 0, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
+     : a_rs                                                                                                        \
+         ? micro_kernel_vectors(nv, half, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
+         : micro_kernel_vectors(nv, half, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0,     \
+                                col0))
+    if (HALF_TILES && n_valid <= 8) TG_TILE(1, 1);
+    else if (vectors >= TG_NV) TG_TILE(TG_NV, 0);
 #if TG_NV > 1
-    else if (vectors == 1) TG_TILE(1);
+    else if (vectors == 1) TG_TILE(1, 0);
 #endif
 #if TG_NV > 2
-    else if (vectors == 2) TG_TILE(2);
+    else if (vectors == 2) TG_TILE(2, 0);
 #endif
 #if TG_NV > 3
-    else if (vectors == 3) TG_TILE(3);
+    else if (vectors == 3) TG_TILE(3, 0);
 #endif
 #undef TG_TILE
 }
@@ -267,23 +293,31 @@ static int64_t claim(int64_t *counter, int nthreads) {
     return nthreads > 1 ? __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED) : (*counter)++;
 }
 
+/* Packs B panel `panel` (columns jc + panel * TG_NR on, of nc) of K block pc..pc+kc into dst, ready to multiply. */
+static void pack_b_panel(const gemm_problem *p, int64_t pc, int64_t kc, int64_t jc, int64_t nc, int64_t panel,
+                         float *dst) {
+    p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + jc + panel * TG_NR, min_i64(TG_NR, nc - panel * TG_NR), dst);
+    finish_b_panel(p, dst, kc);
+}
+
 /* One problem, run by all `nthreads` threads of the team together (nthreads == 1: by one thread alone); `step`
- * is the calling thread's count of steps so far, the same in every thread. */
+ * is the calling thread's count of steps so far, the same in every thread. A team packs the B panels of a block
+ * first, then shares them; a thread alone packs each panel just before the first row block multiplies it, so the
+ * micro-kernels find it in L1 instead of coming back for it after the whole block was written (to L3, for a
+ * wide block), and with a single row block every panel takes the same place in one buffer. */
 static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int tid, int nthreads, work_counters *work,
                         int64_t *step) {
     int64_t mc = row_block(p->m, nthreads), m_blocks = ceil_div(p->m, mc);
     int64_t k_blocks = p->k > 0 ? ceil_div(p->k, TG_KC) : 1, k_step = ceil_div(ceil_div(p->k, k_blocks), 8) * 8;
     int64_t n_split = m_blocks % nthreads == 0 ? 1 : nthreads, units = m_blocks * n_split;
+    int lazy = nthreads == 1, one_slot = lazy && m_blocks == 1;
     for (int64_t jc = 0; jc < p->n; jc += TG_NC) {
         int64_t nc = min_i64(TG_NC, p->n - jc), panels = ceil_div(nc, TG_NR);
         for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
             int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
-            for (int64_t panel; (panel = claim(&work->next[0][parity], nthreads)) < panels;) {
-                p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + jc + panel * TG_NR,
-                               min_i64(TG_NR, nc - panel * TG_NR), b_pack + panel * TG_NR * kc);
-                finish_b_panel(p, b_pack + panel * TG_NR * kc, kc);
-            }
-            float *tail_pack = b_pack + panels * TG_NR * kc;
+            for (int64_t panel; !lazy && (panel = claim(&work->next[0][parity], nthreads)) < panels;)
+                pack_b_panel(p, pc, kc, jc, nc, panel, b_pack + panel * TG_NR * kc);
+            float *tail_pack = b_pack + (one_slot ? 1 : panels) * TG_NR * kc;
             int tail = jc == 0 && p->tail_n > 0;
             if (tail) {
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + p->tail_col, p->tail_n, tail_pack);
@@ -307,10 +341,11 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
 #define TG_A_PANEL(ir) (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, (ir) < packed ? p->a_rs : 0
                 for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
                     int64_t jr = jc + panel * TG_NR;
+                    float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
+                    if (lazy && block == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
                     for (int64_t ir = 0; ir < mcur; ir += TG_MR)
-                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_pack + panel * TG_NR * kc,
-                                     p->c + (ic + ir) * p->c_rs + jr, p->c_rs, mcur - ir, p->n - jr, kb > 0, ep,
-                                     ic + ir, jr);
+                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_panel, p->c + (ic + ir) * p->c_rs + jr, p->c_rs,
+                                     mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "columns.h"
 #include "conv_geometry.h"
 #include "im2col.h"
 
@@ -25,52 +26,6 @@
  * sgemm packs them), but at least BLOCK_PER_ROW columns per output channel (so the weights sgemm packs again for
  * every block cost little beside the block). Chosen by measurement (bench/NOTES.md). */
 enum { MERGE_IMAGES_BELOW = 256, MERGE_BYTES = 8 << 20, BLOCK_BYTES = 512 << 10, BLOCK_PER_ROW = 8 };
-
-static int64_t clamp(int64_t value, int64_t low, int64_t high) { return value < low ? low : value > high ? high : value; }
-
-/* The output columns [first, end) of a row whose input column t*stride + offset lies in [0, width): the others read
- * the padding. */
-typedef struct {
-    int64_t offset, first, end;
-} column_range;
-
-static column_range columns_inside(int64_t offset, int64_t stride, int64_t width, int64_t count) {
-    int64_t first = clamp(offset < 0 ? (stride - 1 - offset) / stride : 0, 0, count);
-    return (column_range){offset, first, clamp(offset < width ? (width - 1 - offset) / stride + 1 : 0, first, count)};
-}
-
-/* dst[t] = row[t*stride + offset] inside `range`, 0 outside, for t < count: no branch in the copy itself. */
-static inline void copy_row(const float *row, column_range range, int64_t stride, int64_t count, float *restrict dst) {
-    for (int64_t t = 0; t < range.first; t++) dst[t] = 0.0f;
-    if (stride == 1)
-        memcpy(dst + range.first, row + range.first + range.offset, sizeof(float) * (size_t)(range.end - range.first));
-    else if (stride == 2) /* a constant stride gcc vectorizes with shuffles */
-        for (int64_t t = range.first; t < range.end; t++) dst[t] = row[2 * t + range.offset];
-    else
-        for (int64_t t = range.first; t < range.end; t++) dst[t] = row[t * stride + range.offset];
-    for (int64_t t = range.end; t < count; t++) dst[t] = 0.0f;
-}
-
-/* columns[r][i * block + (oy - oy0) * ow + ox] = the input under tap r = (channel, ki, kj) at output (oy, ox) of
- * image i, for output rows oy0 <= oy < oy1 (block = (oy1 - oy0) * ow columns per image). */
-static void fill_columns(const conv_geometry *g, const float *x, int64_t images, int64_t oy0, int64_t oy1, float *columns) {
-    int64_t taps = g->kh * g->kw, block = (oy1 - oy0) * g->ow, width = images * block;
-#pragma omp parallel for collapse(2) schedule(static) if (g->cin * taps * width > 65536 && !omp_in_parallel())
-    for (int64_t r = 0; r < g->cin * taps; r++)
-        for (int64_t image = 0; image < images; image++) {
-            int64_t channel = r / taps, ki = r % taps / g->kw, kj = r % g->kw;
-            column_range range = columns_inside(kj * g->dilation_w - g->pad_w, g->stride_w, g->w, g->ow);
-            const float *plane = x + (image * g->cin + channel) * g->h * g->w;
-            float *dst = columns + r * width + image * block - oy0 * g->ow;
-            for (int64_t oy = oy0; oy < oy1; oy++) {
-                int64_t iy = oy * g->stride_h - g->pad_h + ki * g->dilation_h;
-                if (iy < 0 || iy >= g->h)
-                    memset(dst + oy * g->ow, 0, sizeof(float) * (size_t)g->ow);
-                else
-                    copy_row(plane + iy * g->w, range, g->stride_w, g->ow, dst + oy * g->ow);
-            }
-        }
-}
 
 /* gelu, tanh form, as the GEMM's epilogue computes it: x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
 static float gelu_tanh(float x) {
@@ -108,8 +63,8 @@ static void multiply(const float *weight, const float *columns, int64_t m, int64
 static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, const float *x, const float *weight,
                            const float *bias, float *out, float alpha, const float *residual, int32_t activation) {
     int64_t positions = g->oh * g->ow, depth = g->cin * g->kh * g->kw, image_size = g->cin * g->h * g->w;
-    int64_t wide = clamp(BLOCK_BYTES / (int64_t)sizeof(float) / depth, BLOCK_PER_ROW * cout, positions);
-    int64_t rows = clamp(wide / g->ow, 1, g->oh), per_image = (g->oh + rows - 1) / rows;
+    int64_t wide = tg_clamp(BLOCK_BYTES / (int64_t)sizeof(float) / depth, BLOCK_PER_ROW * cout, positions);
+    int64_t rows = tg_clamp(wide / g->ow, 1, g->oh), per_image = (g->oh + rows - 1) / rows;
     /* a 1x1 kernel at stride 1 without padding reads each image as its own columns */
     int unit = g->kh == 1 && g->kw == 1 && g->stride_h == 1 && g->stride_w == 1 && g->pad_h == 0 && g->pad_w == 0;
     int failed = 0;
@@ -125,7 +80,7 @@ static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, cons
                 multiply(weight, x + image * image_size + oy0 * g->ow, cout, block, depth, positions, alpha, out + at,
                          positions);
             else if (columns) {
-                fill_columns(g, x + image * image_size, 1, oy0, oy0 + block / g->ow, columns);
+                tg_conv_fill_columns(g, x + image * image_size, 1, oy0, oy0 + block / g->ow, columns);
                 multiply(weight, columns, cout, block, depth, block, alpha, out + at, positions);
             }
             finish_rows(out + at, positions, cout, block, bias, residual ? residual + at : NULL, activation, out + at,
@@ -141,13 +96,13 @@ static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, cons
 static int convolve_merged(const conv_geometry *g, int64_t n, int64_t cout, const float *x, const float *weight,
                            const float *bias, float *out, float alpha, const float *residual, int32_t activation) {
     int64_t positions = g->oh * g->ow, depth = g->cin * g->kh * g->kw, image_size = g->cin * g->h * g->w;
-    int64_t chunk = clamp(MERGE_BYTES / (int64_t)sizeof(float) / (depth * positions), 1, n);
+    int64_t chunk = tg_clamp(MERGE_BYTES / (int64_t)sizeof(float) / (depth * positions), 1, n);
     float *columns = malloc(sizeof(float) * (size_t)(depth * chunk * positions));
     float *merged = malloc(sizeof(float) * (size_t)(cout * chunk * positions));
     int status = columns && merged ? TG_GEMM_OK : TG_GEMM_NO_MEMORY;
     for (int64_t first = 0; first < n && status == TG_GEMM_OK; first += chunk) {
         int64_t images = chunk < n - first ? chunk : n - first, width = images * positions;
-        fill_columns(g, x + first * image_size, images, 0, g->oh, columns);
+        tg_conv_fill_columns(g, x + first * image_size, images, 0, g->oh, columns);
 #pragma omp parallel if (cout * width * depth > (1 << 20))
         {
             int64_t threads = omp_get_num_threads(), share = ((width + threads - 1) / threads + 15) / 16 * 16;
