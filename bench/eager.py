@@ -1,14 +1,18 @@
 """Benchmark: eager training steps (no tg.compile), tg against torch eager, each system in its own process.
 
-    .venv/bin/python bench/eager.py [--models gpt,enc2] [--steps 20] [--threads N] [--clock wall|cpu]
+    .venv/bin/python bench/eager.py [--models gpt,enc2,lstm] [--steps 20] [--threads N] [--clock wall|cpu]
 
 Models: "gpt", a nanoGPT-sized character model (2 pre-LN blocks, width 64, 4 heads, context 64, vocabulary
-65, batch 4; AdamW), and "enc2", bench/train.py's 2-layer encoder (Adam). Both systems start from the same
-weights (numpy, one seed, loaded through `load_state_dict`) and train on the same data; each step is written
-as in PyTorch: forward, loss, `zero_grad()`, `backward()`, `optimizer.step()`, and `loss.item()` read.
+65, batch 4; AdamW), "enc2", bench/train.py's 2-layer encoder (Adam), and "lstm", PyTorch's
+word_language_model LSTM (embedding 200, 2-layer LSTM 200 with dropout 0.2, 35 time steps, batch 20; a
+1000-word vocabulary; the hidden state detached between steps, `clip_grad_norm_(0.25)`, SGD). All systems
+start from the same weights (numpy, one seed, loaded through `load_state_dict`) and train on the same data;
+each step is written as in PyTorch: forward, loss, `zero_grad()`, `backward()`, `optimizer.step()`, and
+`loss.item()` read.
 
-Reported: the median step after warm-up; for tg also the time spent in native programs (compiled kernels)
-and the rest of the step, the Python overhead (graph building, hashing, binding, interpreting small graphs).
+Reported: the median step after warm-up, and the first step alone (tg compiles its programs there); for tg also
+the time spent in native programs (compiled kernels) and the rest of the step, the Python overhead (graph
+building, hashing, binding, interpreting small graphs).
 On a machine shared with other work, `--threads 1 --clock cpu` compares the CPU time of each system's one thread
 (OMP_NUM_THREADS and torch.set_num_threads; time the thread was descheduled does not count), far less noisy than
 wall-clock time.
@@ -35,6 +39,7 @@ WARMUP_STEPS = 3
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter
 VOCAB, CONTEXT, WIDTH, HEADS, LAYERS, BATCH = 65, 64, 64, 4, 2, 4
+WORDS, LSTM_WIDTH, LSTM_LAYERS, BPTT, LSTM_BATCH = 1000, 200, 2, 35, 20
 
 
 def gpt(nn: Any, F: Any) -> Any:
@@ -71,6 +76,23 @@ def gpt(nn: Any, F: Any) -> Any:
     return GPT()
 
 
+def lstm_lm(nn: Any) -> Any:
+    """word_language_model's RNNModel (LSTM, untied weights) in torch.nn or tg.nn."""
+
+    class LanguageModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Embedding(WORDS, LSTM_WIDTH)
+            self.rnn = nn.LSTM(LSTM_WIDTH, LSTM_WIDTH, LSTM_LAYERS, dropout=0.2)
+            self.decoder = nn.Linear(LSTM_WIDTH, WORDS)
+
+        def forward(self, x: Any, hidden: Any) -> tuple[Any, Any]:
+            output, hidden = self.rnn(self.encoder(x), hidden)
+            return self.decoder(output).reshape(-1, WORDS), hidden
+
+    return LanguageModel()
+
+
 def setup(system: str, model: str) -> Callable[[], float]:
     """One eager training step of `model` on `system` ("tg" or "torch"), returning the loss."""
     if system == "torch":
@@ -92,6 +114,11 @@ def setup(system: str, model: str) -> Callable[[], float]:
         targets = rng.integers(0, VOCAB, (BATCH, CONTEXT))
         loss_fn = lambda out, y: F.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1))  # noqa: E731
         optimizer_class = lib.optim.AdamW
+    elif model == "lstm":
+        net = lstm_lm(nn)
+        inputs = rng.integers(0, WORDS, (BPTT, LSTM_BATCH))
+        targets = rng.integers(0, WORDS, (BPTT * LSTM_BATCH,))
+        loss_fn, optimizer_class = F.cross_entropy, lib.optim.SGD
     else:
         net = build_model(nn, F, MODELS[model])
         inputs, targets = make_data(MODELS[model])
@@ -109,7 +136,19 @@ def setup(system: str, model: str) -> Callable[[], float]:
         optimizer.step()
         return loss.item()
 
-    return step
+    hidden = [None]
+
+    def recurrent_step() -> float:
+        output, state = net(x, hidden[0])
+        hidden[0] = tuple(h.detach() for h in state)  # word_language_model's repackage_hidden
+        loss = loss_fn(output, y)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(net.parameters(), 0.25)
+        optimizer.step()
+        return loss.item()
+
+    return recurrent_step if model == "lstm" else step
 
 
 def native_seconds() -> Callable[[], float]:
@@ -133,7 +172,10 @@ def native_seconds() -> Callable[[], float]:
 def worker(system: str, model: str, steps: int) -> None:
     step = setup(system, model)
     native = native_seconds() if system == "tg" else lambda: 0.0
-    losses = [step() for _ in range(WARMUP_STEPS)]
+    start = clock()
+    losses = [step()]
+    first = clock() - start
+    losses += [step() for _ in range(WARMUP_STEPS - 1)]
     times, natives = [], []
     for _ in range(steps):
         before, start = native(), clock()
@@ -141,7 +183,7 @@ def worker(system: str, model: str, steps: int) -> None:
         times.append(clock() - start)
         natives.append(native() - before)
     median = statistics.median(times)
-    print(json.dumps({"ms": median * 1e3, "native_ms": statistics.median(natives) * 1e3,
+    print(json.dumps({"ms": median * 1e3, "native_ms": statistics.median(natives) * 1e3, "first_s": first,
                       "first_loss": losses[0], "last_loss": losses[-1]}))
 
 
@@ -161,7 +203,8 @@ def run_worker(system: str, model: str, steps: int, clock_name: str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="gpt,enc2", help="comma-separated subset of gpt,enc1,enc2,enc4,mlp")
+    parser.add_argument("--models", default="gpt,enc2,lstm",
+                        help="comma-separated subset of gpt,lstm,enc1,enc2,enc4,mlp")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run, after warm-up")
     parser.add_argument("--threads", type=int, default=None, help="threads of both systems (OMP_NUM_THREADS)")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="wall-clock or process CPU time")
@@ -176,7 +219,8 @@ def main() -> None:
         return
     print(f"eager training steps: median of {args.steps} after {WARMUP_STEPS} warm-up (d_model {D_MODEL} encoders), "
           f"{args.clock} clock, {args.threads or 'default'} threads")
-    header = ["model", "tg ms", "torch eager ms", "tg / torch", "tg native ms", "tg Python ms", "loss tg", "loss torch"]
+    header = ["model", "tg ms", "torch eager ms", "tg / torch", "tg native ms", "tg Python ms", "first step tg s",
+              "first step torch s", "loss tg", "loss torch"]
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     for model in args.models.split(","):
@@ -187,7 +231,8 @@ def main() -> None:
             continue
         print(" | ".join([model, f"{tg_result['ms']:.1f}", f"{torch_result['ms']:.1f}",
                           f"{tg_result['ms'] / torch_result['ms']:.2f}x", f"{tg_result['native_ms']:.1f}",
-                          f"{tg_result['ms'] - tg_result['native_ms']:.1f}", f"{tg_result['last_loss']:.4f}",
+                          f"{tg_result['ms'] - tg_result['native_ms']:.1f}", f"{tg_result['first_s']:.2f}",
+                          f"{torch_result['first_s']:.2f}", f"{tg_result['last_loss']:.4f}",
                           f"{torch_result['last_loss']:.4f}"]), flush=True)
 
 
