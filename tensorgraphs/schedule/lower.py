@@ -59,6 +59,12 @@ CHEAP_RECOMPUTE_LIMIT = 16
 """A cheap value inside a reduction is recomputed up to this many times per element (a matrix product's scaled
 operand) before it gets a buffer (a backward pass's long chains feeding a weight gradient would run N times)."""
 
+WINDOW_RECOMPUTE_LETS = 4
+"""A cheap value computed inline at several indices of one output, more often than it has elements (a batch norm
+and activation read by the taps of a pooling or depthwise-conv window), gets a buffer when each further index
+costs at least this many operations: one store and one load per element instead of the chain at every tap. A
+cheaper one (a window's own pairwise maxima) stays inline."""
+
 NOT_COMPUTED = MOVEMENT | frozenset({Op.CONST, Op.IOTA, Op.ASSIGN, Op.COPY})
 """Ops that only rewrite an index or pass a value on: never worth a buffer of their own."""
 
@@ -129,6 +135,8 @@ class Lowering:
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
     _computed_at: Counter[Node] = field(default_factory=Counter)  # at how many indices each value is computed
+    _lets_made: int = 0  # lets created so far (what computing a value at one more index costs)
+    _window_trips: Counter[Node] = field(default_factory=Counter)  # runs of each value inlined outside reductions
     _nests: int = 0  # store nests opened so far
     _trips_per_nest: dict[Node, dict[int, int]] = field(default_factory=dict)  # an expensive value's runs, by nest
     _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
@@ -138,29 +146,66 @@ class Lowering:
     _nest_index: Index | None = None
     stored_riders: set[Node] = field(default_factory=set)  # riders `store_nest` stored
     _misplaced: set[Node] = field(default_factory=set)  # riders read at another index than the store's
+    _bounds_checks: list[tuple[Expr, int]] = field(default_factory=list)  # (position, size) a padding checks
+    decided: bool = False  # what to materialize is settled: recompute nothing (`lower_node`'s second lowering)
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
-                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False) -> None:
+                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False,
+                   split: tuple[int, ...] = ()) -> None:
         """One loop nest over `shape`; `compute(index)` gives (output index, value) to store. A nest without loops
         (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
-        copied in by the first nest."""
+        copied in by the first nest. `split` cuts the innermost loop at those positions into consecutive loops,
+        each with a body of its own (`split_at_borders`)."""
         dims = [d for d, size in enumerate(shape) if size > 1]
         self._nests += 1
         self._shape = shape
         scope = self._root
         index: list[Expr] = [Const(0)] * len(shape)
-        for d in dims:
+        for d in dims[:-1] if split else dims:
             index[d], scope = self._open_loop(scope, "i", shape[d])
-        self._nest = [v for v in map(index.__getitem__, dims) if isinstance(v, Var)]
-        self._max_trips = max(self._max_trips, scope.trips)
-        self._nest_index = tuple(index)
-        out_index, value = compute(tuple(index))
-        self._param(out, node, writes=True)
-        self._store_index = ix.flatten(out_index, node.shape)
-        emit = scope.stmts.append if dims else scope.then
-        emit(Store(out, self._store_index, value, accumulate))
+        leaves = [(tuple(index), scope)]
+        if split:
+            bounds = (0, *split, shape[dims[-1]])
+            leaves = [self._open_range(scope, index, dims[-1], start, stop) for start, stop in zip(bounds, bounds[1:])]
+        for leaf_index, leaf in leaves:
+            self._nest = [v for v in map(leaf_index.__getitem__, dims) if isinstance(v, Var)]
+            self._max_trips = max(self._max_trips, leaf.trips)
+            self._nest_index = leaf_index
+            out_index, value = compute(leaf_index)
+            self._param(out, node, writes=True)
+            self._store_index = ix.flatten(out_index, node.shape)
+            emit = leaf.stmts.append if dims else leaf.then
+            emit(Store(out, self._store_index, value, accumulate))
         self._store_riders(emit, shape)
+
+    def _open_range(self, scope: Scope, index: list[Expr], dim: int, start: int, stop: int) -> tuple[Index, Scope]:
+        """`index` with `dim` running over [start, stop): a loop opened in `scope`, or none for one position."""
+        at = list(index)
+        if stop - start == 1:
+            at[dim] = Const(start)
+            return tuple(at), scope
+        var, inner = self._open_loop(scope, "i", stop - start)
+        at[dim] = var + start
+        return tuple(at), inner
+
+    def split_at_borders(self) -> tuple[int, ...]:
+        """Where to cut the innermost loop so that its middle part reads padded values without bounds checks
+        (a padded window's interior): () when no check depends on it linearly, or nothing would be left inside."""
+        if not self._nest or not self._bounds_checks:
+            return ()
+        inner = self._nest[-1]
+        first, last = 0, inner.extent - 1
+        for position, size in self._bounds_checks:
+            if inner.name not in ix.symbols(position):
+                continue
+            inside = ix.values_within(position, inner, 0, size - 1)
+            if inside is None:
+                return ()
+            first, last = max(first, inside[0]), min(last, inside[1])
+        if first > last or (first, last) == (0, inner.extent - 1):
+            return ()
+        return tuple(sorted({first, last + 1} - {0, inner.extent}))
 
     def scan_nest(self, node: Node, out: str, axis: int, combine: Op) -> None:
         """An inclusive scan along `axis`: out[.., 0, ..] = x[.., 0, ..], then out[.., k, ..] = combine(out[.., k-1,
@@ -380,15 +425,22 @@ class Lowering:
         if found is None:
             if node in self.buffers and not self._rides_here(node, index):
                 found = self._load(node, index)
-            elif self._recomputes(node, index):
+            elif not self.decided and self._recomputes(node, index):
                 # The scheduler will give it a buffer and lower this kernel again, so its subgraph is not
                 # walked now (nested reductions would multiply the work): a placeholder value.
                 self.recomputed.add(node)
                 found = Lit(0, node.dtype)
             else:
                 self.inlined.add(node)
+                made, flagged = self._lets_made, set(self.recomputed)
                 found = self.define(node, index)
-                if node.op in EXPENSIVE and isinstance(found, Ref) and self._computed_again(node, found):
+                if self.decided:
+                    pass
+                elif node.op in EXPENSIVE and isinstance(found, Ref) and self._computed_again(node, found):
+                    self.recomputed.add(node)
+                elif self._windowed(node, index, found, self._lets_made - made):
+                    # its own chain's values just flagged at this index go with it (one buffer, at its top)
+                    self.recomputed -= self.recomputed - flagged
                     self.recomputed.add(node)
             self._memo[key] = found
         return found
@@ -414,6 +466,19 @@ class Lowering:
         trips = self._trips_per_nest.setdefault(node, {})
         trips[self._nests] = max(trips.get(self._nests, 0), scope.trips)
         return sum(trips.values()) > node.size or len(self._reduced_in.get(node, ())) > 1
+
+    def _windowed(self, node: Node, index: Index, value: Operand, lets: int) -> bool:
+        """Whether cheap `node`, just computed at `index` with `lets` new operations, is read by a window: computed
+        at several indices of the store nest (no reduction's), more often than it has elements in all, each index
+        costing at least WINDOW_RECOMPUTE_LETS."""
+        if node.op in NOT_COMPUTED or not isinstance(value, Ref):
+            return False
+        symbols = _index_symbols(index)
+        if any(v.name in symbols for v in self._reduce_vars):
+            return False
+        self._window_trips[node] += self._scope_of[value.name].trips
+        return (self._computed_at[node] > 1 and lets >= WINDOW_RECOMPUTE_LETS
+                and self._window_trips[node] > node.size)
 
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
@@ -458,6 +523,7 @@ class Lowering:
         key = (dtype, op, tuple((a.dtype, repr(a.value)) if isinstance(a, Lit) else a for a in args))
         if key not in self._same:
             let = Let(self._fresh("v"), dtype, op, args)
+            self._lets_made += 1
             self._same[key] = self._place(let, dtype, set().union(*map(_operand_symbols, args)))
         return self._same[key]
 
@@ -573,9 +639,12 @@ def _pad(low: Lowering, node: Node, index: Index) -> Operand:
     """Padding reads its source at a clamped index and selects 0 outside it (no out-of-bounds load)."""
     (source,) = node.src
     shifted = [i - before for i, (before, _) in zip(index, node.arg)]
+    if any(isinstance(p, Const) and not 0 <= p.value < size for p, size in zip(shifted, source.shape)):
+        return Lit(False if node.dtype.is_bool else 0, node.dtype)  # a border position: padding only
     inside: Operand = Lit(True, dtypes.bool_)
     for position, size in zip(shifted, source.shape):
         if position.lo < 0 or position.hi >= size:
+            low._bounds_checks.append((position, size))
             check = low._let(dtypes.bool_, "in_range", (IndexValue(position, dtypes.int64), Lit(0, dtypes.int64),
                                                         Lit(size, dtypes.int64)))
             inside = check if isinstance(inside, Lit) else low._let(dtypes.bool_, Op.AND, (inside, check))
@@ -711,6 +780,10 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         else:  # consumed transposed or elementwise (a matmul in a backward chain): in its own buffer instead
             low.recomputed |= {n for n in low.inlined if n.op in REDUCE and _row_block(n) is not None
                                and (n is reduction or n.src[0].size // n.size >= TILE)}
+    elif split := (low.split_at_borders() if not riders and not low._reduce_vars else ()):
+        # the same values and decisions, the innermost loop cut where padding checks stop (vectorized inside)
+        low = Lowering(name, buffers, inlined=low.inlined, decided=True)
+        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), split=split)
     else:
         low.forward_through_output(out, node)
     return low
