@@ -45,7 +45,7 @@ from tensorgraphs.codegen.loop_ir import (
     TransposeLocal,
 )
 from tensorgraphs.graph.composite import is_composite, params_of
-from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
 Index = tuple[Expr, ...]
@@ -59,11 +59,15 @@ CHEAP_RECOMPUTE_LIMIT = 16
 """A cheap value inside a reduction is recomputed up to this many times per element (a matrix product's scaled
 operand) before it gets a buffer (a backward pass's long chains feeding a weight gradient would run N times)."""
 
+SELECTIONS = frozenset({Op.MAX, Op.WHERE, Op.AND, "in_range", "zero_unless"})
+"""Operations that pick a value (a window's maxima, its padding and the checks that place it) rather than compute
+one: not counted as the cost of computing a value again (`WINDOW_RECOMPUTE_LETS`)."""
+
 WINDOW_RECOMPUTE_LETS = 4
 """A cheap value computed inline at several indices of one output, more often than it has elements (a batch norm
 and activation read by the taps of a pooling or depthwise-conv window), gets a buffer when each further index
-costs at least this many operations: one store and one load per element instead of the chain at every tap. A
-cheaper one (a window's own pairwise maxima) stays inline."""
+costs at least this many operations besides SELECTIONS: one store and one load per element instead of the chain at
+every tap. A window's own maxima and short partial sums (a separable window's) stay inline."""
 
 NOT_COMPUTED = MOVEMENT | frozenset({Op.CONST, Op.IOTA, Op.ASSIGN, Op.COPY})
 """Ops that only rewrite an index or pass a value on: never worth a buffer of their own."""
@@ -135,8 +139,9 @@ class Lowering:
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
     _computed_at: Counter[Node] = field(default_factory=Counter)  # at how many indices each value is computed
-    _lets_made: int = 0  # lets created so far (what computing a value at one more index costs)
+    _lets_made: int = 0  # lets other than SELECTIONS created so far (what computing a value at one index costs)
     _window_trips: Counter[Node] = field(default_factory=Counter)  # runs of each value inlined outside reductions
+    _window_reads: set[Node] = field(default_factory=set)  # values `_windowed` found
     _nests: int = 0  # store nests opened so far
     _trips_per_nest: dict[Node, dict[int, int]] = field(default_factory=dict)  # an expensive value's runs, by nest
     _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
@@ -152,22 +157,24 @@ class Lowering:
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
                    compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False,
-                   split: tuple[int, ...] = ()) -> None:
+                   cuts: dict[int, tuple[int, ...]] | None = None) -> None:
         """One loop nest over `shape`; `compute(index)` gives (output index, value) to store. A nest without loops
         (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
-        copied in by the first nest. `split` cuts the innermost loop at those positions into consecutive loops,
-        each with a body of its own (`split_at_borders`)."""
+        copied in by the first nest. `cuts` cut the loops of its innermost dims at those positions into
+        consecutive loops, each with a body of its own (`cuts_at_borders`)."""
         dims = [d for d, size in enumerate(shape) if size > 1]
+        cuts = cuts or {}
         self._nests += 1
         self._shape = shape
         scope = self._root
         index: list[Expr] = [Const(0)] * len(shape)
-        for d in dims[:-1] if split else dims:
+        for d in dims[:len(dims) - len(cuts)]:
             index[d], scope = self._open_loop(scope, "i", shape[d])
         leaves = [(tuple(index), scope)]
-        if split:
-            bounds = (0, *split, shape[dims[-1]])
-            leaves = [self._open_range(scope, index, dims[-1], start, stop) for start, stop in zip(bounds, bounds[1:])]
+        for d in dims[len(dims) - len(cuts):]:
+            bounds = (0, *cuts[d], shape[d])
+            leaves = [self._open_range(leaf, at, d, start, stop) for at, leaf in leaves
+                      for start, stop in zip(bounds, bounds[1:])]
         for leaf_index, leaf in leaves:
             self._nest = [v for v in map(leaf_index.__getitem__, dims) if isinstance(v, Var)]
             self._max_trips = max(self._max_trips, leaf.trips)
@@ -179,7 +186,7 @@ class Lowering:
             emit(Store(out, self._store_index, value, accumulate))
         self._store_riders(emit, shape)
 
-    def _open_range(self, scope: Scope, index: list[Expr], dim: int, start: int, stop: int) -> tuple[Index, Scope]:
+    def _open_range(self, scope: Scope, index: Index, dim: int, start: int, stop: int) -> tuple[Index, Scope]:
         """`index` with `dim` running over [start, stop): a loop opened in `scope`, or none for one position."""
         at = list(index)
         if stop - start == 1:
@@ -189,23 +196,22 @@ class Lowering:
         at[dim] = var + start
         return tuple(at), inner
 
-    def split_at_borders(self) -> tuple[int, ...]:
-        """Where to cut the innermost loop so that its middle part reads padded values without bounds checks
-        (a padded window's interior): () when no check depends on it linearly, or nothing would be left inside."""
-        if not self._nest or not self._bounds_checks:
-            return ()
-        inner = self._nest[-1]
-        first, last = 0, inner.extent - 1
-        for position, size in self._bounds_checks:
-            if inner.name not in ix.symbols(position):
-                continue
-            inside = ix.values_within(position, inner, 0, size - 1)
-            if inside is None:
-                return ()
-            first, last = max(first, inside[0]), min(last, inside[1])
-        if first > last or (first, last) == (0, inner.extent - 1):
-            return ()
-        return tuple(sorted({first, last + 1} - {0, inner.extent}))
+    def cuts_at_borders(self) -> dict[int, tuple[int, ...]]:
+        """Where to cut the loops of the two innermost dims so that the part inside reads padded values without
+        bounds checks (a padded window's interior: vectorized, and no selects): by dim, where checks depend linearly
+        on its loop and leave something inside (else no cut); {} where neither is cut."""
+        if not self._bounds_checks or self._nest_index is None:
+            return {}
+        dims = {v: d for d, v in enumerate(self._nest_index) if isinstance(v, Var)}
+        cuts = {}
+        for var in self._nest[-2:]:
+            first, last = 0, var.extent - 1
+            for position, size in self._bounds_checks:
+                if var.name in ix.symbols(position):
+                    inside = ix.values_within(position, var, 0, size - 1)
+                    first, last = (first, -1) if inside is None else (max(first, inside[0]), min(last, inside[1]))
+            cuts[dims[var]] = tuple(sorted({first, last + 1} - {0, var.extent})) if first <= last else ()
+        return cuts if any(cuts.values()) else {}
 
     def scan_nest(self, node: Node, out: str, axis: int, combine: Op) -> None:
         """An inclusive scan along `axis`: out[.., 0, ..] = x[.., 0, ..], then out[.., k, ..] = combine(out[.., k-1,
@@ -432,16 +438,14 @@ class Lowering:
                 found = Lit(0, node.dtype)
             else:
                 self.inlined.add(node)
-                made, flagged = self._lets_made, set(self.recomputed)
+                made = self._lets_made
                 found = self.define(node, index)
                 if self.decided:
                     pass
                 elif node.op in EXPENSIVE and isinstance(found, Ref) and self._computed_again(node, found):
                     self.recomputed.add(node)
                 elif self._windowed(node, index, found, self._lets_made - made):
-                    # its own chain's values just flagged at this index go with it (one buffer, at its top)
-                    self.recomputed -= self.recomputed - flagged
-                    self.recomputed.add(node)
+                    self._window_reads.add(node)
             self._memo[key] = found
         return found
 
@@ -479,6 +483,18 @@ class Lowering:
         self._window_trips[node] += self._scope_of[value.name].trips
         return (self._computed_at[node] > 1 and lets >= WINDOW_RECOMPUTE_LETS
                 and self._window_trips[node] > node.size)
+
+    def settle_windows(self) -> None:
+        """Flags the values read by windows (`_windowed`) that get buffers: along a chain of them, the ones evaluated
+        most often per element (a batch norm's relu read by a depthwise conv's taps, not the partial sums of a pool
+        reading that conv) and, of those, the outermost (the relu, not the batch norm inside it)."""
+        ratio = {n: self._window_trips[n] / n.size for n in self._window_reads}
+        inside = {n: self._window_reads.intersection(toposort(list(n.src), stop=self.buffers.__contains__))
+                  for n in self._window_reads}
+        for n in self._window_reads:
+            if not any(ratio[m] > ratio[n] for m in inside[n]) and not any(
+                    n in inside[m] and ratio[m] >= ratio[n] for m in self._window_reads):
+                self.recomputed.add(n)
 
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
@@ -523,7 +539,7 @@ class Lowering:
         key = (dtype, op, tuple((a.dtype, repr(a.value)) if isinstance(a, Lit) else a for a in args))
         if key not in self._same:
             let = Let(self._fresh("v"), dtype, op, args)
-            self._lets_made += 1
+            self._lets_made += op not in SELECTIONS
             self._same[key] = self._place(let, dtype, set().union(*map(_operand_symbols, args)))
         return self._same[key]
 
@@ -763,6 +779,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         return low
     low = Lowering(name, buffers, riders=riders)
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
+    low.settle_windows()
     if low.recomputed:  # the scheduler lowers it again once those have buffers
         return low
     if low.reads_transposed() and all(node.shape[d] >= TRANSPOSE_TILE for d in low.tiled_axes()):
@@ -780,10 +797,10 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         else:  # consumed transposed or elementwise (a matmul in a backward chain): in its own buffer instead
             low.recomputed |= {n for n in low.inlined if n.op in REDUCE and _row_block(n) is not None
                                and (n is reduction or n.src[0].size // n.size >= TILE)}
-    elif split := (low.split_at_borders() if not riders and not low._reduce_vars else ()):
-        # the same values and decisions, the innermost loop cut where padding checks stop (vectorized inside)
+    elif cuts := (low.cuts_at_borders() if not riders and not low._reduce_vars else {}):
+        # the same values and decisions, the inner loops cut where padding checks stop (vectorized inside)
         low = Lowering(name, buffers, inlined=low.inlined, decided=True)
-        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), split=split)
+        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), cuts=cuts)
     else:
         low.forward_through_output(out, node)
     return low

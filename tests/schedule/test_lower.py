@@ -40,10 +40,11 @@ def test_reshape_round_trip_leaves_no_division() -> None:
 
 
 def test_pad_clamps_the_load_and_selects_zero_outside() -> None:
-    kernel = only_kernel(mv.pad(x(5, 3), (0, 0, 2, 1)) + 1)  # padded rows: checked once per row
+    kernel = only_kernel(mv.pad(x(5, 3, 4), (0, 0, 0, 0, 2, 1)) + 1)  # an outer axis: checked once per plane
     ops = [s.op for s in walk(kernel.body) if isinstance(s, Let)]
     (load,) = [s for s in walk(kernel.body) if isinstance(s, Load)]
-    assert "in_range" in ops and "zero_unless" in ops and repr(load.index) == "(clamp((i1 + -2), 0, 4)*3 + i2)"
+    assert "in_range" in ops and "zero_unless" in ops
+    assert repr(load.index) == "(clamp((i1 + -2), 0, 4)*12 + i2*4 + i3)"
 
 
 def test_padded_innermost_axis_is_cut_where_the_checks_stop(monkeypatch: pytest.MonkeyPatch) -> None:
