@@ -425,7 +425,7 @@ class Lowering:
     # -- values --------------------------------------------------------------
     def value(self, node: Node, index: Index) -> Operand:
         if node.size == 0:  # never read (padding, an empty reduction): no index into it exists
-            return Lit(False if node.dtype.is_bool else 0, node.dtype)
+            return _zero(node.dtype)
         key = (node, index)
         found = self._memo.get(key)
         if found is None:
@@ -440,12 +440,8 @@ class Lowering:
                 self.inlined.add(node)
                 made = self._lets_made
                 found = self.define(node, index)
-                if self.decided:
-                    pass
-                elif node.op in EXPENSIVE and isinstance(found, Ref) and self._computed_again(node, found):
-                    self.recomputed.add(node)
-                elif self._windowed(node, index, found, self._lets_made - made):
-                    self._window_reads.add(node)
+                if not self.decided:
+                    self._note_recomputation(node, index, found, self._lets_made - made)
             self._memo[key] = found
         return found
 
@@ -470,6 +466,14 @@ class Lowering:
         trips = self._trips_per_nest.setdefault(node, {})
         trips[self._nests] = max(trips.get(self._nests, 0), scope.trips)
         return sum(trips.values()) > node.size or len(self._reduced_in.get(node, ())) > 1
+
+    def _note_recomputation(self, node: Node, index: Index, value: Operand, lets: int) -> None:
+        """Flags `node`, just computed inline at `index` with `lets` new operations, if it is an expensive value
+        computed too often, or notes it if a window reads it (`settle_windows` decides)."""
+        if node.op in EXPENSIVE and isinstance(value, Ref) and self._computed_again(node, value):
+            self.recomputed.add(node)
+        elif self._windowed(node, index, value, lets):
+            self._window_reads.add(node)
 
     def _windowed(self, node: Node, index: Index, value: Operand, lets: int) -> bool:
         """Whether cheap `node`, just computed at `index` with `lets` new operations, is read by a window: computed
@@ -600,6 +604,10 @@ class Lowering:
             existing.writes |= writes
 
 
+def _zero(dtype: dtypes.DType) -> Lit:
+    return Lit(False if dtype.is_bool else 0, dtype)
+
+
 def _coefficient(e: Expr, var: Var) -> int:
     if e == var:
         return 1
@@ -656,7 +664,7 @@ def _pad(low: Lowering, node: Node, index: Index) -> Operand:
     (source,) = node.src
     shifted = [i - before for i, (before, _) in zip(index, node.arg)]
     if any(isinstance(p, Const) and not 0 <= p.value < size for p, size in zip(shifted, source.shape)):
-        return Lit(False if node.dtype.is_bool else 0, node.dtype)  # a border position: padding only
+        return _zero(node.dtype)  # a border position: padding only
     inside: Operand = Lit(True, dtypes.bool_)
     for position, size in zip(shifted, source.shape):
         if position.lo < 0 or position.hi >= size:

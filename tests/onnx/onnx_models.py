@@ -52,12 +52,12 @@ def cnn(seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def conv_bn_block(seed: int = 0, channels: int = 8) -> onnx.ModelProto:
-    """x (batch, 4, 12, 12) -> Conv 3x3 pad 1 -> BatchNormalization -> Relu -> MaxPool 3x3/2 pad 1 -> depthwise Conv
-    3x3 pad 1 -> BatchNormalization -> Relu -> AveragePool 3x3/2 pad 1 -> y (batch, channels, 3, 3): the windows of
-    ResNet's stem and ShuffleNet's units."""
+def conv_bn_block(seed: int = 0, channels: int = 8, inputs: int = 4) -> onnx.ModelProto:
+    """x (batch, inputs, 12, 12) -> Conv 3x3 pad 1 -> BatchNormalization -> Relu -> MaxPool 3x3/2 pad 1 ->
+    depthwise Conv 3x3 pad 1 -> BatchNormalization -> Relu -> AveragePool 3x3/2 pad 1 -> y (batch, channels, 3, 3):
+    the windows of ResNet's stem and ShuffleNet's units."""
     rng = np.random.default_rng(seed)
-    weights = {"conv.weight": rng.standard_normal((channels, 4, 3, 3)).astype(np.float32) * 0.3,
+    weights = {"conv.weight": rng.standard_normal((channels, inputs, 3, 3)).astype(np.float32) * 0.3,
                "conv.bias": rng.standard_normal(channels).astype(np.float32) * 0.1,
                "dw.weight": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32) * 0.3}
     for name in ("bn1", "bn2"):
@@ -77,7 +77,7 @@ def conv_bn_block(seed: int = 0, channels: int = 8) -> onnx.ModelProto:
         helper.make_node("AveragePool", ["s"], ["y"], **window),
     ]
     graph = helper.make_graph(
-        nodes, "conv_bn_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 12, 12])],
+        nodes, "conv_bn_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", inputs, 12, 12])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", channels, 3, 3])],
         [numpy_helper.from_array(v, k) for k, v in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
