@@ -157,25 +157,27 @@ class Lowering:
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
                    compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False,
-                   cuts: dict[int, tuple[int, ...]] | None = None) -> None:
+                   interiors: dict[int, tuple[int, int]] | None = None) -> None:
         """One loop nest over `shape`; `compute(index)` gives (output index, value) to store. A nest without loops
         (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
-        copied in by the first nest. `cuts` cut the loops of its innermost dims at those positions into
-        consecutive loops, each with a body of its own (`cuts_at_borders`)."""
+        copied in by the first nest. `interiors` ([start, stop) of its innermost dims: `interiors_of_padding`) cut
+        the loop of each into the part before, the interior and the part after, each with a body of its own; an
+        inner dim is cut only inside the outer one's interior."""
         dims = [d for d, size in enumerate(shape) if size > 1]
-        cuts = cuts or {}
+        interiors = interiors or {}
         self._nests += 1
         self._shape = shape
         scope = self._root
         index: list[Expr] = [Const(0)] * len(shape)
-        for d in dims[:len(dims) - len(cuts)]:
+        for d in dims[:len(dims) - len(interiors)]:
             index[d], scope = self._open_loop(scope, "i", shape[d])
-        leaves = [(tuple(index), scope)]
-        for d in dims[len(dims) - len(cuts):]:
-            bounds = (0, *cuts[d], shape[d])
-            leaves = [self._open_range(leaf, at, d, start, stop) for at, leaf in leaves
-                      for start, stop in zip(bounds, bounds[1:])]
-        for leaf_index, leaf in leaves:
+        leaves = [(tuple(index), scope, True)]  # (index, scope, inside every interior so far)
+        for d in dims[len(dims) - len(interiors):]:
+            first, stop = interiors[d]
+            cut = [(0, first, False), (first, stop, True), (stop, shape[d], False)]
+            leaves = [(*self._open_range(leaf, at, d, start, end), inside and interior) for at, leaf, inside in leaves
+                      for start, end, interior in (cut if inside else [(0, shape[d], False)]) if start < end]
+        for leaf_index, leaf, _ in leaves:
             self._nest = [v for v in map(leaf_index.__getitem__, dims) if isinstance(v, Var)]
             self._max_trips = max(self._max_trips, leaf.trips)
             self._nest_index = leaf_index
@@ -196,22 +198,22 @@ class Lowering:
         at[dim] = var + start
         return tuple(at), inner
 
-    def cuts_at_borders(self) -> dict[int, tuple[int, ...]]:
-        """Where to cut the loops of the two innermost dims so that the part inside reads padded values without
-        bounds checks (a padded window's interior: vectorized, and no selects): by dim, where checks depend linearly
-        on its loop and leave something inside (else no cut); {} where neither is cut."""
+    def interiors_of_padding(self) -> dict[int, tuple[int, int]]:
+        """The ranges [start, stop) of the two innermost dims where padded values are read without bounds checks
+        (a padded window's interior: vectorized, and no selects), by dim: the whole dim where no check depends
+        linearly on its loop alone; {} where both are whole."""
         if not self._bounds_checks or self._nest_index is None:
             return {}
         dims = {v: d for d, v in enumerate(self._nest_index) if isinstance(v, Var)}
-        cuts = {}
+        interiors = {}
         for var in self._nest[-2:]:
             first, last = 0, var.extent - 1
             for position, size in self._bounds_checks:
-                if var.name in ix.symbols(position):
-                    inside = ix.values_within(position, var, 0, size - 1)
-                    first, last = (first, -1) if inside is None else (max(first, inside[0]), min(last, inside[1]))
-            cuts[dims[var]] = tuple(sorted({first, last + 1} - {0, var.extent})) if first <= last else ()
-        return cuts if any(cuts.values()) else {}
+                inside = ix.values_within(position, var, 0, size - 1) if var.name in ix.symbols(position) else None
+                if inside is not None:
+                    first, last = max(first, inside[0]), min(last, inside[1])
+            interiors[dims[var]] = (first, last + 1) if first <= last else (0, var.extent)
+        return {} if all(interior == (0, self._shape[d]) for d, interior in interiors.items()) else interiors
 
     def scan_nest(self, node: Node, out: str, axis: int, combine: Op) -> None:
         """An inclusive scan along `axis`: out[.., 0, ..] = x[.., 0, ..], then out[.., k, ..] = combine(out[.., k-1,
@@ -805,10 +807,10 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         else:  # consumed transposed or elementwise (a matmul in a backward chain): in its own buffer instead
             low.recomputed |= {n for n in low.inlined if n.op in REDUCE and _row_block(n) is not None
                                and (n is reduction or n.src[0].size // n.size >= TILE)}
-    elif cuts := (low.cuts_at_borders() if not riders and not low._reduce_vars else {}):
+    elif interiors := (low.interiors_of_padding() if not riders and not low._reduce_vars else {}):
         # the same values and decisions, the inner loops cut where padding checks stop (vectorized inside)
         low = Lowering(name, buffers, inlined=low.inlined, decided=True)
-        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), cuts=cuts)
+        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), interiors=interiors)
     else:
         low.forward_through_output(out, node)
     return low

@@ -60,12 +60,19 @@ def test_batch_norm_stays_a_pass_where_the_weights_outweigh_the_output() -> None
     assert call.activation == "none" and len([k for k in kernels if _lets([k], Op.CMPLT)]) == 2
 
 
+def _innermost_loops(body: list, trips: int = 1):
+    """(loop, how often its body runs) for every loop without loops inside."""
+    for stmt in body:
+        if isinstance(stmt, Loop):
+            inner = list(_innermost_loops(stmt.body, trips * stmt.var.extent))
+            yield from inner or [(stmt, trips * stmt.var.extent)]
+
+
 def test_padded_windows_read_their_interior_without_checks() -> None:
-    """The depthwise conv's and the pools' loops are cut where the padding ends: the innermost loop with most
-    trips reads without bounds checks or selects (so it vectorizes)."""
+    """The depthwise conv's and the pools' loops are cut where the padding ends: the innermost loop that runs most
+    reads without bounds checks or selects (so it vectorizes); only the borders check."""
     for kernel in _kernels():
-        loops = [s for s in walk(kernel.body) if isinstance(s, Loop) and not any(isinstance(t, Loop) for t in s.body)]
-        if not loops or not any(isinstance(s, Let) and s.op == "in_range" for s in walk(kernel.body)):
+        if not any(isinstance(s, Let) and s.op == "in_range" for s in walk(kernel.body)):
             continue
-        widest = max(loops, key=lambda loop: loop.var.extent)
-        assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(widest.body)), kernel
+        busiest, _ = max(_innermost_loops(kernel.body), key=lambda loop_trips: loop_trips[1])
+        assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body)), kernel
