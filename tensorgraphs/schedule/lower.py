@@ -177,9 +177,9 @@ class Lowering:
             cut = [(0, first, False), (first, stop, True), (stop, shape[d], False)]
             leaves = [(*self._open_range(leaf, at, d, start, end), inside and interior) for at, leaf, inside in leaves
                       for start, end, interior in (cut if inside else [(0, shape[d], False)]) if start < end]
+        self._max_trips = max(self._max_trips, math.prod(shape))  # cut or not (dynamic shapes' templates)
         for leaf_index, leaf, _ in leaves:
             self._nest = [v for v in map(leaf_index.__getitem__, dims) if isinstance(v, Var)]
-            self._max_trips = max(self._max_trips, leaf.trips)
             self._nest_index = leaf_index
             out_index, value = compute(leaf_index)
             self._param(out, node, writes=True)
@@ -189,11 +189,9 @@ class Lowering:
         self._store_riders(emit, shape)
 
     def _open_range(self, scope: Scope, index: Index, dim: int, start: int, stop: int) -> tuple[Index, Scope]:
-        """`index` with `dim` running over [start, stop): a loop opened in `scope`, or none for one position."""
+        """`index` with `dim` running over [start, stop): a loop opened in `scope`, one trip included (so the
+        program's structure is the same at every size the range is not empty: dynamic shapes' templates)."""
         at = list(index)
-        if stop - start == 1:
-            at[dim] = Const(start)
-            return tuple(at), scope
         var, inner = self._open_loop(scope, "i", stop - start)
         at[dim] = var + start
         return tuple(at), inner
@@ -665,8 +663,8 @@ def _pad(low: Lowering, node: Node, index: Index) -> Operand:
     """Padding reads its source at a clamped index and selects 0 outside it (no out-of-bounds load)."""
     (source,) = node.src
     shifted = [i - before for i, (before, _) in zip(index, node.arg)]
-    if any(isinstance(p, Const) and not 0 <= p.value < size for p, size in zip(shifted, source.shape)):
-        return _zero(node.dtype)  # a border position: padding only
+    if any(p.hi < 0 or p.lo >= size for p, size in zip(shifted, source.shape)):
+        return _zero(node.dtype)  # a border: padding only
     inside: Operand = Lit(True, dtypes.bool_)
     for position, size in zip(shifted, source.shape):
         if position.lo < 0 or position.hi >= size:
