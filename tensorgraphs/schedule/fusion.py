@@ -32,11 +32,15 @@ Steps, each a plain function:
    * a matrix product whose operands are read down their columns but which is
      consumed transposed or by an elementwise op: in a buffer of its own it
      accumulates output rows (contiguous, vectorized; see `lower.reduce_into_output`);
-   * a reduction inlined into more than one kernel (it would run once per kernel).
+   * a reduction inlined into more than one kernel (it would run once per kernel);
+   * a cheap value a window reads at several taps (a batch norm and relu before a pool or a
+     depthwise conv) whose every tap costs `lower.WINDOW_RECOMPUTE_LETS` operations or more
+     (`Lowering.settle_windows` picks which of a chain).
 
    Reductions are decided first: what a recomputed reduction reads is itself
    evaluated too often only until that reduction gets its buffer (a lowering stops
-   at a node it recomputes, so nested reductions never multiply its work).
+   at a node it recomputes, so nested reductions never multiply its work); then the
+   outermost of the other values (`outermost`).
 
    Cheap elementwise nodes shared by several kernels are recomputed in each:
    recomputing costs a few instructions per element; materializing costs a store

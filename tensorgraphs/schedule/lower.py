@@ -10,8 +10,10 @@ the row loop of the kernel that consumes them).
 Every let is placed in the outermost loop where all it depends on is defined
 (loop-invariant code motion by construction), and each (node, index) pair is
 computed once per kernel. The lowering reports nodes it had to recompute (an
-expensive value evaluated more often than it has elements) so the scheduler can
-materialize them instead.
+expensive value evaluated more often than it has elements, a costly one read at
+several taps of a window) so the scheduler can materialize them instead. A padded
+window's two inner loops are cut where the padding's bounds checks stop, so its
+interior reads without them (`interiors_of_padding`).
 """
 
 from __future__ import annotations
