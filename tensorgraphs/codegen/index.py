@@ -374,6 +374,20 @@ def stride(e: Expr, var: Var) -> int | None:
     return step.value if isinstance(step, Const) else None
 
 
+def values_within(e: Expr, var: Var, low: int, high: int) -> tuple[int, int] | None:
+    """The values [first, last] of `var` for which `e` lies within [low, high] whatever its other terms are (first >
+    last: none), or None where `e` is not linear in `var`."""
+    terms, constant = _linear(e)
+    coefficient = terms.pop(var, 0)
+    if not coefficient or any(var.name in symbols(t) for t in terms):
+        return None
+    rest = _from_linear(terms, constant)
+    at_least, at_most = low - rest.lo, high - rest.hi  # coefficient * var within [at_least, at_most]
+    if coefficient < 0:
+        coefficient, at_least, at_most = -coefficient, -at_most, -at_least
+    return -(-at_least // coefficient), at_most // coefficient
+
+
 def symbols(e: Expr) -> set[str]:
     """Names of the loop counters and run-time values `e` depends on."""
     if isinstance(e, (Var, Opaque)):

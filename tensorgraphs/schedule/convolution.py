@@ -23,12 +23,14 @@ decomposition and the gradients are matmuls (planned as such).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam
+from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
-from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan.choices import (
     DECOMPOSITION,
@@ -44,10 +46,12 @@ from tensorgraphs.schedule.extern import (
     EpilogueChain,
     EpilogueKind,
     LibraryCallLowering,
+    consumers_of,
     contiguous_storage,
     epilogue_rules,
     gemm_enabled,
     libraries_enabled,
+    rebuild,
 )
 
 CONV2D = "conv2d"
@@ -157,6 +161,73 @@ EPILOGUE_KIND = EpilogueKind(
     _conv_with_epilogue,
 )
 EPILOGUE_KINDS.append(EPILOGUE_KIND)
+
+
+def _channel_values(node: Node, channels: int) -> Node | None:
+    """The vector over the output channels that `node`, an operand of an NCHW result, broadcasts (a batch norm's
+    statistics and parameters: expanded channel vectors, constants, their sums and products); None if it is not
+    one."""
+    if node.op is Op.EXPAND and _channel_vector(node):
+        return g.movement(Op.RESHAPE, node.src[0], (channels,))
+    if node.op is Op.CONST:
+        return g.const(node.arg, node.dtype, (channels,))
+    if node.op in (Op.ADD, Op.MUL):
+        values = [_channel_values(source, channels) for source in node.src]
+        return None if None in values else g.binary(node.op, *values)
+    return None
+
+
+def _channel_affine(conv: Node, consumers: dict[Node, set[Node | None]]) -> tuple[Node, Node | None, Node | None]:
+    """The last node of the chain of per-channel multiplies and adds that alone consume `conv`, with the chain as
+    end = conv * scale + shift (vectors over the channels; None: 1, 0)."""
+    end, scale, shift, channels = conv, None, None, conv.shape[1]
+    while len(consumers[end]) == 1 and (user := next(iter(consumers[end]))) is not None and user.op in (Op.ADD,
+                                                                                                         Op.MUL):
+        other = user.src[1] if user.src[0] is end else user.src[0]
+        values = None if other is end or other.op is Op.CONST else _channel_values(other, channels)  # (alpha's)
+        if values is None:
+            break
+        if user.op is Op.MUL:
+            scale = values if scale is None else g.binary(Op.MUL, scale, values)
+            shift = None if shift is None else g.binary(Op.MUL, shift, values)
+        else:
+            shift = values if shift is None else g.binary(Op.ADD, shift, values)
+        end = user
+    return end, scale, shift
+
+
+def _scaled_conv(conv: Node, scale: Node, shift: Node | None, rebuilt: dict[Node, Node]) -> Node:
+    """conv(x, w * scale) (+ shift) on the new graph."""
+    x, weight = (rebuilt[s] for s in conv.src)
+    channels = weight.shape[0]
+    per_row = g.movement(Op.RESHAPE, scale, (channels, 1, 1, 1))
+    out = with_sources(conv, (x, g.binary(Op.MUL, weight, g.movement(Op.EXPAND, per_row, weight.shape))))
+    if shift is None:
+        return out
+    return g.binary(Op.ADD, out, g.movement(Op.EXPAND, g.movement(Op.RESHAPE, shift, (1, channels, 1, 1)), out.shape))
+
+
+def fold_channel_scales(roots: list[Node], materialized: set[Node],
+                        is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
+    """A conv kernel's result scaled and shifted per output channel (a batch norm after it, also after its bias),
+    conv(x, w) * scale + shift, as conv(x, w * scale) + shift: the kernel's epilogue adds the shift and applies a
+    relu after it (`fuse_epilogues`), so a pass over the output becomes one over the weights, taken where the weights
+    are the smaller (ResNet-50's last layers at batch 1 keep their pass). The scaled weights get a buffer."""
+    order = toposort(roots, stop=is_leaf)
+    consumers = consumers_of(order, roots, is_leaf)
+    replaced = {}
+    for conv in order:
+        if is_leaf(conv) or not is_composite(conv) or conv.op.name != CONV2D or not runs_as_conv_kernel(conv):
+            continue
+        end, scale, shift = _channel_affine(conv, consumers)
+        if scale is not None and conv.src[1].size <= end.size:
+            replaced[end] = lambda rebuilt, conv=conv, scale=scale, shift=shift: _scaled_conv(conv, scale, shift,
+                                                                                               rebuilt)
+    rebuilt = rebuild(order, replaced, is_leaf)
+    folded = {rebuilt[end] for end in replaced}
+    convs = {n.src[0] if n.op is Op.ADD else n for n in folded}
+    return [rebuilt[r] for r in roots], {rebuilt.get(n, n) for n in materialized} | convs | {
+        c.src[1] for c in convs}
 
 
 def conv_operand_bases(node: Node) -> list[Node]:

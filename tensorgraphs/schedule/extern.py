@@ -449,7 +449,7 @@ EPILOGUE_KINDS.append(EpilogueKind(runs_as_gemm, lambda is_chain_end: epilogue_r
                                    _product_with_epilogue))
 
 
-def _consumers(order: list[Node], roots: list[Node], is_leaf: Callable[[Node], bool]) -> dict[Node, set[Node | None]]:
+def consumers_of(order: list[Node], roots: list[Node], is_leaf: Callable[[Node], bool]) -> dict[Node, set[Node | None]]:
     """The nodes reading each node of `order`; None for a root (its value leaves the program)."""
     consumers: dict[Node, set[Node | None]] = defaultdict(set)
     for node in order:
@@ -460,7 +460,7 @@ def _consumers(order: list[Node], roots: list[Node], is_leaf: Callable[[Node], b
     return consumers
 
 
-def _rebuild(order: list[Node], replaced: Mapping[Node, Callable[[dict[Node, Node]], Node]],
+def rebuild(order: list[Node], replaced: Mapping[Node, Callable[[dict[Node, Node]], Node]],
              is_leaf: Callable[[Node], bool]) -> dict[Node, Node]:
     """Each node of `order` (sources first) on the new graph: a replaced one built by its function from the new
     nodes so far, a leaf as it is, any other reading the new nodes of its sources."""
@@ -491,7 +491,7 @@ def fuse_epilogues(roots: list[Node], materialized: set[Node],
     order = toposort(roots, stop=is_leaf)
     chains = _grow_chains(order, roots, materialized, is_leaf)
     fused = {end: chain for end, chain in chains.items() if chain.fuses_anything(end)}
-    rebuilt = _rebuild(order, {end: functools.partial(chain.node, end.shape) for end, chain in fused.items()}, is_leaf)
+    rebuilt = rebuild(order, {end: functools.partial(chain.node, end.shape) for end, chain in fused.items()}, is_leaf)
     operands = {rebuilt[n] for chain in fused.values() for n in chain.operands() if not is_leaf(n)}
     kept = {rebuilt.get(n, n) for n in materialized} | {rebuilt[end] for end in fused} | operands
     return fuse_prologues([rebuilt[r] for r in roots], kept, is_leaf)
@@ -505,7 +505,7 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
     its bias is a vector of floats (through reshapes and leading-dim slices; materialized if it is not already, at
     little cost), and its residual (of the result's size) is in a buffer anyway (materialized, a leaf, or a chain
     end)."""
-    consumers = _consumers(order, roots, is_leaf)
+    consumers = consumers_of(order, roots, is_leaf)
     position = {node: i for i, node in enumerate(order)}
     chains = {node: EpilogueChain(node, kind) for node in order
               if not is_leaf(node) and (kind := next((k for k in EPILOGUE_KINDS if k.starts(node)), None))}
@@ -581,7 +581,7 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
     widened from one, which the prologue reads as they are stored) of the same shape and nothing but product
     operands reads the activated value; and `materialized` less the activated values."""
     order = toposort(roots, stop=is_leaf)
-    consumers = _consumers(order, roots, is_leaf)
+    consumers = consumers_of(order, roots, is_leaf)
     readers: dict[Node, set[Node]] = defaultdict(set)  # storage -> the products and views reading it as operand
     read_whole = set()  # bias and residual operands
     for product in filter(_is_product, order):
@@ -614,7 +614,7 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
     def prologue(name: str, x: Node) -> Callable[[dict[Node, Node]], Node]:
         return lambda rebuilt: make_node(GEMM_PROLOGUE, (rebuilt[x],), {"activation": name}, dtypes.float32, x.shape)
 
-    rebuilt = _rebuild(order, {storage: prologue(*found) for storage, found in activated.items()}, is_leaf)
+    rebuilt = rebuild(order, {storage: prologue(*found) for storage, found in activated.items()}, is_leaf)
     kept = {rebuilt.get(n, n) for n in materialized if n not in activated}
     return [rebuilt[r] for r in roots], kept
 

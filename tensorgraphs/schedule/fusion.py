@@ -13,7 +13,8 @@ Steps, each a plain function:
    (kept whole and materialized, one loop per input into its slice: `lower.concat_nests`); large full
    reductions are split in two so both halves run in parallel (`split_full_reduction`). A
    product's (or convolution's) elementwise consumers that the kernel applies itself (bias,
-   activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`).
+   activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`), after a
+   convolution's per-channel scale went into its weights (`schedule.convolution.fold_channel_scales`).
 2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
    inputs, roots and scatter-adds always; everything else is computed inside
    the kernels that consume it (`schedule.lower`). Fusion therefore follows from
@@ -31,11 +32,15 @@ Steps, each a plain function:
    * a matrix product whose operands are read down their columns but which is
      consumed transposed or by an elementwise op: in a buffer of its own it
      accumulates output rows (contiguous, vectorized; see `lower.reduce_into_output`);
-   * a reduction inlined into more than one kernel (it would run once per kernel).
+   * a reduction inlined into more than one kernel (it would run once per kernel);
+   * a cheap value a window reads at several taps (a batch norm and relu before a pool or a
+     depthwise conv) whose every tap costs `lower.WINDOW_RECOMPUTE_LETS` operations or more
+     (`Lowering.settle_windows` picks which of a chain).
 
    Reductions are decided first: what a recomputed reduction reads is itself
    evaluated too often only until that reduction gets its buffer (a lowering stops
-   at a node it recomputes, so nested reductions never multiply its work).
+   at a node it recomputes, so nested reductions never multiply its work); then the
+   outermost of the other values (`outermost`).
 
    Cheap elementwise nodes shared by several kernels are recomputed in each:
    recomputing costs a few instructions per element; materializing costs a store
@@ -65,7 +70,12 @@ from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.plan.choices import DECOMPOSE, route_of
 from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, runs_as_fused_attention
-from tensorgraphs.schedule.convolution import ConvLowering, conv_operand_bases, runs_as_conv_kernel
+from tensorgraphs.schedule.convolution import (
+    ConvLowering,
+    conv_operand_bases,
+    fold_channel_scales,
+    runs_as_conv_kernel,
+)
 from tensorgraphs.schedule.extern import (
     GemmLowering,
     fuse_epilogues,
@@ -173,6 +183,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     given = is_input or (lambda n: False)
     leaf = lambda n: n.op is Op.BUFFER or given(n)  # noqa: E731
     primitive_roots, materialized = to_primitive(roots, leaf)
+    primitive_roots, materialized = fold_channel_scales(primitive_roots, materialized, leaf)
     scatters = {n for n in toposort(primitive_roots, stop=leaf) if n.op is Op.SCATTER_ADD}
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots) | scatters,
                                                    leaf)
@@ -198,7 +209,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
                          GemmLowering if is_composite(n) and not runs_as_loops(n) else lower_node)
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
-        recomputed = set().union(*(low.recomputed for low in lowerings))
+        recomputed = outermost(set().union(*(low.recomputed for low in lowerings)), materialized, leaf)
         inlined_by = Counter(n for low in lowerings for n in low.inlined)  # how many kernels compute each inline
         reductions = {n for n in recomputed if n.op in REDUCE} | {
             n for n, count in inlined_by.items() if n.op in REDUCE and count > 1}
@@ -210,6 +221,14 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     kernels = [homes.get(n, lowered[n]).kernel() for n in computed if n not in homes or homes[n] is not None]
     kernels = [kernel for kernel in kernels if kernel.body]  # a node another kernel's library call computes
     return Schedule(kernels, buffers, [names[r] for r in primitive_roots])
+
+
+def outermost(recomputed: set[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
+    """The recomputed values (reductions all) that no other one computes inline: a buffer for the outer value (a
+    pool's result read by the next window's taps) ends the recomputation of those inside it (the pool's own
+    maxima), which a lowering flags again where it still recomputes them."""
+    inside = {n for node in recomputed for n in toposort(list(node.src), stop=lambda n: n in materialized or leaf(n))}
+    return {n for n in recomputed if n.op in REDUCE or n not in inside}
 
 
 def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | GemmLowering | AttentionLowering],

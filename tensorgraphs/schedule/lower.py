@@ -10,8 +10,10 @@ the row loop of the kernel that consumes them).
 Every let is placed in the outermost loop where all it depends on is defined
 (loop-invariant code motion by construction), and each (node, index) pair is
 computed once per kernel. The lowering reports nodes it had to recompute (an
-expensive value evaluated more often than it has elements) so the scheduler can
-materialize them instead.
+expensive value evaluated more often than it has elements, a costly one read at
+several taps of a window) so the scheduler can materialize them instead. A padded
+window's two inner loops are cut where the padding's bounds checks stop, so its
+interior reads without them (`interiors_of_padding`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from tensorgraphs.codegen.loop_ir import (
     TransposeLocal,
 )
 from tensorgraphs.graph.composite import is_composite, params_of
-from tensorgraphs.graph.node import Node
+from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
 Index = tuple[Expr, ...]
@@ -59,6 +61,16 @@ nine taps)."""
 CHEAP_RECOMPUTE_LIMIT = 16
 """A cheap value inside a reduction is recomputed up to this many times per element (a matrix product's scaled
 operand) before it gets a buffer (a backward pass's long chains feeding a weight gradient would run N times)."""
+
+SELECTIONS = frozenset({Op.MAX, Op.WHERE, Op.AND, "in_range", "zero_unless"})
+"""Operations that pick a value (a window's maxima, its padding and the checks that place it) rather than compute
+one: not counted as the cost of computing a value again (`WINDOW_RECOMPUTE_LETS`)."""
+
+WINDOW_RECOMPUTE_LETS = 4
+"""A cheap value computed inline at several indices of one output, more often than it has elements (a batch norm
+and activation read by the taps of a pooling or depthwise-conv window), gets a buffer when each further index
+costs at least this many operations besides SELECTIONS: one store and one load per element instead of the chain at
+every tap. A window's own maxima and short partial sums (a separable window's) stay inline."""
 
 NOT_COMPUTED = MOVEMENT | frozenset({Op.CONST, Op.IOTA, Op.ASSIGN, Op.COPY})
 """Ops that only rewrite an index or pass a value on: never worth a buffer of their own."""
@@ -130,6 +142,9 @@ class Lowering:
     _reduce_vars: list[Var] = field(default_factory=list)
     _reduced_in: dict[Node, set[Var]] = field(default_factory=dict)  # the reductions each value is computed in
     _computed_at: Counter[Node] = field(default_factory=Counter)  # at how many indices each value is computed
+    _lets_made: int = 0  # lets other than SELECTIONS created so far (what computing a value at one index costs)
+    _window_trips: Counter[Node] = field(default_factory=Counter)  # runs of each value inlined outside reductions
+    _window_reads: set[Node] = field(default_factory=set)  # values `_windowed` found
     _nests: int = 0  # store nests opened so far
     _trips_per_nest: dict[Node, dict[int, int]] = field(default_factory=dict)  # an expensive value's runs, by nest
     _reduce_home: dict[Var, Scope] = field(default_factory=dict)  # where the `Reduce` looping over a var sits
@@ -139,29 +154,67 @@ class Lowering:
     _nest_index: Index | None = None
     stored_riders: set[Node] = field(default_factory=set)  # riders `store_nest` stored
     _misplaced: set[Node] = field(default_factory=set)  # riders read at another index than the store's
+    _bounds_checks: list[tuple[Expr, int]] = field(default_factory=list)  # (position, size) a padding checks
+    decided: bool = False  # what to materialize is settled: recompute nothing (`lower_node`'s second lowering)
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
-                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False) -> None:
+                   compute: Callable[[Index], tuple[Index, Operand]], accumulate: bool = False,
+                   interiors: dict[int, tuple[int, int]] | None = None) -> None:
         """One loop nest over `shape`; `compute(index)` gives (output index, value) to store. A nest without loops
         (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
-        copied in by the first nest."""
+        copied in by the first nest. `interiors` ([start, stop) of its innermost dims: `interiors_of_padding`) cut
+        the loop of each into the part before, the interior and the part after, each with a body of its own; an
+        inner dim is cut only inside the outer one's interior."""
         dims = [d for d, size in enumerate(shape) if size > 1]
+        interiors = interiors or {}
         self._nests += 1
         self._shape = shape
         scope = self._root
         index: list[Expr] = [Const(0)] * len(shape)
-        for d in dims:
+        for d in dims[:len(dims) - len(interiors)]:
             index[d], scope = self._open_loop(scope, "i", shape[d])
-        self._nest = [v for v in map(index.__getitem__, dims) if isinstance(v, Var)]
-        self._max_trips = max(self._max_trips, scope.trips)
-        self._nest_index = tuple(index)
-        out_index, value = compute(tuple(index))
-        self._param(out, node, writes=True)
-        self._store_index = ix.flatten(out_index, node.shape)
-        emit = scope.stmts.append if dims else scope.then
-        emit(Store(out, self._store_index, value, accumulate))
+        leaves = [(tuple(index), scope, True)]  # (index, scope, inside every interior so far)
+        for d in dims[len(dims) - len(interiors):]:
+            first, stop = interiors[d]
+            cut = [(0, first, False), (first, stop, True), (stop, shape[d], False)]
+            leaves = [(*self._open_range(leaf, at, d, start, end), inside and interior) for at, leaf, inside in leaves
+                      for start, end, interior in (cut if inside else [(0, shape[d], False)]) if start < end]
+        self._max_trips = max(self._max_trips, math.prod(shape))  # cut or not (dynamic shapes' templates)
+        for leaf_index, leaf, _ in leaves:
+            self._nest = [v for v in map(leaf_index.__getitem__, dims) if isinstance(v, Var)]
+            self._nest_index = leaf_index
+            out_index, value = compute(leaf_index)
+            self._param(out, node, writes=True)
+            self._store_index = ix.flatten(out_index, node.shape)
+            emit = leaf.stmts.append if dims else leaf.then
+            emit(Store(out, self._store_index, value, accumulate))
         self._store_riders(emit, shape)
+
+    def _open_range(self, scope: Scope, index: Index, dim: int, start: int, stop: int) -> tuple[Index, Scope]:
+        """`index` with `dim` running over [start, stop): a loop opened in `scope`, one trip included (so the
+        program's structure is the same at every size the range is not empty: dynamic shapes' templates)."""
+        at = list(index)
+        var, inner = self._open_loop(scope, "i", stop - start)
+        at[dim] = var + start
+        return tuple(at), inner
+
+    def interiors_of_padding(self) -> dict[int, tuple[int, int]]:
+        """The ranges [start, stop) of the two innermost dims where padded values are read without bounds checks
+        (a padded window's interior: vectorized, and no selects), by dim: the whole dim where no check depends
+        linearly on its loop alone; {} where both are whole."""
+        if not self._bounds_checks or self._nest_index is None:
+            return {}
+        dims = {v: d for d, v in enumerate(self._nest_index) if isinstance(v, Var)}
+        interiors = {}
+        for var in self._nest[-2:]:
+            first, last = 0, var.extent - 1
+            for position, size in self._bounds_checks:
+                inside = ix.values_within(position, var, 0, size - 1) if var.name in ix.symbols(position) else None
+                if inside is not None:
+                    first, last = max(first, inside[0]), min(last, inside[1])
+            interiors[dims[var]] = (first, last + 1) if first <= last else (0, var.extent)
+        return {} if all(interior == (0, self._shape[d]) for d, interior in interiors.items()) else interiors
 
     def scan_nest(self, node: Node, out: str, axis: int, combine: Op) -> None:
         """An inclusive scan along `axis`: out[.., 0, ..] = x[.., 0, ..], then out[.., k, ..] = combine(out[.., k-1,
@@ -375,22 +428,23 @@ class Lowering:
     # -- values --------------------------------------------------------------
     def value(self, node: Node, index: Index) -> Operand:
         if node.size == 0:  # never read (padding, an empty reduction): no index into it exists
-            return Lit(False if node.dtype.is_bool else 0, node.dtype)
+            return _zero(node.dtype)
         key = (node, index)
         found = self._memo.get(key)
         if found is None:
             if node in self.buffers and not self._rides_here(node, index):
                 found = self._load(node, index)
-            elif self._recomputes(node, index):
+            elif not self.decided and self._recomputes(node, index):
                 # The scheduler will give it a buffer and lower this kernel again, so its subgraph is not
                 # walked now (nested reductions would multiply the work): a placeholder value.
                 self.recomputed.add(node)
                 found = Lit(0, node.dtype)
             else:
                 self.inlined.add(node)
+                made = self._lets_made
                 found = self.define(node, index)
-                if node.op in EXPENSIVE and isinstance(found, Ref) and self._computed_again(node, found):
-                    self.recomputed.add(node)
+                if not self.decided:
+                    self._note_recomputation(node, index, found, self._lets_made - made)
             self._memo[key] = found
         return found
 
@@ -415,6 +469,39 @@ class Lowering:
         trips = self._trips_per_nest.setdefault(node, {})
         trips[self._nests] = max(trips.get(self._nests, 0), scope.trips)
         return sum(trips.values()) > node.size or len(self._reduced_in.get(node, ())) > 1
+
+    def _note_recomputation(self, node: Node, index: Index, value: Operand, lets: int) -> None:
+        """Flags `node`, just computed inline at `index` with `lets` new operations, if it is an expensive value
+        computed too often, or notes it if a window reads it (`settle_windows` decides)."""
+        if node.op in EXPENSIVE and isinstance(value, Ref) and self._computed_again(node, value):
+            self.recomputed.add(node)
+        elif self._windowed(node, index, value, lets):
+            self._window_reads.add(node)
+
+    def _windowed(self, node: Node, index: Index, value: Operand, lets: int) -> bool:
+        """Whether cheap `node`, just computed at `index` with `lets` new operations, is read by a window: computed
+        at several indices of the store nest (no reduction's), more often than it has elements in all, each index
+        costing at least WINDOW_RECOMPUTE_LETS."""
+        if node.op in NOT_COMPUTED or not isinstance(value, Ref):
+            return False
+        symbols = _index_symbols(index)
+        if any(v.name in symbols for v in self._reduce_vars):
+            return False
+        self._window_trips[node] += self._scope_of[value.name].trips
+        return (self._computed_at[node] > 1 and lets >= WINDOW_RECOMPUTE_LETS
+                and self._window_trips[node] > node.size)
+
+    def settle_windows(self) -> None:
+        """Flags the values read by windows (`_windowed`) that get buffers: along a chain of them, the ones evaluated
+        most often per element (a batch norm's relu read by a depthwise conv's taps, not the partial sums of a pool
+        reading that conv) and, of those, the outermost (the relu, not the batch norm inside it)."""
+        ratio = {n: self._window_trips[n] / n.size for n in self._window_reads}
+        inside = {n: self._window_reads.intersection(toposort(list(n.src), stop=self.buffers.__contains__))
+                  for n in self._window_reads}
+        for n in self._window_reads:
+            if not any(ratio[m] > ratio[n] for m in inside[n]) and not any(
+                    n in inside[m] and ratio[m] >= ratio[n] for m in self._window_reads):
+                self.recomputed.add(n)
 
     def _recomputes(self, node: Node, index: Index) -> bool:
         """Whether `node` at `index` would run more often than it has elements: a reduction anywhere; inside a
@@ -459,6 +546,7 @@ class Lowering:
         key = (dtype, op, tuple((a.dtype, repr(a.value)) if isinstance(a, Lit) else a for a in args))
         if key not in self._same:
             let = Let(self._fresh("v"), dtype, op, args)
+            self._lets_made += op not in SELECTIONS
             scope = max(map(self._scope_of_operand, args), key=lambda s: s.depth, default=self._root)
             self._same[key] = self._place(let, dtype, scope)
         return self._same[key]
@@ -528,6 +616,10 @@ class Lowering:
             existing.writes |= writes
 
 
+def _zero(dtype: dtypes.DType) -> Lit:
+    return Lit(False if dtype.is_bool else 0, dtype)
+
+
 def _coefficient(e: Expr, var: Var) -> int:
     if e == var:
         return 1
@@ -577,9 +669,12 @@ def _pad(low: Lowering, node: Node, index: Index) -> Operand:
     """Padding reads its source at a clamped index and selects 0 outside it (no out-of-bounds load)."""
     (source,) = node.src
     shifted = [i - before for i, (before, _) in zip(index, node.arg)]
+    if any(p.hi < 0 or p.lo >= size for p, size in zip(shifted, source.shape)):
+        return _zero(node.dtype)  # a border: padding only
     inside: Operand = Lit(True, dtypes.bool_)
     for position, size in zip(shifted, source.shape):
         if position.lo < 0 or position.hi >= size:
+            low._bounds_checks.append((position, size))
             check = low._let(dtypes.bool_, "in_range", (IndexValue(position, dtypes.int64), Lit(0, dtypes.int64),
                                                         Lit(size, dtypes.int64)))
             inside = check if isinstance(inside, Lit) else low._let(dtypes.bool_, Op.AND, (inside, check))
@@ -698,6 +793,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         return low
     low = Lowering(name, buffers, riders=riders)
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
+    low.settle_windows()
     if low.recomputed:  # the scheduler lowers it again once those have buffers
         return low
     if low.reads_transposed() and all(node.shape[d] >= TRANSPOSE_TILE for d in low.tiled_axes()):
@@ -715,6 +811,10 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         else:  # consumed transposed or elementwise (a matmul in a backward chain): in its own buffer instead
             low.recomputed |= {n for n in low.inlined if n.op in REDUCE and _row_block(n) is not None
                                and (n is reduction or n.src[0].size // n.size >= TILE)}
+    elif interiors := (low.interiors_of_padding() if not riders and not low._reduce_vars else {}):
+        # the same values and decisions, the inner loops cut where padding checks stop (vectorized inside)
+        low = Lowering(name, buffers, inlined=low.inlined, decided=True)
+        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), interiors=interiors)
     else:
         low.forward_through_output(out, node)
     return low

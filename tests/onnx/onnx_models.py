@@ -50,3 +50,34 @@ def cnn(seed: int = 0) -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
         [numpy_helper.from_array(v, k) for k, v in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_bn_block(seed: int = 0, channels: int = 8, inputs: int = 4) -> onnx.ModelProto:
+    """x (batch, inputs, 12, 12) -> Conv 3x3 pad 1 -> BatchNormalization -> Relu -> MaxPool 3x3/2 pad 1 ->
+    depthwise Conv 3x3 pad 1 -> BatchNormalization -> Relu -> AveragePool 3x3/2 pad 1 -> y (batch, channels, 3, 3):
+    the windows of ResNet's stem and ShuffleNet's units."""
+    rng = np.random.default_rng(seed)
+    weights = {"conv.weight": rng.standard_normal((channels, inputs, 3, 3)).astype(np.float32) * 0.3,
+               "conv.bias": rng.standard_normal(channels).astype(np.float32) * 0.1,
+               "dw.weight": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32) * 0.3}
+    for name in ("bn1", "bn2"):
+        weights[f"{name}.scale"] = rng.uniform(0.5, 1.5, channels).astype(np.float32)
+        weights[f"{name}.bias"] = rng.standard_normal(channels).astype(np.float32) * 0.1
+        weights[f"{name}.mean"] = rng.standard_normal(channels).astype(np.float32) * 0.1
+        weights[f"{name}.var"] = rng.uniform(0.5, 1.5, channels).astype(np.float32)
+    window = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["c"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("BatchNormalization", ["c", "bn1.scale", "bn1.bias", "bn1.mean", "bn1.var"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], **window),
+        helper.make_node("Conv", ["p", "dw.weight"], ["d"], pads=[1, 1, 1, 1], kernel_shape=[3, 3], group=channels),
+        helper.make_node("BatchNormalization", ["d", "bn2.scale", "bn2.bias", "bn2.mean", "bn2.var"], ["m"]),
+        helper.make_node("Relu", ["m"], ["s"]),
+        helper.make_node("AveragePool", ["s"], ["y"], **window),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv_bn_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", inputs, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", channels, 3, 3])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -66,6 +66,16 @@ def test_reduction_shared_by_two_kernels_is_materialized_once() -> None:
     assert len(schedule.kernels) == 3
 
 
+def test_a_chain_read_by_a_window_is_computed_once() -> None:
+    """A depthwise conv reads its input at nine taps: the affine map and relu feeding it (a batch norm's) get a
+    buffer, computed once per element rather than at every tap."""
+    x, scale, shift = tensor(1, 8, 16, 16), tensor(8, 1, 1, seed=1), tensor(8, 1, 1, seed=2)
+    y = F.relu(x * scale + shift)
+    kernels = schedule_kernels([F.conv2d(y, tensor(8, 1, 3, 3, seed=3), padding=1, groups=8).node]).kernels
+    relu_compares = [s for k in kernels for s in walk(k.body) if isinstance(s, Let) and s.op is Op.CMPLT]
+    assert len(kernels) == 2 and len(relu_compares) == 1
+
+
 def test_large_full_reduction_is_split_into_parallel_parts() -> None:
     x = tensor(SPLIT_MIN_SIZE)
     (root,), forced = to_primitive([x.sum().node], lambda n: n.op is Op.BUFFER)

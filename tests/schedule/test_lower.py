@@ -40,10 +40,25 @@ def test_reshape_round_trip_leaves_no_division() -> None:
 
 
 def test_pad_clamps_the_load_and_selects_zero_outside() -> None:
-    kernel = only_kernel(mv.pad(x(5), (2, 1)) + 1)
+    kernel = only_kernel(mv.pad(x(5, 3, 4), (0, 0, 0, 0, 2, 1)) + 1)  # an outer axis: checked once per plane
     ops = [s.op for s in walk(kernel.body) if isinstance(s, Let)]
     (load,) = [s for s in walk(kernel.body) if isinstance(s, Load)]
-    assert "in_range" in ops and "zero_unless" in ops and repr(load.index) == "clamp((i1 + -2), 0, 4)"
+    assert "in_range" in ops and "zero_unless" in ops
+    assert repr(load.index) == "(clamp((i1 + -2), 0, 4)*12 + i2*4 + i3)"
+
+
+def test_padded_innermost_axis_is_cut_where_the_checks_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = only_kernel(mv.pad(x(5), (2, 1)) + 1)
+    loops = [s for s in kernel.body if isinstance(s, Loop)]
+    assert [loop.var.extent for loop in loops] == [2, 5, 1]  # the left border, the interior, the right border
+    interior = [s for s in walk(loops[1].body) if isinstance(s, (Let, Load))]
+    assert [repr(s.index) for s in interior if isinstance(s, Load)] == [f"{loops[1].var.name}"]
+    assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in interior)
+    assert not any(isinstance(s, Load) for s in walk(loops[2].body))  # padding only: nothing to read
+    monkeypatch.setattr(CPU, "interpret_below", 0)
+    with tg.device("cpu"):
+        padded = (mv.pad(tg.arange(5.0), (2, 1)) + 1).numpy()
+    np.testing.assert_array_equal(padded, [1, 1, 1, 2, 3, 4, 5, 1])
 
 
 def test_softmax_row_loop_holds_both_reductions_before_the_output_loop() -> None:

@@ -78,13 +78,18 @@ class Window:
 
     def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool = False) -> Tensor:
         """The windows combined: one spatial dim after another (a box window is separable), each window along a
-        dim as a chain of shifted views, or for an idempotent `combine` (max) by doubling, log2(kernel) steps."""
+        dim as a chain of shifted views, or for an idempotent `combine` (max) by doubling, log2(kernel) steps;
+        strided, as the chain of the strided views each offset sees (a window at every position would be
+        combined only to keep every stride-th)."""
         first = padded.ndim - len(self.kernel)
         out = padded
-        for i, size in enumerate(self.kernel):
-            axis, count = first + i, (self.out[i] - 1) * self.strides[i] + 1
-            out = _window_1d(out, axis, size, self.dilations[i], count, combine, idempotent)
-            out = mv.slice_dim(out, axis, 0, count, self.strides[i])
+        for i, (size, stride, dilation) in enumerate(zip(self.kernel, self.strides, self.dilations)):
+            axis, count = first + i, (self.out[i] - 1) * stride + 1
+            if stride > 1:
+                views = [mv.slice_dim(out, axis, j * dilation, j * dilation + count, stride) for j in range(size)]
+                out = functools.reduce(combine, views)
+            else:
+                out = _window_1d(out, axis, size, dilation, count, combine, idempotent)
         return out
 
 
