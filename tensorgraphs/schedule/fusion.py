@@ -84,7 +84,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.fft import FftLowering, runs_as_fft
 from tensorgraphs.schedule.host_call import HostCallLowering
-from tensorgraphs.schedule.lower import Lowering, lower_node, runs_as_loops
+from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_loops
 from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
@@ -224,11 +224,13 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
 
 
 def outermost(recomputed: set[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
-    """The recomputed values (reductions all) that no other one computes inline: a buffer for the outer value (a
-    pool's result read by the next window's taps) ends the recomputation of those inside it (the pool's own
-    maxima), which a lowering flags again where it still recomputes them."""
+    """The recomputed values (expensive ones all: reductions, exp2, ...) that no other one computes inline: a buffer
+    for the outer value (a pool's result read by the next window's taps) ends the recomputation of the cheap ones
+    inside it (the pool's own maxima), which a lowering flags again where it still recomputes them. Expensive
+    values all get buffers at once: one round each along a chain of them (an unrolled recurrence's activations)
+    would lower every kernel reading them again per round."""
     inside = {n for node in recomputed for n in toposort(list(node.src), stop=lambda n: n in materialized or leaf(n))}
-    return {n for n in recomputed if n.op in REDUCE or n not in inside}
+    return {n for n in recomputed if n.op in EXPENSIVE or n not in inside}
 
 
 def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | GemmLowering | AttentionLowering],
