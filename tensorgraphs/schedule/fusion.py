@@ -321,10 +321,8 @@ MAX_INLINE_DEPTH = 96
 exceeded Python's recursion limit), and so does the C compiler's expression handling."""
 
 
-def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput, limit: int = MAX_INLINE_DEPTH,
-                       cuttable: Callable[[Node], bool] = lambda node: True) -> set[Node]:
-    """Nodes to give buffers (of those `cuttable`) so that no kernel inlines a chain longer than `limit` through
-    them."""
+def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
+    """Nodes to give buffers so that no kernel inlines a chain longer than MAX_INLINE_DEPTH."""
     depth: dict[Node, int] = {}
     cut: set[Node] = set()
     for node in order:
@@ -332,7 +330,7 @@ def too_deep_to_inline(order: list[Node], materialized: set[Node], leaf: IsInput
             depth[node] = 0
             continue
         depth[node] = 1 + max((depth[s] for s in node.src), default=0)
-        if depth[node] >= limit and cuttable(node):
+        if depth[node] >= MAX_INLINE_DEPTH:
             cut.add(node)
             depth[node] = 0
     return cut
