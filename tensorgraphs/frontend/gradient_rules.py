@@ -63,8 +63,8 @@ def _sum_gradients(parts: Sequence[Tensor]) -> Tensor:
     exactly, but for the sign of a zero (a slice's -0.0 stays -0.0, as in torch)."""
     axes = [_padded_axis(part) for part in parts]
     axis = next((a for a in axes if a is not None), None)
-    slices = [part for part, a in zip(parts, axes) if a is not None and a == axis]
-    if len(slices) < 2:
+    slices = [part for part, a in zip(parts, axes) if a == axis]
+    if axis is None or len(slices) < 2:
         return add_in_order(parts)
     joined, left_out = _joined_slices(slices, axis)
     return add_in_order([joined, *left_out, *(part for part, a in zip(parts, axes) if a != axis)])
