@@ -47,7 +47,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.backends.native import Binder, NativeBackend, Program, run_explained
 from tensorgraphs.dynamic import DynamicShapes, DynamicSpec, NotAnInstance, RenderedSource, parameter_names
-from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
+from tensorgraphs.errors import ArgumentError, TGError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
 from tensorgraphs.frontend.grad_mode import is_grad_enabled
 from tensorgraphs.frontend.inplace_ops import overwritten
@@ -242,9 +242,16 @@ class CompiledFunction:
         if trace is None:
             started = time.perf_counter()
             with planning_for(getattr(self.fn, "__qualname__", repr(self.fn))):  # for tg tune / tg explain
-                trace = self._sized_trace(args, keywords, signature) if self.dynamic else None
-                if trace is None:
-                    trace = self._new_trace(args, keywords)
+                try:
+                    trace = self._sized_trace(args, keywords, signature) if self.dynamic else None
+                    if trace is None:
+                        trace = self._new_trace(args, keywords)
+                except TGError as error:
+                    names = self.dynamic.argument_names(len(args), keywords) if self.dynamic else []
+                    note = self.dynamic.described(_tensor_shapes(args), names) if self.dynamic else None
+                    if note:  # the sizes the function could not take, by the names the user gave them
+                        error.add_note(note)
+                    raise
             trace.compile_seconds = time.perf_counter() - started
             candidates.append(trace)
             names = [""] * (len(args) - len(keywords)) + [f"{k}=" for k in keywords]
@@ -267,7 +274,7 @@ class CompiledFunction:
     def _sized_trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], signature: tuple) -> _Trace | None:
         """The call's trace running its dynamic-shape family's library, or None where it cannot (see `dynamic`)."""
         assert self.dynamic is not None
-        shapes = {i: tuple(a.shape) for i, a in enumerate(args) if _is_tensor_like(a)}
+        shapes = _tensor_shapes(args)
         names = self.dynamic.argument_names(len(args), keywords)
         symbols = self.dynamic.symbols(shapes, names)
         marked = {mark for marks in symbols.values() for mark in marks}
@@ -568,6 +575,11 @@ class _Live:
 
     def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
         return self.read()
+
+
+def _tensor_shapes(args: tuple[Any, ...]) -> dict[int, tuple[int, ...]]:
+    """Each tensor argument's shape, by its position among the call's arguments."""
+    return {i: tuple(a.shape) for i, a in enumerate(args) if _is_tensor_like(a)}
 
 
 def _render_only(source: str) -> tuple[str, tuple[int, ...]]:

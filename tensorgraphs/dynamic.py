@@ -7,10 +7,13 @@ of equal size share a symbol under `dynamic=True`; dimensions named alike must b
 A call traces and renders its program as before (each size keeps its own trace, schedule and verified memory
 plan), but compiles nothing when the source is an instance of one of its family's `SizeTemplate`s: that
 template's library runs with the call's sizes. A template is fitted from programs rendered (never compiled) at
-a few probe sizes near a call's; a size whose program is an instance of none (the renderer parallelizes a loop
-only past some work, say) fits another, up to MAX_TEMPLATES per family. A symbol the function cannot vary (its
-size is tied to a parameter's) stays fixed at the first call's value. A size outside its `Dim` range, or whose
-program is an instance of no template, compiles a program of its own: a guard that fails costs a compile, never
+a few probe sizes near a call's, on the lattice of sizes the function takes there (every size, or only even
+ones for a reshape into pairs); a size whose program is an instance of none (the renderer parallelizes a loop
+only past some work, a stride-2 pool's output rows at an odd size) fits another, up to MAX_TEMPLATES per family.
+A symbol the function cannot vary (its size is tied to a parameter's) stays fixed at the first call's value. A
+size outside its `Dim` range, or whose program is an instance of no template, compiles a program of its own: a
+guard that fails costs a compile, never a wrong result. A size the function cannot take at all raises its error
+at the call, with a note naming the call's dynamic sizes.
 a wrong result.
 """
 
@@ -21,11 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tensorgraphs.codegen.size_template import SizeTemplate, probe_offsets
-from tensorgraphs.errors import ArgumentError, fail
+from tensorgraphs.errors import ArgumentError, TGError, fail
 
 MAX_SIZE = 2**31 - 1
 MAX_TEMPLATES = 4
 """Templates a family fits at most (each probe set costs about a dozen traces); later sizes compile alone."""
+
+STRIDES = (1, 2, 4, 8)
+"""Steps between the sizes a symbol is probed at, smallest first: the first at which the function traces."""
+
+WIDER_LATTICES = (1, 2)
+"""Multiples of a family's strides a fit tries, in order: a stride-2 conv's output size is a polynomial of its
+input size only over sizes of one parity."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Family:
     """Calls that differ only in the sizes of the symbols in `free`: one template, one library."""
 
     free: list[Dim]  # the symbols that vary
+    strides: list[int]  # the step between sizes each free symbol is probed at (`STRIDES`)
     marks: list[list[Mark]]  # where each free symbol is, in the arguments
     fixed: dict[Mark, int]  # marked dimensions the function could not vary, at their traced size
     templates: list[tuple[SizeTemplate, str]] = field(default_factory=list)  # each with its library's source
@@ -96,18 +107,20 @@ class Family:
         if self.fits >= MAX_TEMPLATES:
             return False
         self.fits += 1
-        for direction in (1, -1):  # probes above the sizes, else below (a threshold may lie on one side)
-            probes = _probes(self.free, sizes, direction)
-            if probes is None:
-                return False
-            try:
-                samples = [(probe, render(_resized(shapes, self.marks, probe))) for probe in probes]
-            except Exception:  # noqa: BLE001  (a size the function cannot take: no template, this size compiles alone)
-                return False
-            template = SizeTemplate.fit(samples)
-            if template is not None:
-                self.templates.append((template, template.render()))
-                return True
+        for widening in WIDER_LATTICES:
+            strides = [stride * widening for stride in self.strides]
+            for direction in (1, -1):  # probes above the sizes, else below (a threshold may lie on one side)
+                probes = _probes(self.free, sizes, direction, strides)
+                if probes is None:
+                    continue
+                try:
+                    samples = [(probe, render(_resized(shapes, self.marks, probe))) for probe in probes]
+                except Exception:  # noqa: BLE001  (a size the function cannot take: no template from these probes)
+                    continue
+                template = SizeTemplate.fit(samples)
+                if template is not None:
+                    self.templates.append((template, template.render()))
+                    return True
         return False
 
 
@@ -174,6 +187,21 @@ class DynamicShapes:
                      kind=ArgumentError)
         return found
 
+    def described(self, shapes: Mapping[int, tuple[int, ...]], names: Sequence[str | None]) -> str | None:
+        """The call's dynamic sizes, for an error the call raised: `'batch' = 7 (x dimension 0)`; None where the
+        specification does not fit the call (the error says so already)."""
+        try:
+            symbols = self.symbols(shapes, names)
+        except TGError:
+            return None
+
+        def where(marks: list[Mark]) -> str:
+            return ", ".join(f"{names[i] or f'argument {i}'} dimension {d}" for i, d in marks)
+
+        parts = [f"{dim.name!r} = {shapes[i][d]} ({where(marks)})" for dim, marks in symbols.items()
+                 for i, d in marks[:1]]
+        return "dynamic sizes of this call: " + ("; ".join(parts) or "none")
+
     def family(self, key: tuple, shapes: Mapping[int, tuple[int, ...]], names: Sequence[str | None],
                render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> tuple[Family, tuple[int, ...]] | None:
         """The family a call belongs to (made on first sight: which symbols vary) and its sizes; None when no
@@ -186,9 +214,10 @@ class DynamicShapes:
         symbols = self.symbols(shapes, names)
         if any(not dim.min <= shapes[i][d] <= dim.max for dim, marks in symbols.items() for i, d in marks):
             return None
-        free = [dim for dim, marks in symbols.items() if _varies(dim, marks, shapes, render)]
+        strides = {dim: _stride(dim, marks, shapes, render) for dim, marks in symbols.items()}
+        free = [dim for dim, stride in strides.items() if stride is not None]
         fixed = {m: shapes[m[0]][m[1]] for dim, marks in symbols.items() if dim not in free for m in marks}
-        family = Family(free, [symbols[dim] for dim in free], fixed)
+        family = Family(free, [strides[dim] for dim in free], [symbols[dim] for dim in free], fixed)
         self.families.setdefault(key, []).append(family)
         sizes = family.sizes(shapes)
         assert sizes is not None
@@ -204,14 +233,16 @@ def _resized(shapes: Mapping[int, tuple[int, ...]], marks: Sequence[list[Mark]],
     return {i: tuple(shape) for i, shape in out.items()}
 
 
-def _probes(dims: Sequence[Dim], sizes: Sequence[int], direction: int) -> list[tuple[int, ...]] | None:
-    """Sizes from `sizes` on in `direction` (or the other way, near a bound) to render at (`probe_offsets`); a size
-    of 1 stays 1 (it broadcasts: programs differ), so the template holds for it alone. None if no room."""
+def _probes(dims: Sequence[Dim], sizes: Sequence[int], direction: int,
+            strides: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """Sizes from `sizes` on in `direction` (or the other way, near a bound), `strides` apart, to render at
+    (`probe_offsets`); a size of 1 stays 1 (it broadcasts: programs differ), so the template holds for it alone.
+    None if no room."""
     varying = [k for k, size in enumerate(sizes) if size != 1]
     top = max(max(offsets) for offsets in probe_offsets(1))
     steps = {}
     for k in varying:
-        steps[k] = next((step for step in (direction, -direction)
+        steps[k] = next((step for step in (direction * strides[k], -direction * strides[k])
                          if dims[k].min <= sizes[k] + step * top <= dims[k].max), 0)
     if not varying or 0 in steps.values():
         return None
@@ -224,15 +255,18 @@ def _probes(dims: Sequence[Dim], sizes: Sequence[int], direction: int) -> list[t
     return probes
 
 
-def _varies(dim: Dim, marks: list[Mark], shapes: Mapping[int, tuple[int, ...]],
-            render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> bool:
-    """Whether the function traces with the symbol at another size in its range."""
+def _stride(dim: Dim, marks: list[Mark], shapes: Mapping[int, tuple[int, ...]],
+            render: Callable[[Mapping[int, tuple[int, ...]]], str]) -> int | None:
+    """The smallest of STRIDES by which the symbol's size can change (in its range) with the function still
+    tracing, or None: the function cannot vary it (it is tied to a parameter's size), so it stays fixed."""
     size = shapes[marks[0][0]][marks[0][1]]
-    other = size + 1 if size + 1 <= dim.max else size - 1
-    if not dim.min <= other <= dim.max:
-        return False
-    try:
-        render(_resized(shapes, [marks], [other]))
-    except Exception:  # noqa: BLE001  (any failure: the function cannot take that size, so it stays fixed)
-        return False
-    return True
+    for stride in STRIDES:
+        other = size + stride if size + stride <= dim.max else size - stride
+        if not dim.min <= other <= dim.max:
+            continue
+        try:
+            render(_resized(shapes, [marks], [other]))
+        except Exception:  # noqa: BLE001  (any failure: the function cannot take that size)
+            continue
+        return stride
+    return None

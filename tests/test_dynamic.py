@@ -10,7 +10,7 @@ import pytest
 import tensorgraphs as tg
 import tensorgraphs.nn as nn
 from tensorgraphs.backends.cpu import renderer as cpu_renderer
-from tensorgraphs.errors import ArgumentError
+from tensorgraphs.errors import ArgumentError, ShapeError
 
 SIZES = (6, 3, 17, 40, 9, 128, 6)
 
@@ -70,6 +70,31 @@ def test_a_size_used_as_a_value_recompiles_instead_of_reusing() -> None:
         x = data(batch, 8)
         np.testing.assert_allclose(forward(x).numpy(), (x - x.mean(0)) * batch, rtol=1e-5, atol=1e-5)
     assert forward.compiled_programs == 3
+
+
+def test_sizes_a_function_takes_on_a_lattice_share_a_program_and_others_raise_naming_the_symbol() -> None:
+    """A reshape into pairs takes only even sizes: probed on even sizes, one template (its loop bound is half the
+    size) serves them all; an odd size raises the reshape's error at the call, naming the dynamic size."""
+    forward = tg.compile(lambda x: x.reshape(-1, 2).sum(1), dynamic={"x": {0: tg.Dim("n", 2, 64)}})
+    for n in (4, 6, 12, 20, 64):
+        x = data(n)
+        np.testing.assert_allclose(forward(x).numpy(), x.reshape(-1, 2).sum(1), rtol=1e-6)
+    assert forward.compiled_programs == 1
+    with pytest.raises(ShapeError, match="invalid for input of size 7") as raised:
+        forward(data(7))
+    assert raised.value.__notes__ == ["dynamic sizes of this call: 'n' = 7 (x dimension 0)"]
+
+
+def test_a_stride_two_pool_shares_one_program_per_parity_of_its_size() -> None:
+    """floor(h / 2) output rows: a polynomial of h only over one parity, so even and odd heights fit one template
+    each."""
+    torch = pytest.importorskip("torch")
+    forward = tg.compile(lambda x: tg.nn.functional.avg_pool2d(x, 2) * 3, dynamic={"x": {2: tg.Dim("h", 2, 64)}})
+    for h in (8, 10, 16, 9, 13, 31, 30):
+        x = data(2, 3, h, 6, seed=h)
+        expected = torch.nn.functional.avg_pool2d(torch.from_numpy(x), 2).numpy() * 3
+        np.testing.assert_allclose(forward(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert forward.compiled_programs == 2
 
 
 def test_dimensions_named_alike_share_a_symbol() -> None:

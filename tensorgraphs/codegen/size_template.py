@@ -3,7 +3,8 @@ expressions of sizes read at run time.
 
 The renderer writes every loop bound, stride and GEMM dimension as a literal. Rendering the same graph at a
 few values of its size symbols (batch, sequence) and comparing the sources finds the literals that change; each
-is fitted as a polynomial (integer coefficients, total degree at most 3) in the symbols. The template is sound
+is fitted as a polynomial (rational coefficients with a small common denominator, total degree at most 3) in the
+symbols: sizes probed on a lattice (even sizes only, say) give literals such as a half of a size. The template is sound
 for a size only where it is checked: `SizeTemplate.matches` compares the program rendered for that size with the
 template evaluated there, literal for literal, so the template's binary run with those sizes computes exactly
 what that size's own program would. Anything else in the source that changes (a float constant such as a mean's
@@ -16,6 +17,7 @@ import itertools
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +26,10 @@ from tensorgraphs.codegen.compiler import UNIT_BREAK
 
 MAX_DEGREE = 3
 """Sizes appear multiplied together (batch * sequence * width, sequence * sequence in attention)."""
+
+DENOMINATORS = (1, 2, 4, 8, 16, 32, 64, 3, 6, 12)
+"""Common denominators a polynomial's coefficients may have: a stride-2 conv's output rows are half its input's,
+a reshape into pairs halves a size."""
 
 SIZES_ARRAY = "tg_sizes"
 """The program's array of size values, set before each run."""
@@ -48,10 +54,14 @@ def probe_offsets(symbols: int) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class Polynomial:
-    terms: tuple[tuple[int, Monomial], ...]  # (integer coefficient, exponents)
+    terms: tuple[tuple[int, Monomial], ...]  # (integer numerator of the coefficient, exponents)
+    denominator: int = 1  # every coefficient's
 
-    def __call__(self, sizes: Sequence[int]) -> int:
-        return sum(c * math.prod(s**e for s, e in zip(sizes, exps)) for c, exps in self.terms)
+    def __call__(self, sizes: Sequence[int]) -> int | Fraction:
+        """The value at `sizes`; a Fraction where the division is not exact (no literal equals it)."""
+        value = Fraction(sum(c * math.prod(s**e for s, e in zip(sizes, exps)) for c, exps in self.terms),
+                         self.denominator)
+        return int(value) if value.denominator == 1 else value
 
     def widened(self, symbols: Sequence[int], count: int) -> Polynomial:
         """This polynomial of the given `symbols` as one of all `count` symbols."""
@@ -61,23 +71,30 @@ class Polynomial:
                 full[k] = e
             return tuple(full)
 
-        return Polynomial(tuple((c, widen(exps)) for c, exps in self.terms))
+        return Polynomial(tuple((c, widen(exps)) for c, exps in self.terms), self.denominator)
 
     def render(self) -> str:
         parts = []
         for c, exps in self.terms:
             factors = [f"{SIZES_ARRAY}[{i}]" for i, e in enumerate(exps) for _ in range(e)]
             parts.append(" * ".join([str(c), *factors]))
-        return f"((int64_t)({' + '.join(parts) or '0'}))"
+        numerator = f"({' + '.join(parts) or '0'})"
+        # exact: a template runs only at sizes where the literal it replaces equals this (`SizeTemplate.matches`)
+        return f"((int64_t){numerator})" if self.denominator == 1 else f"((int64_t){numerator} / {self.denominator})"
 
 
 def _fit(points: Sequence[Sequence[int]], values: Sequence[int]) -> Polynomial | None:
-    """The integer polynomial through every (point, value), if there is one of degree at most MAX_DEGREE."""
+    """The polynomial through every (point, value) of degree at most MAX_DEGREE whose coefficients share one of
+    the DENOMINATORS, if there is one."""
     exps = monomials(len(points[0]))
     matrix = np.array([[math.prod(float(s)**e for s, e in zip(p, m)) for m in exps] for p in points])
     solution = np.linalg.lstsq(matrix, np.array(values, dtype=float), rcond=None)[0]
-    poly = Polynomial(tuple((int(round(c)), m) for c, m in zip(solution, exps) if round(c) != 0))
-    return poly if all(poly(p) == v for p, v in zip(points, values)) else None
+    for denominator in DENOMINATORS:
+        numerators = [round(c * denominator) for c in solution]
+        poly = Polynomial(tuple((n, m) for n, m in zip(numerators, exps) if n != 0), denominator)
+        if all(poly(p) == v for p, v in zip(points, values)):
+            return poly
+    return None
 
 
 def _split(source: str) -> tuple[list[str], list[int]]:

@@ -48,3 +48,16 @@ def test_a_symbol_at_one_size_in_every_sample_is_pinned() -> None:
     template = SizeTemplate.fit([(p, program(*p)) for p in points])
     assert template is not None and template.pinned == ((0, 1),)
     assert template.matches(program(1, 40), (1, 40)) and not template.matches(program(2, 40), (2, 40))
+
+
+def test_a_literal_that_is_a_fraction_of_a_size_fits_on_its_lattice() -> None:
+    """Probed at even batches, a literal of batch / 2 (rows of a reshape into pairs) is a polynomial with
+    denominator 2; the template matches even batches and no odd one (no literal equals a half)."""
+    def halved(batch: int, seq: int) -> str:
+        return program(batch, seq).replace("+ 64]", f"+ {batch // 2}]")
+
+    points = [(6 + 2 * a, 7 + b) for a, b in probe_offsets(2)]
+    template = SizeTemplate.fit([(p, halved(*p)) for p in points])
+    assert template is not None and template.holes == 3
+    assert template.matches(halved(40, 3), (40, 3)) and not template.matches(halved(41, 3), (41, 3))
+    assert "((int64_t)(1 * tg_sizes[0]) / 2)" in template.render()
