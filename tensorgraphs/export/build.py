@@ -21,17 +21,11 @@ from pathlib import Path
 from tensorgraphs.backends.cpu.driver import GCC
 from tensorgraphs.codegen import compiler
 from tensorgraphs.errors import ArgumentError, fail
-from tensorgraphs.kernels import attention, fft, gemm
+from tensorgraphs.kernels import EXPORTABLE
 from tensorgraphs.kernels.gemm import build as kernel_build
-from tensorgraphs.kernels.gemm import int8
 
 OPTIMIZATIONS = ("-O0", "-O1", "-O2", "-O3")
 TARGETS = ("native", "x86-64-v3", "x86-64-v4")
-KERNEL_SOURCES = {"gemm": (kernel_build.SOURCE_DIR, gemm.SOURCES),
-                  "gemm_int8": (kernel_build.SOURCE_DIR, int8.SOURCES),
-                  "attention": (attention.SOURCE_DIR, attention.SOURCES), "fft": (fft.SOURCE_DIR, fft.SOURCES)}
-"""The sources defining what generated programs call (the GEMM, conv2d and int8 kernels, the fused attention, the
-FFT)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +80,7 @@ def build_library(directory: Path, prefix: str, libraries: tuple[str, ...], symb
         _run_all([[options.cc, *options.flags(GCC.flags), "-c", f"{prefix}.c", "-o", str(program)]], directory,
                  options.verbose)
         objects = [str(program), *(str(kernel_object(library, source, options)) for library in libraries
-                                   for source in KERNEL_SOURCES[library][1])]
+                                   for source in EXPORTABLE[library].files)]
         combined = work / f"{prefix}.o"
         _run_all([[options.cc, "-r", "-nostdlib", "-o", str(combined), *objects]], directory, options.verbose)
         _run_all([["objcopy", *(f"--keep-global-symbol={s}" for s in symbols), str(combined)]], directory,
@@ -103,7 +97,7 @@ def build_library(directory: Path, prefix: str, libraries: tuple[str, ...], symb
 def kernel_object(library: str, source: str, options: BuildOptions) -> Path:
     """The object file of one kernel library source for this build's flags, compiled once and cached beside the
     kernel libraries (keyed by compiler, flags and the library's sources)."""
-    source_dir = KERNEL_SOURCES[library][0]
+    source_dir = EXPORTABLE[library].directory
     flags = tuple(options.flags(kernel_build.FLAGS))
     key = (options.cc, kernel_build.compiler_version(options.cc), *flags)
     cached = kernel_build.library_path(f"export-{library}-{Path(source).stem}", (source,), key, (), source_dir)

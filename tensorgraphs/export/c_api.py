@@ -11,13 +11,13 @@ several threads at once.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tensorgraphs.export.names import c_string
 from tensorgraphs.export.program import ArraySpec, ExportedProgram
 from tensorgraphs.export.weights import header as file_header
-from tensorgraphs.kernels import attention, fft, gemm
-from tensorgraphs.kernels.gemm import int8
+from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.memory.arena import HUGE_PAGE_BYTES
 
 ALIGNMENT = 64
@@ -26,7 +26,7 @@ CONTEXT = (Path(__file__).parent / "context.c").read_text()  # NAME: the library
 API_FUNCTIONS = ("create", "last_error", "num_inputs", "num_outputs", "input_rank", "input_shape", "input_name",
                  "input_dtype", "input_bytes", "output_rank", "output_shape", "output_name", "output_dtype",
                  "output_bytes", "run", "save", "destroy")
-KERNEL_HEADERS = {"gemm": gemm.HEADER, "gemm_int8": int8.HEADER, "attention": attention.HEADER, "fft": fft.HEADER}
+_INCLUDE = re.compile(r'^#include "([^"]+)"\n', re.MULTILINE)
 OPENMP_STUBS = """#if !defined(_OPENMP)
 /* Built without OpenMP (no_openmp): the kernel libraries' team queries answer "one thread". */
 int omp_get_max_threads(void) { return 1; }
@@ -132,12 +132,19 @@ def render_header(prefix: str, program: ExportedProgram, embedded: bool) -> str:
 
 
 def _program_source(program: ExportedProgram) -> str:
-    """The program with the kernel libraries' headers pasted in (not included by a path on this machine)."""
-    source = program.source
-    for library in program.libraries:
-        path = KERNEL_HEADERS[library]
-        source = source.replace(f'#include "{path}"\n', path.read_text() + "\n")
-    return source
+    """The program with the kernel headers it includes (by a path on this machine) pasted in, each with the
+    headers it includes beside it, each header once, so that the file compiles anywhere."""
+    kernel_headers = {str(library.header) for library in LIBRARIES.values()}
+    pasted: set[Path] = set()
+
+    def paste(header: Path) -> str:
+        if header in pasted:
+            return ""
+        pasted.add(header)
+        return _INCLUDE.sub(lambda local: paste(header.parent / local.group(1)), header.read_text()) + "\n"
+
+    return _INCLUDE.sub(lambda m: paste(Path(m.group(1))) if m.group(1) in kernel_headers else m.group(0),
+                        program.source)
 
 
 def render_source(prefix: str, program: ExportedProgram, embedded: bool) -> str:

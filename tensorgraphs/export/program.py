@@ -23,8 +23,7 @@ from tensorgraphs.backends.native import Program, ProgramLayout
 from tensorgraphs.compiled import _Argument, _argument_values, _Live, _NumberArgument, _Trace
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.export.names import unique
-from tensorgraphs.kernels import attention, fft, gemm
-from tensorgraphs.kernels.gemm import int8
+from tensorgraphs.kernels import LIBRARIES
 from tensorgraphs.runtime.tracing import Captured
 
 SAFETENSORS_DTYPES = {
@@ -186,24 +185,17 @@ def _place_outputs(layout: ProgramLayout, slots: list[Source], updates: dict[int
     return scratch, swaps, copies
 
 
-EXPORTABLE_FUNCTIONS = {**dict.fromkeys(gemm.C_FUNCTIONS.values(), "gemm"),
-                        **dict.fromkeys(int8.C_FUNCTIONS.values(), "gemm_int8"),
-                        **dict.fromkeys(attention.C_FUNCTIONS.values(), "attention"),
-                        **dict.fromkeys(fft.C_FUNCTIONS.values(), "fft")}
-"""The native functions an exported library contains (by their kernel library's name in `build.KERNEL_SOURCES`)."""
-
-
 def _kernel_libraries(program: Program) -> tuple[str, ...]:
     """The kernel libraries the program calls; one it cannot contain (the BLAS kernel, which links OpenBLAS) is
     refused with what to do."""
     functions = library_functions(program.kernels)
-    foreign = sorted(functions - EXPORTABLE_FUNCTIONS.keys())
+    foreign = sorted(f for f in functions if LIBRARIES[f].sources is None)
     if foreign:
         fail("export", f"the program calls {', '.join(foreign)}, which an exported library cannot contain (it links "
              "only libc, libm and OpenMP): the function was compiled and run before it was exported; export the "
              "function or module itself (not what tg.compile returned), which is traced without OpenBLAS",
              kind=UnsupportedError)
-    return tuple(sorted({EXPORTABLE_FUNCTIONS[f] for f in functions}))
+    return tuple(sorted({LIBRARIES[f].sources.name for f in functions}))  # type: ignore[union-attr]
 
 
 def _held_name(source: Captured | None, names: Mapping[int, str]) -> str | None:

@@ -9,14 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from c_harness import run_c
 
 import tensorgraphs as tg
 from tensorgraphs.backends.cpu.renderer import library_functions
 from tensorgraphs.export import BuildOptions, c_api
+from tensorgraphs.graph.node import toposort
 from tensorgraphs.kernels import blas
 from tensorgraphs.plan import choices
-from tensorgraphs.schedule import extern
+from tensorgraphs.plan.signature import signature_of
+from tensorgraphs.schedule import convolution, extern
 from tensorgraphs.schedule.extern import gemm_enabled
 
 
@@ -135,3 +138,20 @@ def test_a_spectrogram_calls_the_fft_library_from_c(tmp_path: Path) -> None:
     compiled = tg.compile(spectrogram)
     for signal, step in zip(signals, got):
         np.testing.assert_allclose(step[0], compiled(tg.tensor(signal)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not gemm_enabled(), reason="the GEMM library does not run here")
+def test_a_winograd_conv_exports_without_paths_of_this_machine(tmp_path: Path) -> None:
+    """A conv `tg tune` measured fastest by Winograd: its header (which includes gemm.h beside it) is pasted into
+    the program, so the exported C includes nothing from this machine's files."""
+    tg.manual_seed(0)
+    model, x = tg.nn.Conv2d(4, 8, 3, padding=1).requires_grad_(False), tg.randn(2, 4, 9, 9)
+    (conv,) = [node for node in toposort([model(x).node]) if node.op.name == "conv2d"]
+    with choices.forced({signature_of(conv): convolution.WINOGRAD}):
+        exported = tg.export(model, (x,), tmp_path, name="net")
+    source = (tmp_path / "net.c").read_text()
+    assert "tg_conv2d_winograd_f32(" in source and '#include "/' not in source
+    got = run_c(exported, [[x.numpy()]])[0][0][0]
+    expected = torch.nn.functional.conv2d(*(torch.from_numpy(t.detach().numpy()) for t in (x, model.weight,
+                                                                                          model.bias)), padding=1)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=1e-4)
