@@ -215,8 +215,8 @@ def operand_dtype(product: Node) -> dtypes.DType:
     for a float32 product of bfloat16 values (each operand a widened bfloat16 node under its views), which sums
     the same exact products in float32 (a float16/bfloat16 linear is one: torch's addmm rounds once, at the end);
     float32 otherwise."""
-    if product.dtype == dtypes.bfloat16:
-        return dtypes.bfloat16
+    if product.dtype == dtypes.bfloat16 or (product.op is GEMM_EPILOGUE and dict(product.arg)["rounded"]):
+        return dtypes.bfloat16  # a bfloat16 product (maybe widened by its epilogue)
     widened = all(any(map(widens_bfloat16, _view_chain(operand))) for operand in product.src[:2])
     return dtypes.bfloat16 if widened else dtypes.float32
 
@@ -325,6 +325,12 @@ class EpilogueChain:
     def operands(self) -> tuple[Node, ...]:
         return tuple(n for n in (self.bias, self.residual) if n is not None)
 
+    @property
+    def rounds_itself(self) -> bool:
+        """A product of bfloat16 values typed bfloat16: its kernel rounds the result, so the graph's epilogue ops
+        come after that rounding."""
+        return self.product.dtype == dtypes.bfloat16
+
     def epilogue_params(self) -> dict[str, Any]:
         """The fused node's epilogue parameters (its sources end with `operands()` on the new graph)."""
         return {"alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
@@ -337,8 +343,9 @@ class EpilogueChain:
 def _product_with_epilogue(chain: EpilogueChain, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
     a, b = chain.product.src
     sources = tuple(rebuilt[n] for n in (a, b, *chain.operands()))
-    params = {"shape": shape, **chain.epilogue_params(), "rounded": chain.rounded, "widened": chain.widened}
-    return make_node(GEMM_EPILOGUE, sources, params, _epilogue_dtype(chain.rounded, chain.widened), shape)
+    rounded = chain.rounded or chain.rounds_itself
+    params = {"shape": shape, **chain.epilogue_params(), "rounded": rounded, "widened": chain.widened}
+    return make_node(GEMM_EPILOGUE, sources, params, _epilogue_dtype(rounded, chain.widened), shape)
 
 
 Update = Callable[[EpilogueChain, Bindings], EpilogueChain]
@@ -528,7 +535,9 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
             return None
         if rule.stage == ROUND and operand_dtype(chain.product) != dtypes.bfloat16:
             return None  # the bfloat16 kernel that rounds its result also rounds its operands
-        if rule.stage == WIDEN and chain.stage != ROUND:
+        if chain.rounds_itself and rule.stage not in (LAYOUT, WIDEN):
+            return None  # the kernel would apply it before rounding: once where the graph rounds twice
+        if rule.stage == WIDEN and chain.stage != ROUND and not chain.rounds_itself:
             return None
         extended = rule.update(chain, found)
         region = _region(node, end, position)

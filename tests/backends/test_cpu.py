@@ -25,6 +25,7 @@ from tensorgraphs.backends.cpu import CPU, CPU_TARGET
 from tensorgraphs.backends.native import NativeBackend
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.runtime import host
 from tensorgraphs.schedule import count_kernels
 
 pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
@@ -235,6 +236,14 @@ def test_nan_propagates_through_max_in_every_lane() -> None:
             assert math.isnan(tg.tensor(x).amax().item()), position
 
 
+@pytest.fixture
+def own_output_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool of output blocks of the test's own: blocks of the same size that earlier tests' results still hold
+    would fill the shared pool's places (it keeps at most two per size)."""
+    monkeypatch.setattr(host, "OUTPUT_BLOCKS", host.BlockPool())
+
+
+@pytest.mark.usefixtures("own_output_pool")
 def test_large_outputs_are_recycled_only_after_the_caller_drops_them() -> None:
     x = np.ones((512, 512), np.float32)
     program, _ = CPU.program([(tg.tensor(x) * 2).node])
@@ -284,6 +293,7 @@ def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: py
         realize._initial_device.cache_clear()
 
 
+@pytest.mark.usefixtures("own_output_pool")
 def test_a_new_program_reuses_the_memory_of_dropped_outputs() -> None:
     """A first call's outputs come from blocks earlier calls of any program let go: no fresh pages to fault in."""
     x = np.ones((512, 512), np.float32)
@@ -294,6 +304,7 @@ def test_a_new_program_reuses_the_memory_of_dropped_outputs() -> None:
     assert tripled.ctypes.data == address and tripled[0, 0] == 3
 
 
+@pytest.mark.usefixtures("own_output_pool")
 def test_outputs_start_on_a_cache_line_and_a_kept_view_is_never_recycled() -> None:
     x = floats((512, 1024), specials=False)  # 2 MiB outputs: recycled by the program once dropped
     program, _ = CPU.program([(tg.tensor(x) * 2).node])

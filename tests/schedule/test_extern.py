@@ -99,6 +99,30 @@ def test_bfloat16_product_reads_float32_operands_in_place(m: int, k: int, n: int
         np.testing.assert_allclose(result.float().numpy(), expected, rtol=2**-7, atol=k * 2**-20)
 
 
+@pytest.mark.parametrize("epilogue", ["reshape", "scale", "bias", "relu", "residual", "widen"])
+def test_ops_after_a_bfloat16_product_round_as_the_graph_says(epilogue: str) -> None:
+    """A bfloat16 product rounds its result; a scale, bias, activation or residual after it is a bfloat16 op of its
+    own, rounding again (as torch and the numpy device do), so it is not fused into the call (which would apply it
+    before the one rounding); a reshape or a widening is, and the call stays a bfloat16 product. The operand is
+    computed (a cast to bfloat16 of a float32 value), which the call reads where its buffer is."""
+    rng = np.random.default_rng(1)
+    a, b, bias = (tg.tensor(rng.standard_normal(shape, dtype=np.float32), dtype=tg.bfloat16)
+                  for shape in ((16, 32), (32, 24), (24,)))
+    ops = {"reshape": lambda p: p.reshape(-1), "scale": lambda p: p * 3, "bias": lambda p: p + bias,
+           "relu": lambda p: p.relu(), "residual": lambda p: p + p.detach() * 1, "widen": lambda p: p.float()}
+
+    def program(a: tg.Tensor, b: tg.Tensor) -> tg.Tensor:
+        return ops[epilogue]((a**a.abs()) @ b)
+
+    with tg.device("numpy"):
+        expected = program(a, b).float().numpy()
+    with tg.device("cpu"):
+        result = program(a, b)
+        calls = _gemm_calls(schedule_kernels([result.node]))
+        np.testing.assert_array_equal(result.float().numpy(), expected)
+    assert [call.dtype for call in calls] == [tg.bfloat16]
+
+
 # ---------------------------------------------------------------------------
 # Epilogues fused into the call (schedule.extern.fuse_epilogues)
 # ---------------------------------------------------------------------------
