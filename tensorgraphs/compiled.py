@@ -527,15 +527,22 @@ class _NumberArgument:
 
 
 def _current_value(source: tracing.Captured, node: Node) -> Reader:
-    """Reads the tensor's value as it is at the call (the trace read `node` from it)."""
+    """Reads the tensor's value as it is at the call (the trace read `node` from it). A buffer node checked at one
+    call is known at the next (held weakly: holding its array would make in-place updates copy it)."""
+    checked: list[weakref.ref | None] = [None]
 
     def read(arrays: list[np.ndarray]) -> np.ndarray:
         tensor = source.current()
+        now = None if tensor is None else tensor.node
+        if checked[0] is not None and checked[0]() is now:
+            return now.arg.data
         if tensor is None or tensor.shape != node.shape or tensor.dtype is not node.dtype:
             now = "no gradient" if tensor is None else f"{tensor.dtype.name}{list(tensor.shape)}"
             fail("compile", f"a tensor the compiled function reads was {node.dtype.name}{list(node.shape)} when "
                  f"traced and is {now} now; compile the function again (tg.compile) for the new tensor",
                  kind=ArgumentError)
+        if now.op is Op.BUFFER:
+            checked[0] = weakref.ref(now)
         return _stored_value(tensor)
 
     return read
