@@ -46,9 +46,6 @@ CASES = [
     (2, 3, 6, 9, 5, (1, 5), 1, (0, 2), 1),  # ...with a wide kernel
     (8, 16, 7, 7, 40, (3, 3), 1, 1, 1),  # ...in column bands, whose last partial vector the threads split by rows
     (5, 3, 3, 3, 4, (3, 3), 1, 1, 1),  # images under 16 positions pack row segment by row segment
-    # over twice as many output channels as positions: two threads take row bands (each packs all of B)...
-    (1, 40, 8, 8, 136, (1, 1), 1, 0, 1),  # ...cut between two register tiles' rows
-    (1, 8, 9, 8, 150, (3, 3), 1, 1, 1),  # ...of a 3x3 kernel
 ]
 
 

@@ -382,14 +382,10 @@ enum band_split { SHARED_TEAM, ROW_BANDS, COLUMN_BANDS };
  * bands do not split: B for row bands, A for column bands. So wide problems (N > M, B the larger operand to
  * pack) split their columns: for 256 x 1024 x 1024 row bands packed all 4 MiB of B in each thread. An operand
  * with a prologue costs its activation each time it is packed, so the bands split it when they can, and so does
- * an implicit im2col B (its packing gathers the columns from the image) unless A has more than IM2COL_COST times
- * as many rows as B has columns: then every thread packing all of a conv's weights (transposed) costs more, as for
- * ResNet-50's 256->1024 1x1 at 14x14 and batch 1 (M = 1024, N = 196; bench/NOTES.md). */
-enum { IM2COL_COST = 2 };
-
+ * an implicit im2col B (its packing gathers the columns from the image). */
 static enum band_split band_split(const gemm_batch *g, int team) {
     int rows = g->m >= 2 * TG_MR * team, columns = g->n >= 2 * TG_NR * team;
-    int costly_b = g->b_prologue || (g->b_src.conv && IM2COL_COST * g->n > g->m);
+    int costly_b = g->b_prologue || g->b_src.conv;
     if (rows && g->a_prologue && !costly_b) return ROW_BANDS;
     if (columns && (g->n > g->m || !rows || (costly_b && !g->a_prologue))) return COLUMN_BANDS;
     return rows ? ROW_BANDS : SHARED_TEAM;
