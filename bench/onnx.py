@@ -14,11 +14,12 @@ with other work, `--threads 1 --clock cpu` times each call by the process's CPU 
 does not count), as bench/gemm.py does.
 
 `--layers` times each distinct conv of the models instead (its input shape, weight, strides, padding, groups, at the
-first batch of `--batches`), as a one-node model (Conv with a bias, and the Relu where the model's conv is followed
-by one, through a batch norm or not) on both, in one process, the two interleaved; the table is sorted by the time
-tg loses against ORT over all of a model's convs of that shape, net of each framework's cost of a call (a whole
-model pays it once). ORT's one-node session also converts to and from its blocked layout (NCHWc) around the conv,
-which the whole model does once.
+first batch of `--batches`), as a small model (Conv with a bias, and the Relu where the model's conv is followed by
+one, through a batch norm or not; then a global average pool, so the output is small) on both, in one process, the
+two interleaved; the table is sorted by the time tg loses against ORT over all of a model's convs of that shape, net
+of each framework's cost of a call (a whole model pays it once). ORT's session also converts to and from its
+blocked layout (NCHWc) around the conv, which the whole model does once; tg may fuse the pool into the loops of a
+conv it does not run by a kernel (depthwise, grouped), which the whole model does not.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def out_size(layer: tuple) -> list[int]:
 
 
 def conv_model(layer: tuple):
-    """A one-node model of `layer` (conv_layers' key): Conv with a seeded bias, then Relu if the layer has one."""
+    """A small model of `layer` (conv_layers' key): Conv with a seeded bias, then Relu if the layer has one, then a
+    GlobalAveragePool, so the output is small: a fresh conv-sized output per call (page faults, a copy out) would
+    cost tg's call more than the conv at batch 1 (a whole model's convs write into its arena)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -133,12 +136,12 @@ def conv_model(layer: tuple):
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal(w_shape) * np.sqrt(2.0 / int(np.prod(w_shape[1:])))).astype(np.float32)
     bias = rng.uniform(-0.5, 0.5, w_shape[0]).astype(np.float32)
-    conv = helper.make_node("Conv", ["x", "w", "b"], ["conv" if relu else "y"], strides=list(strides),
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["conv" if relu else "features"], strides=list(strides),
                             pads=list(pads), dilations=list(dilations), group=group)
-    nodes = [conv, helper.make_node("Relu", ["conv"], ["y"])] if relu else [conv]
-    out_shape = [x_shape[0], w_shape[0], *out_size(layer)]
+    nodes = [conv, *([helper.make_node("Relu", ["conv"], ["features"])] if relu else []),
+             helper.make_node("GlobalAveragePool", ["features"], ["y"])]
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], w_shape[0], 1, 1])],
                               [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
 
