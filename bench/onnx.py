@@ -1,7 +1,7 @@
 """Benchmark: ONNX models on tensorgraphs (`tg.onnx.load`, compiled with `tg.compile`) vs ONNX Runtime.
 
     .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10] [--threads 1]
-                                   [--clock wall|cpu]
+                                   [--clock wall|cpu] [--layers]
 
 Models: the graphs the onnx wheel ships under backend/test/data/light (their weights are ConstantOfShape
 placeholders), given seeded random weights (He-scaled normal; vectors (biases, batch-norm statistics) uniform in
@@ -12,6 +12,14 @@ warm-up, the compile time (tg: trace and compile; ORT: session creation) and the
 `--threads` threads, every core by default (ORT: intra_op_num_threads; tg: OMP_NUM_THREADS). On a machine shared
 with other work, `--threads 1 --clock cpu` times each call by the process's CPU time (time it was descheduled
 does not count), as bench/gemm.py does.
+
+`--layers` times each distinct conv of the models instead (its input shape, weight, strides, padding, groups, at the
+first batch of `--batches`), as a small model (Conv with a bias, and the Relu where the model's conv is followed by
+one, through a batch norm or not; then a global average pool, so the output is small) on both, in one process, the
+two interleaved; the table is sorted by the time tg loses against ORT over all of a model's convs of that shape, net
+of each framework's cost of a call (a whole model pays it once). ORT's session also converts to and from its
+blocked layout (NCHWc) around the conv, which the whole model does once; tg may fuse the pool into the loops of a
+conv it does not run by a kernel (depthwise, grouped), which the whole model does not.
 """
 
 from __future__ import annotations
@@ -73,6 +81,124 @@ def light_model(name: str, batch: int, seed: int = 0):
     graph = onnx.helper.make_graph(kept, model.graph.name, [data], outputs,
                                    [i for i in model.graph.initializer if i.name in used])
     return onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=7)
+
+
+def conv_layers(name: str, batch: int) -> dict[tuple, int]:
+    """The distinct convs of model `name` at `batch`: (x shape, weight shape, strides, pads, dilations, group,
+    relu after) -> how many times the model runs it."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.shape_inference.infer_shapes(light_model(name, batch))
+    graph = model.graph
+    shapes = {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim)
+              for v in (*graph.value_info, *graph.input)}
+    shapes.update({i.name: tuple(i.dims) for i in graph.initializer})
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for source in node.input:
+            consumers.setdefault(source, []).append(node)
+
+    def relu_after(output: str) -> bool:
+        users = consumers.get(output, [])
+        if len(users) == 1 and users[0].op_type == "BatchNormalization":
+            users = consumers.get(users[0].output[0], [])
+        return len(users) == 1 and users[0].op_type == "Relu"
+
+    layers: dict[tuple, int] = {}
+    for node in graph.node:
+        if node.op_type != "Conv":
+            continue
+        weight = shapes[node.input[1]]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        key = (shapes[node.input[0]], weight, tuple(attrs.get("strides", (1, 1))),
+               tuple(attrs.get("pads", (0, 0, 0, 0))), tuple(attrs.get("dilations", (1, 1))), attrs.get("group", 1),
+               relu_after(node.output[0]))
+        layers[key] = layers.get(key, 0) + 1
+    return layers
+
+
+def out_size(layer: tuple) -> list[int]:
+    """The output height and width of `layer` (conv_layers' key)."""
+    x_shape, w_shape, strides, pads, dilations, _, _ = layer
+    return [(x_shape[2 + i] + pads[i] + pads[2 + i] - dilations[i] * (w_shape[2 + i] - 1) - 1) // strides[i] + 1
+            for i in range(2)]
+
+
+def conv_model(layer: tuple):
+    """A small model of `layer` (conv_layers' key): Conv with a seeded bias, then Relu if the layer has one, then a
+    GlobalAveragePool, so the output is small: a fresh conv-sized output per call (page faults, a copy out) would
+    cost tg's call more than the conv at batch 1 (a whole model's convs write into its arena)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x_shape, w_shape, strides, pads, dilations, group, relu = layer
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal(w_shape) * np.sqrt(2.0 / int(np.prod(w_shape[1:])))).astype(np.float32)
+    bias = rng.uniform(-0.5, 0.5, w_shape[0]).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["conv" if relu else "features"], strides=list(strides),
+                            pads=list(pads), dilations=list(dilations), group=group)
+    nodes = [conv, *([helper.make_node("Relu", ["conv"], ["features"])] if relu else []),
+             helper.make_node("GlobalAveragePool", ["features"], ["y"])]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], w_shape[0], 1, 1])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+
+
+def time_layer(layer: tuple, repeat: int, clock: str, threads: int) -> tuple[float, float, float]:
+    """(tg ms, ORT ms, max error relative to ORT's largest output) of conv_model(layer), interleaved rounds."""
+    import onnxruntime as ort
+
+    import tensorgraphs as tg
+
+    model = conv_model(layer)
+    x = np.random.default_rng(1).standard_normal(layer[0]).astype(np.float32)
+    forward = tg.compile(tg.onnx.load(model).requires_grad_(False).forward)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ours, theirs = forward(tg.tensor(x)).numpy(), session.run(None, {"x": x})[0]
+    error = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-6))
+    tg_ms, ort_ms = [], []
+    for _ in range(3):  # interleaved rounds: load that comes and goes hits both
+        tg_ms.append(median_ms(lambda: forward(tg.tensor(x)).numpy(), repeat, clock))
+        ort_ms.append(median_ms(lambda: session.run(None, {"x": x}), repeat, clock))
+    return statistics.median(tg_ms), statistics.median(ort_ms), error
+
+
+def compare_layers(names: list[str], batch: int, repeat: int, threads: int, clock: str) -> None:
+    """Print each distinct conv of `names` timed on tg and ORT (conv_model), by time lost over the models. The time
+    lost is net of each framework's cost of a call (a 1x1x1x1 conv's time), which a whole model pays once."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # before tensorgraphs starts OpenMP
+    counts: dict[tuple, dict[str, int]] = {}
+    for name in names:
+        for layer, count in conv_layers(name, batch).items():
+            counts.setdefault(layer, {})[name] = count
+    tg_call, ort_call, _ = time_layer(((1, 1, 1, 1), (1, 1, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, False), repeat,
+                                      clock, threads)
+    rows, lost = [], dict.fromkeys(names, 0.0)
+    for layer, used in counts.items():
+        tg_t, ort_t, error = time_layer(layer, repeat, clock, threads)
+        net = (tg_t - tg_call) - (ort_t - ort_call)
+        for name, count in used.items():
+            lost[name] += count * net
+        x_shape, w_shape, strides, pads, _, group, relu = layer
+        flops = 2 * int(np.prod(w_shape)) * batch * int(np.prod(out_size(layer)))
+        rows.append((sum(used.values()) * net, layer, used, tg_t, ort_t, flops / (tg_t - tg_call) / 1e6, error))
+        print(f"  measured {layer}", file=sys.stderr, flush=True)
+    print(f"clock {clock}, threads {threads}, batch {batch}, load average {os.getloadavg()[0]:.1f}; a call of a "
+          f"1x1x1x1 conv: tg {tg_call:.3f} ms, ORT {ort_call:.3f} ms")
+    print("| x | weight | stride | pad | group | relu | count | tg ms | ORT ms | ORT / tg | tg GFLOP/s (net) |"
+          " lost ms (net) | max rel. error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for total, (x_shape, w_shape, strides, pads, _, group, relu), used, tg_t, ort_t, rate, error in sorted(
+            rows, key=lambda row: -row[0]):
+        where = " ".join(f"{name[:4]}:{count}" for name, count in used.items())
+        print(f"| {'x'.join(map(str, x_shape))} | {'x'.join(map(str, w_shape))} | {strides[0]} | {pads[0]} | {group} "
+              f"| {'yes' if relu else ''} | {where} | {tg_t:.3f} | {ort_t:.3f} | {ort_t / tg_t:.2f}x | {rate:.1f} | "
+              f"{total:.2f} | {error:.1e} |")
+    print("lost over each model's convs, net (ms): " + ", ".join(f"{name} {ms:.1f}" for name, ms in lost.items()))
 
 
 def peak_rss_mib() -> float:
@@ -141,6 +267,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
+    parser.add_argument("--layers", action="store_true", help="time each distinct conv against ORT's")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -150,6 +277,9 @@ def main() -> None:
         return
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: add --threads 1")
+    if args.layers:
+        compare_layers(args.models.split(","), int(args.batches.split(",")[0]), args.repeat, args.threads, args.clock)
+        return
     print(f"clock {args.clock}, threads {args.threads}, load average {os.getloadavg()[0]:.1f}")
     print("| model | batch | tg ms | ORT ms | ORT / tg | tg compile s | ORT session s | tg RSS MiB | ORT RSS MiB |"
           " outputs agree |")

@@ -126,11 +126,12 @@ def test_packing_stores_at_every_edge_of_a_block(k, transpose_a, transpose_b):
 
 @needs_gemm
 @pytest.mark.parametrize("m", [6, 7, 12, 245, 481])
-@pytest.mark.parametrize(("n", "k"), [(1, 5), (16, 33), (49, 400), (64, 800), (65, 70)])
+@pytest.mark.parametrize(("n", "k"), [(1, 5), (16, 33), (49, 400), (64, 800), (65, 70), (196, 90), (256, 40),
+                                      (257, 40)])
 def test_row_major_a_read_in_place_by_few_panels(m, n, k):
     """Few B panels read row-major A's full micro-panels in place (rows a stride apart, here a slice of a wider
     array) and pack only the rows past the last full one: every M remainder, row blocks (MC) and K blocks (KC), at
-    most and just past four panels, with the whole epilogue."""
+    most and just past the 256 columns (gemm.c's A_IN_PLACE_COLUMNS), with the whole epilogue."""
     a = random((m, k + 9), 15)[:, 3 : 3 + k]
     b, bias, residual = random((k, n), 16), random((n,), 17), random((m, n), 18)
     got = gemm.matmul(a, b, bias=bias, residual=residual, activation="relu", alpha=0.5)

@@ -267,13 +267,14 @@ static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int6
 }
 
 /* Whether the full micro-panels of A's row blocks are read in place rather than packed (the rows past the last
- * full one are packed still): for row-major A with no prologue and no bfloat16 rounding, when at most
- * A_IN_PLACE_PANELS B panels read each block. Packing is a pass over A (a transpose) that only its reuse by many
- * panels pays back (a conv's weights against a 7x7 image: 49 columns, 4 panels of 16). */
-enum { A_IN_PLACE_PANELS = 4 };
+ * full one are packed still): for row-major A with no prologue and no bfloat16 rounding, when the B panels that read
+ * each block hold at most A_IN_PLACE_COLUMNS columns. Packing is a pass over A (a transpose) that only its reuse by
+ * many panels pays back: on AVX2 (16-column panels) reading a conv's weights in place against 13x13 and 14x14
+ * images (11 and 13 panels) ran 5-8% faster than packing them, against 28x28 (49 panels) alike (bench/NOTES.md). */
+enum { A_IN_PLACE_COLUMNS = 256 };
 
 static int a_read_in_place(const gemm_problem *p, int64_t panels) {
-    return p->a_cs == 1 && !p->a_prologue && !p->bf16 && panels <= A_IN_PLACE_PANELS;
+    return p->a_cs == 1 && !p->a_prologue && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
 }
 
 /* Row block size: at most TG_MC, and a count of blocks that divides evenly among the threads. */
