@@ -355,6 +355,16 @@ class AttentionCall:
         written = ", ".join(f"{name}={getattr(self, name)}" for name in ("out", "lse") if getattr(self, name))
         return f"{written} = attention{sizes}({', '.join(operands)}; {flags})"
 
+    @property
+    def flops(self) -> float:
+        """Multiply-adds of the attention's matrix products, twice: forward q k^T and p v; backward the products of
+        their gradients (dp = dout v^T, and dv, dk, dq where written), not the scores the kernel computes again.
+        Half of them when causal."""
+        qk, pv = self.dim, self.value_dim
+        per_score = (qk + pv if not self.backward else
+                     pv + (pv if self.dv else 0) + (qk if self.dk else 0) + (qk if self.dq else 0))
+        return 2.0 * self.batch * self.heads * self.queries * self.keys * per_score * (0.5 if self.causal else 1.0)
+
 
 @dataclass(frozen=True)
 class HostCall:
