@@ -1,7 +1,8 @@
 """Benchmark: one Adam training step of tg against torch eager and torch.compile, each system in its own process.
 
     .venv/bin/python bench/train.py [--models enc1,enc2,enc4,mlp] [--steps 10] [--no-torch-compile]
-                                    [--tg-device compiled|planned|cpu] [--no-autocast]
+                                    [--tg-device compiled|planned|cpu] [--no-autocast] [--threads N]
+    .venv/bin/python bench/train.py --kernels N [--threads 1 --clock cpu] [--models ...] [--no-autocast]
 
 Models (issue 8 item 7): the pre-LN transformer encoder (d_model 256, 4 heads, ffn 1024, GELU-tanh, seq 128,
 batch 8, MSE loss to a random target) at 1, 2 and 4 layers, and the MLP 784-1024-1024-10 (cross entropy,
@@ -16,6 +17,12 @@ The autocast columns run every system again with the forward pass and loss under
 `autocast("cpu", dtype=bfloat16)` (tg.autocast / torch.autocast; weights and Adam stay float32), and give
 tg's float32 step time over its bfloat16 one.
 A tg step slower than SLOW_STEP_S gets fewer timed steps, so the default run stays within a few minutes.
+
+--kernels N measures each compiled tg step against its GEMM floor (issue 19): the flops of its matrix products
+(GEMM calls and the fused attention's products: forward 2, backward 4, not the scores it computes again) at the
+FMA peak (bench/peak.py), the step's kernel time as a multiple of that floor, the time of the kernels that run no
+product (non-GEMM), and the N slowest kernels. On a loaded machine, `--threads 1 --clock cpu` times each kernel by
+the process's CPU time.
 """
 
 from __future__ import annotations
@@ -144,16 +151,33 @@ def tg_step(spec: ModelSpec, device: str, autocast: bool) -> Callable[[], None]:
     return lazy_step
 
 
-def print_kernel_times(model: str, top: int, autocast: bool) -> None:
-    """The compiled step's slowest kernels (median of 5 timed runs) and their share of the step."""
+def print_kernel_times(model: str, top: int, autocast: bool, peak_gflops: float, repeat: int) -> None:
+    """The compiled step against its GEMM floor (its matrix products' flops, attention's included, at the FMA
+    peak): the step's kernel time (the medians of `repeat` runs, summed), its multiple of the floor and the time of
+    the kernels that run no product; then its `top` slowest kernels, each with its share and its fraction of the
+    peak."""
     import tensorgraphs as tg
 
     step, inputs, targets = tg_training_step(MODELS[model], autocast)
-    times = tg.compile(step).kernel_times(inputs, targets)
-    total = sum(seconds for _, seconds in times)
-    print(f"{model}{' bfloat16 autocast' if autocast else ''}: {len(times)} kernels, {total * 1e3:.1f} ms in kernels")
-    for name, seconds in sorted(times, key=lambda item: -item[1])[:top]:
-        print(f"  {seconds * 1e3:7.2f} ms {seconds / total:6.1%}  {name}")
+    compiled = tg.compile(step)
+    compiled(inputs, targets)  # compiled and warm before the timed runs
+    with tg.profile(report=False) as session:
+        for _ in range(repeat):
+            compiled(inputs, targets)
+    runs: dict[str, list[float]] = {}
+    flops: dict[str, float] = {}
+    for event in session.events:
+        runs.setdefault(event.name, []).append(event.seconds)
+        flops[event.name] = event.flops
+    times = {name: statistics.median(seconds) * len(seconds) / repeat for name, seconds in runs.items()}
+    total, floor = sum(times.values()), sum(flops.values()) / (peak_gflops * 1e9)
+    products = sum(seconds for name, seconds in times.items() if flops[name])
+    print(f"{model}{' bfloat16 autocast' if autocast else ''}: {len(times)} kernels, {total * 1e3:.1f} ms in kernels; "
+          f"GEMM floor {floor * 1e3:.1f} ms ({sum(flops.values()) / 1e9:.2f} GFLOP at {peak_gflops:.0f} GFLOP/s): "
+          f"{total / floor:.2f}x; GEMM kernels {products * 1e3:.1f} ms, non-GEMM {(total - products) * 1e3:.1f} ms")
+    for name, seconds in sorted(times.items(), key=lambda item: -item[1])[:top]:
+        peak = f"{flops[name] / seconds / 1e9 / peak_gflops:6.1%} of peak" if flops[name] else ""
+        print(f"  {seconds * 1e3:7.2f} ms {seconds / total:6.1%} {peak:>14}  {name}")
 
 
 def time_steps(step: Callable[[], None], steps: int) -> dict[str, float]:
@@ -239,16 +263,30 @@ def main() -> None:
     parser.add_argument("--no-autocast", action="store_true", help="skip the bfloat16 autocast columns")
     parser.add_argument("--tg-device", default="compiled",
                         help="compiled (tg.compile of the whole step) or a device for lazy steps (planned, cpu, numpy)")
-    parser.add_argument("--kernels", type=int, metavar="N", help="print the N slowest kernels of each tg step and exit")
+    parser.add_argument("--kernels", type=int, metavar="N",
+                        help="print each tg step's multiple of its GEMM floor, its non-GEMM time and its N slowest "
+                             "kernels (medians of --steps runs), and exit")
+    parser.add_argument("--threads", type=int, help="OpenMP threads of every system (default: all cores)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="--kernels times kernels by wall or, with --threads 1, CPU time (a loaded machine)")
     parser.add_argument("--worker", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker, args.steps, args.tg_device)
         return
-    if args.kernels:
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu measures one thread: add --threads 1")
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before any OpenMP runtime loads, and for the workers
+    os.environ["TG_KERNEL_CLOCK"] = args.clock
+    if args.kernels is not None:
+        from peak import fma_peak
+
+        peak_gflops = fma_peak(args.clock == "cpu")
+        print(f"threads {args.threads or os.cpu_count()}, clock {args.clock}, FMA peak {peak_gflops:.1f} GFLOP/s")
         for model in args.models.split(","):
             for autocast in (False,) if args.no_autocast else (False, True):
-                print_kernel_times(model, args.kernels, autocast)
+                print_kernel_times(model, args.kernels, autocast, peak_gflops, args.steps)
         return
     systems = [system for system in SYSTEMS if not (args.no_torch_compile and system == "compile")]
     columns = COLUMNS if args.no_autocast else COLUMNS + AUTOCAST_COLUMNS

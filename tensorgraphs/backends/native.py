@@ -37,7 +37,7 @@ from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, CStyleRenderer, uses_host_calls
 from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
-from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, Kernel, walk
+from tensorgraphs.codegen.loop_ir import AttentionCall, ConvCall, GemmCall, Kernel, walk
 from tensorgraphs.codegen.size_template import SIZES_ARRAY
 from tensorgraphs.errors import UnsupportedError
 from tensorgraphs.graph.node import Node, structure, toposort
@@ -68,7 +68,7 @@ def kernel_work(kernel: Kernel) -> tuple[float, float]:
     """(flops of its library calls, bytes of the buffers it reads and writes once each): for a roofline."""
     body = list(walk(kernel.body))
     flops = sum(2.0 * s.batch * s.m * s.n * s.k for s in body if isinstance(s, GemmCall))
-    flops += sum(s.flops for s in body if isinstance(s, ConvCall))
+    flops += sum(s.flops for s in body if isinstance(s, (ConvCall, AttentionCall)))
     return flops, float(sum(b.size * b.dtype.itemsize for b in kernel.buffers))
 
 

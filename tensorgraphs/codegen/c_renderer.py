@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -491,7 +492,7 @@ class CStyleRenderer:
             calls.append("    if (tg_interrupted) return TG_INTERRUPTED;")
             if any(isinstance(stmt, HostCall) for stmt in kernel.body):
                 calls.append("    if (status) return status;")
-        clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", TIMER] if timed else []
+        clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", timer()] if timed else []
         host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
                 ] if host_calls else []
         entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
@@ -566,11 +567,18 @@ int tg_unwatch_interrupts(void) {{
 """
 
 TIMER = """#include <time.h>
-static double tg_now(void) {
+static double tg_now(void) {{
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime({clock}, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
-}"""
+}}"""
+
+
+def timer() -> str:
+    """The timed build's clock: wall time, or with TG_KERNEL_CLOCK=cpu the process's CPU time (for one thread on a
+    loaded machine: time the thread was descheduled does not count)."""
+    cpu = os.environ.get("TG_KERNEL_CLOCK", "wall") == "cpu"
+    return TIMER.format(clock="CLOCK_PROCESS_CPUTIME_ID" if cpu else "CLOCK_MONOTONIC")
 
 
 def _timed(call: str, index: int) -> list[str]:

@@ -182,9 +182,10 @@ def _at_offset(buffer: str, offset: int) -> str:
 @dataclass(frozen=True)
 class GemmEpilogue:
     """What the GEMM applies to each output element before storing it (gemm.h), in this order:
-    c = activation(alpha * (a @ b) + bias) + residual. `bias_strides` are (batch, row, column), the column
-    stride 0 or 1 (a row vector over N is (0, 0, 1)), from `bias_offset` elements into its buffer;
-    `residual_strides` are (batch, row)."""
+    c = activation(alpha * (a @ b) + bias) + residual, or for the gradient activation gelu_tanh_grad
+    c = (alpha * (a @ b) + bias) * gelu'(residual). `bias_strides` are (batch, row, column), the column stride 0
+    or 1 (a row vector over N is (0, 0, 1)), from `bias_offset` elements into its buffer; `residual_strides` are
+    (batch, row)."""
 
     alpha: float = 1.0
     bias: str | None = None
@@ -198,8 +199,11 @@ class GemmEpilogue:
         parts = [f"{self.alpha!r} * acc"] if self.alpha != 1.0 else ["acc"]
         parts += [f"{_at_offset(self.bias, self.bias_offset)}{list(self.bias_strides)}"] if self.bias else []
         text = " + ".join(parts)
+        residual = f"{self.residual}{list(self.residual_strides)}"
+        if self.activation == "gelu_tanh_grad":
+            return f"({text}) * gelu_tanh'({residual})"
         text = f"{self.activation}({text})" if self.activation != "none" else text
-        return f"{text} + {self.residual}{list(self.residual_strides)}" if self.residual else text
+        return f"{text} + {residual}" if self.residual else text
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,16 @@ class AttentionCall:
                     f"{flags})")
         written = ", ".join(f"{name}={getattr(self, name)}" for name in ("out", "lse") if getattr(self, name))
         return f"{written} = attention{sizes}({', '.join(operands)}; {flags})"
+
+    @property
+    def flops(self) -> float:
+        """Multiply-adds of the attention's matrix products, twice: forward q k^T and p v; backward the products of
+        their gradients (dp = dout v^T, and dv, dk, dq where written), not the scores the kernel computes again.
+        Half of them when causal."""
+        qk, pv = self.dim, self.value_dim
+        per_score = (qk + pv if not self.backward else
+                     pv + (pv if self.dv else 0) + (qk if self.dk else 0) + (qk if self.dq else 0))
+        return 2.0 * self.batch * self.heads * self.queries * self.keys * per_score * (0.5 if self.causal else 1.0)
 
 
 @dataclass(frozen=True)

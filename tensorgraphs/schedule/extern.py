@@ -24,6 +24,10 @@ does not), and only operands that are buffers anyway (inputs, other products,
 roots) become bias or residual; a bias may be a block of one (a slice of the
 stacked q/k/v in_proj_bias, read at an offset like an operand).
 
+gelu's backward pass (the gelu_backward composite, g * gelu'(x)) fuses into the product that computes g
+(`gelu_grad_rule`): the epilogue's gradient activation multiplies by gelu'(x), reading x as its residual, so the
+gradient of gelu's output is never stored.
+
 An operand that is an activation of a buffer (`gelu(h) @ w`, and the weight gradient reading the same gelu(h))
 is read as that buffer with a prologue (`fuse_prologues`): the library activates the operand while packing it,
 so the activated value is never stored. This is done only when nothing but products reads the activated value,
@@ -265,18 +269,29 @@ ACTIVATIONS: dict[str, Callable[[Node], Node]] = {"relu": _relu, "gelu_tanh": _g
 """The library's activations (`gemm.ACTIVATIONS`) as graphs: relu is no composite, so its primitives; gelu the
 registered composite."""
 
+GELU_TANH_GRAD = "gelu_tanh_grad"
+"""The epilogue's gradient activation (`gemm.EPILOGUE_ACTIVATIONS`): the result times gelu'(residual)."""
+
+
+def _gelu_tanh_grad(grad: Node, x: Node) -> Node:
+    """grad * gelu'(x), tanh form: the registered gelu_backward composite (gelu's gradient rule)."""
+    return make_node(REGISTRY["gelu_backward"], (grad, x), {"approximate": "tanh"}, grad.dtype, grad.shape)
+
 
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
                             bias_offset: int, activation: str, residual: bool, rounded: bool = False,
                             widened: bool = False) -> Any:
-    """What the fused call computes, in the order gemm.h applies it (the reference for the kernel)."""
+    """What the fused call computes, in the order gemm.h applies it (the reference for the kernel); the gradient
+    activation reads the residual instead of adding it."""
     given = iter(operands)
     out = ((a @ b) * alpha).reshape(shape)
     if bias:
         out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1]).float()
-    if activation != "none":
+    if activation == GELU_TANH_GRAD:
+        out = as_value(_gelu_tanh_grad(as_node(out), as_node(next(given).reshape(shape))))
+    elif activation != "none":
         out = as_value(ACTIVATIONS[activation](as_node(out)))
-    out = out + next(given).reshape(shape) if residual else out
+    out = out + next(given).reshape(shape) if residual and activation != GELU_TANH_GRAD else out
     out = out.bfloat16() if rounded else out
     return out.float() if widened else out
 
@@ -409,15 +424,16 @@ def activation_templates() -> tuple[tuple[str, Node, Node], ...]:
     return tuple(templates)
 
 
-def _template_pattern(template: Node, placeholder: Node, x: Pattern) -> Pattern:
-    """`template` as a pattern: the placeholder is `x`, a constant matches any broadcast of its value. (Unlike
-    `rewrite.pattern_of`, constants are matched through views: the scheduler's graph is not re-canonicalized.)"""
+def _template_pattern(template: Node, variables: dict[Node, Pattern]) -> Pattern:
+    """`template` as a pattern: each placeholder is its pattern in `variables`, a constant matches any broadcast of
+    its value. (Unlike `rewrite.pattern_of`, constants are matched through views: the scheduler's graph is not
+    re-canonicalized.)"""
 
     def constant(node: Node) -> Pattern | None:
         found = _broadcast_constant(node)
         return None if found is None else Pattern(where=_is_constant(found.arg))
 
-    return graph_pattern(template, {placeholder: x}, constant)
+    return graph_pattern(template, variables, constant)
 
 
 def _setting(name: str, value: Callable[[Bindings], Any]) -> Update:
@@ -447,12 +463,29 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool], bias_vector: Callable[[
         EpilogueRule(WIDEN, op(Op.CAST, x, where=widens_bfloat16), _setting("widened", lambda _: True)),
     ]
     for name, placeholder, template in activation_templates():
-        rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, placeholder, x),
+        rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, {placeholder: x}),
                                   _setting("activation", lambda _, name=name: name)))
     return rules
 
 
-EPILOGUE_KINDS.append(EpilogueKind(runs_as_gemm, lambda is_chain_end: epilogue_rules(is_chain_end),  # late-bound
+@functools.cache
+def gelu_tanh_grad_template() -> tuple[Node, Node, Node]:
+    """(grad placeholder, x placeholder, gelu_tanh_grad(grad, x)) decomposed as the scheduler decomposes it."""
+    grad, x = pattern_variable(), pattern_variable()
+    return grad, x, optimize([_gelu_tanh_grad(grad, x)], ["decompose"])[0]
+
+
+def gelu_grad_rule(is_chain_end: Callable[[Node], bool]) -> EpilogueRule:
+    """A product's result times gelu'(x) (gelu's backward pass, `gelu_tanh_grad_template`): the epilogue's
+    gradient activation, reading x as its residual, so the gradient is never stored before it."""
+    grad, x, template = gelu_tanh_grad_template()
+    pattern = _template_pattern(template, {grad: var("x", where=is_chain_end), x: var("gate")})
+    return EpilogueRule(RESIDUAL, pattern, lambda chain, found: dataclasses.replace(
+        chain, activation=GELU_TANH_GRAD, residual=_storage(found["gate"])))
+
+
+EPILOGUE_KINDS.append(EpilogueKind(runs_as_gemm,  # late-bound
+                                   lambda is_chain_end: [*epilogue_rules(is_chain_end), gelu_grad_rule(is_chain_end)],
                                    _product_with_epilogue))
 
 
@@ -540,12 +573,14 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
         if rule.stage == WIDEN and chain.stage != ROUND and not chain.rounds_itself:
             return None
         extended = rule.update(chain, found)
+        if chain.activation != "none" and extended.activation != chain.activation:
+            return None  # the gradient activation after an activation (its later stage: it reads the residual)
         region = _region(node, end, position)
         closed = all(consumers[n] <= region for n in region - {node} | {end})
         shapes_fit = extended.residual is None or extended.residual.size == node.size  # a bias is a row vector
         operands_fit = (extended.bias is None or holds_floats(extended.bias)) and (
             extended.residual is None or buffered(extended.residual)) and all(
-            found[name] is not end for name in ("bias", "residual") if name in found)
+            found[name] is not end for name in ("bias", "residual", "gate") if name in found)
         fits = closed and shapes_fit and operands_fit
         return dataclasses.replace(extended, stage=max(chain.stage, rule.stage)) if fits else None
 
@@ -605,7 +640,7 @@ def fuse_prologues(roots: list[Node], materialized: set[Node],
     def buffered(x: Node) -> bool:
         return x.dtype == dtypes.float32 and (is_leaf(stored(x)) or stored(x) in materialized)
 
-    patterns = [(name, _template_pattern(template, placeholder, var("x", where=buffered)))
+    patterns = [(name, _template_pattern(template, {placeholder: var("x", where=buffered)}))
                 for name, placeholder, template in activation_templates()]
     activated: dict[Node, tuple[str, Node]] = {}  # storage -> (activation, x)
     for storage, reading in readers.items():

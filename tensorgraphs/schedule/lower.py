@@ -750,6 +750,20 @@ def runs_as_loops(node: Node) -> bool:
     return runs_as_scan(node) or runs_as_concat(node)
 
 
+def _reduction_over_rows(piece: Node, buffers: dict[Node, str]) -> Node | None:
+    """The reduction over leading rows (contiguous along the kept last axis) that a piece of a concatenation is a
+    reshape of, when it has no buffer yet: inlined into the piece's nest it would walk a column at a time (the
+    stacked q, k, v bias's gradient: three column sums), so it gets a buffer, computed by `reduce_into_output`."""
+    reduction = piece
+    while reduction.op is Op.RESHAPE and reduction not in buffers:
+        reduction = reduction.src[0]
+    if reduction in buffers or reduction.op not in REDUCE or _row_block(reduction) is None:
+        return None
+    source = reduction.src[0]
+    over_rows = source.ndim - 1 not in reduction.arg and source.size // reduction.size >= TILE
+    return reduction if over_rows else None
+
+
 def concat_nests(low: Lowering, node: Node, out: str) -> None:
     """out[.., offset + i, ..] = piece[.., i, ..] for each piece along the axis, one nest each."""
     axis, offset = params_of(node)["axis"], 0
@@ -774,6 +788,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
     if runs_as_concat(node):
         low = Lowering(name, buffers)
         concat_nests(low, node, out)
+        low.recomputed |= {r for piece in node.src if (r := _reduction_over_rows(piece, buffers)) is not None}
         return low
     if node.op is Op.SCATTER_ADD:
         low = Lowering(name, buffers)

@@ -16,8 +16,9 @@ from tensorgraphs.codegen.loop_ir import GemmCall
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import gemm
 from tensorgraphs.rewrite import optimize
+from tensorgraphs.rewrite.pattern import var
 from tensorgraphs.schedule import extern
-from tensorgraphs.schedule.extern import GEMM_EPILOGUE, GEMM_PROLOGUE, fuse_epilogues
+from tensorgraphs.schedule.extern import GEMM_EPILOGUE, GEMM_PROLOGUE, RESIDUAL, EpilogueRule, fuse_epilogues
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels, to_primitive
 
 pytestmark = [pytest.mark.device("cpu", compile=True),  # checks generated C, small graphs included
@@ -441,6 +442,82 @@ def test_encoder_training_step_reads_gelu_of_the_hidden_layer_in_both_products(
     with monkeypatch.context() as patched:
         patched.setattr(extern, "fuse_prologues", lambda roots, materialized, is_leaf: (roots, materialized))
         assert len(fused.kernels) < len(schedule_kernels(roots).kernels)
+    with tg.device("numpy"):
+        expected = [t.detach().numpy() for t in _gelu_encoder_training_step()]
+    with tg.device("cpu"):
+        for got, want in zip([t.detach().numpy() for t in _gelu_encoder_training_step()], expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# The gradient epilogue: gelu's backward pass applied by the product computing its output's gradient
+# ---------------------------------------------------------------------------
+
+def _gelu_input_gradient(F, grad, h, w, up):
+    """The gradient of sum(gelu(h) @ w * up) with respect to h: gelu'(h) * (up @ w.T), by torch or tg."""
+    loss = ((_gelu(F, h) @ w) * up).sum()
+    if F is torch.nn.functional:
+        return torch.autograd.grad(loss, [h])[0]
+    return grad(loss, [h])[0]
+
+
+def _gelu_gradient_arrays(shape: tuple[int, ...], k: int, n: int) -> list[np.ndarray]:
+    return [_floats(shape[:-1] + (k,), 20), _floats((k, n), 21), _floats(shape[:-1] + (n,), 22)]
+
+
+@pytest.mark.parametrize("shape, n", [((33, 40), 7), ((2, 5, 16), 17), ((1, 1), 1), ((64, 48), 80)])
+def test_gelu_backward_is_the_epilogue_of_the_gradients_product(shape: tuple[int, ...], n: int) -> None:
+    """d/dh of gelu(h) @ w: the product up @ w.T multiplies by gelu'(h) before storing (h read as its residual):
+    the product's kernel writes the gradient, no kernel after it, and the gradient is torch's."""
+    h, w, up = _gelu_gradient_arrays(shape, shape[-1], n)
+    torch_h = torch.from_numpy(h).requires_grad_()
+    expected = _gelu_input_gradient(torch.nn.functional, None, torch_h, torch.from_numpy(w), torch.from_numpy(up))
+    with tg.device("cpu"):
+        tg_h = tg.tensor(h, requires_grad=True)
+        result = _gelu_input_gradient(F, tg.grad, tg_h, tg.tensor(w), tg.tensor(up))
+        schedule = schedule_kernels([result.node])
+        (call,) = _gemm_calls(schedule)
+        assert schedule.kernels[-1].body == [call], schedule  # before it only up * the sum's gradient (ones)
+        assert call.epilogue.activation == "gelu_tanh_grad" and call.epilogue.residual is not None, call
+        np.testing.assert_allclose(result.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_backward_epilogue_keeps_nan_inf_and_extremes_like_torch() -> None:
+    h = np.array([[np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, -50.0, -9.0, 3.0, 50.0]], np.float32).T
+    w, up = np.ones((1, 3), np.float32), np.full((11, 3), 0.5, np.float32)
+    torch_h = torch.from_numpy(h).requires_grad_()
+    expected = _gelu_input_gradient(torch.nn.functional, None, torch_h, torch.from_numpy(w), torch.from_numpy(up))
+    with tg.device("cpu"):
+        result = _gelu_input_gradient(F, tg.grad, tg.tensor(h, requires_grad=True), tg.tensor(w), tg.tensor(up))
+        assert _gemm_calls(schedule_kernels([result.node]))[0].epilogue.activation == "gelu_tanh_grad"
+        np.testing.assert_allclose(result.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+def test_gelu_backward_epilogue_node_decomposes_to_what_the_kernel_computes() -> None:
+    h, w, up = _gelu_gradient_arrays((9, 12), 12, 10)
+    result = _gelu_input_gradient(F, tg.grad, tg.tensor(h, requires_grad=True), tg.tensor(w), tg.tensor(up))
+    leaf = lambda n: n.op is Op.BUFFER  # noqa: E731
+    (fused,), _ = fuse_epilogues(*to_primitive([result.node], leaf), leaf)
+    assert fused.op is GEMM_EPILOGUE and dict(fused.arg)["activation"] == "gelu_tanh_grad"
+    (reference,) = REFERENCE.evaluate([fused])
+    with tg.device("cpu"):
+        np.testing.assert_allclose(result.numpy(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_encoder_training_step_applies_gelus_backward_in_the_products_epilogue(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gradient of gelu(h) (dY @ W2) multiplies by gelu'(h) in its epilogue, reading h where the forward
+    product stored it: no elementwise kernel of its own, one kernel fewer than without the rule, same values."""
+    roots = [t.node for t in _gelu_encoder_training_step()]
+    fused = schedule_kernels(roots)
+    calls = _gemm_calls(fused)
+    (gradient,) = [c for c in calls if c.epilogue.activation == "gelu_tanh_grad"]
+    (forward,) = [c for c in calls if c.a_prologue == "gelu_tanh"]
+    assert gradient.epilogue.residual == forward.a  # h, the pre-activation the forward product packs as gelu(h)
+    never = EpilogueRule(RESIDUAL, var("x", where=lambda _: False), lambda chain, _: chain)
+    with monkeypatch.context() as patched:
+        patched.setattr(extern, "gelu_grad_rule", lambda is_chain_end: never)
+        assert len(schedule_kernels(roots).kernels) == len(fused.kernels) + 1
     with tg.device("numpy"):
         expected = [t.detach().numpy() for t in _gelu_encoder_training_step()]
     with tg.device("cpu"):

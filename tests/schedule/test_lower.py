@@ -219,6 +219,25 @@ def test_a_chain_of_concatenations_writes_each_input_into_its_slice_once() -> No
     np.testing.assert_allclose(out.numpy(), np.exp(expected), rtol=1e-6)
 
 
+def test_concatenated_column_sums_are_reduced_row_after_row_not_inside_the_concatenation() -> None:
+    """The stacked q, k, v bias's gradient: cat of three sums over (batch, rows) of (batch, rows, d) gradients. Each
+    sum is a kernel of its own accumulating whole rows (contiguous along the innermost loop), the cat only copies;
+    inlined into the cat's nests, each output would walk its column with a stride of d floats."""
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal((4, 64, 48)).astype(np.float32) for _ in range(3)]
+    arrays[1][0, 0, 5] = np.nan
+    out = tg.cat([(tg.tensor(a) * 2).sum((0, 1)) for a in arrays], 0)
+    kernels = schedule_kernels([out.node]).kernels
+    assert [k.name.split("_", 1)[1] for k in kernels] == ["reduce_sum"] * 3 + ["cat"], [k.name for k in kernels]
+    for kernel in kernels[:3]:
+        (inner,) = [s for s in walk(kernel.body) if isinstance(s, Loop) and s.var.name.startswith("t")][-1:]
+        assert all(repr(load.index).endswith(f"+ {inner.var.name})") for load in walk(inner.body)
+                   if isinstance(load, Load)), kernel
+    assert not any(isinstance(s, Loop) and s.var.name.startswith("r") for s in walk(kernels[-1].body))
+    expected = np.concatenate([(2 * a).sum((0, 1)) for a in arrays])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_concatenated_bools_and_empty_inputs_keep_their_places(dim: int) -> None:
     rng = np.random.default_rng(1)

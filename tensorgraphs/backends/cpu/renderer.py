@@ -217,7 +217,8 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     a, b = pointer(call.a, call.a_offset), pointer(call.b, call.b_offset)
     args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
-            *(gemm.ACTIVATIONS[name] for name in (epilogue.activation, call.a_prologue, call.b_prologue))]
+            gemm.EPILOGUE_ACTIVATIONS[epilogue.activation], gemm.ACTIVATIONS[call.a_prologue],
+            gemm.ACTIVATIONS[call.b_prologue]]
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 

@@ -41,10 +41,12 @@
 #define LANES 16
 #define TILE_NV 4
 #define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#define ZIP_LOW {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
 #else
 #define LANES 8
 #define TILE_NV 2
 #define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14}
+#define ZIP_LOW {0, 8, 1, 9, 2, 10, 3, 11}
 #endif
 
 typedef float vfloat __attribute__((vector_size(4 * LANES)));
@@ -53,7 +55,9 @@ typedef float vfloat_unaligned __attribute__((vector_size(4 * LANES), aligned(4)
 
 static inline vfloat load(const float *p) { return *(const vfloat_unaligned *)p; }
 static inline void store(float *p, vfloat x) { *(vfloat_unaligned *)p = x; }
-static inline vfloat splat(float x) { return (vfloat){0} + x; }
+/* x - 0, not 0 + x: the same value for every x (-0 included), so gcc broadcasts x itself, from memory where x is
+ * loaded; 0 + x (which turns -0 into +0) costs a scalar add before every broadcast of the tile products. */
+static inline vfloat splat(float x) { return x - (vfloat){0}; }
 static inline vfloat pick(vint mask, vfloat a, vfloat b) { return (vfloat)((mask & (vint)a) | (~mask & (vint)b)); }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -203,8 +207,24 @@ static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *sr
 static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
                             int64_t cols) {
     memset(dst, 0, sizeof(float) * ld * width);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
+    const vint low = ZIP_LOW, high = low + LANES / 2;
+    int64_t whole_rows = rows / LANES * LANES, whole_cols = cols / LANES * LANES;
+    for (int64_t r0 = 0; r0 < whole_rows; r0 += LANES)
+        for (int64_t c0 = 0; c0 < whole_cols; c0 += LANES) {
+            /* log2(LANES) rounds of interleaving row i with row i + LANES / 2 transpose a LANES x LANES block */
+            vfloat v[LANES], t[LANES];
+            for (int i = 0; i < LANES; i++) v[i] = load(src + (r0 + i) * rs + c0);
+            for (int round = 1; round < LANES; round *= 2) {
+                for (int i = 0; i < LANES / 2; i++) {
+                    t[2 * i] = __builtin_shuffle(v[i], v[i + LANES / 2], low);
+                    t[2 * i + 1] = __builtin_shuffle(v[i], v[i + LANES / 2], high);
+                }
+                memcpy(v, t, sizeof v);
+            }
+            for (int c = 0; c < LANES; c++) store(dst + (c0 + c) * width + r0, v[c]);
+        }
+    for (int64_t r = 0; r < rows; r++) /* the edges */
+        for (int64_t c = r < whole_rows ? whole_cols : 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
 }
 
 /* The scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile

@@ -43,6 +43,8 @@ GEMM_FUNCTIONS = {
 operands are rounded to bfloat16 while packing, their exact products summed in float32, and a bfloat16 result is
 rounded after the epilogue (gemm.h)."""
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu_tanh": 2}
+EPILOGUE_ACTIVATIONS = {**ACTIVATIONS, "gelu_tanh_grad": 3}
+"""An epilogue may also apply a gradient activation: gelu_tanh_grad multiplies by gelu'(residual) (gemm.h)."""
 STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", -3: "out of memory"}
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32

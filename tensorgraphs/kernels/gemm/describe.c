@@ -13,11 +13,13 @@ static void fold_batch_into_rows(gemm_batch *g) {
     g->batch = 1;
 }
 
+/* An activation a prologue may apply; an epilogue may also apply a gradient one, which reads the residual. */
 static int known_activation(int32_t code) { return code >= TG_ACT_NONE && code <= TG_ACT_GELU_TANH; }
 
 int tg_describe_gemm(gemm_batch *g, pack_b_fn pack, TG_GEMM_PARAMS) {
     if (bias && bias_cs != 0 && bias_cs != 1) return TG_GEMM_BAD_STRIDE;
-    if (!known_activation(activation) || !known_activation(a_prologue) || !known_activation(b_prologue))
+    int gradient = activation == TG_ACT_GELU_TANH_GRAD && residual;
+    if (!(known_activation(activation) || gradient) || !known_activation(a_prologue) || !known_activation(b_prologue))
         return TG_GEMM_BAD_ACTIVATION;
     *g = (gemm_batch){
         .batch = batch, .m = m, .n = n, .k = k,

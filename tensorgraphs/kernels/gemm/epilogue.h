@@ -87,6 +87,19 @@ static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_ps(__m512 x) {
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
+/* gelu'(h), tanh form: s + 2 h s (1 - s) u'(h), s = sigmoid(2u) = 1 / (1 + exp(-2u)), u' = sqrt(2/pi) (1 + 3 *
+ * 0.044715 h^2) (0.5 (1 + tanh u) = s and 0.5 (1 - tanh^2 u) = 2 s (1 - s)). */
+static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_grad_ps(__m512 h) {
+    const float sqrt_2_over_pi = 0.7978845608028654f, minus_two_log2e = -2.8853900817779268f;
+    __m512 h2 = _mm512_mul_ps(h, h);
+    __m512 inner = _mm512_fmadd_ps(h2, _mm512_set1_ps(sqrt_2_over_pi * 0.044715f), _mm512_set1_ps(sqrt_2_over_pi));
+    __m512 e = tg_exp2_ps(_mm512_mul_ps(_mm512_mul_ps(h, inner), _mm512_set1_ps(minus_two_log2e)));
+    __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    __m512 slope = _mm512_fmadd_ps(h2, _mm512_set1_ps(3.0f * 0.044715f * sqrt_2_over_pi), _mm512_set1_ps(sqrt_2_over_pi));
+    __m512 twice_h_slope = _mm512_mul_ps(_mm512_add_ps(h, h), slope);
+    return _mm512_fmadd_ps(_mm512_mul_ps(twice_h_slope, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s), s);
+}
+
 /* One of enum tg_activation (gemm.h) on a vector. */
 static inline __attribute__((always_inline)) __m512 tg_activate_ps(__m512 x, int32_t activation) {
     if (activation == 1) return _mm512_max_ps(_mm512_setzero_ps(), x); /* max(0, NaN) is NaN: NaN is operand 2 */
@@ -101,8 +114,12 @@ static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, 
         const float *bias_row = ep->bias + row * ep->bias_rs;
         x = _mm512_add_ps(x, ep->bias_cs ? _mm512_maskz_loadu_ps(mask, bias_row + col) : _mm512_set1_ps(*bias_row));
     }
-    x = tg_activate_ps(x, ep->activation);
-    if (ep->residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col));
+    if (ep->activation == 3) /* TG_ACT_GELU_TANH_GRAD: the residual is the gelu's input */
+        x = _mm512_mul_ps(x, tg_gelu_tanh_grad_ps(_mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col)));
+    else {
+        x = tg_activate_ps(x, ep->activation);
+        if (ep->residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col));
+    }
     return ep->round_bf16 ? _mm512_castsi512_ps(tg_bf16_bits(x)) : x;
 }
 

@@ -10,6 +10,10 @@
  * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL. c must not overlap any input, the
  * residual included (partial sums are stored in c before the residual is read).
  *
+ * The gradient activation TG_ACT_GELU_TANH_GRAD (epilogue only) reads the residual as the input h of a gelu
+ * (tanh form) instead of adding it: c = (alpha * sum_k a(i,k) b(k,j) + bias(i,j)) * gelu'(h(i,j)), the gelu's
+ * backward pass fused into the product that computes the gradient of its output.
+ *
  * Prologue: a_prologue / b_prologue (enum tg_activation) apply an activation to every element of that operand
  * as it is packed, so a(i, k) above is activation(A[...]): the activated operand is never stored. (The BLAS
  * kernel, which cannot apply it inside sgemm, applies it on a copy of the operand.)
@@ -19,7 +23,7 @@
 #define TG_GEMM_H
 #include <stdint.h>
 
-enum tg_activation { TG_ACT_NONE = 0, TG_ACT_RELU = 1, TG_ACT_GELU_TANH = 2 };
+enum tg_activation { TG_ACT_NONE = 0, TG_ACT_RELU = 1, TG_ACT_GELU_TANH = 2, TG_ACT_GELU_TANH_GRAD = 3 };
 enum tg_gemm_status { TG_GEMM_OK = 0, TG_GEMM_BAD_STRIDE = -1, TG_GEMM_BAD_ACTIVATION = -2, TG_GEMM_NO_MEMORY = -3 };
 
 /* The signature every product kernel shares. */

@@ -2,7 +2,9 @@
 
 softmax and log_softmax carry explicit gradient rules (y * (g - sum(g * y)) and
 g - exp(y) * sum(g)), so a backward pass holds one small expression per
-softmax instead of the derivative of its decomposition.
+softmax instead of the derivative of its decomposition; gelu's gradient is the
+gelu_backward composite (g * gelu'(x)), which a GEMM computing g applies as its
+epilogue (schedule.extern).
 """
 
 from __future__ import annotations
@@ -110,7 +112,35 @@ def _gelu_decomposition(x: Tensor, *, approximate: str) -> Tensor:
     return ew.in_float32_for_halves(exact, x)
 
 
-GELU = register(Composite("gelu", _same_as_input, _gelu_decomposition))
+def _gelu_derivative(x: Tensor, approximate: str) -> Tensor:
+    """d gelu(x) / dx: with the tanh approximation s + 2 x s (1 - s) u' for s = sigmoid(2u), u as in the forward
+    pass and u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2); exactly Phi(x) + x phi(x)."""
+    if approximate == "tanh":
+        x2 = ew.mul(x, x)
+        inner = ew.mul(ew.add(x, ew.mul(ew.mul(x2, x), GELU_TANH_COEFF)), math.sqrt(2.0 / math.pi))
+        s = ew.sigmoid(ew.mul(inner, 2.0))
+        slope = ew.mul(ew.add(ew.mul(x2, 3.0 * GELU_TANH_COEFF), 1.0), math.sqrt(2.0 / math.pi))
+        return ew.add(s, ew.mul(ew.mul(ew.mul(ew.mul(x, 2.0), slope), s), ew.sub(1.0, s)))
+    cdf = ew.mul(ew.add(ew.erf(ew.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+    pdf = ew.mul(ew.exp(ew.mul(ew.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+    return ew.add(cdf, ew.mul(x, pdf))
+
+
+def _gelu_backward_decomposition(grad: Tensor, x: Tensor, *, approximate: str) -> Tensor:
+    return ew.in_float32_for_halves(lambda g, h: ew.mul(g, _gelu_derivative(h, approximate)), grad, x)
+
+
+GELU_BACKWARD = register(Composite("gelu_backward", lambda grad, x, **_: (x.dtype, x.shape),
+                                   _gelu_backward_decomposition))
+"""grad * gelu'(x): gelu's gradient as one composite, so a product computing `grad` can apply it as its epilogue
+(`schedule.extern`: the GEMM multiplies by gelu'(x) before storing) instead of a pass of its own."""
+
+
+def _gelu_grad(y: Tensor, grad: Tensor, x: Tensor, *, approximate: str) -> tuple[Tensor]:
+    return (apply_composite(GELU_BACKWARD, grad, x, approximate=approximate),)
+
+
+GELU = register(Composite("gelu", _same_as_input, _gelu_decomposition, _gelu_grad))
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
