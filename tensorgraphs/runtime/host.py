@@ -20,6 +20,10 @@ POOLED_BYTES = 1 << 20
 """Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
 (bench/NOTES.md)."""
 
+POOLED_SHARED_BYTES = 1 << 16
+"""The block a run's small outputs share is recycled from this size on: malloc maps blocks this large afresh at
+times (its threshold moves), and a program asks for the same total at every call."""
+
 
 class BlockPool:
     """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: fresh
@@ -30,9 +34,13 @@ class BlockPool:
         self._blocks: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> np.ndarray:
-        """A uint8 block of `size` bytes no array refers to."""
-        if size < POOLED_BYTES:
+    def __contains__(self, block: object) -> bool:
+        """Whether `block` is one the pool keeps (hands out again)."""
+        return any(block is kept for blocks in self._blocks.values() for kept in blocks)
+
+    def take(self, size: int, pooled_from: int = POOLED_BYTES) -> np.ndarray:
+        """A uint8 block of `size` bytes no array refers to (recycled if `size` is at least `pooled_from`)."""
+        if size < pooled_from:
             return np.empty(size, np.uint8)
         with self._lock:
             blocks = self._blocks.setdefault(size, [])
@@ -111,7 +119,7 @@ class HostRuntime:
             else:
                 buffers[position] = self.empty(shape, dtype)
         if shared:
-            block = np.empty(total + self.alignment, np.uint8)
+            block = OUTPUT_BLOCKS.take(total + self.alignment, POOLED_SHARED_BYTES)
             start = -data_address(block) % self.alignment
             for position, offset in shared:
                 shape, dtype = specs[position]

@@ -294,6 +294,23 @@ def test_the_default_device_is_cpu_where_a_compiler_is_installed(monkeypatch: py
 
 
 @pytest.mark.usefixtures("own_output_pool")
+def test_the_block_small_outputs_share_is_recycled_once_all_are_dropped() -> None:
+    """Two 40 KiB outputs share one block (80 KiB: malloc may map such a block afresh, page faults and all), which
+    the next run gets again once neither is referenced, and not while one is."""
+    x = np.ones((100, 100), np.float32)
+    t = tg.tensor(x)
+    program, _ = CPU.program([(t * 2).node, (t + 1).node])
+    doubled, plus_one = program.run([x])
+    assert doubled.base is plus_one.base and doubled.base in host.OUTPUT_BLOCKS
+    address = doubled.ctypes.data
+    kept = program.run([x])[1]  # the first run's outputs still alive: another block
+    assert address not in (kept.ctypes.data, program.run([x])[0].ctypes.data)
+    del doubled, plus_one
+    again = program.run([x * 3])
+    assert again[0].ctypes.data == address and again[0][0, 0] == 6 and again[1][0, 0] == 4 and kept[0, 0] == 2
+
+
+@pytest.mark.usefixtures("own_output_pool")
 def test_a_new_program_reuses_the_memory_of_dropped_outputs() -> None:
     """A first call's outputs come from blocks earlier calls of any program let go: no fresh pages to fault in."""
     x = np.ones((512, 512), np.float32)
