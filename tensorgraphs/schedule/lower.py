@@ -165,7 +165,8 @@ class Lowering:
         (every extent 1) stores after the nests opened before it: a scatter-add of one element adds to the base
         copied in by the first nest. `interiors` ([start, stop) of its innermost dims: `interiors_of_padding`) cut
         the loop of each into the part before, the interior and the part after, each with a body of its own; an
-        inner dim is cut only inside the outer one's interior."""
+        inner dim is cut in every part of the outer one (a border row's interior columns read without checks too:
+        9 bodies for a 3x3 window, the 7 border ones short)."""
         dims = [d for d, size in enumerate(shape) if size > 1]
         interiors = interiors or {}
         self._nests += 1
@@ -174,14 +175,13 @@ class Lowering:
         index: list[Expr] = [Const(0)] * len(shape)
         for d in dims[:len(dims) - len(interiors)]:
             index[d], scope = self._open_loop(scope, "i", shape[d])
-        leaves = [(tuple(index), scope, True)]  # (index, scope, inside every interior so far)
+        leaves = [(tuple(index), scope)]
         for d in dims[len(dims) - len(interiors):]:
             first, stop = interiors[d]
-            cut = [(0, first, False), (first, stop, True), (stop, shape[d], False)]
-            leaves = [(*self._open_range(leaf, at, d, start, end), inside and interior) for at, leaf, inside in leaves
-                      for start, end, interior in (cut if inside else [(0, shape[d], False)]) if start < end]
+            leaves = [self._open_range(leaf, at, d, start, end) for at, leaf in leaves
+                      for start, end in ((0, first), (first, stop), (stop, shape[d])) if start < end]
         self._max_trips = max(self._max_trips, math.prod(shape))  # cut or not (dynamic shapes' templates)
-        for leaf_index, leaf, _ in leaves:
+        for leaf_index, leaf in leaves:
             self._nest = [v for v in map(leaf_index.__getitem__, dims) if isinstance(v, Var)]
             self._nest_index = leaf_index
             out_index, value = compute(leaf_index)

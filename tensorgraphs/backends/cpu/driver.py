@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import platform
 
 from tensorgraphs.codegen.compiler import CompilerDriver
 
 COMPILER = os.environ.get("TG_CC", "gcc")
+NO_SPILLS_TO_INTEGER_REGISTERS = ("-mtune-ctrl=^inter_unit_moves_to_vec,^inter_unit_moves_from_vec",)
+"""gcc's tuning for AMD Zen spills float registers to integer ones, and every value so spilled crosses back
+before use: a fully unrolled loop body that needs more than 16 vector registers (a depthwise conv on 7x7 images:
+9 weights, the bias and the padding taps' products per channel) ran 2.5x slower (bench/NOTES.md). Off, they
+spill to the stack like elsewhere. x86 gcc only (clang does not know the option)."""
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-         "-fno-tree-slp-vectorize", "-std=gnu11", "-shared", "-fPIC")
+         "-fno-tree-slp-vectorize", "-std=gnu11", "-shared", "-fPIC",
+         *(NO_SPILLS_TO_INTEGER_REGISTERS if platform.machine() in ("x86_64", "AMD64")
+           and "clang" not in os.path.basename(COMPILER) else ()))
 """Never -ffast-math: it changes NaN/Inf results. The two -fno flags are enough to vectorize our math;
 -ffp-contract=off keeps a*b+c rounded twice, as every other backend computes it. The straight-line (SLP)
 vectorizer of gcc 12 miscompiles short unrolled reductions of comparisons (`(x == 2).all(1)` over rows of 4
