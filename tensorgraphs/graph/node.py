@@ -170,6 +170,15 @@ def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
     return Node(node.op, node.dtype, node.shape, src, node.arg)
 
 
+def substitute(roots: list[Node], replacements: dict[Node, Node]) -> list[Node]:
+    """`roots` rebuilt with each key of `replacements` replaced by its value (the nodes between rebuilt)."""
+    rebuilt = dict(replacements)
+    for node in toposort(roots, stop=replacements.__contains__):
+        if node not in rebuilt:
+            rebuilt[node] = with_sources(node, tuple(rebuilt[s] for s in node.src))
+    return [rebuilt[r] for r in roots]
+
+
 # ---------------------------------------------------------------------------
 # Builders: one per primitive family, each checking its shape/dtype rule.
 # ---------------------------------------------------------------------------
