@@ -66,7 +66,11 @@ class Node:
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
         if op is Op.BUFFER:  # each holds its own buffer object: nothing to share, so not interned
             return cls._made(op, dtype, shape, src, arg, ("id", id(arg)))
-        arg_key = _arg_key(arg)
+        return cls._interned_as(op, dtype, shape, src, arg, _arg_key(arg))
+
+    @classmethod
+    def _interned_as(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any, arg_key: Any) -> Node:
+        """The live node with this key, or a new one: `arg_key` given, as `with_sources` knows it already."""
         key = (op, dtype, shape, src, arg_key)  # sources by identity: a Node hashes and compares as an object
         ref = cls._interned.get(key)
         if ref is not None:
@@ -167,7 +171,7 @@ def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
     """`node` reading `src` instead of its own sources (itself when they are the same nodes)."""
     if all(a is b for a, b in zip(src, node.src)):
         return node
-    return Node(node.op, node.dtype, node.shape, src, node.arg)
+    return Node._interned_as(node.op, node.dtype, node.shape, src, node.arg, node.arg_key)
 
 
 def substitute(roots: list[Node], replacements: dict[Node, Node]) -> list[Node]:
