@@ -64,17 +64,26 @@ def _folded_stack(pieces: Sequence[Tensor]) -> Tensor:
     return mv.reshape(stacked, stacked.shape[:-3] + (len(pieces) * pieces[0].shape[-2], pieces[0].shape[-1]))
 
 
+def _join_copies_less(products: Sequence[Tensor]) -> bool:
+    """Whether joining n (M, K) @ (K, N) products copies fewer elements, n * K * (M + N), than summing them reads
+    and writes, (n - 1) * M * N: true for a recurrence's weight gradient (K the batch, small), false for the input
+    gradient of q, k and v projections (K the width)."""
+    (m, k), n = products[0].node.src[0].shape[-2:], products[0].shape[-1]
+    return len(products) * k * (m + n) < (len(products) - 1) * m * n
+
+
 def _joined_products(parts: Sequence[Tensor]) -> list[Tensor]:
     """`parts` with the products of equally shaped operands (the weight gradient of an unrolled recurrence: one
     product per time step) replaced by one product of their operands joined along the reduction axis:
-    sum_i a_i @ b_i = [a_1 .. a_n] @ [b_1; ..; b_n], one large GEMM instead of n small ones and n - 1 sums. The
-    pieces are joined in the order the graph computes them (the contributions arrive in reverse)."""
+    sum_i a_i @ b_i = [a_1 .. a_n] @ [b_1; ..; b_n], one large GEMM instead of n small ones and n - 1 sums, where
+    that copies less than the sums move (`_join_copies_less`). The pieces are joined in the order the graph
+    computes them (the contributions arrive in reverse)."""
     groups: dict[tuple, list[Tensor]] = {}
     for part in reversed(parts):
         if part.node.op is MATMUL:
             a, b = part.node.src
             groups.setdefault((a.shape, b.shape), []).append(part)
-    joined = [group for group in groups.values() if len(group) > 1]
+    joined = [group for group in groups.values() if len(group) > 1 and _join_copies_less(group)]
     products = [apply_composite(MATMUL, mv.mT(_folded_stack([mv.mT(Tensor(p.node.src[0])) for p in group])),
                                 _folded_stack([Tensor(p.node.src[1]) for p in group])) for group in joined]
     taken = {id(p) for group in joined for p in group}

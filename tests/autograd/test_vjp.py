@@ -94,9 +94,9 @@ def test_products_of_equally_shaped_operands_join_into_one_product_matching_torc
     is one product of the joined operands, [a_1 .. a_n] @ [b_1; ..; b_n], not n small products summed; a product of
     other shapes is added to it. Values as torch's, on the reference interpreter and on the cpu device."""
     rng = np.random.default_rng(11)
-    steps = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(4)]
-    other = rng.standard_normal((2, 5)).astype(np.float32)
-    weight = rng.standard_normal((5, 6)).astype(np.float32)
+    steps = [rng.standard_normal((2, 8)).astype(np.float32) for _ in range(4)]
+    other = rng.standard_normal((3, 8)).astype(np.float32)
+    weight = rng.standard_normal((8, 9)).astype(np.float32)
 
     def loss(w: Any, xs: list[Any], y: Any) -> Any:
         return sum(((x @ w).tanh() * (t + 1)).sum() for t, x in enumerate(xs)) + (y @ w).sin().sum()
@@ -105,11 +105,23 @@ def test_products_of_equally_shaped_operands_join_into_one_product_matching_torc
     (grad,) = vjp([loss(w, [tg.tensor(s) for s in steps], tg.tensor(other)).node], [g.const(1.0, tg.float32, ())],
                   [w.node])
     products = [n for n in grad.toposort() if is_composite(n) and n.op.name == "matmul" and n.shape == weight.shape]
-    assert sorted(p.src[0].shape for p in products) == [(5, 2), (5, 12)], "the four (5, 3) @ (3, 6) are one"
+    assert sorted(p.src[0].shape for p in products) == [(8, 3), (8, 8)], "the four (8, 2) @ (2, 9) are one"
     tw = torch.tensor(weight, requires_grad=True)
     loss(tw, [torch.tensor(s) for s in steps], torch.tensor(other)).backward()
     np.testing.assert_allclose(REFERENCE.evaluate([grad])[0], tw.grad.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(tg.Tensor(grad).numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_products_whose_join_copies_more_than_their_sum_stay_apart() -> None:
+    """The input gradient of q, k and v projections of one x: three (M, E) @ (E, E) products. Joined, the
+    operands to copy (3E(M + E)) outweigh the sums (2ME): they stay three products, added."""
+    rng = np.random.default_rng(12)
+    x = tg.tensor(rng.standard_normal((6, 8)).astype(np.float32), requires_grad=True)
+    weights = [tg.tensor(rng.standard_normal((8, 8)).astype(np.float32)) for _ in range(3)]
+    loss = sum(((x @ w).tanh() * (i + 1)).sum() for i, w in enumerate(weights))
+    (grad,) = vjp([loss.node], [g.const(1.0, tg.float32, ())], [x.node])
+    backward = [n for n in grad.toposort() if is_composite(n) and n.op.name == "matmul" and n.src[0] is not x.node]
+    assert [n.src[0].shape for n in backward] == [(6, 8)] * 3
 
 
 def test_an_unrolled_lstm_computes_each_weight_gradient_as_one_product() -> None:
@@ -117,7 +129,7 @@ def test_an_unrolled_lstm_computes_each_weight_gradient_as_one_product() -> None
     (H, T*N) @ (T*N, 4H), as torch and cuDNN compute it), so the gradients hold the recurrence's own products only:
     14 forward (one per layer and step, plus each layer's input projection), 10 for h (none into the initial
     state, which needs no gradient), 2 for W_hh, 2 for W_ih and 1 into layer 1's input."""
-    length, batch, hidden = 6, 3, 4
+    length, batch, hidden = 6, 2, 8
     lstm = tg.nn.LSTM(5, hidden, 2)
     out, (h, c) = lstm(tg.tensor(np.random.default_rng(2).standard_normal((length, batch, 5)).astype(np.float32)))
     loss = out.sum() + (h * c).sum()
