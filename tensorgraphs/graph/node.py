@@ -169,18 +169,25 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
 
 def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
     """`node` reading `src` instead of its own sources (itself when they are the same nodes)."""
-    if all(a is b for a, b in zip(src, node.src)):
+    if src == node.src:  # nodes compare by identity: the same sources
         return node
     return Node._interned_as(node.op, node.dtype, node.shape, src, node.arg, node.arg_key)
 
 
 def substitute(roots: list[Node], replacements: dict[Node, Node]) -> list[Node]:
     """`roots` rebuilt with each key of `replacements` replaced by its value (the nodes between rebuilt)."""
+    rebuilt = rebuild(toposort(roots, stop=replacements.__contains__), replacements)
+    return [rebuilt[r] for r in roots]
+
+
+def rebuild(order: list[Node], replacements: dict[Node, Node]) -> dict[Node, Node]:
+    """Each node of `order` (sources first, down to the keys of `replacements`) rebuilt on the replacements: a
+    caller rebuilding one graph many times keeps its order."""
     rebuilt = dict(replacements)
-    for node in toposort(roots, stop=replacements.__contains__):
+    for node in order:
         if node not in rebuilt:
             rebuilt[node] = with_sources(node, tuple(rebuilt[s] for s in node.src))
-    return [rebuilt[r] for r in roots]
+    return rebuilt
 
 
 # ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from tensorgraphs.frontend.autocast import autocast_state
 from tensorgraphs.frontend.creation import tensor, zeros
 from tensorgraphs.frontend.grad_mode import enable_grad
 from tensorgraphs.frontend.tensor import Tensor
-from tensorgraphs.graph.node import Node, substitute
+from tensorgraphs.graph.node import Node, rebuild, toposort
 from tensorgraphs.nn import functional as F
 from tensorgraphs.nn import init
 from tensorgraphs.nn.linear import new_parameter
@@ -68,7 +68,8 @@ def _rnn_mode(nonlinearity: str) -> str:
 
 
 UNROLLED_CACHE_SIZE = 64
-_unrolled_graphs: OrderedDict[Hashable, tuple[list[Node], list[Node]]] = OrderedDict()
+_unrolled_graphs: OrderedDict[Hashable, tuple[list[Node], list[Node], list[Node]]] = OrderedDict()
+"""Per structure: the placeholders, the results' nodes and the nodes between them in the order they are built."""
 
 
 def _unrolled(key: Hashable, build: Callable[..., list[Tensor]], inputs: Sequence[Tensor | None]) -> list[Tensor]:
@@ -85,13 +86,14 @@ def _unrolled(key: Hashable, build: Callable[..., list[Tensor]], inputs: Sequenc
         filled = [None if t is None else next(stand_ins) for t in inputs]
         with enable_grad():
             results = build(*filled)
-        _unrolled_graphs[key] = [t.node for t in filled if t is not None], [r.node for r in results]
+        free, roots = [t.node for t in filled if t is not None], [r.node for r in results]
+        _unrolled_graphs[key] = free, roots, toposort(roots, stop=set(free).__contains__)
         if len(_unrolled_graphs) > UNROLLED_CACHE_SIZE:
             _unrolled_graphs.popitem(last=False)
     _unrolled_graphs.move_to_end(key)
-    free, roots = _unrolled_graphs[key]
-    nodes = substitute(roots, dict(zip(free, (t.node_for_op() for t in present))))
-    return [Tensor.result(node, *present) for node in nodes]
+    free, roots, order = _unrolled_graphs[key]
+    rebuilt = rebuild(order, dict(zip(free, (t.node_for_op() for t in present))))
+    return [Tensor.result(rebuilt[root], *present) for root in roots]
 
 
 def _carry(state: Sequence[Tensor]) -> None:
