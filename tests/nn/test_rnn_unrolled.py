@@ -75,3 +75,49 @@ def test_rebound_outputs_follow_grad_mode_and_take_one_tensor_for_two_inputs() -
     for value, expected in ((out, want), (h, want_h), (c, want_c)):
         np.testing.assert_allclose(value.detach().numpy(), expected.detach().numpy(), rtol=1e-5, atol=1e-6)
     assert lstm(tg.tensor(data))[0].requires_grad
+
+
+def _language_model(nn: Any) -> Any:
+    """word_language_model's RNNModel, small: embedding, 2-layer LSTM with dropout between the layers, decoder."""
+
+    class LanguageModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder, self.rnn, self.decoder = nn.Embedding(11, 6), nn.LSTM(6, 5, 2, dropout=0.2), nn.Linear(5, 11)
+
+        def forward(self, x: Any, hidden: Any) -> tuple[Any, Any]:
+            output, hidden = self.rnn(self.encoder(x), hidden)
+            return self.decoder(output).reshape(-1, 11), hidden
+
+    return LanguageModel()
+
+
+def test_an_lstm_language_model_trains_as_in_torch() -> None:
+    """word_language_model's eager loop (the state detached between steps, `clip_grad_norm_(0.25)`, SGD at lr 20),
+    in eval mode so dropout draws nothing: losses, every weight after three steps and the carried state as torch's."""
+    reference, model = _language_model(torch.nn), _language_model(tg.nn)
+    _copy_weights(model, reference)
+    reference.eval()
+    model.eval()
+    torch_opt, tg_opt = torch.optim.SGD(reference.parameters(), lr=20), tg.optim.SGD(model.parameters(), lr=20)
+    rng = np.random.default_rng(8)
+    torch_hidden = tg_hidden = None
+    for step_number in range(3):
+        words, targets = rng.integers(0, 11, (7, 3)), rng.integers(0, 11, (21,))
+        losses = []
+        for lib, net, opt, hidden in ((torch, reference, torch_opt, torch_hidden), (tg, model, tg_opt, tg_hidden)):
+            output, hidden = net(lib.tensor(words), hidden)
+            hidden = tuple(h.detach() for h in hidden)
+            loss = lib.nn.functional.cross_entropy(output, lib.tensor(targets))
+            opt.zero_grad()
+            loss.backward()
+            lib.nn.utils.clip_grad_norm_(net.parameters(), 0.25)
+            opt.step()
+            losses.append(loss.item())
+            torch_hidden, tg_hidden = (hidden, tg_hidden) if lib is torch else (torch_hidden, hidden)
+        np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, err_msg=f"step {step_number}")
+    for name, p in reference.named_parameters():
+        np.testing.assert_allclose(dict(model.named_parameters())[name].detach().numpy(), p.detach().numpy(),
+                                   rtol=1e-4, atol=1e-5, err_msg=name)
+    for got, want in zip(tg_hidden, torch_hidden):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
