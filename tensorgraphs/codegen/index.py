@@ -216,12 +216,26 @@ def _linear(e: Expr) -> tuple[dict[Expr, int], int]:
     return {e: 1}, 0
 
 
+def _congruent(a: Expr, b: Expr, divisor: int) -> bool:
+    """Whether a - b is a multiple of `divisor` for all values (then a % divisor == b % divisor): `mod` drops
+    such multiples from its operand, `floordiv` keeps them."""
+    terms, constant = _linear(a)
+    other, other_constant = _linear(b)
+    differences = [terms.get(t, 0) - other.get(t, 0) for t in {*terms, *other}]
+    return (constant - other_constant) % divisor == 0 and all(d % divisor == 0 for d in differences)
+
+
 def _recombine(terms: dict[Expr, int], constant: int) -> tuple[dict[Expr, int], int]:
-    """(x // d) * d*c + (x % d) * c -> x * c: a reshape followed by its inverse leaves no division."""
+    """(x // d) * d*c + (y % d) * c -> x * c where y = x modulo d: a reshape followed by its inverse (a row of one
+    shape split across rows of another) leaves no division."""
     for term, coefficient in list(terms.items()):
-        if isinstance(term, Mod) and coefficient and terms.get(Div(term.x, term.divisor)) == coefficient * term.divisor:
-            del terms[term], terms[Div(term.x, term.divisor)]
-            inner, inner_constant = _linear(term.x)
+        if not isinstance(term, Mod) or not coefficient:
+            continue
+        quotient = next((t for t, c in terms.items() if isinstance(t, Div) and t.divisor == term.divisor
+                         and c == coefficient * term.divisor and _congruent(t.x, term.x, term.divisor)), None)
+        if quotient is not None:
+            del terms[term], terms[quotient]
+            inner, inner_constant = _linear(quotient.x)
             for t, c in inner.items():
                 terms[t] = terms.get(t, 0) + c * coefficient
             return _recombine(terms, constant + inner_constant * coefficient)

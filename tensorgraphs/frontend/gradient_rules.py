@@ -15,7 +15,8 @@ from typing import Sequence
 from tensorgraphs.autograd.rules import add_in_order, register, register_gradient_sum
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
-from tensorgraphs.frontend.tensor import Tensor, apply, cast, expand_to, full_like_node
+from tensorgraphs.frontend.linalg import MATMUL
+from tensorgraphs.frontend.tensor import Tensor, apply, apply_composite, cast, expand_to, full_like_node
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.ops import Op
 
@@ -56,11 +57,48 @@ def _zeros_along(like: Tensor, axis: int, size: int) -> Tensor:
     return Tensor(g.const(0, like.dtype, like.shape[:axis] + (size,) + like.shape[axis + 1:]))
 
 
+def _folded_stack(pieces: Sequence[Tensor]) -> Tensor:
+    """Equally shaped (..., K, N) pieces joined along K: a stack folded, (..., n * K, N). A stack of time steps'
+    gradients is then the node a slice gradient's join (`_joined_slices`) already built for the whole sequence."""
+    stacked = mv.stack(pieces, -3)
+    return mv.reshape(stacked, stacked.shape[:-3] + (len(pieces) * pieces[0].shape[-2], pieces[0].shape[-1]))
+
+
+def _join_copies_less(products: Sequence[Tensor]) -> bool:
+    """Whether joining n (M, K) @ (K, N) products copies fewer elements, n * K * (M + N), than summing them reads
+    and writes, (n - 1) * M * N: true for a recurrence's weight gradient (K the batch, small), false for the input
+    gradient of q, k and v projections (K the width)."""
+    (m, k), n = products[0].node.src[0].shape[-2:], products[0].shape[-1]
+    return len(products) * k * (m + n) < (len(products) - 1) * m * n
+
+
+def _joined_products(parts: Sequence[Tensor]) -> list[Tensor]:
+    """`parts` with the products of equally shaped operands (the weight gradient of an unrolled recurrence: one
+    product per time step) replaced by one product of their operands joined along the reduction axis:
+    sum_i a_i @ b_i = [a_1 .. a_n] @ [b_1; ..; b_n], one large GEMM instead of n small ones and n - 1 sums, where
+    that copies less than the sums move (`_join_copies_less`). The pieces are joined in the order the graph
+    computes them (the contributions arrive in reverse)."""
+    groups: dict[tuple, list[Tensor]] = {}
+    for part in reversed(parts):
+        if part.node.op is MATMUL:
+            a, b = part.node.src
+            groups.setdefault((a.shape, b.shape), []).append(part)
+    joined = [group for group in groups.values() if len(group) > 1 and _join_copies_less(group)]
+    products = [apply_composite(MATMUL, mv.mT(_folded_stack([mv.mT(Tensor(p.node.src[0])) for p in group])),
+                                _folded_stack([Tensor(p.node.src[1]) for p in group])) for group in joined]
+    taken = {id(p) for group in joined for p in group}
+    return [*products, *(p for p in parts if id(p) not in taken)]
+
+
 def _sum_gradients(parts: Sequence[Tensor]) -> Tensor:
     """The contributions to one gradient, summed. Zero-padded slices along one axis with disjoint ranges (the
     gradients of a split's pieces, or of a sequence's time steps) are joined into one concatenation, as torch's
     split backward does: their sum would evaluate every slice, bounds-checked, at each element. The join is the sum
-    exactly, but for the sign of a zero (a slice's -0.0 stays -0.0, as in torch)."""
+    exactly, but for the sign of a zero (a slice's -0.0 stays -0.0, as in torch). Products of equally shaped
+    operands are joined into one product (`_joined_products`)."""
+    parts = _joined_products(parts)
+    if len(parts) == 1:
+        return parts[0]
     axes = [_padded_axis(part) for part in parts]
     axis = next((a for a in axes if a is not None), None)
     slices = [part for part, a in zip(parts, axes) if a == axis]

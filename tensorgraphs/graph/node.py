@@ -66,7 +66,11 @@ class Node:
     def __new__(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...] = (), arg: Any = None) -> Node:
         if op is Op.BUFFER:  # each holds its own buffer object: nothing to share, so not interned
             return cls._made(op, dtype, shape, src, arg, ("id", id(arg)))
-        arg_key = _arg_key(arg)
+        return cls._interned_as(op, dtype, shape, src, arg, _arg_key(arg))
+
+    @classmethod
+    def _interned_as(cls, op: Any, dtype: DType, shape: Shape, src: tuple[Node, ...], arg: Any, arg_key: Any) -> Node:
+        """The live node with this key, or a new one: `arg_key` given, as `with_sources` knows it already."""
         key = (op, dtype, shape, src, arg_key)  # sources by identity: a Node hashes and compares as an object
         ref = cls._interned.get(key)
         if ref is not None:
@@ -165,9 +169,25 @@ def structure(roots: list[Node], is_input: Callable[[Node], bool]) -> tuple[tupl
 
 def with_sources(node: Node, src: tuple[Node, ...]) -> Node:
     """`node` reading `src` instead of its own sources (itself when they are the same nodes)."""
-    if all(a is b for a, b in zip(src, node.src)):
+    if src == node.src:  # nodes compare by identity: the same sources
         return node
-    return Node(node.op, node.dtype, node.shape, src, node.arg)
+    return Node._interned_as(node.op, node.dtype, node.shape, src, node.arg, node.arg_key)
+
+
+def substitute(roots: list[Node], replacements: dict[Node, Node]) -> list[Node]:
+    """`roots` rebuilt with each key of `replacements` replaced by its value (the nodes between rebuilt)."""
+    rebuilt = rebuild(toposort(roots, stop=replacements.__contains__), replacements)
+    return [rebuilt[r] for r in roots]
+
+
+def rebuild(order: list[Node], replacements: dict[Node, Node]) -> dict[Node, Node]:
+    """Each node of `order` (sources first, down to the keys of `replacements`) rebuilt on the replacements: a
+    caller rebuilding one graph many times keeps its order."""
+    rebuilt = dict(replacements)
+    for node in order:
+        if node not in rebuilt:
+            rebuilt[node] = with_sources(node, tuple(rebuilt[s] for s in node.src))
+    return rebuilt
 
 
 # ---------------------------------------------------------------------------

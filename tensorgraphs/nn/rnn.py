@@ -8,17 +8,22 @@ the layers, the cells, both directions and the stacking all share it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Sequence
 
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend.autocast import autocast_state
 from tensorgraphs.frontend.creation import tensor, zeros
+from tensorgraphs.frontend.grad_mode import enable_grad
 from tensorgraphs.frontend.tensor import Tensor
+from tensorgraphs.graph.node import Node, rebuild, toposort
 from tensorgraphs.nn import functional as F
 from tensorgraphs.nn import init
 from tensorgraphs.nn.linear import new_parameter
 from tensorgraphs.nn.module import Module
-from tensorgraphs.runtime.realize import carry
+from tensorgraphs.runtime import tracing
+from tensorgraphs.runtime.realize import carry, placeholder
 
 State = tuple[Tensor, ...]  # (h,) or, for LSTM, (h, c)
 Weights = tuple[Tensor, Tensor | None]  # (W_hh, b_hh)
@@ -62,6 +67,35 @@ def _rnn_mode(nonlinearity: str) -> str:
     return f"RNN_{nonlinearity.upper()}"
 
 
+UNROLLED_CACHE_SIZE = 64
+_unrolled_graphs: OrderedDict[Hashable, tuple[list[Node], list[Node], list[Node]]] = OrderedDict()
+"""Per structure: the placeholders, the results' nodes and the nodes between them in the order they are built."""
+
+
+def _unrolled(key: Hashable, build: Callable[..., list[Tensor]], inputs: Sequence[Tensor | None]) -> list[Tensor]:
+    """`build(*inputs)`, a pure function of its inputs' values: its graph is built once per `key` and the inputs'
+    dtypes and shapes, over placeholders, and later only re-bound to the inputs' nodes. A recurrence unrolled over
+    time is thousands of ops; building them with Tensor ops at every eager step cost more than running them. A
+    trace (`tg.compile`) builds once anyway."""
+    present = [t for t in inputs if t is not None]
+    if tracing.traces_recording:
+        return build(*inputs)
+    key = (key, autocast_state(), tuple(t is None for t in inputs), tuple((t.dtype, t.shape) for t in present))
+    if key not in _unrolled_graphs:
+        stand_ins = iter([Tensor(placeholder(t.dtype, t.shape)).requires_grad_() for t in present])
+        filled = [None if t is None else next(stand_ins) for t in inputs]
+        with enable_grad():
+            results = build(*filled)
+        free, roots = [t.node for t in filled if t is not None], [r.node for r in results]
+        _unrolled_graphs[key] = free, roots, toposort(roots, stop=set(free).__contains__)
+        if len(_unrolled_graphs) > UNROLLED_CACHE_SIZE:
+            _unrolled_graphs.popitem(last=False)
+    _unrolled_graphs.move_to_end(key)
+    free, roots, order = _unrolled_graphs[key]
+    rebuilt = rebuild(order, dict(zip(free, (t.node_for_op() for t in present))))
+    return [Tensor.result(rebuilt[root], *present) for root in roots]
+
+
 def _carry(state: Sequence[Tensor]) -> None:
     """The state a layer returns is carried into its next call: the next realization computes it along, so the
     next call's graph starts from its value (`realize.carry`)."""
@@ -74,6 +108,20 @@ def _reset_uniform(module: Module, hidden_size: int) -> None:
     bound = 1.0 / math.sqrt(hidden_size) if hidden_size > 0 else 0
     for weight in module.parameters():
         init.uniform_(weight, -bound, bound)
+
+
+def _recurrence(step: Step, reverse: bool, gates_x: Tensor, state: State, w_hh: Tensor, b_hh: Tensor | None,
+                w_hr: Tensor | None) -> list[Tensor]:
+    """`step` over the time steps of gates_x (L, N, G) (last to first if `reverse`), each new h projected by
+    `w_hr` when given -> [outputs (L, N, H) in time order, *the final state]."""
+    times = range(gates_x.shape[0])[::-1] if reverse else range(gates_x.shape[0])
+    outputs = []
+    for t in times:
+        state = step(gates_x[t], state, w_hh, b_hh)
+        if w_hr is not None:
+            state = (F.linear(state[0], w_hr), *state[1:])
+        outputs.append(state[0])
+    return [mv.stack(outputs[::-1] if reverse else outputs), *state]
 
 
 class RNNBase(Module):
@@ -114,16 +162,11 @@ class RNNBase(Module):
         """One layer, one direction over a (L, N, H_in) sequence -> outputs (L, N, H) and the final state."""
         w_ih, b_ih, w_hh, b_hh, w_hr = (self._weight(name, layer, suffix) for name in
                                         ("weight_ih", "bias_ih", "weight_hh", "bias_hh", "weight_hr"))
-        step = _MODES[self.mode][1]
         gates_x = F.linear(sequence, w_ih, b_ih)
-        times = range(sequence.shape[0])[::-1] if suffix else range(sequence.shape[0])
-        outputs = []
-        for t in times:
-            state = step(gates_x[t], state, w_hh, b_hh)
-            if w_hr is not None:
-                state = (F.linear(state[0], w_hr), *state[1:])
-            outputs.append(state[0])
-        return mv.stack(outputs[::-1] if suffix else outputs), state
+        step, reverse = _MODES[self.mode][1], bool(suffix)
+        outputs, *final = _unrolled((step, reverse), lambda g, w, b, p, *s: _recurrence(step, reverse, g, s, w, b, p),
+                                    (gates_x, w_hh, b_hh, w_hr, *state))
+        return outputs, tuple(final)
 
     def forward(self, input: Tensor, hx: Tensor | tuple[Tensor, Tensor] | None = None) -> tuple[Any, Any]:
         unbatched = input.ndim == 2

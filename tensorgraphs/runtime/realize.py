@@ -25,7 +25,7 @@ from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.dtypes import DType
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.graph import node as g
-from tensorgraphs.graph.node import Node, structure, toposort, with_sources
+from tensorgraphs.graph.node import Node, structure, substitute, toposort
 from tensorgraphs.graph.ops import SOURCES, Op
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.rewrite.engine import rewriting_key
@@ -332,7 +332,4 @@ def graph_without_data(roots: list[Node], inputs: list[Node]) -> tuple[list[Node
     """`roots` and `inputs` with every input a zero-stride BUFFER of its dtype and shape: the graph runs again on
     other arrays and keeps none of the arrays it was built with alive."""
     free = {n: placeholder(n.dtype, n.shape) for n in inputs}
-    rebuilt: dict[Node, Node] = {}
-    for node in toposort(roots, stop=free.__contains__):
-        rebuilt[node] = free[node] if node in free else with_sources(node, tuple(rebuilt[s] for s in node.src))
-    return [rebuilt[r] for r in roots], [free[n] for n in inputs]
+    return substitute(roots, free), [free[n] for n in inputs]

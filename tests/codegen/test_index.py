@@ -43,6 +43,16 @@ def test_reshape_round_trip_is_the_identity() -> None:
     assert ix.unflatten(ix.flatten((i, j), (8, 4)), (4, 2, 4)) == (ix.floordiv(i, 2), ix.mod(i, 2), j)
 
 
+def test_a_row_split_across_rows_of_another_shape_reads_back_without_division() -> None:
+    """A full reduction split into 64 parts of 2500 elements reads a (800, 200) buffer at
+    (p*2500 + r) // 200 * 200 + (p*2500 + r) % 200, and `mod` has reduced its operand to (p*100 + r) % 200
+    (2500 = 100 modulo 200): the two still recombine to the offset itself (division per element kept the
+    reduction from vectorizing)."""
+    part, r = Var("p", 64), Var("r", 2500)
+    offset = part * 2500 + r
+    assert repr(ix.flatten(ix.unflatten(offset, (800, 200)), (800, 200))) == "(p*2500 + r)"
+
+
 def evaluate(e: ix.Expr, env: dict[str, int]) -> int:
     if isinstance(e, Const):
         return e.value
@@ -74,6 +84,7 @@ def test_simplification_preserves_values(parts: list, constant: int, d1: int, d2
         "div": ix.floordiv(linear, d1), "mod": ix.mod(linear, d1), "divdiv": ix.floordiv(ix.floordiv(linear, d1), d2),
         "modmod": ix.mod(ix.mod(linear, d1 * d2), d2), "divmod": ix.mod(ix.floordiv(linear, d1), d2) * 3 + linear,
         "and": ix.bitand(ix.bitand(linear, 2 ** d1 - 1), 2 ** d2 - 1),
+        "recombined": ix.floordiv(linear + i * d1, d1) * (d1 * 3) + ix.mod(linear, d1) * 3,
     }
     for values in itertools.product(range(8), range(4), range(3)):
         env = dict(zip("ijk", values))
@@ -81,6 +92,7 @@ def test_simplification_preserves_values(parts: list, constant: int, d1: int, d2
         expected = {
             "div": plain // d1, "mod": plain % d1, "divdiv": plain // d1 // d2, "modmod": plain % (d1 * d2) % d2,
             "divmod": plain // d1 % d2 * 3 + plain, "and": plain & (2 ** d1 - 1) & (2 ** d2 - 1),
+            "recombined": (plain + env["i"] * d1) * 3,
         }
         for name, e in built.items():
             assert evaluate(e, env) == expected[name], (name, e, env)
