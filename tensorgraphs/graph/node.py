@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from tensorgraphs import dtypes
 from tensorgraphs.dtypes import DType
@@ -180,13 +180,23 @@ def substitute(roots: list[Node], replacements: dict[Node, Node]) -> list[Node]:
     return [rebuilt[r] for r in roots]
 
 
-def rebuild(order: list[Node], replacements: dict[Node, Node]) -> dict[Node, Node]:
-    """Each node of `order` (sources first, down to the keys of `replacements`) rebuilt on the replacements: a
-    caller rebuilding one graph many times keeps its order."""
-    rebuilt = dict(replacements)
+Replacement = Node | Callable[[dict[Node, Node]], Node]
+
+
+def rebuild(order: list[Node], replacements: Mapping[Node, Replacement],
+            is_leaf: Callable[[Node], bool] = lambda node: False) -> dict[Node, Node]:
+    """Each node of `order` (sources first) on the new graph: a replaced one as given, or built by its function from
+    the new nodes so far; a leaf as it is; any other reading the new nodes of its sources. A caller rebuilding one
+    graph many times keeps its order."""
+    rebuilt = {node: r for node, r in replacements.items() if isinstance(r, Node)}
     for node in order:
-        if node not in rebuilt:
-            rebuilt[node] = with_sources(node, tuple(rebuilt[s] for s in node.src))
+        if node in rebuilt:
+            continue
+        replacement = replacements.get(node)
+        if replacement is not None:
+            rebuilt[node] = replacement(rebuilt)
+        else:
+            rebuilt[node] = node if is_leaf(node) else with_sources(node, tuple(rebuilt[s] for s in node.src))
     return rebuilt
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.frontend.tensor import Tensor, held
-from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.node import Node, substitute, toposort
 from tensorgraphs.runtime.realize import default_device, graph_without_data, realized_values
 
 LeafSource = Callable[[Sequence[Any], Sequence[np.ndarray]], Tensor | None]
@@ -82,10 +82,8 @@ class ResultGraph:
         if not any(wanted):
             return [None] * len(self.roots)
         given = {leaf: _node_of(leaf_tensor(i), leaf) for i, leaf in enumerate(self.leaves)}
-        rebuilt: dict[Node, Node] = {}
-        for node in toposort([r for r, w in zip(self.roots, wanted) if w], stop=given.__contains__):
-            rebuilt[node] = given[node] if node in given else with_sources(node, tuple(rebuilt[s] for s in node.src))
-        return [rebuilt[r] if w else None for r, w in zip(self.roots, wanted)]
+        substituted = iter(substitute([r for r, w in zip(self.roots, wanted) if w], given))
+        return [next(substituted) if w else None for w in wanted]
 
 
 def _node_of(tensor: Tensor | None, leaf: Node) -> Node:

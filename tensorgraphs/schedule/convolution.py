@@ -29,7 +29,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
-from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.node import Node, rebuild, toposort, with_sources
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan.choices import (
@@ -51,7 +51,6 @@ from tensorgraphs.schedule.extern import (
     epilogue_rules,
     gemm_enabled,
     libraries_enabled,
-    rebuild,
 )
 
 CONV2D = "conv2d"

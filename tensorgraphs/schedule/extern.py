@@ -51,7 +51,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen.loop_ir import GemmCall, GemmEpilogue, Kernel, KernelParam
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
-from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.node import Node, rebuild, toposort
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan.choices import KERNEL_LIBRARIES, OPENBLAS, Candidate, register_candidates, route_of
@@ -498,19 +498,6 @@ def consumers_of(order: list[Node], roots: list[Node], is_leaf: Callable[[Node],
     for root in roots:
         consumers[root].add(None)
     return consumers
-
-
-def rebuild(order: list[Node], replaced: Mapping[Node, Callable[[dict[Node, Node]], Node]],
-             is_leaf: Callable[[Node], bool]) -> dict[Node, Node]:
-    """Each node of `order` (sources first) on the new graph: a replaced one built by its function from the new
-    nodes so far, a leaf as it is, any other reading the new nodes of its sources."""
-    rebuilt: dict[Node, Node] = {}
-    for node in order:
-        if node in replaced:
-            rebuilt[node] = replaced[node](rebuilt)
-        else:
-            rebuilt[node] = node if is_leaf(node) else with_sources(node, tuple(rebuilt[s] for s in node.src))
-    return rebuilt
 
 
 def _region(root: Node, start: Node, position: dict[Node, int]) -> set[Node]:
