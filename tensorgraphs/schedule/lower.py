@@ -723,6 +723,7 @@ def scatters_one_per_row(node: Node) -> bool:
 def _scatter_one_per_row(low: Lowering, node: Node, index: Index) -> Operand:
     """base + value where the row's index hits this element, base elsewhere: one compare and select per element
     (vectorized), the index read and bounds-checked once per row (its let sits outside the axis's loop)."""
+    assert scatters_one_per_row(node), "a scatter adding several values per row runs as loops of its own"
     base, positions, values = node.src
     axis, size = node.arg, node.shape[node.arg]
     row = index[:axis] + (Const(0),) + index[axis + 1:]
@@ -766,10 +767,16 @@ def runs_as_concat(node: Node) -> bool:
     return is_composite(node) and node.op.name == CONCAT
 
 
+def runs_as_scatter(node: Node) -> bool:
+    """Whether `node` is a scatter adding several values to a row: run by a serial kernel of its own that fills its
+    output and then adds into it (one value per row is computed per element: `scatters_one_per_row`)."""
+    return node.op is Op.SCATTER_ADD and not scatters_one_per_row(node)
+
+
 def runs_as_loops(node: Node) -> bool:
-    """Whether `node` is a composite kept whole and lowered to loops of its own by `lower_node`: a scan or a
-    concatenation (its result materialized)."""
-    return runs_as_scan(node) or runs_as_concat(node)
+    """Whether `node` is lowered to loops of its own by `lower_node` (its result materialized): a scan, a
+    concatenation or a scatter adding several values per row."""
+    return runs_as_scan(node) or runs_as_concat(node) or runs_as_scatter(node)
 
 
 def _reduction_over_rows(piece: Node, buffers: dict[Node, str]) -> Node | None:
@@ -812,7 +819,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         concat_nests(low, node, out)
         low.recomputed |= {r for piece in node.src if (r := _reduction_over_rows(piece, buffers)) is not None}
         return low
-    if node.op is Op.SCATTER_ADD and not scatters_one_per_row(node):
+    if runs_as_scatter(node):
         low = Lowering(name, buffers)
         base, positions, values = node.src
         low.store_nest(node, out, node.shape, lambda index: (index, low.value(base, index)))
