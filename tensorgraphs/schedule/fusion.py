@@ -187,6 +187,7 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots), leaf)
     order = toposort(primitive_roots, stop=leaf)
     materialized |= too_deep_to_inline(order, materialized, leaf)
+    materialized |= chains_shared_before_lowering(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
     lowered: dict[Node, Lowering | GemmLowering | ConvLowering | AttentionLowering | HostCallLowering
@@ -339,6 +340,29 @@ MAX_SHARED_INLINE_NODES = 32
 kernel computes it: a larger one (an RNN's cell state, a recurrence of elementwise steps, forward activations a
 backward recomputes) gets a buffer, as otherwise every kernel reading it recomputes all of it (and the program's
 C grows with the product of its size and its readers)."""
+
+
+def chains_shared_before_lowering(order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:
+    """The `shared_chains` known before lowering: a chain several kernels would inline (an unrolled recurrence's
+    cell state, read at every step) is cut before its first lowering, which would walk all of it once per reader.
+    Reductions count as buffers here, as most of them become buffers in the first rounds, which often leaves the
+    chains they end short enough to inline: the rounds of `schedule_kernels` cut those that remain too long."""
+    reductions = {n for n in order if n.op in REDUCE}
+    return shared_chains(kernels_reaching(order, materialized, leaf), order, materialized | reductions, leaf)
+
+
+def kernels_reaching(order: list[Node], materialized: set[Node], leaf: IsInput) -> Counter[Node]:
+    """How many kernels (one per materialized node) reach each other node through nodes computed inline: 1, or 2
+    for two or more."""
+    owner: dict[Node, Node | None] = {}  # the one kernel reaching a node; None: several
+    for node in reversed(order):
+        if leaf(node) or (node not in materialized and node not in owner):
+            continue
+        kernel = node if node in materialized else owner[node]
+        for source in node.src:
+            if not (leaf(source) or source in materialized):
+                owner[source] = kernel if owner.get(source, kernel) is kernel else None
+    return Counter({node: 1 if kernel is not None else 2 for node, kernel in owner.items()})
 
 
 def shared_chains(inlined_by: Counter[Node], order: list[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:

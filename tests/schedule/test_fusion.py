@@ -19,7 +19,7 @@ from tensorgraphs.codegen.loop_ir import Kernel, Let, Reduce, Store, walk
 from tensorgraphs.examples.gpt import GPT, GPTConfig, language_model_loss
 from tensorgraphs.graph.ops import Op
 from tensorgraphs.rewrite import fuzz, optimize
-from tensorgraphs.schedule import Schedule, count_kernels, schedule_kernels
+from tensorgraphs.schedule import Schedule, count_kernels, fusion, schedule_kernels
 from tensorgraphs.schedule.fusion import MAX_INLINE_DEPTH, MAX_SHARED_INLINE_NODES, SPLIT_MIN_SIZE, to_primitive
 from tensorgraphs.schedule.lower import Lowering
 
@@ -281,18 +281,41 @@ def test_a_rider_never_makes_a_chain_deeper_than_the_inline_limit() -> None:
     assert [sum(stores_per_buffer(k).values()) for k in schedule_kernels([first.node, second.node]).kernels] == [1, 1]
 
 
-def test_a_recurrence_read_by_several_kernels_is_stored_not_recomputed_by_each() -> None:
-    """An elementwise recurrence (an LSTM's cell state: c = sigmoid(f) * c + sigmoid(i) * tanh(g)) whose every
-    step is also read by an output kernel: a step whose cone back to buffers exceeds MAX_SHARED_INLINE_NODES gets
-    a buffer, so the program's code grows linearly in the steps rather than with steps times the inlined depth."""
-    steps, gates = 24, [tensor(3, 8, seed=s) for s in range(3)]
+def lstm_cell_states(steps: int) -> list[tg.Tensor]:
+    """An elementwise recurrence (an LSTM's cell state: c = sigmoid(f) * c + sigmoid(i) * tanh(g)), every step also
+    read by an output kernel."""
+    gates = [tensor(3, 8, seed=s) for s in range(3)]
     c = tensor(8, seed=9)
     outputs = []
     for t in range(steps):
         f, i, g = (gate[t % 3] * (1 + t / steps) for gate in gates)
         c = f.sigmoid() * c + i.sigmoid() * g.tanh()
         outputs.append(c * 2)
-    roots = [o.node for o in outputs]
+    return outputs
+
+
+def test_a_recurrence_shared_by_kernels_is_cut_before_its_first_lowering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No lowering walks the whole recurrence: its shared chain is cut before the first round, which would
+    otherwise lower every reader with all the steps before it (time quadratic in the steps)."""
+    lowered: list[int] = []
+    lower_node = fusion.lower_node
+
+    def counting(*args: Any, **kwargs: Any) -> Lowering:
+        lowering = lower_node(*args, **kwargs)
+        lowered.append(len(lowering.inlined))
+        return lowering
+
+    monkeypatch.setattr(fusion, "lower_node", counting)
+    schedule_kernels([o.node for o in lstm_cell_states(48)])
+    assert max(lowered) <= 3 * MAX_SHARED_INLINE_NODES, max(lowered)  # 2002 when cut after it
+
+
+def test_a_recurrence_read_by_several_kernels_is_stored_not_recomputed_by_each() -> None:
+    """An elementwise recurrence (an LSTM's cell state: c = sigmoid(f) * c + sigmoid(i) * tanh(g)) whose every
+    step is also read by an output kernel: a step whose cone back to buffers exceeds MAX_SHARED_INLINE_NODES gets
+    a buffer, so the program's code grows linearly in the steps rather than with steps times the inlined depth."""
+    steps = 24
+    roots = [o.node for o in lstm_cell_states(steps)]
     schedule = schedule_kernels(roots)
     lets = [sum(1 for s in walk(k.body) if isinstance(s, Let)) for k in schedule.kernels]
     assert max(lets) <= 3 * MAX_SHARED_INLINE_NODES and sum(lets) <= 80 * steps, lets  # 307 and 4308 when inlined
