@@ -176,10 +176,16 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
     __m512 acc[TG_MR][TG_NV];
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
-        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. */
+        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. So
+         * is the residual's (read once: into L2, leaving L1 to the B panel; bench/NOTES.md). */
         if (i < m_valid) {
             _mm_prefetch((const char *)(c + i * c_rs), _MM_HINT_T0);
             _mm_prefetch((const char *)(c + i * c_rs + 16 * nv - 1), _MM_HINT_T0);
+            if (ep && ep->residual) {
+                const float *residual = ep->residual + (row0 + i) * ep->residual_rs + col0;
+                _mm_prefetch((const char *)residual, _MM_HINT_T1);
+                _mm_prefetch((const char *)(residual + 16 * nv - 1), _MM_HINT_T1);
+            }
         }
     }
     if (bf16)
