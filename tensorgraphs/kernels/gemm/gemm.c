@@ -51,6 +51,8 @@ static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t k
     if (rs == 1 && TG_MR <= 16) {
         for (int64_t k = 0; k < kc; k++) {
             const float *column = a + k * cs;
+            /* each column is a run of its own (cs apart): the prefetcher starts on none of them in time */
+            for (int64_t i = 0; i < mc; i += 16) _mm_prefetch((const char *)(column + 8 * cs + i), _MM_HINT_T0);
             for (int64_t ir = 0; ir < mc; ir += TG_MR) /* the overrun lands on later k, stored after this one */
                 tg_store_prefix(dst + ir * kc + k * TG_MR, TG_MR, (kc - k) * TG_MR,
                                 _mm512_maskz_loadu_ps(tg_tail_mask(mc - ir), column + ir));
