@@ -92,6 +92,10 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
         return;
     }
     if (rs == 1) {
+        /* the next panel's TG_NR rows start into L2 now (the transposes prefetch each row ahead once under way) */
+        for (int64_t jj = 0; jj < TG_NR; jj++)
+            for (int64_t k = 0; k < 64 && k < kc; k += 16)
+                _mm_prefetch((const char *)(s + (TG_NR + jj) * cs + k), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++)
             for (int64_t k = 0; k < kc; k += 16)
                 transpose_16x16(s + v * 16 * cs + k, cs, min_i64(16, nr - v * 16), min_i64(16, kc - k),
