@@ -289,7 +289,10 @@ static int a_read_in_place(const gemm_problem *p, int64_t panels) {
     return p->a_cs == 1 && !p->a_prologue && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
 }
 
-/* Row block size: at most TG_MC, and a count of blocks that divides evenly among the threads. */
+/* The most rows a row block holds: TG_MC in whole micro-panels (row_block rounds up to them). */
+enum { A_BLOCK_ROWS = (TG_MC + TG_MR - 1) / TG_MR * TG_MR };
+
+/* Row block size: at most A_BLOCK_ROWS, and a count of blocks that divides evenly among the threads. */
 static int64_t row_block(int64_t m, int nthreads) {
     int64_t blocks = ceil_div(ceil_div(m, TG_MC), nthreads) * nthreads;
     return ceil_div(ceil_div(m, blocks), TG_MR) * TG_MR;
@@ -379,7 +382,7 @@ static size_t b_pack_count(const gemm_batch *g) {
     return (size_t)TG_KC * (ceil_div(min_i64(TG_NC, g->n), TG_NR) + (g->n % 16 != 0)) * TG_NR;
 }
 
-static const size_t a_pack_count = (size_t)TG_MC * TG_KC;
+static const size_t a_pack_count = (size_t)A_BLOCK_ROWS * TG_KC;
 
 /* Whether a batch runs one problem per thread: enough problems to share out evenly, or small ones. */
 static int batch_in_parallel(const gemm_batch *g, int nthreads) {
