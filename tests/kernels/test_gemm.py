@@ -89,6 +89,19 @@ def test_blocks_beyond_every_cache_block(transpose_a):
     assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k}")
 
 
+@needs_gemm
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_row_blocks_of_whole_micro_panels_fill_a_whole_k_block(transpose_a):
+    """M = 2 MC: row blocks of MC rows rounded up to whole micro-panels (258 for MC 256), each packed with K blocks
+    of exactly KC, fill the packed A block to its last row (a buffer of MC x KC floats overflowed there:
+    AddressSanitizer found the write past it; these values alone need not show it)."""
+    blocks = gemm.blocking()
+    m, n, k = blocks["MC"] * 2, 300, blocks["KC"] * 2  # past A_IN_PLACE_COLUMNS: A is packed
+    a = random((k, m), 7).T if transpose_a else random((m, k), 7)
+    b = random((k, n), 8)
+    assert_close(gemm.matmul(a, b), reference(a, b), k, f"{m}x{n}x{k}")
+
+
 @implementations
 @pytest.mark.parametrize("transpose_a", [False, True])
 @pytest.mark.parametrize("transpose_b", [False, True])

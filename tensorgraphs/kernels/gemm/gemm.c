@@ -51,6 +51,8 @@ static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t k
     if (rs == 1 && TG_MR <= 16) {
         for (int64_t k = 0; k < kc; k++) {
             const float *column = a + k * cs;
+            /* each column is a run of its own (cs apart): the prefetcher starts on none of them in time */
+            for (int64_t i = 0; i < mc; i += 16) _mm_prefetch((const char *)(column + 8 * cs + i), _MM_HINT_T0);
             for (int64_t ir = 0; ir < mc; ir += TG_MR) /* the overrun lands on later k, stored after this one */
                 tg_store_prefix(dst + ir * kc + k * TG_MR, TG_MR, (kc - k) * TG_MR,
                                 _mm512_maskz_loadu_ps(tg_tail_mask(mc - ir), column + ir));
@@ -90,6 +92,10 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
         return;
     }
     if (rs == 1) {
+        /* the next panel's TG_NR rows start into L2 now (the transposes prefetch each row ahead once under way) */
+        for (int64_t jj = 0; jj < TG_NR; jj++)
+            for (int64_t k = 0; k < 64 && k < kc; k += 16)
+                _mm_prefetch((const char *)(s + (TG_NR + jj) * cs + k), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++)
             for (int64_t k = 0; k < kc; k += 16)
                 transpose_16x16(s + v * 16 * cs + k, cs, min_i64(16, nr - v * 16), min_i64(16, kc - k),
@@ -176,10 +182,16 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
     __m512 acc[TG_MR][TG_NV];
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
-        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. */
+        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. So
+         * is the residual's (read once: into L2, leaving L1 to the B panel; bench/NOTES.md). */
         if (i < m_valid) {
             _mm_prefetch((const char *)(c + i * c_rs), _MM_HINT_T0);
             _mm_prefetch((const char *)(c + i * c_rs + 16 * nv - 1), _MM_HINT_T0);
+            if (ep && ep->residual) {
+                const float *residual = ep->residual + (row0 + i) * ep->residual_rs + col0;
+                _mm_prefetch((const char *)residual, _MM_HINT_T1);
+                _mm_prefetch((const char *)(residual + 16 * nv - 1), _MM_HINT_T1);
+            }
         }
     }
     if (bf16)
@@ -277,7 +289,10 @@ static int a_read_in_place(const gemm_problem *p, int64_t panels) {
     return p->a_cs == 1 && !p->a_prologue && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
 }
 
-/* Row block size: at most TG_MC, and a count of blocks that divides evenly among the threads. */
+/* The most rows a row block holds: TG_MC in whole micro-panels (row_block rounds up to them). */
+enum { A_BLOCK_ROWS = (TG_MC + TG_MR - 1) / TG_MR * TG_MR };
+
+/* Row block size: at most A_BLOCK_ROWS, and a count of blocks that divides evenly among the threads. */
 static int64_t row_block(int64_t m, int nthreads) {
     int64_t blocks = ceil_div(ceil_div(m, TG_MC), nthreads) * nthreads;
     return ceil_div(ceil_div(m, blocks), TG_MR) * TG_MR;
@@ -367,7 +382,7 @@ static size_t b_pack_count(const gemm_batch *g) {
     return (size_t)TG_KC * (ceil_div(min_i64(TG_NC, g->n), TG_NR) + (g->n % 16 != 0)) * TG_NR;
 }
 
-static const size_t a_pack_count = (size_t)TG_MC * TG_KC;
+static const size_t a_pack_count = (size_t)A_BLOCK_ROWS * TG_KC;
 
 /* Whether a batch runs one problem per thread: enough problems to share out evenly, or small ones. */
 static int batch_in_parallel(const gemm_batch *g, int nthreads) {

@@ -21,7 +21,7 @@
 #endif
 #define TG_NR (TG_NV * 16)
 #ifndef TG_MC
-#define TG_MC 240
+#define TG_MC 256 /* 256 rows (an MLP's batch, a 256-wide layer's weight gradient) in one block: bench/NOTES.md */
 #endif
 #ifndef TG_KC
 #define TG_KC 384 /* a multiple of 8 */
