@@ -90,11 +90,14 @@ ROW_STAGE_BYTES = 32 << 10
 """Rows up to this size forward a value through a private row array (stays in L1/L2), longer ones through the
 output buffer."""
 
-ROW_BLOCKS = (256, 128, 64, 32, 16)
-"""Output block widths of `reduce_into_output` (the largest dividing the last non-unit axis is used)."""
+ROW_BLOCK_MAX = 512
+"""Widest output block of `reduce_into_output`: its accumulators (doubles for a float sum, 4 KiB) stay in L1."""
+
+ROW_BLOCK_MIN = 8
+"""Narrowest output block of `reduce_into_output` short of the whole axis: one vector of floats."""
 
 ROW_ACCUMULATED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
-"""Dtypes a reduction may accumulate in its output buffer (float16/bfloat16 would lose precision)."""
+"""Dtypes `reduce_into_output` reduces (its final store of float16/bfloat16 would need their rounding)."""
 
 @dataclass
 class Scope:
@@ -315,8 +318,11 @@ class Lowering:
     def reduce_into_output(self, node: Node, out: str, block: int) -> None:
         """A reduction over leading rows: the output's last axis, in blocks, accumulates row after row.
 
-        out[..., j] = identity; for each reduced row r: out[..., j] = combine(out[..., j], x[r, ..., j]):
-        every load and store is contiguous along j, the innermost (vectorized) loop.
+        Each block of `block` columns (the grid's parallel axis: threads take blocks) has accumulators private to
+        its iteration: acc[j] = identity; for each reduced row r: acc[j] = combine(acc[j], x[r, ..., j]); then
+        out[..., j] = acc[j]. Every load and store is contiguous along j, the innermost (vectorized) loop. A float
+        sum accumulates in double, as the renderer's reductions do (`accumulator_type`): each column adds its rows
+        in order, so float32 would drift with their number (torch's cascade sum loses O(log rows) ulps).
         """
         (source,) = node.src
         dims = [d for d, size in enumerate(node.shape) if size > 1]
@@ -327,26 +333,34 @@ class Lowering:
             index[d], scope = self._open_loop(scope, "i", node.shape[d])
         blocks, block_scope = self._open_loop(scope, "blk", node.shape[last] // block)
         self._param(out, node, writes=True)
+        combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
+        acc_dtype = dtypes.float64 if combine is Op.ADD and node.dtype.is_floating_point else node.dtype
+        acc = self._fresh("acc")
+        block_scope.stmts.append(Local(acc, acc_dtype, block))
         start, init_scope = self._open_loop(block_scope, "t", block)
-        init_index = list(index)
-        init_index[last] = blocks * block + start
-        identity = Lit(0 if node.op is Op.REDUCE_SUM else -math.inf if node.dtype.is_floating_point
-                       else int(np.iinfo(node.dtype.storage).min), node.dtype)
-        init_scope.stmts.append(Store(out, ix.flatten(tuple(init_index), node.shape), identity))
+        identity = Lit(0 if combine is Op.ADD else -math.inf if node.dtype.is_floating_point
+                       else int(np.iinfo(node.dtype.storage).min), acc_dtype)
+        init_scope.stmts.append(Store(acc, start, identity))
         source_index = list(index)
         scope = block_scope
         for axis in node.arg:
             if source.shape[axis] > 1:
                 source_index[axis], scope = self._open_loop(scope, "r", source.shape[axis])
         position, inner_scope = self._open_loop(scope, "t", block)
-        out_index = list(index)
-        out_index[last] = source_index[last] = blocks * block + position
+        source_index[last] = blocks * block + position
         self._max_trips = max(self._max_trips, inner_scope.trips)
-        combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
-        offset = ix.flatten(tuple(out_index), node.shape)
-        total = self._let(node.dtype, combine, (self._load_at(out, node.dtype, offset),
-                                                 self.value(source, tuple(source_index))))
-        inner_scope.stmts.append(Store(out, offset, total))
+        value = self.value(source, tuple(source_index))
+        if acc_dtype is not node.dtype:
+            value = self._let(acc_dtype, Op.CAST, (value,))
+        total = self._let(acc_dtype, combine, (self._load_at(acc, acc_dtype, position), value))
+        inner_scope.stmts.append(Store(acc, position, total))
+        column, store_scope = self._open_loop(block_scope, "t", block)
+        out_index = list(index)
+        out_index[last] = blocks * block + column
+        result = self._load_at(acc, acc_dtype, column)
+        if acc_dtype is not node.dtype:
+            result = self._let(node.dtype, Op.CAST, (result,))
+        store_scope.stmts.append(Store(out, ix.flatten(tuple(out_index), node.shape), result))
 
     def forward_through_output(self, out: str, node: Node) -> None:
         """Compute an expensive value once when a reduction and the output loop both need it, row by row.
@@ -721,11 +735,16 @@ _SPECIAL: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
 
 
 def _row_block(reduction: Node) -> int | None:
-    """The block width `reduce_into_output` would use for `reduction` (None: it cannot)."""
-    columns = [size for size in reduction.shape if size > 1][-1:]  # the innermost output axis (a matmul's N)
-    if reduction.dtype not in ROW_ACCUMULATED:
+    """The block width `reduce_into_output` would use for `reduction` (None: it cannot): a divisor of the innermost
+    output axis (a matmul's N) of at least two vectors, from ROW_BLOCK_MIN to ROW_BLOCK_MAX.
+    Blocks are what threads share, so an even number of them first (700 x 1000's 2 blocks of 500, not 5 of 200:
+    2 threads would wait 3 blocks), then whole vectors of floats, then the widest (longer contiguous runs)."""
+    columns = [size for size in reduction.shape if size > 1][-1:]
+    if reduction.dtype not in ROW_ACCUMULATED or not columns or columns[0] < 2 * ROW_BLOCK_MIN:
         return None
-    return next((b for b in ROW_BLOCKS for size in columns if size % b == 0), None)
+    (size,) = columns
+    widths = [b for b in range(ROW_BLOCK_MIN, min(size, ROW_BLOCK_MAX) + 1) if size % b == 0]
+    return max(widths, key=lambda b: ((size // b) % 2 == 0, b % ROW_BLOCK_MIN == 0, b), default=None)
 
 
 SCANS = {"cumsum": Op.ADD, "cumprod": Op.MUL}
