@@ -247,10 +247,10 @@ class CompiledFunction:
                     if trace is None:
                         trace = self._new_trace(args, keywords)
                 except TGError as error:
-                    names = self.dynamic.argument_names(len(args), keywords) if self.dynamic else []
-                    note = self.dynamic.described(_tensor_shapes(args), names) if self.dynamic else None
-                    if note:  # the sizes the function could not take, by the names the user gave them
-                        error.add_note(note)
+                    if self.dynamic:  # the sizes the function could not take, by the names the user gave them
+                        names = self.dynamic.argument_names(len(args), keywords)
+                        if note := self.dynamic.described(_tensor_shapes(args), names):
+                            error.add_note(note)
                     raise
             trace.compile_seconds = time.perf_counter() - started
             candidates.append(trace)

@@ -14,7 +14,6 @@ A symbol the function cannot vary (its size is tied to a parameter's) stays fixe
 size outside its `Dim` range, or whose program is an instance of no template, compiles a program of its own: a
 guard that fails costs a compile, never a wrong result. A size the function cannot take at all raises its error
 at the call, with a note naming the call's dynamic sizes.
-a wrong result.
 """
 
 from __future__ import annotations

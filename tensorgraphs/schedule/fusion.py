@@ -84,7 +84,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.fft import FftLowering, runs_as_fft
 from tensorgraphs.schedule.host_call import HostCallLowering
-from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_loops
+from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_loops, scatters_one_per_row
 from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
@@ -184,7 +184,8 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
     leaf = lambda n: n.op is Op.BUFFER or given(n)  # noqa: E731
     primitive_roots, materialized = to_primitive(roots, leaf)
     primitive_roots, materialized = fold_channel_scales(primitive_roots, materialized, leaf)
-    scatters = {n for n in toposort(primitive_roots, stop=leaf) if n.op is Op.SCATTER_ADD}
+    scatters = {n for n in toposort(primitive_roots, stop=leaf)
+                if n.op is Op.SCATTER_ADD and not scatters_one_per_row(n)}
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots) | scatters,
                                                    leaf)
     order = toposort(primitive_roots, stop=leaf)

@@ -748,10 +748,32 @@ def _gather(low: Lowering, node: Node, index: Index) -> Operand:
     return low.value(source, tuple(source_index))
 
 
+def scatters_one_per_row(node: Node) -> bool:
+    """Whether SCATTER_ADD `node` adds at most one value to each row along its axis: an index of size 1 there and
+    of the output's size elsewhere (a gather's gradient picking one element per row, cross_entropy's one-hot). Such a
+    scatter is computed per element (`_scatter_one_per_row`), fused like an elementwise op, not materialized by a
+    serial kernel that fills the output and then adds into it."""
+    positions = node.src[1]
+    return all(p == (1 if d == node.arg else s) for d, (p, s) in enumerate(zip(positions.shape, node.shape)))
+
+
+def _scatter_one_per_row(low: Lowering, node: Node, index: Index) -> Operand:
+    """base + value where the row's index hits this element, base elsewhere: one compare and select per element
+    (vectorized), the index read and bounds-checked once per row (its let sits outside the axis's loop)."""
+    base, positions, values = node.src
+    axis, size = node.arg, node.shape[node.arg]
+    row = index[:axis] + (Const(0),) + index[axis + 1:]
+    position = low._let(dtypes.int64, "checked_index", (low.value(positions, row), Lit(size, dtypes.int64)))
+    missed = low._let(dtypes.bool_, Op.CMPNE, (position, IndexValue(index[axis], dtypes.int64)))
+    kept = low.value(base, index)
+    return low._let(node.dtype, Op.WHERE, (missed, kept, low._let(node.dtype, Op.ADD, (kept, low.value(values, row)))))
+
+
 _SPECIAL: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
     Op.CONST: lambda low, node, index: Lit(node.arg, node.dtype),
     Op.IOTA: lambda low, node, index: low._let(node.dtype, Op.CAST, (IndexValue(index[0], dtypes.int64),)),
     Op.GATHER: _gather,
+    Op.SCATTER_ADD: _scatter_one_per_row,
     Op.ASSIGN: lambda low, node, index: low.value(node.src[1], index),
     Op.COPY: lambda low, node, index: low.value(node.src[0], index),
 }
@@ -832,7 +854,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         concat_nests(low, node, out)
         low.recomputed |= {r for piece in node.src if (r := _reduction_over_rows(piece, buffers)) is not None}
         return low
-    if node.op is Op.SCATTER_ADD:
+    if node.op is Op.SCATTER_ADD and not scatters_one_per_row(node):
         low = Lowering(name, buffers)
         base, positions, values = node.src
         low.store_nest(node, out, node.shape, lambda index: (index, low.value(base, index)))
