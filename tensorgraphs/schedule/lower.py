@@ -30,6 +30,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.index import Const, Expr, Opaque, Var
 from tensorgraphs.codegen.loop_ir import (
+    PARALLEL_MIN_WORK,
     Accumulate,
     IndexValue,
     Kernel,
@@ -50,6 +51,7 @@ from tensorgraphs.codegen.loop_ir import (
 from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
+from tensorgraphs.schedule.options import program_threads
 
 Index = tuple[Expr, ...]
 
@@ -90,15 +92,22 @@ ROW_STAGE_BYTES = 32 << 10
 """Rows up to this size forward a value through a private row array (stays in L1/L2), longer ones through the
 output buffer."""
 
-ROW_BLOCK_MAX = 512
-"""Widest output block of `reduce_into_output`: its accumulators (doubles for a float sum, 4 KiB) stay in L1."""
+ROW_BLOCK_MAX = 1024
+"""Widest output block of `reduce_into_output`: its accumulators (a float sum's doubles and float chunk sums,
+12 KiB) stay in L1 beside the rows streaming through."""
 
 ROW_BLOCK_MIN = 8
 """Narrowest output block of `reduce_into_output` short of the whole axis: one vector of floats."""
 
 ROW_CHUNK = 8
-"""`reduce_into_output` sums a float column's rows in float this many at a time, each chunk then added in double:
-converting every element to double cost a third of the time of a cache-resident 1024 x 1024 sum."""
+"""`reduce_into_output` adds a float column's rows in float this many at a time, each chunk's sum then in double:
+converting every element to double cost a third of the time of a cache-resident 1024 x 1024 sum. Chunks of 16
+(half the double pass) put sums of a few hundred rows over an ulp from the exact sum."""
+
+ROW_CHUNK_MIN_ROWS = 256
+"""A float sum over fewer rows adds them to its double accumulators one by one: a chunk's float rounding, measured
+against a column sum of few rows, reached 2 ulps of it at 16 rows and stayed within one from about 200 rows on
+(never more than torch's float sum)."""
 
 ROW_ACCUMULATED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
 """Dtypes `reduce_into_output` reduces (its final store of float16/bfloat16 would need their rounding)."""
@@ -324,11 +333,14 @@ class Lowering:
 
         Each block of `block` columns (the grid's parallel axis: threads take blocks) has accumulators private to
         its iteration: acc[j] = identity; for each reduced row r: acc[j] = combine(acc[j], x[r, ..., j]); then
-        out[..., j] = acc[j]. Every load and store is contiguous along j, the innermost (vectorized) loop. A float
-        sum accumulates in double, as the renderer's reductions do (`accumulator_type`): each column adds its rows
-        in order, so float32 would drift with their number (torch's cascade sum loses O(log rows) ulps). Where the
-        innermost reduced axis divides into chunks of ROW_CHUNK rows, each chunk is summed in float first (part[j])
-        and added to acc[j] then: within an ulp of the exact sum still, at the cost of float adds.
+        out[..., j] = acc[j]. Every load and store is contiguous along j, the innermost (vectorized) loop, and rows
+        are read one after another by one loop (a sequential stream per input, which the prefetcher follows: a loop
+        per row position, such as a chunk's first row stored apart, cuts it into runs of a row). A float sum
+        accumulates in double, as the renderer's reductions do (`accumulator_type`): each column adds its rows in
+        order, so float32 would drift with their number (torch's cascade sum loses O(log rows) ulps). Its rows
+        come ROW_CHUNK at a time (where it sums at least ROW_CHUNK_MIN_ROWS), added in float to part[j], then part[j] to
+        acc[j] in double and part[j] zeroed in the same pass: within an ulp of the exact sum still. Rows past the
+        last whole chunk go to acc[j] one by one.
         """
         (source,) = node.src
         dims = [d for d, size in enumerate(node.shape) if size > 1]
@@ -339,6 +351,7 @@ class Lowering:
             index[d], scope = self._open_loop(scope, "i", node.shape[d])
         blocks, block_scope = self._open_loop(scope, "blk", node.shape[last] // block)
         self._param(out, node, writes=True)
+        self._max_trips = max(self._max_trips, source.size)  # every element is read once: the threads' work
         combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
         acc_dtype = dtypes.float64 if combine is Op.ADD and node.dtype.is_floating_point else node.dtype
         acc = self._fresh("acc")
@@ -349,34 +362,40 @@ class Lowering:
         init_scope.stmts.append(Store(acc, start, identity))
         source_index = list(index)
         scope = block_scope
-        reduced = [axis for axis in node.arg if source.shape[axis] > 1]
-        rows = source.shape[reduced[-1]] if reduced else 0
-        chunked = acc_dtype is not node.dtype and rows % ROW_CHUNK == 0 and rows > ROW_CHUNK
-        for axis in reduced:
-            extent = rows // ROW_CHUNK if chunked and axis == reduced[-1] else source.shape[axis]
-            source_index[axis], scope = self._open_loop(scope, "r", extent)
-        target, target_dtype, chunk_scope = acc, acc_dtype, scope
-        if chunked:  # rows r = chunk * ROW_CHUNK + k: each chunk's rows summed in float, then added in double
-            chunks = source_index[reduced[-1]]
-            target, target_dtype = self._fresh("part"), node.dtype
-            chunk_scope.stmts.append(Local(target, node.dtype, block))
-            start, init_scope = self._open_loop(chunk_scope, "t", block)
-            init_scope.stmts.append(Store(target, start, Lit(0, node.dtype)))
-            row, scope = self._open_loop(chunk_scope, "r", ROW_CHUNK)
-            source_index[reduced[-1]] = chunks * ROW_CHUNK + row
-        position, inner_scope = self._open_loop(scope, "t", block)
-        source_index[last] = blocks * block + position
-        self._max_trips = max(self._max_trips, inner_scope.trips)
-        value = self.value(source, tuple(source_index))
-        if target_dtype is not node.dtype:
-            value = self._let(acc_dtype, Op.CAST, (value,))
-        total = self._let(target_dtype, combine, (self._load_at(target, target_dtype, position), value))
-        inner_scope.stmts.append(Store(target, position, total))
-        if target is not acc:
+        *outer, inner = [axis for axis in node.arg if source.shape[axis] > 1] or node.arg
+        for axis in outer:
+            source_index[axis], scope = self._open_loop(scope, "r", source.shape[axis])
+
+        def row(scope: Scope, at_row: Expr) -> tuple[Var, Scope, Operand]:
+            """A loop over the block's columns j in `scope`, and the source's value at (row `at_row`, j) in it."""
+            position, body = self._open_loop(scope, "t", block)
+            at = list(source_index)
+            at[last], at[inner] = blocks * block + position, at_row
+            return position, body, self.value(source, tuple(at))
+
+        def update(buffer: str, dtype: dtypes.DType, position: Var, body: Scope, value: Operand) -> None:
+            """buffer[j] = combine(buffer[j], value) in `dtype`."""
+            if value.dtype is not dtype:
+                value = self._let(dtype, Op.CAST, (value,))
+            total = self._let(dtype, combine, (self._load_at(buffer, dtype, position), value))
+            body.stmts.append(Store(buffer, position, total))
+
+        rows = source.shape[inner]
+        summed = source.size // max(node.size, 1)  # rows per column, over every reduced axis
+        chunked = rows // ROW_CHUNK if acc_dtype is not node.dtype and summed >= ROW_CHUNK_MIN_ROWS else 0
+        if chunked:  # part[j] += each row of a chunk (one loop: one stream), then acc[j] += part[j]; part[j] = 0
+            part = self._fresh("part")
+            block_scope.stmts.append(Local(part, node.dtype, block))
+            init_scope.stmts.append(Store(part, start, Lit(0, node.dtype)))
+            chunks, chunk_scope = self._open_loop(scope, "r", chunked)
+            within, row_scope = self._open_loop(chunk_scope, "r", ROW_CHUNK)
+            update(part, node.dtype, *row(row_scope, chunks * ROW_CHUNK + within))
             flush, flush_scope = self._open_loop(chunk_scope, "t", block)
-            part = self._let(acc_dtype, Op.CAST, (self._load_at(target, node.dtype, flush),))
-            flush_scope.stmts.append(Store(acc, flush, self._let(acc_dtype, combine,
-                                                                 (self._load_at(acc, acc_dtype, flush), part))))
+            update(acc, acc_dtype, flush, flush_scope, self._load_at(part, node.dtype, flush))
+            flush_scope.stmts.append(Store(part, flush, Lit(0, node.dtype)))
+        if rows > chunked * ROW_CHUNK:
+            rest, rest_scope = self._open_loop(scope, "r", rows - chunked * ROW_CHUNK)
+            update(acc, acc_dtype, *row(rest_scope, rest + chunked * ROW_CHUNK))
         column, store_scope = self._open_loop(block_scope, "t", block)
         out_index = list(index)
         out_index[last] = blocks * block + column
@@ -782,14 +801,18 @@ _SPECIAL: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
 def _row_block(reduction: Node) -> int | None:
     """The block width `reduce_into_output` would use for `reduction` (None: it cannot): a divisor of the innermost
     output axis (a matmul's N) of at least two vectors, from ROW_BLOCK_MIN to ROW_BLOCK_MAX.
-    Blocks are what threads share, so an even number of them first (700 x 1000's 2 blocks of 500, not 5 of 200:
-    2 threads would wait 3 blocks), then whole vectors of floats, then the widest (longer contiguous runs)."""
+    Blocks are what threads share, so first a number of blocks the threads it runs on divide (on 2 threads
+    700 x 1000's 2 blocks of 500, not 5 of 200 where one thread would wait for another's third block; one thread
+    where its work is below PARALLEL_MIN_WORK), then the widest: a thread reads the rows of its block one after
+    another, and the longer their contiguous runs the better the prefetcher follows them (on one thread 1 block of
+    1024 columns took 0.6x the time of 2 of 512, 256 columns in 2 blocks 2x that of 1: bench/NOTES.md)."""
     columns = [size for size in reduction.shape if size > 1][-1:]
     if reduction.dtype not in ROW_ACCUMULATED or not columns or columns[0] < 2 * ROW_BLOCK_MIN:
         return None
     (size,) = columns
+    threads = program_threads() if reduction.src[0].size >= PARALLEL_MIN_WORK else 1
     widths = [b for b in range(ROW_BLOCK_MIN, min(size, ROW_BLOCK_MAX) + 1) if size % b == 0]
-    return max(widths, key=lambda b: ((size // b) % 2 == 0, b % ROW_BLOCK_MIN == 0, b), default=None)
+    return max(widths, key=lambda b: ((size // b) % threads == 0, b), default=None)
 
 
 SCANS = {"cumsum": Op.ADD, "cumprod": Op.MUL}
