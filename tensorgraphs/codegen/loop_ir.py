@@ -117,6 +117,10 @@ class ParallelAxis:
         return text if self.nested == 1 else f"{text} x{self.nested}"
 
 
+PARALLEL_MIN_WORK = 1 << 16
+"""Below this much `ParallelAxis.work` the cpu target runs a kernel on one thread (OpenMP start-up costs more)."""
+
+
 @dataclass
 class Loop:
     """for var in range(var.extent): body. `parallel`: the grid axis its iterations are split over (None: in

@@ -30,6 +30,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.index import Const, Expr, Opaque, Var
 from tensorgraphs.codegen.loop_ir import (
+    PARALLEL_MIN_WORK,
     Accumulate,
     IndexValue,
     Kernel,
@@ -50,6 +51,7 @@ from tensorgraphs.codegen.loop_ir import (
 from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
+from tensorgraphs.schedule.options import program_threads
 
 Index = tuple[Expr, ...]
 
@@ -90,11 +92,25 @@ ROW_STAGE_BYTES = 32 << 10
 """Rows up to this size forward a value through a private row array (stays in L1/L2), longer ones through the
 output buffer."""
 
-ROW_BLOCKS = (256, 128, 64, 32, 16)
-"""Output block widths of `reduce_into_output` (the largest dividing the last non-unit axis is used)."""
+ROW_BLOCK_MAX = 1024
+"""Widest output block of `reduce_into_output`: its accumulators (a float sum's doubles and float chunk sums,
+12 KiB) stay in L1 beside the rows streaming through."""
+
+ROW_BLOCK_MIN = 8
+"""Narrowest output block of `reduce_into_output` short of the whole axis: one vector of floats."""
+
+ROW_CHUNK = 8
+"""`reduce_into_output` adds a float column's rows in float this many at a time, each chunk's sum then in double:
+converting every element to double cost a third of the time of a cache-resident 1024 x 1024 sum. Chunks of 16
+(half the double pass) put sums of a few hundred rows over an ulp from the exact sum."""
+
+ROW_CHUNK_MIN_ROWS = 256
+"""A float sum over fewer rows adds them to its double accumulators one by one: a chunk's float rounding, measured
+against a column sum of few rows, reached 2 ulps of it at 16 rows and stayed within one from about 200 rows on
+(never more than torch's float sum)."""
 
 ROW_ACCUMULATED = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
-"""Dtypes a reduction may accumulate in its output buffer (float16/bfloat16 would lose precision)."""
+"""Dtypes `reduce_into_output` reduces (its final store of float16/bfloat16 would need their rounding)."""
 
 @dataclass
 class Scope:
@@ -315,8 +331,16 @@ class Lowering:
     def reduce_into_output(self, node: Node, out: str, block: int) -> None:
         """A reduction over leading rows: the output's last axis, in blocks, accumulates row after row.
 
-        out[..., j] = identity; for each reduced row r: out[..., j] = combine(out[..., j], x[r, ..., j]):
-        every load and store is contiguous along j, the innermost (vectorized) loop.
+        Each block of `block` columns (the grid's parallel axis: threads take blocks) has accumulators private to
+        its iteration: acc[j] = identity; for each reduced row r: acc[j] = combine(acc[j], x[r, ..., j]); then
+        out[..., j] = acc[j]. Every load and store is contiguous along j, the innermost (vectorized) loop, and rows
+        are read one after another by one loop (a sequential stream per input, which the prefetcher follows: a loop
+        per row position, such as a chunk's first row stored apart, cuts it into runs of a row). A float sum
+        accumulates in double, as the renderer's reductions do (`accumulator_type`): each column adds its rows in
+        order, so float32 would drift with their number (torch's cascade sum loses O(log rows) ulps). Its rows
+        come ROW_CHUNK at a time (where it sums at least ROW_CHUNK_MIN_ROWS), added in float to part[j], then part[j] to
+        acc[j] in double and part[j] zeroed in the same pass: within an ulp of the exact sum still. Rows past the
+        last whole chunk go to acc[j] one by one.
         """
         (source,) = node.src
         dims = [d for d, size in enumerate(node.shape) if size > 1]
@@ -327,26 +351,58 @@ class Lowering:
             index[d], scope = self._open_loop(scope, "i", node.shape[d])
         blocks, block_scope = self._open_loop(scope, "blk", node.shape[last] // block)
         self._param(out, node, writes=True)
+        self._max_trips = max(self._max_trips, source.size)  # every element is read once: the threads' work
+        combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
+        acc_dtype = dtypes.float64 if combine is Op.ADD and node.dtype.is_floating_point else node.dtype
+        acc = self._fresh("acc")
+        block_scope.stmts.append(Local(acc, acc_dtype, block))
         start, init_scope = self._open_loop(block_scope, "t", block)
-        init_index = list(index)
-        init_index[last] = blocks * block + start
-        identity = Lit(0 if node.op is Op.REDUCE_SUM else -math.inf if node.dtype.is_floating_point
-                       else int(np.iinfo(node.dtype.storage).min), node.dtype)
-        init_scope.stmts.append(Store(out, ix.flatten(tuple(init_index), node.shape), identity))
+        identity = Lit(0 if combine is Op.ADD else -math.inf if node.dtype.is_floating_point
+                       else int(np.iinfo(node.dtype.storage).min), acc_dtype)
+        init_scope.stmts.append(Store(acc, start, identity))
         source_index = list(index)
         scope = block_scope
-        for axis in node.arg:
-            if source.shape[axis] > 1:
-                source_index[axis], scope = self._open_loop(scope, "r", source.shape[axis])
-        position, inner_scope = self._open_loop(scope, "t", block)
+        *outer, inner = [axis for axis in node.arg if source.shape[axis] > 1] or node.arg
+        for axis in outer:
+            source_index[axis], scope = self._open_loop(scope, "r", source.shape[axis])
+
+        def row(scope: Scope, at_row: Expr) -> tuple[Var, Scope, Operand]:
+            """A loop over the block's columns j in `scope`, and the source's value at (row `at_row`, j) in it."""
+            position, body = self._open_loop(scope, "t", block)
+            at = list(source_index)
+            at[last], at[inner] = blocks * block + position, at_row
+            return position, body, self.value(source, tuple(at))
+
+        def update(buffer: str, dtype: dtypes.DType, position: Var, body: Scope, value: Operand) -> None:
+            """buffer[j] = combine(buffer[j], value) in `dtype`."""
+            if value.dtype is not dtype:
+                value = self._let(dtype, Op.CAST, (value,))
+            total = self._let(dtype, combine, (self._load_at(buffer, dtype, position), value))
+            body.stmts.append(Store(buffer, position, total))
+
+        rows = source.shape[inner]
+        summed = source.size // max(node.size, 1)  # rows per column, over every reduced axis
+        chunked = rows // ROW_CHUNK if acc_dtype is not node.dtype and summed >= ROW_CHUNK_MIN_ROWS else 0
+        if chunked:  # part[j] += each row of a chunk (one loop: one stream), then acc[j] += part[j]; part[j] = 0
+            part = self._fresh("part")
+            block_scope.stmts.append(Local(part, node.dtype, block))
+            init_scope.stmts.append(Store(part, start, Lit(0, node.dtype)))
+            chunks, chunk_scope = self._open_loop(scope, "r", chunked)
+            within, row_scope = self._open_loop(chunk_scope, "r", ROW_CHUNK)
+            update(part, node.dtype, *row(row_scope, chunks * ROW_CHUNK + within))
+            flush, flush_scope = self._open_loop(chunk_scope, "t", block)
+            update(acc, acc_dtype, flush, flush_scope, self._load_at(part, node.dtype, flush))
+            flush_scope.stmts.append(Store(part, flush, Lit(0, node.dtype)))
+        if rows > chunked * ROW_CHUNK:
+            rest, rest_scope = self._open_loop(scope, "r", rows - chunked * ROW_CHUNK)
+            update(acc, acc_dtype, *row(rest_scope, rest + chunked * ROW_CHUNK))
+        column, store_scope = self._open_loop(block_scope, "t", block)
         out_index = list(index)
-        out_index[last] = source_index[last] = blocks * block + position
-        self._max_trips = max(self._max_trips, inner_scope.trips)
-        combine = Op.ADD if node.op is Op.REDUCE_SUM else Op.MAX
-        offset = ix.flatten(tuple(out_index), node.shape)
-        total = self._let(node.dtype, combine, (self._load_at(out, node.dtype, offset),
-                                                 self.value(source, tuple(source_index))))
-        inner_scope.stmts.append(Store(out, offset, total))
+        out_index[last] = blocks * block + column
+        result = self._load_at(acc, acc_dtype, column)
+        if acc_dtype is not node.dtype:
+            result = self._let(node.dtype, Op.CAST, (result,))
+        store_scope.stmts.append(Store(out, ix.flatten(tuple(out_index), node.shape), result))
 
     def forward_through_output(self, out: str, node: Node) -> None:
         """Compute an expensive value once when a reduction and the output loop both need it, row by row.
@@ -744,11 +800,20 @@ _SPECIAL: dict[Op, Callable[[Lowering, Node, Index], Operand]] = {
 
 
 def _row_block(reduction: Node) -> int | None:
-    """The block width `reduce_into_output` would use for `reduction` (None: it cannot)."""
-    columns = [size for size in reduction.shape if size > 1][-1:]  # the innermost output axis (a matmul's N)
-    if reduction.dtype not in ROW_ACCUMULATED:
+    """The block width `reduce_into_output` would use for `reduction` (None: it cannot): a divisor of the innermost
+    output axis (a matmul's N) of at least two vectors, from ROW_BLOCK_MIN to ROW_BLOCK_MAX.
+    Blocks are what threads share, so first a number of blocks the threads it runs on divide (on 2 threads
+    700 x 1000's 2 blocks of 500, not 5 of 200 where one thread would wait for another's third block; one thread
+    where its work is below PARALLEL_MIN_WORK), then the widest: a thread reads the rows of its block one after
+    another, and the longer their contiguous runs the better the prefetcher follows them (on one thread 1 block of
+    1024 columns took 0.6x the time of 2 of 512, 256 columns in 2 blocks 2x that of 1: bench/NOTES.md)."""
+    columns = [size for size in reduction.shape if size > 1][-1:]
+    if reduction.dtype not in ROW_ACCUMULATED or not columns or columns[0] < 2 * ROW_BLOCK_MIN:
         return None
-    return next((b for b in ROW_BLOCKS for size in columns if size % b == 0), None)
+    (size,) = columns
+    threads = program_threads() if reduction.src[0].size >= PARALLEL_MIN_WORK else 1
+    widths = [b for b in range(ROW_BLOCK_MIN, min(size, ROW_BLOCK_MAX) + 1) if size % b == 0]
+    return max(widths, key=lambda b: ((size // b) % threads == 0, b), default=None)
 
 
 SCANS = {"cumsum": Op.ADD, "cumprod": Op.MUL}

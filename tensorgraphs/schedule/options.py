@@ -80,6 +80,13 @@ def option_space(kernel: Kernel) -> dict[str, tuple[int, ...]]:
     return space
 
 
+def program_threads() -> int:
+    """The threads a parallel loop of a compiled program runs on: OpenMP's team, OMP_NUM_THREADS (its outermost
+    level) where set, else the cores this process may run on."""
+    setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(setting) if setting.isdigit() and int(setting) > 0 else _cores()
+
+
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

@@ -106,6 +106,7 @@ STREAMING_CASES = {  # (function, input shape, dtype): outputs written once, row
     "elementwise": (lambda t: t * 3 + 1, (1001,), np.float64),
     "half precision": (lambda t: (t * 3).exp(), (7, 203), np.float16),
     "bytes": (lambda t: (t * 3).to(tg.int8), (5, 300), np.float32),
+    "column sums": (lambda t: t.sum(0), (40, 1000), np.float32),  # each thread's block of 500 columns
 }
 
 
@@ -141,8 +142,8 @@ def test_streaming_stores_give_the_same_results_at_every_output_alignment(case, 
 def test_outputs_read_back_or_small_are_not_streamed(monkeypatch) -> None:
     x = tg.tensor(np.ones((64, 512), np.float32))
     monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", 0)
-    (column_sums,) = schedule_kernels([x.sum(0).node]).kernels  # accumulates in its output: reads it back
-    assert not cpu_renderer.streamed_buffers(column_sums)
+    (running_sums,) = schedule_kernels([x.cumsum(1).node]).kernels  # each sum reads the one before it back
+    assert not cpu_renderer.streamed_buffers(running_sums)
     monkeypatch.setattr(cpu_renderer, "STREAM_MIN_BYTES", 64 * 512 * 4 + 1)
     (copy,) = schedule_kernels([(x * 2).node]).kernels
     assert not cpu_renderer.streamed_buffers(copy)  # smaller than the cache: the next kernel may find it there

@@ -20,6 +20,7 @@ from tensorgraphs import dtypes
 from tensorgraphs.codegen import index as ix
 from tensorgraphs.codegen.c_renderer import C_PREAMBLE, STORAGE, CStyleRenderer, literal, render_index
 from tensorgraphs.codegen.loop_ir import (
+    PARALLEL_MIN_WORK,
     AttentionCall,
     ConvCall,
     FftCall,
@@ -59,9 +60,6 @@ def _last_level_cache_bytes() -> int:
 STREAM_MIN_BYTES = _last_level_cache_bytes()
 """Outputs at least this large are written with streaming stores: no later kernel would find them in a cache, so
 reading each line before overwriting it (read-for-ownership), and evicting useful data for it, only cost time."""
-
-PARALLEL_MIN_WORK = 1 << 16
-"""Below this many innermost iterations a kernel runs on one thread (OpenMP start-up costs more)."""
 
 STREAM_MAX_RUN_BYTES = 1024
 """Only short contiguous runs of stores are streamed (a transposing tile's rows): the core already hides the
