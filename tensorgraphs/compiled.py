@@ -551,6 +551,8 @@ class _CurrentValue:
     """Reads the tensor's value as it is at the call (the trace read `node` from it). A buffer node checked at one
     call is known at the next (held weakly: holding its array would make in-place updates copy it)."""
 
+    __slots__ = ("source", "node", "checked")
+
     def __init__(self, source: tracing.Captured, node: Node) -> None:
         self.source, self.node = source, node
         self.checked: weakref.ref | None = None
@@ -566,9 +568,9 @@ class _CurrentValue:
         return node.arg.data if node is tensor._node else None
 
     def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
-        tensor = self.source.current()
+        tensor, checked = self.source.current(), self.checked
         now = None if tensor is None else tensor.node
-        if self.checked is not None and self.checked() is now:
+        if checked is not None and checked() is now:
             return now.arg.data
         node = self.node
         if tensor is None or tensor.shape != node.shape or tensor.dtype is not node.dtype:
