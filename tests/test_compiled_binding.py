@@ -136,6 +136,24 @@ def test_a_numpy_argument_changed_in_place_between_calls_is_read_again() -> None
     np.testing.assert_allclose(forward(x).numpy(), x @ weight.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_program_converts_only_the_inputs_it_was_not_given_as_they_were_last_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = tg.tensor(data(4, 4, seed=10))
+    forward = tg.compile(lambda x: x @ weight)
+    x = data(4, 3, seed=11)
+    view = x.T  # the same object at every call
+    program = forward.traced(view).program
+    converted: list[int] = []
+    to_device = program.runtime.to_device
+    monkeypatch.setattr(program.runtime, "to_device",
+                        lambda array, dtype: converted.append(1) or to_device(array, dtype))
+    for _ in range(3):
+        converted.clear()
+        np.testing.assert_allclose(forward(view).numpy(), x.T @ weight.numpy(), rtol=1e-5, atol=1e-5)
+        x *= 2  # in place, behind a transposed view: copied to a contiguous array at every call
+    assert converted == [1]  # the view; the weight's array is passed as it was at the call before
+
+
 def test_giving_a_tensor_another_node_counts_as_a_replacement() -> None:
     tensor = tg.tensor(data(2))
     before = tracing.values_replaced
