@@ -122,8 +122,9 @@ def test_a_weight_made_a_view_of_flat_optimizer_storage_is_read_through_its_base
         optimizer.step()
     with tg.no_grad():
         got = evaluate(tg.tensor(x)).numpy()
-    np.testing.assert_allclose(got, x @ model.weight.detach().numpy().T + model.bias.detach().numpy(), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        got, x @ model.weight.detach().numpy().T + model.bias.detach().numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_a_numpy_argument_changed_in_place_between_calls_is_read_again() -> None:
@@ -137,7 +138,8 @@ def test_a_numpy_argument_changed_in_place_between_calls_is_read_again() -> None
 
 
 def test_a_program_converts_only_the_inputs_it_was_not_given_as_they_were_last_time(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     weight = tg.tensor(data(4, 4, seed=10))
     forward = tg.compile(lambda x: x @ weight)
     x = data(4, 3, seed=11)
@@ -145,8 +147,9 @@ def test_a_program_converts_only_the_inputs_it_was_not_given_as_they_were_last_t
     program = forward.traced(view).program
     converted: list[int] = []
     to_device = program.runtime.to_device
-    monkeypatch.setattr(program.runtime, "to_device",
-                        lambda array, dtype: converted.append(1) or to_device(array, dtype))
+    monkeypatch.setattr(
+        program.runtime, "to_device", lambda array, dtype: converted.append(1) or to_device(array, dtype)
+    )
     for _ in range(3):
         converted.clear()
         np.testing.assert_allclose(forward(view).numpy(), x.T @ weight.numpy(), rtol=1e-5, atol=1e-5)
