@@ -96,6 +96,25 @@ class _Trace:
     sources: dict[int, tracing.Captured] = field(default_factory=dict)  # input -> the tensor read (for tg.export)
     autocast: AutocastState = AutocastState()  # the autocast region traced in (it decides which ops cast)
     backend: NativeBackend = CPU  # what the program was compiled for
+    # `tracing.values_replaced` after the last call's reads, and then (from the second call at that count on) a
+    # weak reference to each array a `_CurrentValue` read again, None where the input is read at every call
+    last_read: tuple[int, list[weakref.ref | None] | None] | None = None
+
+    def read_inputs(self, values: list[Any]) -> list[Any]:
+        """The arrays the program reads for a call with these argument values, in order (no live inputs). While no
+        tensor has been given another node since the last call, every tensor it reads holds the array it held then:
+        those are bound again from weak references, without touching the tensors (a model reads hundreds)."""
+        last, replaced = self.last_read, tracing.values_replaced
+        if last is not None and last[0] == replaced and last[1] is not None and not tracing.traces_recording:
+            inputs = [read(values) if ref is None else ref() for read, ref in zip(self.readers, last[1])]
+            if not any(array is None for array in inputs):
+                return inputs
+        inputs = [read(values) for read in self.readers]
+        again = last is not None and last[0] == tracing.values_replaced  # a second call with nothing replaced
+        self.last_read = tracing.values_replaced, [
+            weakref.ref(array) if isinstance(read, _CurrentValue) and read.array is array else None
+            for read, array in zip(self.readers, inputs)] if again else None
+        return inputs
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
@@ -193,6 +212,8 @@ class CompiledFunction:
         """The trace for the call and the arrays its program reads, in order."""
         trace = self._trace_for(args, kwargs)
         values = _argument_values((*args, *kwargs.values()))
+        if not trace.live_order:
+            return trace, trace.read_inputs(values)
         live = set(trace.live_order)
         inputs: list[Any] = [None if i in live else read(values) for i, read in enumerate(trace.readers)]
         for i in trace.live_order:  # random keys drawn in eager code's order
@@ -387,9 +408,9 @@ class CompiledFunction:
                 state.input_index = index
                 sources[index] = _source(state)
                 in_place = state.output_index in program.updated_in_place
-                readers.append(_overwritable_value(state) if in_place else _current_value(_source(state), node))
+                readers.append(_overwritable_value(state) if in_place else _CurrentValue(_source(state), node))
             elif node in captured:
-                readers.append(_current_value(captured[node], node))
+                readers.append(_CurrentValue(captured[node], node))
                 sources[index] = captured[node]
             elif node in known and node.op is not Op.BUFFER:
                 readers.append(_fixed(known[node]))
@@ -526,26 +547,40 @@ class _NumberArgument:
         return np.asarray(values[self.position], self.dtype.storage)
 
 
-def _current_value(source: tracing.Captured, node: Node) -> Reader:
+class _CurrentValue:
     """Reads the tensor's value as it is at the call (the trace read `node` from it). A buffer node checked at one
     call is known at the next (held weakly: holding its array would make in-place updates copy it)."""
-    checked: list[weakref.ref | None] = [None]
 
-    def read(arrays: list[np.ndarray]) -> np.ndarray:
-        tensor = source.current()
+    __slots__ = ("source", "node", "checked")
+
+    def __init__(self, source: tracing.Captured, node: Node) -> None:
+        self.source, self.node = source, node
+        self.checked: weakref.ref | None = None
+
+    @property
+    def array(self) -> np.ndarray | None:
+        """The array the last call read, when the tensor still holds it as a buffer of its own (not a view's, not
+        a gradient's): what a later call reads while no tensor is given another node (`_Trace.read_inputs`)."""
+        tensor, checked = self.source.tensor, self.checked
+        if self.source.grad_of is not None or tensor is None or tensor._base is not None or checked is None:
+            return None
+        node = checked()
+        return node.arg.data if node is tensor._node else None
+
+    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+        tensor, checked = self.source.current(), self.checked
         now = None if tensor is None else tensor.node
-        if checked[0] is not None and checked[0]() is now:
+        if checked is not None and checked() is now:
             return now.arg.data
+        node = self.node
         if tensor is None or tensor.shape != node.shape or tensor.dtype is not node.dtype:
             now = "no gradient" if tensor is None else f"{tensor.dtype.name}{list(tensor.shape)}"
             fail("compile", f"a tensor the compiled function reads was {node.dtype.name}{list(node.shape)} when "
                  f"traced and is {now} now; compile the function again (tg.compile) for the new tensor",
                  kind=ArgumentError)
         if now.op is Op.BUFFER:
-            checked[0] = weakref.ref(now)
+            self.checked = weakref.ref(now)
         return _stored_value(tensor)
-
-    return read
 
 
 def _overwritable_value(state: _State) -> Reader:

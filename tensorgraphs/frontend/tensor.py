@@ -71,6 +71,7 @@ class Tensor:
         """Replace the value wholesale: a view stops being one (writes into a view go through `inplace_ops.write`)."""
         self._node = node
         self._base = None
+        tracing.note_value_replaced()
 
     @property
     def grad(self) -> Tensor | None:

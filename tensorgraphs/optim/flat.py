@@ -53,6 +53,7 @@ def _become_view(tensor: Tensor, base: Tensor, steps: tuple) -> Tensor:
     object, so whoever holds it (a state_dict taken before) goes on seeing the optimizer's updates."""
     node = base.node
     tensor._node, tensor._base, tensor._steps, tensor._seen = replay(steps, node), base, steps, node
+    tracing.note_value_replaced()
     return tensor
 
 

@@ -28,6 +28,15 @@ _state = threading.local()
 traces_recording = 0
 """How many traces are being recorded, on any thread: a cheap test before `active()` on hot paths."""
 _recording_lock = threading.Lock()
+values_replaced = 0
+"""Counts the times an existing tensor was given another node (`Tensor.node` set, a tensor made a view): while it
+stands still, every tensor holds the node it held, so a compiled call binds the arrays it read last time again
+(`compiled._Trace.read_inputs`) instead of reading each tensor."""
+
+
+def note_value_replaced() -> None:
+    global values_replaced
+    values_replaced += 1
 
 
 def placeholder(node: Node) -> Node:
