@@ -12,7 +12,8 @@ its inputs anonymous, so identical layers are planned once), the candidate with 
 
 Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at most `MEASURE_LIMIT`
 signatures per process), so compiling stays fast by default: a measurement compiles the composite alone with
-the candidate forced (`forced`) and times the program, so it measures exactly what would run. A candidate's
+each candidate forced (`forced`) and times the programs interleaved, so it measures exactly what would run, under
+the same load. A candidate's
 `applies` must depend on the node's signature only (dtypes, shapes, parameters): choices are cached by it.
 A candidate also names the target features it `needs` (a call of a native kernel library); a program built for a
 target without them (`targeting`: the portable C device) runs the decomposition.
@@ -36,7 +37,7 @@ from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node
 from tensorgraphs.kerneldb import KernelDB, default_db, device_fingerprint
 from tensorgraphs.plan.cost import NOMINAL_PEAKS, CostModel, Estimate
-from tensorgraphs.plan.measure import kernel_clock, random_array, time_samples
+from tensorgraphs.plan.measure import kernel_clock, random_array, time_interleaved
 from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
 
 DECOMPOSE = "decompose"
@@ -306,21 +307,20 @@ class CompiledPlanner:
                 if self.cost_model.measured(kernel_id(sig, c.name), code_hash(), sig) is None]
 
     def measure(self, node: Node, budget: float = 0.05) -> int:
-        """Time each unmeasured candidate of `node` as a program of its own and store the rows; how many."""
+        """Time the unmeasured candidates of `node`, each as a program of its own, and store the rows; how many."""
         sig = signature_of(node)
         self.measured_signatures += 1
-        done = 0
-        for candidate in self.unmeasured(node):
-            samples = time_candidate(sig, candidate.name, budget)
+        pending = self.unmeasured(node)
+        for candidate, samples in zip(pending, time_candidates(sig, [c.name for c in pending], budget)):
             self.cost_model.db.record(self.cost_model.fingerprint, kernel_id(sig, candidate.name), code_hash(),
                                       sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, samples)
-            done += 1
-        return done
+        return len(pending)
 
 
-def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
-    """Seconds per run of a program computing `sig` alone, its composite run by `candidate` (by the timed builds'
-    clock, as the kernel search measures)."""
+def time_candidates(sig: Signature, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
+    """Seconds per run of a program computing `sig` alone, per candidate running its composite: the programs timed
+    interleaved (`measure.time_interleaved`: drifting load weighs on all alike), about `budget` seconds each, by the
+    timed builds' clock (as the kernel search measures)."""
     from tensorgraphs.backends.cpu import CPU_TARGET
     from tensorgraphs.backends.native import Program
     from tensorgraphs.schedule.fusion import schedule_kernels
@@ -329,10 +329,13 @@ def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list
     inputs = list(node.src)
     rng = np.random.default_rng(0)
     arrays = [random_array(spec, rng) for spec in sig.inputs]
-    with forced({sig: candidate}):
-        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET)
+    programs = []
+    for candidate in candidates:
+        with forced({sig: candidate}):
+            programs.append(Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET))
     with np.errstate(all="ignore"):
-        return time_samples(lambda: program.run(arrays), budget=budget, clock=kernel_clock())
+        return time_interleaved([functools.partial(program.run, arrays) for program in programs],
+                                budget * len(programs), min_runs=5, clock=kernel_clock())
 
 
 _PLANNERS: dict[int, CompiledPlanner] = {}

@@ -54,13 +54,13 @@ def _matmul(a: tuple[int, int], b: tuple[int, int]) -> Signature:
 def timed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Signature, str]]:
     """Every candidate the planner times, in order."""
     calls: list[tuple[Signature, str]] = []
-    original = choices.time_candidate
+    original = choices.time_candidates
 
-    def counting(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
-        calls.append((sig, candidate))
-        return original(sig, candidate, budget)
+    def counting(sig: Signature, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
+        calls.extend((sig, candidate) for candidate in candidates)
+        return original(sig, candidates, budget)
 
-    monkeypatch.setattr(choices, "time_candidate", counting)
+    monkeypatch.setattr(choices, "time_candidates", counting)
     return calls
 
 
