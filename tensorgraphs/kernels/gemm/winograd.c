@@ -10,8 +10,8 @@
  * time from G g (twice their size), just before the batch of 6 GEMMs that reads it, while it is still cached.
  * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding; on AVX2
  * plain loads along tile rows where they are long) or 16 output channels (weights; output, whose tiles are then transposed in registers and stored row by row).
- * T, U, V and M live in scratch allocated per call and freed (29 MB for ResNet-18's layer1 at batch 8; glibc keeps a
- * block of a size it saw freed on its heap, up to 32 MB, so repeated calls fault no new pages). */
+ * T, U, V and M live in scratch the calling thread keeps for its next call (29 MB for ResNet-18's layer1 at batch 8:
+ * `scratch_floats`). */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -292,6 +292,21 @@ static void transform_output(const geometry *g, const float *m, const float *bia
         }
 }
 
+/* `count` floats of scratch for T, U, V and M, kept by the calling thread for its next call (grown when too small):
+ * freed after each call, glibc handed the next call's block fresh pages (faulted in again: 29 MB for ResNet-18's
+ * layer1 at batch 8) whenever other allocations had taken the freed one, which made calls interleaved with other
+ * programs 2.5x slower (bench/NOTES.md). */
+static float *scratch_floats(size_t count) {
+    static __thread float *kept;
+    static __thread size_t capacity;
+    if (count > capacity) {
+        free(kept);
+        kept = aligned_alloc(64, (count * sizeof(float) + 63) & ~(size_t)63);
+        capacity = kept ? count : 0;
+    }
+    return kept;
+}
+
 int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
@@ -305,13 +320,11 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     /* T (twice the weights), U for one row of points at a time (so it is read while still cached), V and M */
     size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
     size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
-    float *t = winograd ? aligned_alloc(64, (scratch * sizeof(float) + 63) & ~(size_t)63) : NULL;
+    float *t = winograd ? scratch_floats(scratch) : NULL;
     float *u = t + 3 * PATCH * weights, *v = u + PATCH * weights, *m = v + rows * cin;
-    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v)) {
-        free(t);
+    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v))
         return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
                              weight, bias, out, alpha, residual, activation);
-    }
     int status = TG_GEMM_OK;
     for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
         transform_weight_row(&g, t, xi, u);
@@ -320,6 +333,5 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
                              0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
     }
     if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out);
-    free(t);
     return status;
 }
