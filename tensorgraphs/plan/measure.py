@@ -55,8 +55,6 @@ def time_interleaved(runs: list[Callable[[], Any]], budget: float = 0.05, min_ru
     return samples
 
 
-def time_samples(run: Callable[[], Any], budget: float = 0.05, min_runs: int = 3, max_runs: int = 50,
-                 clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds per call of `run` (after one warm-up call), by `clock`: at least `min_runs`, more while `budget`
-    lasts."""
-    return time_interleaved([run], budget, min_runs, max_runs, clock)[0]
+def time_samples(run: Callable[[], Any], budget: float = 0.05, min_runs: int = 3, max_runs: int = 50) -> list[float]:
+    """Seconds per call of `run` (after one warm-up call): at least `min_runs`, more while `budget` lasts."""
+    return time_interleaved([run], budget, min_runs, max_runs)[0]
