@@ -1,7 +1,7 @@
 """Benchmark: the generated GEMM and conv2d kernels and the BLAS kernel against torch (MKL), in one run.
 
     .venv/bin/python bench/gemm.py [--big] [--min-time 0.3] [--only squares,transformer,resnet,fused,prologue]
-                                   [--threads N] [--clock wall|cpu]
+                                   [--threads N] [--clock wall|cpu] [--tuned]
 
 Every row times ours and torch interleaved (ours, torch, ours, ...) so background load hits them alike, then
 BLAS, all after warm-up. It prints medians in GFLOP/s; the ratio to torch (median over adjacent pairs of runs)
@@ -12,6 +12,8 @@ spread of ours (interquartile range / median), which says how noisy the row was.
 second line, "winograd": our Winograd F(4x4, 3x3) kernel (its GFLOP/s count the direct algorithm's flops); every
 conv row has a line "im2col": the explicit im2col and OpenBLAS sgemm kernel (im2col.c), where scipy-openblas32 is
 installed. On a machine without AVX-512 only that kernel runs (the GEMM library's rows are left out): --only resnet.
+With --tuned, every conv row has a line "tuned: <candidate>": the conv as a compiled program (`tg.compile`) runs it
+after `tg tune`, the candidate the planner measured fastest (implicit_gemm, winograd, im2col or decompose).
 
 On a machine shared with other work, `--threads 1 --clock cpu` compares the kernels by the CPU time of the one
 thread (time the thread was descheduled does not count), which is far less noisy than wall-clock time.
@@ -121,7 +123,22 @@ def prologue_row(m: int, k: int, n: int) -> tuple[float, dict]:
     return 2.0 * m * n * k, candidates
 
 
-def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: int, padding: int) -> tuple[float, dict]:
+def planned_conv(x: np.ndarray, weight: np.ndarray, stride: int, padding: int) -> tuple[str, Callable[[], object]]:
+    """The conv as a compiled program runs it after `tg tune`: its candidates measured first where the kernel
+    database (of TG_CACHE_DIR) lacks them, then the planner's choice. (That choice, a call of the program.)"""
+    import tensorgraphs as tg
+    import tensorgraphs.nn.functional as F
+    from tensorgraphs.plan.choices import collecting, compiled_planner, tuning
+
+    conv = tg.compile(lambda a, b: F.conv2d(a, b, stride=stride, padding=padding))
+    with tuning(), collecting() as found:
+        conv(x, weight)
+    (node,) = [node for composites in found.values() for sig, node in composites.items() if sig.name == "conv2d"]
+    return compiled_planner().route(node), lambda: conv(x, weight)
+
+
+def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: int, padding: int,
+             tuned: bool = False) -> tuple[float, dict]:
     x, weight = random((batch, cin, size, size), 1), random((cout, cin, kernel, kernel), 2)
     tx, tw = torch.from_numpy(x), torch.from_numpy(weight)
     out_size = (size + 2 * padding - kernel) // stride + 1
@@ -132,6 +149,9 @@ def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: in
         candidates["winograd"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding, algorithm="winograd")
     if blas.conv_available():
         candidates["im2col"] = lambda: blas.conv2d(x, weight, stride=stride, padding=padding)
+    if tuned:
+        route, run = planned_conv(x, weight, stride, padding)
+        candidates[f"tuned: {route}"] = run
     return 2.0 * batch * cout * out_size * out_size * cin * kernel * kernel, candidates
 
 
@@ -153,7 +173,7 @@ RESNET18 = [  # (name, cin, input size, cout, kernel, stride, padding) at batch 
 GROUPS = ("squares", "transformer", "fused", "prologue", "resnet")
 
 
-def rows(groups: set[str], big: bool) -> list[tuple[str, str, float, Callable[[], tuple[float, dict]]]]:
+def rows(groups: set[str], big: bool, tuned: bool) -> list[tuple[str, str, float, Callable[[], tuple[float, dict]]]]:
     """(group, label, target ratio to torch, builder) for every benchmark row."""
     table = []
     if "squares" in groups:
@@ -173,7 +193,8 @@ def rows(groups: set[str], big: bool) -> list[tuple[str, str, float, Callable[[]
             table.append(("gelu+linear", f"{m}x{k}x{n}", 1.0, lambda m=m, k=k, n=n: prologue_row(m, k, n)))
     if "resnet" in groups:
         for name, cin, size, cout, kernel, stride, padding in RESNET18:
-            table.append(("conv2d b8", name, 0.8, lambda c=(cin, size, cout, kernel, stride, padding): conv_row(8, *c)))
+            table.append(("conv2d b8", name, 0.8,
+                          lambda c=(cin, size, cout, kernel, stride, padding): conv_row(8, *c, tuned=tuned)))
     return table
 
 
@@ -201,6 +222,9 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated row groups")
     parser.add_argument("--threads", type=int, default=None, help="threads for ours, torch and BLAS")
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
+    parser.add_argument("--tuned", action="store_true",
+                        help="add to each conv row the compiled path's choice after tuning (measured where the "
+                             "kernel database of TG_CACHE_DIR lacks it)")
     options = parser.parse_args()
     unknown = set(options.only.split(",")) - set(GROUPS)
     if unknown:
@@ -214,6 +238,7 @@ def main() -> None:
         os.environ["OPENBLAS_NUM_THREADS"] = str(options.threads)  # read when the BLAS kernel loads OpenBLAS
     global clock
     clock = CLOCKS[options.clock]
+    os.environ["TG_KERNEL_CLOCK"] = options.clock  # what tuning measures by
     peak = fma_peak(options.clock == "cpu")
     blocking = gemm.blocking() if gemm.available() else "none (no AVX-512 GEMM library)"
     print(
@@ -225,11 +250,12 @@ def main() -> None:
         f"{'target':>6} {'peak%':>6} {'spread':>6}"
     )
     misses = 0
-    for group, label, target, build in rows(set(options.only.split(",")), options.big):
+    for group, label, target, build in rows(set(options.only.split(",")), options.big, options.tuned):
         flops, candidates = build()
         times = measure(candidates, options.min_time)
-        for ours, suffix in (("ours", ""), ("winograd", " winograd"), ("im2col", " im2col")):
-            if ours in times:
+        for ours in times:
+            if ours not in ("torch", "blas"):
+                suffix = "" if ours == "ours" else f" {ours}"
                 misses += print_row(group, label + suffix, target, flops, times, ours, peak) == "MISS"
     print(f"rows below target: {misses}; load average now {os.getloadavg()[0]:.1f}")
 

@@ -21,8 +21,10 @@ A tg step slower than SLOW_STEP_S gets fewer timed steps, so the default run sta
 --kernels N measures each compiled tg step against its GEMM floor (issue 19): the flops of its matrix products
 (GEMM calls and the fused attention's products: forward 2, backward 4, not the scores it computes again) at the
 FMA peak (bench/peak.py), the step's kernel time as a multiple of that floor, the time of the kernels that run no
-product (non-GEMM), and the N slowest kernels. On a loaded machine, `--threads 1 --clock cpu` times each kernel by
-the process's CPU time.
+product (non-GEMM), the whole step's time (median of --steps calls, by the same clock) and the N slowest kernels.
+On a loaded machine, `--threads 1 --clock cpu` times each kernel by the process's CPU time. It runs in this process,
+with the kernel database of TG_CACHE_DIR: so `tg tune bench/train.py --kernels 0 ...` tunes the steps, and the same
+--kernels command before and after shows what tuning changed.
 """
 
 from __future__ import annotations
@@ -157,10 +159,17 @@ def print_kernel_times(model: str, top: int, autocast: bool, peak_gflops: float,
     the kernels that run no product; then its `top` slowest kernels, each with its share and its fraction of the
     peak."""
     import tensorgraphs as tg
+    from tensorgraphs.plan.measure import kernel_clock
 
     step, inputs, targets = tg_training_step(MODELS[model], autocast)
     compiled = tg.compile(step)
     compiled(inputs, targets)  # compiled and warm before the timed runs
+    clock = kernel_clock()
+    whole = []
+    for _ in range(repeat):
+        start = clock()
+        compiled(inputs, targets)
+        whole.append(clock() - start)
     with tg.profile(report=False) as session:
         for _ in range(repeat):
             compiled(inputs, targets)
@@ -174,7 +183,8 @@ def print_kernel_times(model: str, top: int, autocast: bool, peak_gflops: float,
     products = sum(seconds for name, seconds in times.items() if flops[name])
     print(f"{model}{' bfloat16 autocast' if autocast else ''}: {len(times)} kernels, {total * 1e3:.1f} ms in kernels; "
           f"GEMM floor {floor * 1e3:.1f} ms ({sum(flops.values()) / 1e9:.2f} GFLOP at {peak_gflops:.0f} GFLOP/s): "
-          f"{total / floor:.2f}x; GEMM kernels {products * 1e3:.1f} ms, non-GEMM {(total - products) * 1e3:.1f} ms")
+          f"{total / floor:.2f}x; GEMM kernels {products * 1e3:.1f} ms, non-GEMM {(total - products) * 1e3:.1f} ms; "
+          f"whole step {statistics.median(whole) * 1e3:.1f} ms ({statistics.median(whole) / floor:.2f}x)")
     for name, seconds in sorted(times.items(), key=lambda item: -item[1])[:top]:
         peak = f"{flops[name] / seconds / 1e9 / peak_gflops:6.1%} of peak" if flops[name] else ""
         print(f"  {seconds * 1e3:7.2f} ms {seconds / total:6.1%} {peak:>14}  {name}")

@@ -10,7 +10,8 @@ steps), through the target's runtime (`runtime.device`); one call at a time per
 program. Inputs a caller donates (a compiled
 training step's parameters) may be overwritten by their new values when the
 schedule allows it (`Program.updated_in_place`). Graphs touching few elements
-run on the reference interpreter instead (`NativeBackend.interpret_below`).
+run on the reference interpreter instead (`NativeBackend.interpret_below`). A program built with tuned choices
+runs them where the step check kept them, else the defaults (`plan.step_check`).
 A `CTarget` (renderer, compiler driver, runtime, planner features) makes this
 machinery a device: `backends.cpu`, `backends.portable`.
 
@@ -51,8 +52,10 @@ from tensorgraphs.plan.choices import (
     still_taken,
     target_features,
     targeting,
+    untuned,
 )
 from tensorgraphs.plan.kernel_search import kernel_search
+from tensorgraphs.plan.step_check import step_check
 from tensorgraphs.runtime import host_calls
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
@@ -445,12 +448,23 @@ class NativeBackend:
                 found.routes = routes_taken(planned)
                 if binder:
                     return found, inputs
+                found = step_check().choose(found, functools.partial(self._untuned, roots, inputs, donated,
+                                                                     found.routes), inputs)
                 self._programs[key] = found
                 if len(self._programs) > PROGRAM_CACHE_SIZE:
                     self._programs.popitem(last=False)
             else:
                 self._programs.move_to_end(key)
         return found, inputs
+
+    def _untuned(self, roots: list[Node], inputs: list[Node], donated: tuple[tuple[int, int], ...],
+                 routes: tuple) -> Program:
+        """The program for `roots` with the defaults (`plan.choices.untuned`), for `plan.step_check`. It keeps the
+        tuned program's `routes`: while the planner's choices hold, so does the step check's verdict."""
+        with untuned():
+            program = Program(schedule_kernels(roots, set(inputs).__contains__), inputs, self.target, donated=donated)
+        program.routes = routes
+        return program
 
     def evaluate(self, roots: list[Node], known: Mapping[Node, np.ndarray] | None = None) -> list[np.ndarray]:
         known = {} if known is None else known

@@ -6,6 +6,7 @@ from tensorgraphs.kerneldb.db import (
     KernelDB,
     Measurement,
     ScheduleChoice,
+    StepVerdict,
     cache_dir,
     default_db,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "KernelDB",
     "Measurement",
     "ScheduleChoice",
+    "StepVerdict",
     "cache_dir",
     "default_db",
     "device_description",

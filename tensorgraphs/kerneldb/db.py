@@ -3,7 +3,8 @@
 One row per (device fingerprint, kernel id, implementation hash, dtype, shape key)
 holding the median and minimum time and how many runs they summarize; and, per
 generated kernel (by its structural hash), the schedule options a kernel search
-chose (`plan.kernel_search`). The file
+chose (`plan.kernel_search`); and, per compiled program (by a hash of its code
+as tuned), whether the whole program kept its tuned choices (`plan.step_check`). The file
 lives in the user cache dir (`TG_CACHE_DIR` overrides), in WAL mode so readers
 never block the writer; writes are single upserts in their own transaction, so
 several processes measuring at once lose nothing. A file that cannot be read,
@@ -23,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _FILE_NAME = "kernels.sqlite"
 
 _SCHEMA = """
@@ -64,9 +65,22 @@ CREATE TABLE IF NOT EXISTS schedules (
     PRIMARY KEY (fingerprint, kernel, impl_hash)
 );
 """
-_SCHEMA += _SCHEDULES
-_MIGRATIONS = {1: _SCHEDULES}
-"""Version -> what a database of that version lacks (version 1 had no schedules)."""
+_STEPS = """
+CREATE TABLE IF NOT EXISTS steps (
+    fingerprint TEXT NOT NULL,
+    program TEXT NOT NULL,     -- hash of a compiled program's code with its tuned choices
+    impl_hash TEXT NOT NULL,   -- hash of the code generator
+    name TEXT NOT NULL,        -- the compiled function it was checked for (for reading)
+    kept INTEGER NOT NULL,     -- 1: the program runs its tuned choices, 0: its defaults
+    tuned_seconds REAL NOT NULL,    -- the whole program's measured time with its tuned choices
+    default_seconds REAL NOT NULL,  -- and with the defaults
+    checked_at REAL NOT NULL,
+    PRIMARY KEY (fingerprint, program, impl_hash)
+);
+"""
+_SCHEMA += _SCHEDULES + _STEPS
+_MIGRATIONS = {1: _SCHEDULES, 2: _STEPS}
+"""Version -> what a database of that version lacks next (version 1 had no schedules, version 2 no steps)."""
 
 _UPSERT = """
 INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -103,6 +117,16 @@ class ScheduleChoice:
     seconds: float
     default_seconds: float
     candidates: int
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """A step check's result for one compiled program: whether it `kept` its tuned choices, both times measured."""
+
+    name: str
+    kept: bool
+    tuned_seconds: float
+    default_seconds: float
 
 
 @dataclass(frozen=True)
@@ -278,6 +302,20 @@ class KernelDB:
         rows = self._execute("SELECT kernel, name, options, seconds, default_seconds, candidates FROM schedules "
                              "WHERE fingerprint = ? AND impl_hash = ?", (fingerprint, impl_hash))
         return {row[0]: ScheduleChoice(*row[1:]) for row in rows}
+
+    # -- step checks of whole programs ---------------------------------------------
+    def store_step(self, fingerprint: str, program: str, impl_hash: str, verdict: StepVerdict) -> None:
+        """A step check's verdict on a program (replacing an earlier one)."""
+        self._execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                      (fingerprint, program, impl_hash, verdict.name, int(verdict.kept), verdict.tuned_seconds,
+                       verdict.default_seconds, time.time()))
+        self.generation += 1
+
+    def steps(self, fingerprint: str, impl_hash: str) -> dict[str, StepVerdict]:
+        """Program hash -> the step check's verdict on it, for one device and code generator."""
+        rows = self._execute("SELECT program, name, kept, tuned_seconds, default_seconds FROM steps "
+                             "WHERE fingerprint = ? AND impl_hash = ?", (fingerprint, impl_hash))
+        return {row[0]: StepVerdict(row[1], bool(row[2]), row[3], row[4]) for row in rows}
 
     # -- devices -----------------------------------------------------------------
     def device_peaks(self, fingerprint: str) -> DevicePeaks | None:

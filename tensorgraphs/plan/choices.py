@@ -12,7 +12,8 @@ its inputs anonymous, so identical layers are planned once), the candidate with 
 
 Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at most `MEASURE_LIMIT`
 signatures per process), so compiling stays fast by default: a measurement compiles the composite alone with
-the candidate forced (`forced`) and times the program, so it measures exactly what would run. A candidate's
+each candidate forced (`forced`) and times the programs interleaved, so it measures exactly what would run, under
+the same load. A candidate's
 `applies` must depend on the node's signature only (dtypes, shapes, parameters): choices are cached by it.
 A candidate also names the target features it `needs` (a call of a native kernel library); a program built for a
 target without them (`targeting`: the portable C device) runs the decomposition.
@@ -28,7 +29,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Generic, Iterator, TypeVar
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node
 from tensorgraphs.kerneldb import KernelDB, default_db, device_fingerprint
 from tensorgraphs.plan.cost import NOMINAL_PEAKS, CostModel, Estimate
-from tensorgraphs.plan.measure import random_array, time_samples
+from tensorgraphs.plan.measure import kernel_clock, random_array, time_interleaved
 from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
 
 DECOMPOSE = "decompose"
@@ -52,6 +53,7 @@ ALL_FEATURES = frozenset({KERNEL_LIBRARIES, OPENBLAS, SCHEDULE_SEARCH})
 MEASURE_LIMIT = 64
 """Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -184,18 +186,60 @@ def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
         _COLLECTORS[:] = [c for c in _COLLECTORS if c is not found]  # by identity: equal dicts are others
 
 
+class Recorder(Generic[T]):
+    """What programs built inside `recording()` saw (kernels searched, step checks), for `tg tune` and `tg explain`;
+    nested recordings each get everything."""
+
+    def __init__(self) -> None:
+        self._open: list[list[T]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._open)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[T]]:
+        seen: list[T] = []
+        self._open.append(seen)
+        try:
+            yield seen
+        finally:
+            self._open[:] = [r for r in self._open if r is not seen]  # by identity: equal lists are others
+
+    def add(self, item: T) -> None:
+        for seen in self._open:
+            seen.append(item)
+
+
 # ---------------------------------------------------------------------------
 # The planner of the compiled path
 # ---------------------------------------------------------------------------
 
 
 _TUNING: contextvars.ContextVar[bool] = contextvars.ContextVar("tuning", default=False)
+_UNTUNED: contextvars.ContextVar[bool] = contextvars.ContextVar("untuned", default=False)
 
 
 def tuning_enabled() -> bool:
-    """TG_TUNE=1 or inside `tuning`: measure a composite's candidates the first time a program needs its choice
-    (and search the schedules of its generated kernels: `plan.kernel_search`)."""
-    return _TUNING.get() or os.environ.get("TG_TUNE", "0") not in ("", "0")
+    """TG_TUNE=1 or inside `tuning` (not `untuned`): measure a composite's candidates the first time a program
+    needs its choice (and search the schedules of its generated kernels: `plan.kernel_search`)."""
+    return not _UNTUNED.get() and (_TUNING.get() or os.environ.get("TG_TUNE", "0") not in ("", "0"))
+
+
+def is_untuned() -> bool:
+    """Whether programs built now run the defaults (`untuned`)."""
+    return _UNTUNED.get()
+
+
+@contextlib.contextmanager
+def untuned() -> Iterator[None]:
+    """Programs built inside run the defaults, what a machine with no measurements runs: each composite by its
+    candidate of smallest `prior`, generated kernels as lowered (`plan.kernel_search`); nothing is measured or
+    searched. `plan.step_check` compares whole programs built so with the tuned ones."""
+    token = _UNTUNED.set(True)
+    try:
+        yield
+    finally:
+        _UNTUNED.reset(token)
 
 
 @contextlib.contextmanager
@@ -216,7 +260,7 @@ class CompiledPlanner:
         fingerprint = fingerprint or device_fingerprint()
         self.cost_model = CostModel(db, fingerprint, peaks=db.device_peaks(fingerprint) or NOMINAL_PEAKS)
         self.measured_signatures = 0  # by TG_TUNE=1, bounded by MEASURE_LIMIT
-        self._chosen: dict[tuple[frozenset[str], Signature], str] = {}
+        self._chosen: dict[tuple[frozenset[str], bool, Signature], str] = {}
         self._generation = db.generation
 
     def route(self, node: Node) -> str:
@@ -232,13 +276,16 @@ class CompiledPlanner:
         if self._generation != self.cost_model.db.generation:  # new measurements: choices may change
             self._chosen.clear()
             self._generation = self.cost_model.db.generation
-        key = (_FEATURES.get(), sig)
+        key = (_FEATURES.get(), _UNTUNED.get(), sig)
         if key not in self._chosen:
             if tuning_enabled() and self.measured_signatures < MEASURE_LIMIT and self.unmeasured(node):
                 self.measure(node)
             if len(self._chosen) >= CHOICE_CACHE_SIZE:
                 self._chosen.clear()
-            self._chosen[key] = min(self.options(node), key=lambda o: o.seconds).candidate
+            if _UNTUNED.get():  # every candidate has the signature's roofline: the prior alone orders them
+                self._chosen[key] = min(candidates, key=lambda c: c.prior).name
+            else:
+                self._chosen[key] = min(self.options(node), key=lambda o: o.seconds).candidate
         return self._chosen[key]
 
     def options(self, node: Node) -> list[Option]:
@@ -260,20 +307,20 @@ class CompiledPlanner:
                 if self.cost_model.measured(kernel_id(sig, c.name), code_hash(), sig) is None]
 
     def measure(self, node: Node, budget: float = 0.05) -> int:
-        """Time each unmeasured candidate of `node` as a program of its own and store the rows; how many."""
+        """Time the unmeasured candidates of `node`, each as a program of its own, and store the rows; how many."""
         sig = signature_of(node)
         self.measured_signatures += 1
-        done = 0
-        for candidate in self.unmeasured(node):
-            samples = time_candidate(sig, candidate.name, budget)
+        pending = self.unmeasured(node)
+        for candidate, samples in zip(pending, time_candidates(sig, [c.name for c in pending], budget)):
             self.cost_model.db.record(self.cost_model.fingerprint, kernel_id(sig, candidate.name), code_hash(),
                                       sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, samples)
-            done += 1
-        return done
+        return len(pending)
 
 
-def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
-    """Seconds per run of a program computing `sig` alone, its composite run by `candidate`."""
+def time_candidates(sig: Signature, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
+    """Seconds per run of a program computing `sig` alone, per candidate running its composite: the programs timed
+    interleaved (`measure.time_interleaved`: drifting load weighs on all alike), about `budget` seconds each, by the
+    timed builds' clock (as the kernel search measures)."""
     from tensorgraphs.backends.cpu import CPU_TARGET
     from tensorgraphs.backends.native import Program
     from tensorgraphs.schedule.fusion import schedule_kernels
@@ -282,10 +329,13 @@ def time_candidate(sig: Signature, candidate: str, budget: float = 0.05) -> list
     inputs = list(node.src)
     rng = np.random.default_rng(0)
     arrays = [random_array(spec, rng) for spec in sig.inputs]
-    with forced({sig: candidate}):
-        program = Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET)
+    programs = []
+    for candidate in candidates:
+        with forced({sig: candidate}):
+            programs.append(Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET))
     with np.errstate(all="ignore"):
-        return time_samples(lambda: program.run(arrays), budget=budget)
+        return time_interleaved([functools.partial(program.run, arrays) for program in programs],
+                                budget * len(programs), min_runs=5, clock=kernel_clock())
 
 
 _PLANNERS: dict[int, CompiledPlanner] = {}

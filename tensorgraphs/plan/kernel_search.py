@@ -35,8 +35,8 @@ import numpy as np
 from tensorgraphs.codegen.compiler import load
 from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Loop, ScheduleOptions, walk
 from tensorgraphs.kerneldb import KernelDB, ScheduleChoice, default_db, device_fingerprint
-from tensorgraphs.plan.choices import code_hash, planning_label, tuning_enabled
-from tensorgraphs.plan.measure import random_array
+from tensorgraphs.plan.choices import Recorder, code_hash, is_untuned, planning_label, tuning_enabled
+from tensorgraphs.plan.measure import random_array, rounds_within
 from tensorgraphs.plan.signature import TensorSpec
 from tensorgraphs.schedule.options import option_space, with_options
 
@@ -130,10 +130,9 @@ def timed_on(target: CTarget) -> Measure:
         arrays = [target.runtime.to_device(random_array(TensorSpec(b.dtype, (b.size,)), rng),
                                            np.dtype(b.dtype.storage)) for b in kernel.buffers]
         runs: list[list[float]] = []
-        deadline = time.perf_counter() + RUN_BUDGET
         with np.errstate(all="ignore"):
             target.runtime.launch(entry, arrays)  # warm-up: pages, caches, threads
-            while len(runs) < MIN_RUNS or (len(runs) < MAX_RUNS and time.perf_counter() < deadline):
+            for _ in rounds_within(RUN_BUDGET, MIN_RUNS, MAX_RUNS):
                 ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
                 target.runtime.launch(entry, arrays)
                 runs.append(list(seconds))
@@ -161,7 +160,7 @@ class SeenKernel:
 
 
 _SEARCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("search_deadline", default=None)
-_RECORDERS: list[list[SeenKernel]] = []
+_SEEN: Recorder[SeenKernel] = Recorder()
 
 
 @contextlib.contextmanager
@@ -175,15 +174,13 @@ def searching(deadline: float) -> Iterator[None]:
         _SEARCH_DEADLINE.reset(token)
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[list[SeenKernel]]:
-    """Records every generated kernel of the programs built inside (`tg explain`)."""
-    seen: list[SeenKernel] = []
-    _RECORDERS.append(seen)
-    try:
-        yield seen
-    finally:
-        _RECORDERS[:] = [r for r in _RECORDERS if r is not seen]
+def search_deadline() -> float | None:
+    """The end of `tg tune`'s budget (`searching`), or None outside it."""
+    return _SEARCH_DEADLINE.get()
+
+
+recording = _SEEN.recording
+"""Records every generated kernel of the programs built inside (`tg explain`)."""
 
 
 class KernelSearch:
@@ -210,10 +207,12 @@ class KernelSearch:
 
     def schedule(self, kernels: list[Kernel], target: CTarget, search: bool,
                  measure: Measure | None = None) -> list[Kernel]:
-        """`kernels` with their stored schedules; with `search`, unsearched ones are searched first when tuning
-        is on (measured by `measure`, default: on `target`)."""
+        """`kernels` with their stored schedules (as lowered when building `untuned`); with `search`, unsearched
+        ones are searched first when tuning is on (measured by `measure`, default: on `target`)."""
+        if is_untuned():
+            return kernels
         search = search and self.may_search()
-        if not search and not self.choices() and not _RECORDERS:
+        if not search and not self.choices() and not _SEEN:
             return kernels  # nothing stored: no kernel to hash
         render = lambda kernel: target.renderer(kernel).render("tg_kernel")  # noqa: E731
         scheduled = []
@@ -225,8 +224,7 @@ class KernelSearch:
             choice = self.choices().get(key)
             if choice is None and search and self.may_search():
                 choice = self.search(kernel, key, render, measure or timed_on(target))
-            for seen in _RECORDERS:
-                seen.append(SeenKernel(planning_label(), kernel.name, key, choice))
+            _SEEN.add(SeenKernel(planning_label(), kernel.name, key, choice))
             scheduled.append(kernel if choice is None else with_options(kernel, ScheduleOptions.parse(choice.options)))
         return scheduled
 

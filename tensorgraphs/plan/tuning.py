@@ -9,7 +9,8 @@ Tuning measures what the database lacks (so an interrupted tune resumes where it
 stopped), within the time budget: for a compiled program, each candidate of a
 composite that has a choice, as a program of its own (while the script runs, as
 TG_TUNE=1 would, then those left), and the schedules of each generated kernel
-(`plan.kernel_search`, as its program is built); for the planned device, each
+(`plan.kernel_search`, as its program is built), then each program with tuned choices
+as a whole against its defaults (`plan.step_check`); for the planned device, each
 candidate route as measurement tasks (each kernel, its COPY in and out, each
 primitive of a decomposition). Explaining only reads the database: it measures
 nothing.
@@ -22,6 +23,7 @@ import runpy
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -36,6 +38,8 @@ from tensorgraphs.plan.kernel_search import SeenKernel, kernel_search, recording
 from tensorgraphs.plan.measure import random_array, time_samples
 from tensorgraphs.plan.planner import DECOMPOSE, Planner, Route, copy_signature
 from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
+from tensorgraphs.plan.step_check import SeenStep, describe
+from tensorgraphs.plan.step_check import recording as recording_steps
 from tensorgraphs.runtime.realize import device
 
 
@@ -62,17 +66,19 @@ class ScriptComposites:
 
 
 def run_script(script: str, argv: list[str] | None = None, device_name: str | None = None) -> ScriptComposites:
-    """Run `script` as __main__ (on `device_name` when given) and collect the composites it ran."""
+    """Run `script` as __main__ (on `device_name` when given), importing from its folder as `python SCRIPT` would,
+    and collect the composites it ran."""
     observer = _Observer()
-    saved_argv = sys.argv
+    saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *(argv or [])]
+    sys.path.insert(0, str(Path(script).resolve().parent))
     OBSERVERS.append(observer)
     try:
         with collecting() as compiled, device(device_name) if device_name else contextlib.nullcontext():
             runpy.run_path(script, run_name="__main__")
     finally:
         OBSERVERS.remove(observer)
-        sys.argv = saved_argv
+        sys.argv, sys.path[:] = saved_argv, saved_path
     return ScriptComposites(list(observer.signatures), compiled)
 
 
@@ -353,13 +359,23 @@ def explain_kernels(seen: list[SeenKernel]) -> str:
     return "\n".join(lines)
 
 
+def explain_steps(seen: list[SeenStep]) -> str:
+    """Per compiled program with tuned choices: whether the step check kept them, with both times."""
+    lines = []
+    for step in {(step.label, step.key): step for step in seen}.values():
+        verdict = "not checked yet (tg tune checks it): runs its tuned choices" if step.verdict is None else \
+            describe(step.verdict)
+        lines.append(f"step check of {step.label}: {verdict}")
+    return "\n".join(lines)
+
+
 def run_tune(script: str, argv: list[str], budget: float, device_name: str | None = None) -> int:
     """`tg tune`: run the script, then measure the candidates of its composites."""
     from tensorgraphs.plan.planner import default_planner
 
     started = time.perf_counter()
     searches_before = kernel_search().searched
-    with tuning(), searching(started + budget), recording() as seen:
+    with tuning(), searching(started + budget), recording() as seen, recording_steps() as steps:
         found = run_script(script, argv, device_name)
     compiled = compiled_planner()
     print(f"{script}: {len(_with_choices(found.compiled))} distinct composite calls with a choice in compiled "
@@ -370,6 +386,9 @@ def run_tune(script: str, argv: list[str], budget: float, device_name: str | Non
     print(f"generated kernels: {len(kernels)} distinct, searched {searched}, searched before "
           f"{sum(k.choice is not None for k in kernels.values()) - searched}, left for a later run "
           f"{sum(k.choice is None for k in kernels.values())}")
+    verdicts = [None if v is None else v.kept for v in {step.key: step.verdict for step in steps}.values()]
+    print(f"step checks: {len(verdicts)} programs with tuned choices, kept {verdicts.count(True)}, dropped "
+          f"{verdicts.count(False)}, left for a later run {verdicts.count(None)}")
     if found.planned:
         planner = default_planner()
         print("planned device:", tune(planner, found.planned, budget - (time.perf_counter() - started)))
@@ -385,12 +404,14 @@ def run_explain(script: str, argv: list[str], device_name: str | None = None) ->
     compiled = compiled_planner()
     db = compiled.cost_model.db
     before = db.count()
-    with recording() as seen:
+    with recording() as seen, recording_steps() as steps:
         found = run_script(script, argv, device_name)
     if found.compiled:
         print(explain_compiled(compiled, found.compiled))
     if seen:
         print(explain_kernels(seen))
+    if steps:
+        print(explain_steps(steps))
     if found.planned:
         print("planned device:")
         print(explain(default_planner(), found.planned))

@@ -19,6 +19,13 @@ CASES = [
     (1, 1, 3, 3, 1, 0),  # one output element
     (2, 20, 7, 7, 40, (1, 0)),  # ResNet's last stage shape, rectangular padding
     (1, 4, 30, 2, 3, 1),  # a tall strip: more tiles than one 16-tile vector in one image column
+    # tile rows long enough to be loaded as rows on AVX2 (winograd.c, long_tile_rows): 16, 12, 17 (a second vector
+    # of one tile), 10 and 8 tiles, padding 0 and rectangular
+    (2, 3, 6, 62, 5, 1),
+    (1, 2, 9, 45, 3, 1),
+    (2, 3, 5, 68, 4, 1),
+    (1, 2, 10, 40, 17, 0),
+    (3, 2, 4, 30, 3, (2, 1)),
 ]
 TOLERANCE = 3e-5
 """Largest error relative to the largest |output| (F(4x4, 3x3) in float32 loses about 10x the precision of the
@@ -63,11 +70,12 @@ def test_other_geometries_run_the_implicit_gemm():
         gemm.conv2d(x, weight, algorithm="fft")
 
 
+@pytest.mark.parametrize("width", [9, 40])
 @pytest.mark.parametrize("where", ["input", "weight"])
-def test_nan_and_inf_propagate_as_in_torch(where):
+def test_nan_and_inf_propagate_as_in_torch(where, width):
     """A NaN or infinity reaches exactly the outputs whose windows hold it, as in the direct sum (the transforms
-    alone would spread it over the whole tile: inf - inf)."""
-    x, weight = random((2, 4, 10, 9), 1), random((6, 4, 3, 3), 2)
+    alone would spread it over the whole tile: inf - inf); in short and long tile rows."""
+    x, weight = random((2, 4, 10, width), 1), random((6, 4, 3, 3), 2)
     if where == "input":
         x[0, 1, 3, 4], x[1, 2, 7, 0], x[1, 0, 0, 8] = np.nan, np.inf, -np.inf
     else:

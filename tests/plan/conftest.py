@@ -1,12 +1,14 @@
-"""Every planner test gets its own kernel database (nothing touches the user's cache) and fixed roofline peaks."""
+"""Every planner test gets its own kernel database (nothing touches the user's cache) and fixed roofline peaks; a
+test that searches kernel schedules measures them by a fixed function (`measured`)."""
 
 from __future__ import annotations
 
 import pytest
-from plan_testing import FP, PEAKS
+from plan_testing import FP, PEAKS, fixed_seconds
 
+from tensorgraphs.codegen.loop_ir import Kernel, ScheduleOptions
 from tensorgraphs.kerneldb import KernelDB
-from tensorgraphs.plan import CostModel, Planner
+from tensorgraphs.plan import CostModel, Planner, kernel_search, step_check
 from tensorgraphs.plan.implementations import IMPLEMENTATIONS
 from tensorgraphs.plan.library import native_implementations
 
@@ -49,3 +51,23 @@ def model(db) -> CostModel:
 @pytest.fixture
 def planner(model) -> Planner:
     return Planner(model)
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch, isolated_kernels) -> list[tuple[str, ScheduleOptions]]:
+    """Every (kernel, schedule) measured, in order; the measurement is `fixed_seconds`, never a clock (and a step
+    check finds the tuned program faster: `plan.step_check` keeps what the search chose)."""
+    calls: list[tuple[str, ScheduleOptions]] = []
+
+    def measure_on(target):
+        def measure(kernel: Kernel, schedules: list[ScheduleOptions]) -> list[float]:
+            calls.extend((kernel.name, options) for options in schedules)
+            return [fixed_seconds(options) for options in schedules]
+
+        return measure
+
+    monkeypatch.setattr(kernel_search, "timed_on", measure_on)
+    monkeypatch.setattr(kernel_search, "_SEARCHES", {})
+    monkeypatch.setattr(step_check, "time_programs", lambda tuned, default: (1.0, 2.0))
+    monkeypatch.setattr(step_check, "_CHECKS", {})
+    return calls

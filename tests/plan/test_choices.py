@@ -8,6 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from plan_testing import record_candidates
 
 import tensorgraphs as tg
 from tensorgraphs import cli
@@ -15,7 +16,7 @@ from tensorgraphs.codegen.loop_ir import GemmCall, walk
 from tensorgraphs.kerneldb import default_db
 from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan import choices
-from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, code_hash, compiled_planner, kernel_id
+from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, code_hash, compiled_planner
 from tensorgraphs.plan.signature import Signature, TensorSpec, placeholder_node
 from tensorgraphs.schedule.extern import GEMM_ROUTES, gemm_enabled
 
@@ -53,21 +54,14 @@ def _matmul(a: tuple[int, int], b: tuple[int, int]) -> Signature:
 def timed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Signature, str]]:
     """Every candidate the planner times, in order."""
     calls: list[tuple[Signature, str]] = []
-    original = choices.time_candidate
+    original = choices.time_candidates
 
-    def counting(sig: Signature, candidate: str, budget: float = 0.05) -> list[float]:
-        calls.append((sig, candidate))
-        return original(sig, candidate, budget)
+    def counting(sig: Signature, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
+        calls.extend((sig, candidate) for candidate in candidates)
+        return original(sig, candidates, budget)
 
-    monkeypatch.setattr(choices, "time_candidate", counting)
+    monkeypatch.setattr(choices, "time_candidates", counting)
     return calls
-
-
-def _record(sig: Signature, seconds: dict[str, float]) -> None:
-    planner = compiled_planner()
-    for candidate, value in seconds.items():
-        planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
-                                     sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, [value])
 
 
 C_FUNCTION_OF = {"gemm": gemm.C_FUNCTIONS["matmul"], "blas": blas.C_FUNCTION}
@@ -114,7 +108,7 @@ def test_a_decomposition_chosen_in_the_database_is_what_runs(timed):
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 9)).astype(np.float32)
     sig = _matmul((5, 7), (7, 9))
-    _record(sig, {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_ROUTES}})
+    record_candidates(sig, {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_ROUTES}})
     product = tg.compile(lambda a, b: a @ b)
     out = product(tg.tensor(x), tg.tensor(w))
     assert _gemm_calls(product) == [] and timed == []
@@ -129,7 +123,7 @@ def test_the_library_chosen_in_the_database_is_what_runs(library):
     rng = np.random.default_rng(2)
     x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in [(6, 8), (8, 10), (10,)])
     sig = _matmul((6, 8), (8, 10))
-    _record(sig, {name: 1e-9 if name == library else 1.0 for name in [*GEMM_ROUTES, DECOMPOSE]})
+    record_candidates(sig, {name: 1e-9 if name == library else 1.0 for name in [*GEMM_ROUTES, DECOMPOSE]})
     linear = tg.compile(lambda a, b, c: (a @ b + c).relu())
     out = linear(tg.tensor(x), tg.tensor(w), tg.tensor(bias))
     assert [call.function for call in _gemm_calls(linear)] == [C_FUNCTION_OF[library]]  # epilogue fused
@@ -162,7 +156,7 @@ def test_a_cached_program_is_rebuilt_when_a_measurement_changes_the_choice():
     before = tg.compile(lambda a: a @ a.T)
     before(x)
     assert _gemm_calls(before)
-    _record(_matmul((4, 3), (3, 4)), {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_ROUTES}})
+    record_candidates(_matmul((4, 3), (3, 4)), {DECOMPOSE: 1e-9, **{name: 1.0 for name in GEMM_ROUTES}})
     after = tg.compile(lambda a: a @ a.T)  # the same graph structure: the cached program would use the GEMM
     np.testing.assert_allclose(after(x).numpy(), x.numpy() @ x.numpy().T)
     assert _gemm_calls(after) == []

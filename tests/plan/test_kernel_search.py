@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import sqlite3
-import textwrap
 
 import numpy as np
 import pytest
+from plan_testing import FAST, LAYER_NORM_SCRIPT, fixed_seconds
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
@@ -22,30 +22,6 @@ from tensorgraphs.plan.choices import code_hash
 from tensorgraphs.plan.kernel_search import MIN_GAIN, beam_search, searchable
 from tensorgraphs.schedule.fusion import schedule_kernels
 from tensorgraphs.schedule.options import with_options
-
-FAST = {"unroll": 4, "vector_bits": 128, "lanes": 8}
-"""What the fixed measurement rewards: each of these saves 10% of the time."""
-
-
-def fixed_seconds(options: ScheduleOptions) -> float:
-    return 1.0 - sum(0.1 for name, value in FAST.items() if getattr(options, name) == value)
-
-
-@pytest.fixture
-def measured(monkeypatch: pytest.MonkeyPatch, isolated_kernels) -> list[tuple[str, ScheduleOptions]]:
-    """Every (kernel, schedule) measured, in order; the measurement is `fixed_seconds`, never a clock."""
-    calls: list[tuple[str, ScheduleOptions]] = []
-
-    def measure_on(target):
-        def measure(kernel: Kernel, schedules: list[ScheduleOptions]) -> list[float]:
-            calls.extend((kernel.name, options) for options in schedules)
-            return [fixed_seconds(options) for options in schedules]
-
-        return measure
-
-    monkeypatch.setattr(kernel_search, "timed_on", measure_on)
-    monkeypatch.setattr(kernel_search, "_SEARCHES", {})
-    return calls
 
 
 def _softmax_kernel() -> Kernel:
@@ -138,19 +114,7 @@ def test_an_interrupted_search_resumes_without_measuring_again(monkeypatch, meas
 
 def test_tg_tune_then_explain_lists_the_searched_kernels(tmp_path, capsys, measured, isolated_kernels):
     script = tmp_path / "held_out.py"
-    script.write_text(textwrap.dedent("""
-        import numpy as np
-        import tensorgraphs as tg
-        import tensorgraphs.nn.functional as F
-
-        x = tg.tensor(np.random.default_rng(0).standard_normal((64, 512)), dtype=tg.float32)
-
-        @tg.compile
-        def normalized(x):
-            return F.layer_norm(x, (512,)) * 2.0
-
-        print("result", float(normalized(x).sum()))
-    """))
+    script.write_text(LAYER_NORM_SCRIPT)
     assert cli.main(["tune", str(script)]) == 0
     tuned = capsys.readouterr().out
     kernels = len({name for name, _ in measured})
@@ -173,10 +137,13 @@ def test_library_calls_are_not_searched():
     assert not searchable(dataclasses.replace(_softmax_kernel(), body=[]))
 
 
-def test_a_version_1_database_gains_the_schedules_table_and_keeps_its_measurements(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_database_gains_the_tables_it_lacks_and_keeps_its_measurements(tmp_path, version):
+    """Version 1 had no schedules table, version 2 no steps table (`plan.step_check`)."""
     path = tmp_path / "old.sqlite"
     conn = sqlite3.connect(path)
-    conn.executescript(kerneldb.db._SCHEMA.replace(kerneldb.db._SCHEDULES, "") + "PRAGMA user_version = 1;")
+    lacking = "".join(kerneldb.db._MIGRATIONS[v] for v in range(version, kerneldb.SCHEMA_VERSION))
+    conn.executescript(kerneldb.db._SCHEMA.replace(lacking, "") + f"PRAGMA user_version = {version};")
     conn.execute("INSERT INTO measurements VALUES ('fp', 'k', 'h', 'f32', '(2,)', 1, 1, 0.5, 0.5, 1, 0)")
     conn.commit()
     conn.close()
@@ -184,3 +151,5 @@ def test_a_version_1_database_gains_the_schedules_table_and_keeps_its_measuremen
     assert [m.median for m in db.measurements("fp")] == [0.5]
     db.store_schedule("fp", "key", "h", kerneldb.ScheduleChoice("k1", "unroll=4", 1.0, 2.0, 3))
     assert db.schedules("fp", "h") == {"key": kerneldb.ScheduleChoice("k1", "unroll=4", 1.0, 2.0, 3)}
+    db.store_step("fp", "program", "h", kerneldb.StepVerdict("step", False, 2.0, 1.0))
+    assert db.steps("fp", "h") == {"program": kerneldb.StepVerdict("step", False, 2.0, 1.0)}

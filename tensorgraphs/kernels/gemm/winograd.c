@@ -8,10 +8,10 @@
  *   out tile (p, co)  = epilogue(A^T M A)
  * U is four times the size of the weights (38 MB for ResNet-18's last layer): it is made one row of 6 points at a
  * time from G g (twice their size), just before the batch of 6 GEMMs that reads it, while it is still cached.
- * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding) or 16
- * output channels (weights; output, whose tiles are then transposed in registers and stored row by row).
- * T, U, V and M live in scratch allocated per call and freed (29 MB for ResNet-18's layer1 at batch 8; glibc keeps a
- * block of a size it saw freed on its heap, up to 32 MB, so repeated calls fault no new pages). */
+ * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding; on AVX2
+ * plain loads along tile rows where they are long) or 16 output channels (weights; output, whose tiles are then transposed in registers and stored row by row).
+ * T, U, V and M live in scratch the calling thread keeps for its next call (29 MB for ResNet-18's layer1 at batch 8:
+ * `scratch_floats`). */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -115,9 +115,106 @@ static void tile_corners(const geometry *g, int64_t p0, int32_t first[16], int32
     }
 }
 
+#ifndef __AVX512F__
+/* On AVX2 a gather costs about one cycle per element plus its latency, and the input transform spent most of its
+ * time in them (bench/NOTES.md). Where tile rows are long enough to fill most of a 16-tile vector, it instead copies
+ * each image channel once into a buffer with zero borders and loads 16 tiles of a tile row a patch row at a time as
+ * plain vectors, each 8 tiles' 32 floats split into patch columns 0-3 by shuffles (stride 4), columns 4 and 5 being
+ * columns 0 and 1 of the next tile. */
+enum { ROW_TILES = 16 };
+
+/* Patch columns 0..5 of 8 tiles consecutive in a tile row, from their patch row at `p` (34 floats): lane t of
+ * column c is p[4t + c]. */
+static inline __attribute__((always_inline)) void patch_columns8(const float *p, __m256 c[PATCH]) {
+    const __m256 a0 = _mm256_loadu_ps(p), a1 = _mm256_loadu_ps(p + 8);
+    const __m256 a2 = _mm256_loadu_ps(p + 16), a3 = _mm256_loadu_ps(p + 24);
+    const __m256 u0 = _mm256_unpacklo_ps(a0, a1), u1 = _mm256_unpackhi_ps(a0, a1);
+    const __m256 u2 = _mm256_unpacklo_ps(a2, a3), u3 = _mm256_unpackhi_ps(a2, a3);
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the shuffles leave tiles 0 2 4 6 1 3 5 7 */
+    const __m256i next_tile = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+    c[0] = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(u0, u2, 0x44), in_order);
+    c[1] = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(u0, u2, 0xEE), in_order);
+    c[2] = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(u1, u3, 0x44), in_order);
+    c[3] = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(u1, u3, 0xEE), in_order);
+    c[4] = _mm256_blend_ps(_mm256_permutevar8x32_ps(c[0], next_tile), _mm256_broadcast_ss(p + 32), 0x80);
+    c[5] = _mm256_blend_ps(_mm256_permutevar8x32_ps(c[1], next_tile), _mm256_broadcast_ss(p + 33), 0x80);
+}
+
+/* Whether tile rows fill at least half the 16-tile vectors that cover them. */
+static int long_tile_rows(const geometry *g) {
+    return 2 * g->tiles_w >= ROW_TILES * ((g->tiles_w + ROW_TILES - 1) / ROW_TILES);
+}
+
+/* Copies one image channel (h x w) into `padded` at (pad_h, pad_w), rows `stride` apart, each row's last vector
+ * filled with zeros past w (the border stays zero); whether every value is finite. */
+static int pad_channel(const geometry *g, const float *channel, int64_t stride, float *padded) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), largest = _mm256_set1_ps(FLT_MAX);
+    __m256 not_finite_lanes = _mm256_setzero_ps();
+    for (int64_t y = 0; y < g->h; y++)
+        for (int64_t x0 = 0; x0 < g->w; x0 += 8) {
+            unsigned lanes = g->w - x0 >= 8 ? 0xFF : (1u << (g->w - x0)) - 1;
+            __m256 values = tg_maskz_loadu8(lanes, channel + y * g->w + x0);
+            not_finite_lanes = _mm256_or_ps(
+                not_finite_lanes, _mm256_cmp_ps(_mm256_and_ps(values, magnitude), largest, _CMP_NLE_UQ));
+            _mm256_storeu_ps(padded + (y + g->pad_h) * stride + g->pad_w + x0, values);
+        }
+    return _mm256_movemask_ps(not_finite_lanes) == 0;
+}
+
+/* transform_input by tile rows (see above); whether every input is finite (0 also where memory ran out). */
+static int transform_input_by_rows(const geometry *g, const float *x, float *v) {
+    int64_t per_image = g->tiles_h * g->tiles_w, rows = g->tiles_h * TILE + 2;
+    int64_t stride = (g->tiles_w + ROW_TILES - 1) / ROW_TILES * ROW_TILES * TILE + 8; /* 34 floats past a corner */
+    if (stride < g->pad_w + (g->w + 7) / 8 * 8) stride = g->pad_w + (g->w + 7) / 8 * 8;
+    int bad = 0;
+#pragma omp parallel reduction(| : bad)
+    {
+        float *padded = calloc((size_t)(rows * stride), sizeof(float)); /* its borders stay zero */
+        bad = !padded;
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t ci = 0; ci < g->cin; ci++)
+            for (int64_t image = 0; image < g->n; image++) {
+                if (!padded || !pad_channel(g, x + (image * g->cin + ci) * g->h * g->w, stride, padded)) {
+                    bad = 1;
+                    continue;
+                }
+                for (int64_t tr = 0; tr < g->tiles_h; tr++)
+                    for (int64_t tc = 0; tc < g->tiles_w; tc += ROW_TILES) {
+                        const float *corner = padded + tr * TILE * stride + tc * TILE;
+                        v16 rows_t[PATCH][PATCH], column[PATCH], transformed[PATCH];
+                        for (int r = 0; r < PATCH; r++) { /* B to each patch row */
+                            __m256 lo[PATCH], hi[PATCH];
+                            patch_columns8(corner + r * stride, lo);
+                            patch_columns8(corner + r * stride + 8 * TILE, hi);
+                            for (int c = 0; c < PATCH; c++) column[c] = tg_f32x16_of(lo[c], hi[c]);
+                            input_transform(column, rows_t[r]);
+                        }
+                        /* lanes past the tile row are the next row's tiles, written again in order; never past the
+                         * image's, which another thread may write */
+                        int64_t p = tr * g->tiles_w + tc;
+                        __mmask16 valid = tg_tail_mask(per_image - p);
+                        float *at = v + ci * g->tiles + image * per_image + p;
+                        for (int nu = 0; nu < PATCH; nu++) { /* then B^T to each column */
+                            for (int r = 0; r < PATCH; r++) column[r] = rows_t[r][nu];
+                            input_transform(column, transformed);
+                            for (int xi = 0; xi < PATCH; xi++)
+                                _mm512_mask_storeu_ps(at + (xi * PATCH + nu) * g->cin * g->tiles, valid,
+                                                      transformed[xi]);
+                        }
+                    }
+            }
+        free(padded);
+    }
+    return !bad;
+}
+#endif
+
 /* V[point][ci][p] = B^T d B for tiles p (images, tile rows, tile columns in order); whether every input read is
  * finite (every input element lies in some patch). */
 static int transform_input(const geometry *g, const float *x, float *v) {
+#ifndef __AVX512F__
+    if (long_tile_rows(g)) return transform_input_by_rows(g, x, v);
+#endif
     int bad = 0;
 #pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
     for (int64_t ci = 0; ci < g->cin; ci++)
@@ -195,6 +292,21 @@ static void transform_output(const geometry *g, const float *m, const float *bia
         }
 }
 
+/* `count` floats of scratch for T, U, V and M, kept by the calling thread for its next call (grown when too small):
+ * freed after each call, glibc handed the next call's block fresh pages (faulted in again: 29 MB for ResNet-18's
+ * layer1 at batch 8) whenever other allocations had taken the freed one, which made calls interleaved with other
+ * programs 2.5x slower (bench/NOTES.md). */
+static float *scratch_floats(size_t count) {
+    static __thread float *kept;
+    static __thread size_t capacity;
+    if (count > capacity) {
+        free(kept);
+        kept = aligned_alloc(64, (count * sizeof(float) + 63) & ~(size_t)63);
+        capacity = kept ? count : 0;
+    }
+    return kept;
+}
+
 int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
@@ -208,13 +320,11 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     /* T (twice the weights), U for one row of points at a time (so it is read while still cached), V and M */
     size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
     size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
-    float *t = winograd ? aligned_alloc(64, (scratch * sizeof(float) + 63) & ~(size_t)63) : NULL;
+    float *t = winograd ? scratch_floats(scratch) : NULL;
     float *u = t + 3 * PATCH * weights, *v = u + PATCH * weights, *m = v + rows * cin;
-    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v)) {
-        free(t);
+    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v))
         return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
                              weight, bias, out, alpha, residual, activation);
-    }
     int status = TG_GEMM_OK;
     for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
         transform_weight_row(&g, t, xi, u);
@@ -223,6 +333,5 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
                              0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
     }
     if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out);
-    free(t);
     return status;
 }
