@@ -7,8 +7,10 @@ from tensorgraphs.kerneldb.db import (
     Measurement,
     ScheduleChoice,
     StepVerdict,
+    StoredView,
     cache_dir,
     default_db,
+    per_database,
 )
 from tensorgraphs.kerneldb.fingerprint import device_description, device_fingerprint
 
@@ -19,8 +21,10 @@ __all__ = [
     "Measurement",
     "ScheduleChoice",
     "StepVerdict",
+    "StoredView",
     "cache_dir",
     "default_db",
+    "per_database",
     "device_description",
     "device_fingerprint",
 ]

@@ -23,6 +23,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Generic, TypeVar
 
 SCHEMA_VERSION = 3
 _FILE_NAME = "kernels.sqlite"
@@ -338,3 +339,28 @@ def default_db() -> KernelDB:
     if path not in _DEFAULT:
         _DEFAULT[path] = KernelDB(path)
     return _DEFAULT[path]
+
+
+T = TypeVar("T")
+
+
+def per_database(made: dict[int, T], make: Callable[[KernelDB], T], db: KernelDB | None = None) -> T:
+    """The one `make(db)` of `db` (default: `default_db()`, so `TG_CACHE_DIR` changes take effect), kept in `made`."""
+    db = db if db is not None else default_db()
+    if id(db) not in made:
+        made[id(db)] = make(db)
+    return made[id(db)]
+
+
+class StoredView(Generic[T]):
+    """What `read()` returns of `db`, read again only after a write through `db` (its `generation` moved)."""
+
+    def __init__(self, db: KernelDB, read: Callable[[], T]) -> None:
+        self.db, self.read = db, read
+        self._generation = -1
+        self._value: T
+
+    def __call__(self) -> T:
+        if self._generation != self.db.generation:
+            self._value, self._generation = self.read(), self.db.generation
+        return self._value

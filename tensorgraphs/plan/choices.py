@@ -35,7 +35,7 @@ import numpy as np
 
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node
-from tensorgraphs.kerneldb import KernelDB, default_db, device_fingerprint
+from tensorgraphs.kerneldb import KernelDB, default_db, device_fingerprint, per_database
 from tensorgraphs.plan.cost import NOMINAL_PEAKS, CostModel, Estimate
 from tensorgraphs.plan.measure import kernel_clock, random_array, time_interleaved
 from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
@@ -342,11 +342,8 @@ _PLANNERS: dict[int, CompiledPlanner] = {}
 
 
 def compiled_planner(db: KernelDB | None = None) -> CompiledPlanner:
-    """The planner over the default kernel database (one per database, so `TG_CACHE_DIR` changes take effect)."""
-    db = db if db is not None else default_db()
-    if id(db) not in _PLANNERS:
-        _PLANNERS[id(db)] = CompiledPlanner(db)
-    return _PLANNERS[id(db)]
+    """The planner over the default kernel database (`per_database`)."""
+    return per_database(_PLANNERS, CompiledPlanner, db)
 
 
 def routes_taken(collected: dict[str, dict[Signature, Node]]) -> tuple[tuple[Signature, str], ...]:

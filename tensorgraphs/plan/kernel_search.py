@@ -34,7 +34,7 @@ import numpy as np
 
 from tensorgraphs.codegen.compiler import load
 from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Loop, ScheduleOptions, walk
-from tensorgraphs.kerneldb import KernelDB, ScheduleChoice, default_db, device_fingerprint
+from tensorgraphs.kerneldb import KernelDB, ScheduleChoice, StoredView, device_fingerprint, per_database
 from tensorgraphs.plan.choices import Recorder, code_hash, is_untuned, planning_label, tuning_enabled
 from tensorgraphs.plan.measure import random_array, rounds_within
 from tensorgraphs.plan.signature import TensorSpec
@@ -189,15 +189,9 @@ class KernelSearch:
     def __init__(self, db: KernelDB, fingerprint: str) -> None:
         self.db, self.fingerprint = db, fingerprint
         self.searched = 0  # kernels searched by TG_TUNE=1, bounded by SEARCH_LIMIT
-        self._choices: dict[str, ScheduleChoice] = {}
-        self._generation = -1
-
-    def choices(self) -> dict[str, ScheduleChoice]:
-        """Kernel hash -> stored choice, for this device and code generator (read again after writes)."""
-        if self._generation != self.db.generation:
-            self._choices = self.db.schedules(self.fingerprint, code_hash())
-            self._generation = self.db.generation
-        return self._choices
+        # kernel hash -> stored choice, for this device and code generator
+        self.choices: StoredView[dict[str, ScheduleChoice]] = StoredView(
+            db, lambda: db.schedules(fingerprint, code_hash()))
 
     def may_search(self) -> bool:
         deadline = _SEARCH_DEADLINE.get()
@@ -256,8 +250,5 @@ _SEARCHES: dict[int, KernelSearch] = {}
 
 
 def kernel_search(db: KernelDB | None = None) -> KernelSearch:
-    """The search over the default kernel database (one per database, so `TG_CACHE_DIR` changes take effect)."""
-    db = db if db is not None else default_db()
-    if id(db) not in _SEARCHES:
-        _SEARCHES[id(db)] = KernelSearch(db, device_fingerprint())
-    return _SEARCHES[id(db)]
+    """The search over the default kernel database (`per_database`)."""
+    return per_database(_SEARCHES, lambda db: KernelSearch(db, device_fingerprint()), db)

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 from tensorgraphs.errors import TGError
 from tensorgraphs.graph.composite import decompose, is_composite
 from tensorgraphs.graph.node import Node, toposort
-from tensorgraphs.kerneldb import KernelDB, default_db
+from tensorgraphs.kerneldb import KernelDB, per_database
 from tensorgraphs.plan.cost import CostModel, Estimate, reference_impl_hash
 from tensorgraphs.plan.implementations import IMPLEMENTATIONS, KERNEL_BACKENDS, Implementation, ImplementationRegistry
 from tensorgraphs.plan.signature import Signature, TensorSpec, placeholder_node, signature_of
@@ -231,8 +231,5 @@ _PLANNERS: dict[int, Planner] = {}
 
 
 def default_planner(db: KernelDB | None = None) -> Planner:
-    """The planner over the default kernel database (one per database, so `TG_CACHE_DIR` changes take effect)."""
-    db = db if db is not None else default_db()
-    if id(db) not in _PLANNERS:
-        _PLANNERS[id(db)] = Planner(CostModel(db))
-    return _PLANNERS[id(db)]
+    """The planner over the default kernel database (`per_database`)."""
+    return per_database(_PLANNERS, lambda db: Planner(CostModel(db)), db)

@@ -27,7 +27,7 @@ import numpy as np
 
 from tensorgraphs.codegen.loop_ir import Kernel, ScheduleOptions
 from tensorgraphs.graph.node import Node
-from tensorgraphs.kerneldb import KernelDB, StepVerdict, default_db, device_fingerprint
+from tensorgraphs.kerneldb import KernelDB, StepVerdict, StoredView, device_fingerprint, per_database
 from tensorgraphs.plan.choices import Recorder, code_hash, planning_label, still_taken, tuning_enabled, untuned
 from tensorgraphs.plan.kernel_search import search_deadline
 from tensorgraphs.plan.measure import kernel_clock, random_array, time_interleaved
@@ -104,15 +104,8 @@ class StepCheck:
     def __init__(self, db: KernelDB, fingerprint: str) -> None:
         self.db, self.fingerprint = db, fingerprint
         self.checked = 0  # programs checked by TG_TUNE=1, bounded by CHECK_LIMIT
-        self._verdicts: dict[str, StepVerdict] = {}
-        self._generation = -1
-
-    def verdicts(self) -> dict[str, StepVerdict]:
-        """Program hash -> stored verdict, for this device and code generator (read again after writes)."""
-        if self._generation != self.db.generation:
-            self._verdicts = self.db.steps(self.fingerprint, code_hash())
-            self._generation = self.db.generation
-        return self._verdicts
+        # program hash -> stored verdict, for this device and code generator
+        self.verdicts: StoredView[dict[str, StepVerdict]] = StoredView(db, lambda: db.steps(fingerprint, code_hash()))
 
     def may_check(self) -> bool:
         """Under `tg tune` always, past its budget too (a check costs a compile and `BUDGET`, and is what makes its
@@ -162,8 +155,5 @@ _CHECKS: dict[int, StepCheck] = {}
 
 
 def step_check(db: KernelDB | None = None) -> StepCheck:
-    """The check over the default kernel database (one per database, so `TG_CACHE_DIR` changes take effect)."""
-    db = db if db is not None else default_db()
-    if id(db) not in _CHECKS:
-        _CHECKS[id(db)] = StepCheck(db, device_fingerprint())
-    return _CHECKS[id(db)]
+    """The check over the default kernel database (`per_database`)."""
+    return per_database(_CHECKS, lambda db: StepCheck(db, device_fingerprint()), db)
