@@ -4,8 +4,11 @@
    dtype and shape): its median.
 2. Rows of the same kernel on other shapes: a least-squares fit of
    time = c0 + c1 * flops + c2 * bytes (relative error minimized, coefficients
-   kept non-negative) when there are three or more; with one or two, the roofline
-   scaled by how far the measured rows were from it.
+   kept non-negative) when there are three or more and the signature lies within
+   `EXTRAPOLATION` of their flops and bytes; otherwise (one or two rows, or a shape
+   far from the rows), the roofline scaled by how far the measured rows were from
+   it. A fit over large shapes says little of small ones: its intercept, decisive
+   there, is what the large rows determine least.
 3. Nothing measured: the roofline, overhead + max(flops / peak FLOP/s,
    bytes / bandwidth), from the device's peaks, measured once and stored.
 """
@@ -33,6 +36,8 @@ from tensorgraphs.plan.signature import Signature
 from tensorgraphs.runtime.buffer import Buffer
 
 MIN_ROWS_FOR_FIT = 3
+EXTRAPOLATION = 2.0
+"""How far outside its rows' flops and bytes (as a factor) a fit still predicts."""
 
 
 @dataclass(frozen=True)
@@ -75,10 +80,18 @@ def measure_device_peaks() -> DevicePeaks:
 
 @dataclass(frozen=True)
 class _Fit:
-    """time = coefficients . (1, flops, bytes), or the roofline times `scale` (too few rows to fit)."""
+    """time = coefficients . (1, flops, bytes) within the rows' `flops` and `bytes` ranges, else (or with too few
+    rows to fit) the roofline times `scale`."""
 
     coefficients: tuple[float, float, float] | None
     scale: float
+    flops: tuple[float, float] = (0.0, 0.0)
+    bytes: tuple[float, float] = (0.0, 0.0)
+
+    def covers(self, flops: float, nbytes: float) -> bool:
+        """Whether a signature's flops and bytes lie within `EXTRAPOLATION` of the fitted rows'."""
+        return all(low / EXTRAPOLATION <= value <= high * EXTRAPOLATION
+                   for value, (low, high) in ((flops, self.flops), (nbytes, self.bytes)))
 
 
 def _features(flops: float, nbytes: float) -> np.ndarray:
@@ -155,7 +168,7 @@ class CostModel:
         roofline = self.roofline(sig.flops, sig.bytes)
         if fit is None:
             return Estimate(roofline, "roofline")
-        if fit.coefficients is None:
+        if fit.coefficients is None or not fit.covers(sig.flops, sig.bytes):
             return Estimate(fit.scale * roofline, "scaled roofline")
         return Estimate(float(np.dot(fit.coefficients, _features(sig.flops, sig.bytes))), "regression")
 
@@ -178,7 +191,9 @@ class CostModel:
         coefficients = _fit_nonnegative(np.stack([_features(m.flops, m.bytes) for m in rows]), times)
         if coefficients is None or not coefficients.any():
             return scaled
-        return _Fit(tuple(float(c) for c in coefficients), scaled.scale)
+        flops, nbytes = [m.flops for m in rows], [m.bytes for m in rows]
+        return _Fit(tuple(float(c) for c in coefficients), scaled.scale, (min(flops), max(flops)),
+                    (min(nbytes), max(nbytes)))
 
 
 @functools.cache

@@ -79,6 +79,33 @@ def test_regression_predicts_held_out_shapes_within_30_percent(db, model, kernel
         assert estimate.seconds == pytest.approx(truth(sig), rel=0.3), sig
 
 
+# Rows measured on a 2-core Zen 3 (ResNet-18's convolutions as batched products, batch 8): (m, k, n), then the
+# GEMM library's and the decomposition's milliseconds.
+_CONV_PRODUCTS = [((128, 1152, 784), 26.9, 125.2), ((128, 576, 784), 13.5, 80.4), ((128, 64, 784), 2.71, 12.7),
+                  ((256, 1152, 196), 14.5, 65.7), ((256, 128, 196), 2.54, 9.82), ((256, 2304, 196), 32.6, 142.5),
+                  ((512, 2304, 49), 18.3, 40.6), ((512, 256, 49), 2.37, 3.28), ((512, 4608, 49), 34.7, 77.8),
+                  ((64, 147, 12544), 37.3, 203.0), ((64, 576, 3136), 47.8, 196.6)]
+
+
+def _batched_matmul(batch: int, m: int, k: int, n: int) -> Signature:
+    specs = TensorSpec(F32, (batch, m, k)), TensorSpec(F32, (batch, k, n))
+    return Signature("matmul", (), specs, TensorSpec(F32, (batch, m, n)))
+
+
+def test_a_fit_does_not_extrapolate_far_below_its_rows(db, model):
+    """Fitted on large products, the GEMM library's intercept came out larger than the decomposition's, and both
+    were extrapolated 30x below the smallest row: the planner chose loops 10x slower than the GEMM for an LSTM's
+    (20, 800) x (800, 200). Far from its rows a fit gives way to the scaled roofline, which keeps the rows' order."""
+    for (m, k, n), gemm_ms, loops_ms in _CONV_PRODUCTS:
+        _record(db, "compiled.matmul.gemm", _batched_matmul(8, m, k, n), gemm_ms * 1e-3)
+        _record(db, "compiled.matmul.decompose", _batched_matmul(8, m, k, n), loops_ms * 1e-3)
+    small, inside = _matmul(20, 800, 200), _batched_matmul(8, 256, 576, 196)
+    gemm, loops = (model.estimate(f"compiled.matmul.{c}", "h", small) for c in ("gemm", "decompose"))
+    assert gemm.source == loops.source == "scaled roofline"
+    assert gemm.seconds < loops.seconds
+    assert model.estimate("compiled.matmul.gemm", "h", inside).source == "regression"
+
+
 def test_fits_are_refreshed_by_new_rows(db, model):
     sig, other = _add(10_000), _add(20_000)
     before = model.estimate("reference.ADD", "h", other)
