@@ -19,9 +19,17 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Every helper below is forced inline: in a program of hundreds of kernels gcc's unit-growth limit stops inlining
+ * them, and a call left in a loop keeps the loop from being vectorized. */
+#if defined(__GNUC__)
+#define TG_INLINE static inline __attribute__((always_inline))
+#else
+#define TG_INLINE static inline
+#endif
+
 typedef union { float f; uint32_t u; int32_t i; } tg_f32bits;
 
-static inline float tg_exp2f(float x) {
+TG_INLINE float tg_exp2f(float x) {
     float c = x > -151.0f ? x : -151.0f;                          /* NaN -> -151: returned as x below */
     c = c < 129.0f ? c : 129.0f;
     float k = (c + 12582912.0f) - 12582912.0f;                    /* round to nearest integer */
@@ -42,7 +50,7 @@ static inline float tg_exp2f(float x) {
     return x == x ? r : x;
 }
 
-static inline float tg_log2f(float x) {
+TG_INLINE float tg_log2f(float x) {
     int small = x < 1.17549435e-38f;
     float y = small ? x * 8388608.0f : x;
     tg_f32bits b;
@@ -73,7 +81,7 @@ static inline float tg_log2f(float x) {
 
 /* x = M * 2^E exactly (M a 24-bit integer); with t = 2^E mod 2pi from the table (as hi + lo),
  * x = M*t (mod 2pi) and M*t < 2^27, so the reduction by pi below is exact for every finite float. */
-static inline float tg_sinf(float xf) {
+TG_INLINE float tg_sinf(float xf) {
     tg_f32bits b;
     b.f = xf;
     int32_t field = (int32_t)((b.u >> 23) & 0xff);
@@ -103,18 +111,18 @@ static inline float tg_sinf(float xf) {
 
 /* max(a, b): NaN when either is (a's first), b on a tie (-0, +0). Written as a compare-select followed by the NaN
  * test, which gcc maps to vmaxps + blend: a short dependency chain through a max accumulator. */
-static inline float tg_maxf(float a, float b) {
+TG_INLINE float tg_maxf(float a, float b) {
     float m = a > b ? a : b;
     return a != a ? a : m;
 }
-static inline double tg_max(double a, double b) {
+TG_INLINE double tg_max(double a, double b) {
     double m = a > b ? a : b;
     return a != a ? a : m;
 }
 
-static inline float tg_round_f16(float x) { return (float)(_Float16)x; }
+TG_INLINE float tg_round_f16(float x) { return (float)(_Float16)x; }
 
-static inline float tg_round_bf16(float x) { /* round to nearest even, NaN kept */
+TG_INLINE float tg_round_bf16(float x) { /* round to nearest even, NaN kept */
     tg_f32bits b;
     b.f = x;
     b.u = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) & 0xffff0000u;
@@ -122,12 +130,12 @@ static inline float tg_round_bf16(float x) { /* round to nearest even, NaN kept 
 }
 
 /* float -> integer: trunc; NaN/inf give 0; signed saturates, unsigned wraps (the reference's rule). */
-static inline int64_t tg_to_signed(double x, double lo, double hi) {
+TG_INLINE int64_t tg_to_signed(double x, double lo, double hi) {
     if (x - x != 0.0) return 0;
     return x <= lo ? (int64_t)lo : (x >= hi ? (int64_t)hi : (int64_t)x);
 }
 
-static inline uint64_t tg_to_unsigned(double x, double modulus) {
+TG_INLINE uint64_t tg_to_unsigned(double x, double modulus) {
     if (x - x != 0.0) return 0;
     double t = trunc(x);
     if (t >= 0.0 && t < modulus) return (uint64_t)t;
@@ -137,13 +145,13 @@ static inline uint64_t tg_to_unsigned(double x, double modulus) {
 
 /* Integer division rounds toward -inf, modulo has the divisor's sign; division by zero gives 0. */
 #define TG_INT_DIVISION(T, U)                                                             \
-    static inline T tg_floordiv_##T(T a, T b) {                                           \
+    TG_INLINE T tg_floordiv_##T(T a, T b) {                                               \
         if (b == 0) return 0;                                                             \
         if (b == (T)-1) return (T)((U)0 - (U)a);                                          \
         T q = (T)(a / b);                                                                 \
         return (T)((q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q);                     \
     }                                                                                     \
-    static inline T tg_mod_##T(T a, T b) {                                                \
+    TG_INLINE T tg_mod_##T(T a, T b) {                                                    \
         if (b == 0 || b == (T)-1) return 0;                                               \
         T r = (T)(a % b);                                                                 \
         return (T)((r != 0 && ((r < 0) != (b < 0))) ? r + b : r);                         \
@@ -154,17 +162,17 @@ TG_INT_DIVISION(int32_t, uint32_t)
 TG_INT_DIVISION(int64_t, uint64_t)
 
 #define TG_UINT_DIVISION(T)                                                               \
-    static inline T tg_floordiv_##T(T a, T b) { return b == 0 ? 0 : (T)(a / b); }          \
-    static inline T tg_mod_##T(T a, T b) { return b == 0 ? 0 : (T)(a % b); }
+    TG_INLINE T tg_floordiv_##T(T a, T b) { return b == 0 ? 0 : (T)(a / b); }              \
+    TG_INLINE T tg_mod_##T(T a, T b) { return b == 0 ? 0 : (T)(a % b); }
 TG_UINT_DIVISION(uint8_t)
 TG_UINT_DIVISION(uint32_t)
 
-static inline int64_t tg_floordiv_index(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-static inline int64_t tg_mod_index(int64_t a, int64_t b) { int64_t r = a % b; return r < 0 ? r + b : r; }
-static inline int64_t tg_clamp_index(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : (a > hi ? hi : a); }
+TG_INLINE int64_t tg_floordiv_index(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+TG_INLINE int64_t tg_mod_index(int64_t a, int64_t b) { int64_t r = a % b; return r < 0 ? r + b : r; }
+TG_INLINE int64_t tg_clamp_index(int64_t a, int64_t lo, int64_t hi) { return a < lo ? lo : (a > hi ? hi : a); }
 
 /* A gathered/scattered position outside [0, n) flags the call (IndexError in Python) and reads element 0. */
-static inline int64_t tg_checked_index(int64_t i, int64_t n, int *status) {
+TG_INLINE int64_t tg_checked_index(int64_t i, int64_t n, int *status) {
     if (i >= 0 && i < n) return i;
     __atomic_store_n(status, 1, __ATOMIC_RELAXED);
     return 0;

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tensorgraphs.backends.cpu.driver import GCC
+from tensorgraphs.backends.cpu.renderer import PREAMBLE
 from tensorgraphs.codegen import compiler
 
 SOURCE = "int tg_program(void **buffers) { return %d; }\n"
@@ -96,6 +97,26 @@ def test_large_program_is_compiled_as_parallel_units(tmp_path: Path, monkeypatch
     library = ctypes.CDLL(str(compiler.compile_shared(source, GCC)))
     assert library.tg_program(None) == sum(range(count))
     assert compiler._units(source, 1) == [source]
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils) to list the library's functions")
+def test_the_preamble_helpers_are_inlined_past_gccs_inlining_limits(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a program of hundreds of kernels gcc's unit-growth limit stopped inlining tg_exp2f and its kin: loops
+    calling them were left scalar (an eager LSTM's backward ran 2.5x longer). With the limits at zero, as such a
+    program meets them, no helper may be left out of line."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path))
+    limits = ("inline-unit-growth=0", "large-unit-insns=0", "max-inline-insns-single=0")
+    driver = dataclasses.replace(GCC, flags=GCC.flags + tuple(f"--param={limit}" for limit in limits))
+    kernels = [f"void k{i}(const float *restrict a, float *restrict b, int64_t *restrict c) {{\n"
+               f"    for (int64_t j = 0; j < 1024; j++) {{\n"
+               f"        b[j] = tg_exp2f(a[j] * {i + 1}) + tg_log2f(a[j] + {i}) + tg_maxf(a[j], {i});\n"
+               f"        c[j] = tg_floordiv_index(c[j], {i + 2}) + tg_mod_index(c[j], {i + 3});\n"
+               "    }\n}"
+               for i in range(3)]
+    library = compiler.compile_shared("\n".join([PREAMBLE, *kernels, "int tg_program(void) { return 0; }"]), driver)
+    functions = subprocess.run(["nm", str(library)], capture_output=True, text=True, check=True).stdout.split()
+    assert not [name for name in functions if name.startswith("tg_") and name != "tg_program"]
 
 
 def _library_returning(value: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:

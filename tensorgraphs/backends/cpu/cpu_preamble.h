@@ -20,7 +20,7 @@
         }
 #define TG_TRANSPOSE16(bits)                                                                                      \
     typedef uint##bits##_t tg_row16_u##bits __attribute__((vector_size(2 * (bits))));                          \
-    static inline void tg_transpose16_u##bits(void *tile) {                                                    \
+    TG_INLINE void tg_transpose16_u##bits(void *tile) {                                                        \
         tg_row16_u##bits row[16];                                                                              \
         memcpy(row, tile, sizeof row);                                                                         \
         TG_TRANSPOSE_ROUND(row, 8, TG_LANES(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),            \
@@ -49,27 +49,27 @@ TG_TRANSPOSE16(64)
  * plain stores, like the tail). Every thread that streamed calls tg_stream_fence before the kernel ends. */
 #if defined(__AVX512F__) && !defined(__clang__)
 typedef long long tg_line __attribute__((vector_size(64)));
-static inline void tg_stream_line(void *dst, const void *line) {
+TG_INLINE void tg_stream_line(void *dst, const void *line) {
     tg_line value;
     memcpy(&value, line, 64);
     __builtin_ia32_movntdq512((tg_line *)dst, value);
 }
-static inline void tg_stream_fence(void) { __builtin_ia32_sfence(); }
+TG_INLINE void tg_stream_fence(void) { __builtin_ia32_sfence(); }
 #elif defined(__SSE2__) && !defined(__clang__)
 typedef long long tg_quarter_line __attribute__((vector_size(16)));
-static inline void tg_stream_line(void *dst, const void *line) {
+TG_INLINE void tg_stream_line(void *dst, const void *line) {
     for (int part = 0; part < 4; part++) {
         tg_quarter_line value;
         memcpy(&value, (const char *)line + 16 * part, 16);
         __builtin_ia32_movntdq((tg_quarter_line *)dst + part, value);
     }
 }
-static inline void tg_stream_fence(void) { __builtin_ia32_sfence(); }
+TG_INLINE void tg_stream_fence(void) { __builtin_ia32_sfence(); }
 #else
-static inline void tg_stream_line(void *dst, const void *line) { memcpy(dst, line, 64); }
-static inline void tg_stream_fence(void) {}
+TG_INLINE void tg_stream_line(void *dst, const void *line) { memcpy(dst, line, 64); }
+TG_INLINE void tg_stream_fence(void) {}
 #endif
-static inline int64_t tg_stream_head(const void *dst, int64_t n, int64_t size) {
+TG_INLINE int64_t tg_stream_head(const void *dst, int64_t n, int64_t size) {
     int64_t head = (int64_t)((64 - ((uintptr_t)dst & 63)) & 63) / size;
     return head < n && (uintptr_t)dst % (uintptr_t)size == 0 ? head : n; /* elements never straddle a line */
 }
