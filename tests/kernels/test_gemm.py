@@ -308,6 +308,29 @@ def test_activations_propagate_nan_and_inf_like_torch(matmul):
         np.testing.assert_allclose(matmul(a, b, activation=activation), expected, rtol=1e-6, err_msg=activation)
 
 
+def gelu_tanh_derivative(h: np.ndarray) -> np.ndarray:
+    """gelu'(h), tanh form, by float64 torch autograd."""
+    x = torch.from_numpy(np.asarray(h, np.float64)).requires_grad_()
+    (slope,) = torch.autograd.grad(torch.nn.functional.gelu(x, approximate="tanh").sum(), [x])
+    return slope.numpy()
+
+
+@implementations
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600), (20, 300, 40), (13, 8, 40), (1000, 33, 255)])
+def test_gelu_gradient_epilogue(matmul, m, n, k):
+    """(a @ b + bias) * gelu'(h), h read as the residual (gelu's backward fused into the product): partial tiles,
+    a last panel of 8 columns, several K blocks (600 > KC: the last one applies it), bands and a batch."""
+    a, b, bias, h = random((2, m, k), 17), random((k, n), 18), random((n,), 19), 3 * random((2, m, n), 20)
+    expected = reference(a, b, bias=bias) * gelu_tanh_derivative(h)
+    actual = matmul(a, b, bias=bias, residual=h, activation="gelu_tanh_grad")
+    assert_close(actual, expected, k, f"{m}x{n}x{k}")
+
+
+def test_gelu_gradient_epilogue_needs_its_input():
+    with pytest.raises(ArgumentError, match="residual"):
+        gemm.bind_gemm(lambda *args: 0, random((3, 4), 0), random((4, 2), 0), activation="gelu_tanh_grad")
+
+
 PROLOGUES = [("a", "relu"), ("a", "gelu_tanh"), ("b", "relu"), ("b", "gelu_tanh")]
 prologues = pytest.mark.parametrize(("operand", "prologue"), PROLOGUES, ids=[f"{o}:{p}" for o, p in PROLOGUES])
 
