@@ -326,6 +326,28 @@ def test_gelu_gradient_epilogue(matmul, m, n, k):
     assert_close(actual, expected, k, f"{m}x{n}x{k}")
 
 
+@needs_gemm
+def test_gelu_and_its_gradient_are_accurate_over_the_whole_range():
+    """gelu and gelu' (epilogue, prologue, gradient epilogue) within a few ulp of float64 over [-30, 30], through the
+    tails where exp(-2u) leaves the float range (0 or inf: gelu's exact zeros), as x * sigmoid(2u) in float64. (Where
+    the result is tiny, float32's u is only good to ~1e-7 * |2u|, which exp scales: hence the absolute tolerance.)"""
+    x = np.concatenate([np.linspace(-30, 30, 6001), [-11.5, -10.8, -10.5, 9.5, 10.0]]).astype(np.float32)
+    x64 = torch.from_numpy(x.astype(np.float64))
+    u = 0.7978845608028654 * (x64 + 0.044715 * x64**3)
+    s = torch.sigmoid(2 * u)
+    expected = {"gelu": (x64 * s).numpy(),
+                "gradient": (s + 2 * x64 * s * (1 - s) * 0.7978845608028654 * (1 + 3 * 0.044715 * x64**2)).numpy()}
+    column, ones = x[:, None], np.ones((1, 17), np.float32)
+    actual = {"gelu": [gemm.matmul(column, ones, activation="gelu_tanh"),
+                       gemm.matmul(column, ones, a_prologue="gelu_tanh")],
+              "gradient": [gemm.matmul(np.ones_like(column), ones, residual=np.repeat(column, 17, 1),
+                                       activation="gelu_tanh_grad")]}
+    for name, results in actual.items():
+        for result in results:
+            np.testing.assert_allclose(result, np.repeat(expected[name][:, None], 17, 1), rtol=2e-6, atol=1e-7,
+                                       err_msg=name)
+
+
 def test_gelu_gradient_epilogue_needs_its_input():
     with pytest.raises(ArgumentError, match="residual"):
         gemm.bind_gemm(lambda *args: 0, random((3, 4), 0), random((4, 2), 0), activation="gelu_tanh_grad")
