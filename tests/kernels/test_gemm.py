@@ -308,6 +308,51 @@ def test_activations_propagate_nan_and_inf_like_torch(matmul):
         np.testing.assert_allclose(matmul(a, b, activation=activation), expected, rtol=1e-6, err_msg=activation)
 
 
+def gelu_tanh_derivative(h: np.ndarray) -> np.ndarray:
+    """gelu'(h), tanh form, by float64 torch autograd."""
+    x = torch.from_numpy(np.asarray(h, np.float64)).requires_grad_()
+    (slope,) = torch.autograd.grad(torch.nn.functional.gelu(x, approximate="tanh").sum(), [x])
+    return slope.numpy()
+
+
+@implementations
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 255, 7), (100, 70, 600), (20, 300, 40), (13, 8, 40), (1000, 33, 255)])
+def test_gelu_gradient_epilogue(matmul, m, n, k):
+    """(a @ b + bias) * gelu'(h), h read as the residual (gelu's backward fused into the product): partial tiles,
+    a last panel of 8 columns, several K blocks (600 > KC: the last one applies it), bands and a batch."""
+    a, b, bias, h = random((2, m, k), 17), random((k, n), 18), random((n,), 19), 3 * random((2, m, n), 20)
+    expected = reference(a, b, bias=bias) * gelu_tanh_derivative(h)
+    actual = matmul(a, b, bias=bias, residual=h, activation="gelu_tanh_grad")
+    assert_close(actual, expected, k, f"{m}x{n}x{k}")
+
+
+@needs_gemm
+def test_gelu_and_its_gradient_are_accurate_over_the_whole_range():
+    """gelu and gelu' (epilogue, prologue, gradient epilogue) within a few ulp of float64 over [-30, 30], through the
+    tails where exp(-2u) leaves the float range (0 or inf: gelu's exact zeros), as x * sigmoid(2u) in float64. (Where
+    the result is tiny, float32's u is only good to ~1e-7 * |2u|, which exp scales: hence the absolute tolerance.)"""
+    x = np.concatenate([np.linspace(-30, 30, 6001), [-11.5, -10.8, -10.5, 9.5, 10.0]]).astype(np.float32)
+    x64 = torch.from_numpy(x.astype(np.float64))
+    u = 0.7978845608028654 * (x64 + 0.044715 * x64**3)
+    s = torch.sigmoid(2 * u)
+    expected = {"gelu": (x64 * s).numpy(),
+                "gradient": (s + 2 * x64 * s * (1 - s) * 0.7978845608028654 * (1 + 3 * 0.044715 * x64**2)).numpy()}
+    column, ones = x[:, None], np.ones((1, 17), np.float32)
+    actual = {"gelu": [gemm.matmul(column, ones, activation="gelu_tanh"),
+                       gemm.matmul(column, ones, a_prologue="gelu_tanh")],
+              "gradient": [gemm.matmul(np.ones_like(column), ones, residual=np.repeat(column, 17, 1),
+                                       activation="gelu_tanh_grad")]}
+    for name, results in actual.items():
+        for result in results:
+            np.testing.assert_allclose(result, np.repeat(expected[name][:, None], 17, 1), rtol=2e-6, atol=1e-7,
+                                       err_msg=name)
+
+
+def test_gelu_gradient_epilogue_needs_its_input():
+    with pytest.raises(ArgumentError, match="residual"):
+        gemm.bind_gemm(lambda *args: 0, random((3, 4), 0), random((4, 2), 0), activation="gelu_tanh_grad")
+
+
 PROLOGUES = [("a", "relu"), ("a", "gelu_tanh"), ("b", "relu"), ("b", "gelu_tanh")]
 prologues = pytest.mark.parametrize(("operand", "prologue"), PROLOGUES, ids=[f"{o}:{p}" for o, p in PROLOGUES])
 

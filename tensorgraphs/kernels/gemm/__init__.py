@@ -141,10 +141,10 @@ def _float32(op: str, name: str, value: object) -> np.ndarray:
     return array
 
 
-def _check_activations(op: str, **activations: str) -> None:
+def _check_activations(op: str, known: dict[str, int] = ACTIVATIONS, **activations: str) -> None:
     for name, activation in activations.items():
-        if activation not in ACTIVATIONS:
-            fail(op, f"{name} must be one of {sorted(ACTIVATIONS)}, got {activation!r}", ArgumentError)
+        if activation not in known:
+            fail(op, f"{name} must be one of {sorted(known)}, got {activation!r}", ArgumentError)
 
 
 def _gemm_operands(
@@ -197,7 +197,8 @@ def bind_gemm(
     out = activation(alpha * (a_prologue(a) @ b_prologue(b)) + bias) + residual
     through `function` (any C function with tg_gemm_f32's signature): what a generated program does, so
     repeated calls (benchmarks) pay no Python beyond ctypes. The prologues are activations (`ACTIVATIONS`) the
-    kernel applies to an operand while packing it.
+    kernel applies to an operand while packing it; the epilogue's activation may also be gelu_tanh_grad, which
+    multiplies by gelu'(residual) instead of adding the residual (gemm.h).
 
     a (..., M, K) and b (..., K, N) broadcast their batch dims like torch.matmul (a 1-D a or b is a row or column
     that is squeezed from the result); bias and residual broadcast to the output. Transposed or broadcast
@@ -208,7 +209,10 @@ def bind_gemm(
     if vector_axes and out is not None:
         fail("matmul", "out= needs matrix operands (vectors are promoted and squeezed like torch.matmul)")
     a, b = a.reshape(1, -1) if a.ndim == 1 else a, b.reshape(-1, 1) if b.ndim == 1 else b
-    _check_activations("matmul", activation=activation, a_prologue=a_prologue, b_prologue=b_prologue)
+    _check_activations("matmul", EPILOGUE_ACTIVATIONS, activation=activation)
+    _check_activations("matmul", a_prologue=a_prologue, b_prologue=b_prologue)
+    if activation == "gelu_tanh_grad" and residual is None:
+        fail("matmul", "activation gelu_tanh_grad reads gelu's input as its residual: pass residual=", ArgumentError)
     operands, (m, n, k) = _gemm_operands(a, b, bias, residual, out)
     strides = [_element_strides(operand) for operand in operands]
     dims = merge_batch_dims(operands[2].shape[:-2], [s[:-2] for s in strides])
@@ -228,7 +232,7 @@ def bind_gemm(
             [pointers[o := next(extra)], inner_strides[o], *strides[o][-2:]] if bias is not None else [None, 0, 0, 0]
         )
         args += [pointers[o := next(extra)], inner_strides[o], strides[o][-2]] if residual is not None else [None, 0, 0]
-        calls.append((*args, ACTIVATIONS[activation], ACTIVATIONS[a_prologue], ACTIVATIONS[b_prologue]))
+        calls.append((*args, EPILOGUE_ACTIVATIONS[activation], ACTIVATIONS[a_prologue], ACTIVATIONS[b_prologue]))
 
     def run() -> np.ndarray:
         for args in calls:

@@ -169,14 +169,11 @@ TG_SIMD tg_f32x16 tg_fnmadd_ps(tg_f32x16 a, tg_f32x16 b, tg_f32x16 c) {
     return tg_f32x16_of(_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi));
 }
 
-/* x * 2^n for integral n in [-150, 150] (what tg_exp2_ps passes): two exact powers of two, so a result that
- * overflows is inf and one that underflows rounds once, as VSCALEFPS's. */
+/* x * 2^n for integral n in [-127, 128] (what tg_exp2_ps passes): one power of two built in the exponent field,
+ * 2^-127 taken as 0 and 2^128 as inf (where VSCALEFPS gives a subnormal or a finite x * 2^128 for x < 1). */
 TG_SIMD __m256 tg_scalef8(__m256 x, __m256 n) {
-    __m256i k = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(k, 1), rest = _mm256_sub_epi32(k, half);
-    const __m256i bias = _mm256_set1_epi32(127);
-    __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
-    __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(x, first), second);
+    __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_mul_ps(x, _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23)));
 }
 
 TG_SIMD tg_f32x16 tg_scalef_ps(tg_f32x16 x, tg_f32x16 n) {

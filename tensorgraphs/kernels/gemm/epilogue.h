@@ -62,8 +62,10 @@ static inline __attribute__((always_inline)) __m512i tg_bf16_bits(__m512 x) {
 }
 
 static inline __attribute__((always_inline)) __m512 tg_exp2_ps(__m512 t) {
-    /* Clamping keeps the polynomial finite; scalef turns |n| > 127 into 0 or inf exactly. */
-    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-150.0f)), _mm512_set1_ps(150.0f));
+    /* Clamping keeps the polynomial finite and n within one power of two's exponent field: 2^t is 0 below
+     * 2^-126.5 and inf from 2^127.5 (exactly so on AVX2, about so by VSCALEFPS), all that 1 + exp(-2u) in gelu
+     * needs. */
+    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(128.0f));
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n); /* f in [-0.5, 0.5] */
     __m512 p = _mm512_set1_ps(1.5252734e-05f);
@@ -77,27 +79,29 @@ static inline __attribute__((always_inline)) __m512 tg_exp2_ps(__m512 t) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* gelu, tanh form: 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+/* exp(-2u) for gelu's u = sqrt(2/pi) (x + 0.044715 x^3), given x and x^2: exp2 of x (c0 + c1 x^2), the constants
+ * carrying the factor -2 log2(e). */
+static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_exp_ps(__m512 x, __m512 x2) {
+    const float c0 = -2.8853900817779268f * 0.7978845608028654f, c1 = c0 * 0.044715f;
+    return tg_exp2_ps(_mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(c1), _mm512_set1_ps(c0))));
+}
+
+/* gelu, tanh form: 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)). */
 static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_ps(__m512 x) {
-    const float sqrt_2_over_pi = 0.7978845608028654f, minus_two_log2e = -2.8853900817779268f;
-    __m512 x2 = _mm512_mul_ps(x, x);
-    __m512 inner = _mm512_fmadd_ps(x2, _mm512_set1_ps(sqrt_2_over_pi * 0.044715f), _mm512_set1_ps(sqrt_2_over_pi));
-    __m512 u = _mm512_mul_ps(x, inner);
-    __m512 e = tg_exp2_ps(_mm512_mul_ps(u, _mm512_set1_ps(minus_two_log2e)));
+    __m512 e = tg_gelu_tanh_exp_ps(x, _mm512_mul_ps(x, x));
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
-/* gelu'(h), tanh form: s + 2 h s (1 - s) u'(h), s = sigmoid(2u) = 1 / (1 + exp(-2u)), u' = sqrt(2/pi) (1 + 3 *
+/* gelu'(h), tanh form: s + 2 h s (1 - s) u'(h), s = sigmoid(2u) = 1 / (1 + exp(-2u)), 2 u' = 2 sqrt(2/pi) (1 + 3 *
  * 0.044715 h^2) (0.5 (1 + tanh u) = s and 0.5 (1 - tanh^2 u) = 2 s (1 - s)). */
 static inline __attribute__((always_inline)) __m512 tg_gelu_tanh_grad_ps(__m512 h) {
-    const float sqrt_2_over_pi = 0.7978845608028654f, minus_two_log2e = -2.8853900817779268f;
+    const float twice_sqrt_2_over_pi = 2.0f * 0.7978845608028654f;
     __m512 h2 = _mm512_mul_ps(h, h);
-    __m512 inner = _mm512_fmadd_ps(h2, _mm512_set1_ps(sqrt_2_over_pi * 0.044715f), _mm512_set1_ps(sqrt_2_over_pi));
-    __m512 e = tg_exp2_ps(_mm512_mul_ps(_mm512_mul_ps(h, inner), _mm512_set1_ps(minus_two_log2e)));
-    __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    __m512 slope = _mm512_fmadd_ps(h2, _mm512_set1_ps(3.0f * 0.044715f * sqrt_2_over_pi), _mm512_set1_ps(sqrt_2_over_pi));
-    __m512 twice_h_slope = _mm512_mul_ps(_mm512_add_ps(h, h), slope);
-    return _mm512_fmadd_ps(_mm512_mul_ps(twice_h_slope, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s), s);
+    __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), tg_gelu_tanh_exp_ps(h, h2)));
+    __m512 twice_slope = _mm512_fmadd_ps(h2, _mm512_set1_ps(3.0f * 0.044715f * twice_sqrt_2_over_pi),
+                                         _mm512_set1_ps(twice_sqrt_2_over_pi));
+    __m512 h_twice_slope = _mm512_mul_ps(h, twice_slope);
+    return _mm512_fmadd_ps(_mm512_mul_ps(h_twice_slope, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s), s);
 }
 
 /* One of enum tg_activation (gemm.h) on a vector. */

@@ -136,6 +136,23 @@ enum { HALF_TILES = 0 };
 enum { HALF_TILES = 1 };
 #endif
 
+/* c[i, v] (+)= the epilogue of tile[i, v] for the tile's rows and 16-column vectors, one vector at a time. For gelu
+ * and its gradient (an exp2 and a division per vector), which need more registers than the accumulators leave:
+ * applied on them, gcc interleaved the rows' chains and spilled (bench/NOTES.md). Out of line, so the other tiles'
+ * code is not compiled around a stack tile. */
+static __attribute__((noinline)) void epilogue_by_vector(const float *tile, int nv, float *c, int64_t c_rs,
+                                                         int64_t rows, const __mmask16 *masks, int accumulate,
+                                                         const tg_epilogue *ep, int64_t row0, int64_t col0) {
+    for (int64_t i = 0; i < rows; i++) {
+        float *row = c + i * c_rs;
+        for (int v = 0; v < nv; v++) {
+            __m512 x = _mm512_loadu_ps(tile + i * TG_NR + v * 16);
+            if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(masks[v], row + v * 16));
+            _mm512_mask_storeu_ps(row + v * 16, masks[v], tg_epilogue_apply(x, ep, row0 + i, col0 + v * 16, masks[v]));
+        }
+    }
+}
+
 /* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place)
  * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first 8 columns of one vector. */
 TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, int64_t kc, const float *restrict a, int64_t a_rs,
@@ -200,6 +217,13 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
         accumulate_f32(nv, half, kc, a, a_rs, a_ks, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
+    if (ep && ep->activation >= TG_ACT_GELU_TANH) {
+        float tile[TG_MR * TG_NR];
+        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) _mm512_storeu_ps(tile + i * TG_NR + v * 16, acc[i][v]);
+        epilogue_by_vector(tile, nv, c, c_rs, m_valid < TG_MR ? m_valid : TG_MR, masks, accumulate, ep, row0, col0);
+        return;
+    }
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
         if (i >= m_valid) break;
         float *row = c + i * c_rs;
