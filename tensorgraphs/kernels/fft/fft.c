@@ -25,6 +25,7 @@
 #define TILE_FRAMES 32 /* STFT frames transformed together before their rows are copied out */
 #define PREFETCH_ROWS 4 /* a tile's output rows prefetched for writing this far ahead of the copy */
 #define FOUR_STEP_MIN 1024 /* a single row's length from which the four-step transform runs */
+#define FOUR_STEP_PARALLEL_MIN 8192 /* a four-step transform's length worth sharing between threads */
 #define COLUMN_BLOCK 16 /* four-step columns transformed together: a whole 64-byte line of each planar row */
 #define ROW_BLOCK (2 * LANES) /* four-step rows transformed together (LANES at a time): they write whole lines */
 
@@ -473,9 +474,9 @@ static int64_t four_step_floats(const plan *pl) {
  * .re when .im is NULL (x only read); scratch: four_step_floats. */
 static void four_step(const plan *pl, planar x, planar y, float *scratch, int parallel) {
     const planar t = {scratch, scratch + pl->n};
-    const int threads = parallel ? omp_get_max_threads() : 1;
+    const int threads = parallel && pl->n >= FOUR_STEP_PARALLEL_MIN ? omp_get_max_threads() : 1;
     /* A region even for one thread: a loop outside one would be shared by the team of a caller's region. Its cost
-     * (a team start) is nothing against a transform this long. */
+     * (a team start) is small against even a transform of FOUR_STEP_MIN points. */
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         float *work = scratch + 2 * pl->n + four_step_block_floats(pl) * omp_get_thread_num();
