@@ -470,21 +470,26 @@ static int64_t four_step_floats(const plan *pl) {
 
 /* y = the transform of one row x of n = n1 n2 (Cooley-Tukey's four steps: X[k1 + n1 k2] = sum_j2 W_n2^(j2 k2)
  * W_n^(j2 k1) sum_j1 x[j1 n2 + j2] W_n1^(j1 k1)): blocks of columns into the intermediate t, then (after the
- * loop's barrier) blocks of rows, shared by the threads of one region. x and y are planar, or interleaved pairs in
- * .re when .im is NULL (x only read); scratch: four_step_floats. */
+ * loop's barrier) blocks of rows, shared by the threads of one region when `parallel` and long enough. x and y
+ * are planar, or interleaved pairs in .re when .im is NULL (x only read); scratch: four_step_floats. */
 static void four_step(const plan *pl, planar x, planar y, float *scratch, int parallel) {
     const planar t = {scratch, scratch + pl->n};
-    const int threads = parallel && pl->n >= FOUR_STEP_PARALLEL_MIN ? omp_get_max_threads() : 1;
-    /* A region even for one thread: a loop outside one would be shared by the team of a caller's region. Its cost
-     * (a team start) is small against even a transform of FOUR_STEP_MIN points. */
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        float *work = scratch + 2 * pl->n + four_step_block_floats(pl) * omp_get_thread_num();
+    const int64_t blocks = pl->rows->n / COLUMN_BLOCK, rows = pl->columns->n / ROW_BLOCK;
+    if (parallel && pl->n >= FOUR_STEP_PARALLEL_MIN && omp_get_max_threads() > 1) {
+#pragma omp parallel
+        {
+            float *work = scratch + 2 * pl->n + four_step_block_floats(pl) * omp_get_thread_num();
 #pragma omp for schedule(dynamic)
-        for (int64_t b = 0; b < pl->rows->n / COLUMN_BLOCK; b++) four_step_columns(pl, x, t, b, work);
+            for (int64_t b = 0; b < blocks; b++) four_step_columns(pl, x, t, b, work);
 #pragma omp for schedule(dynamic)
-        for (int64_t r = 0; r < pl->columns->n; r += ROW_BLOCK) four_step_rows(pl, t, y, r, work);
+            for (int64_t r = 0; r < rows; r++) four_step_rows(pl, t, y, r * ROW_BLOCK, work);
+        }
+        return;
     }
+    /* Alone, the same loops outside any region: inside a caller's, a worksharing loop would be shared by its team,
+     * and a region of one thread costs a team start (~1 us, a sixth of a 1024-point transform). */
+    for (int64_t b = 0; b < blocks; b++) four_step_columns(pl, x, t, b, scratch + 2 * pl->n);
+    for (int64_t r = 0; r < rows; r++) four_step_rows(pl, t, y, r * ROW_BLOCK, scratch + 2 * pl->n);
 }
 
 /* What one kind of transform does to a group of `lanes` rows starting at `row`. */
