@@ -210,14 +210,23 @@ static inline void store_pairs(__m256 re, __m256 im, float *to) {
 }
 #endif
 
-/* re[l], im[l] = the pair l of `from`, l < 8. */
-static inline void pairs_to_planar8(const float *from, float *re, float *im) {
 #if defined(__AVX2__)
+/* The real and imaginary parts of the 8 pairs at `from`. */
+static inline void load_pairs(const float *from, __m256 *re, __m256 *im) {
     const __m256 a = _mm256_loadu_ps(from), b = _mm256_loadu_ps(from + 8);
     const __m256d evens = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
     const __m256d odds = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
-    _mm256_storeu_ps(re, _mm256_castpd_ps(_mm256_permute4x64_pd(evens, 0xD8))); /* shuffled: elements 0145 2367 */
-    _mm256_storeu_ps(im, _mm256_castpd_ps(_mm256_permute4x64_pd(odds, 0xD8)));
+    *re = _mm256_castpd_ps(_mm256_permute4x64_pd(evens, 0xD8)); /* shuffled: elements 0145 2367 */
+    *im = _mm256_castpd_ps(_mm256_permute4x64_pd(odds, 0xD8));
+}
+#endif
+
+/* re[l], im[l] = the pair l of `from`, l < 8. */
+static inline void pairs_to_planar8(const float *from, float *re, float *im) {
+#if defined(__AVX2__)
+    __m256 r, i;
+    load_pairs(from, &r, &i);
+    _mm256_storeu_ps(re, r), _mm256_storeu_ps(im, i);
 #else
     for (int l = 0; l < 8; l++) re[l] = from[2 * l], im[l] = from[2 * l + 1];
 #endif
@@ -718,7 +727,24 @@ static void stft_tile(const job *jb, int64_t unit, float *work, int parallel) {
 /* Z_k, k in [lo, hi), of c2r_group for the `lanes` spectra x (rows of n/2 + 1 pairs), into `in` (planar). */
 static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, int64_t hi, planar in) {
     const int64_t h = jb->n / 2, width = h + 1;
-    for (int64_t k = lo; k < hi; k++)
+    for (int64_t k = lo; k < hi; k++) {
+#if defined(__AVX2__)
+        if (lanes == 1 && k && k + 8 <= hi) { /* one spectrum: 8 frequencies, and their mirrors read backwards */
+            const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+            __m256 ar, ai, br, bi;
+            load_pairs(x + 2 * k, &ar, &ai), load_pairs(x + 2 * (h - k - 7), &br, &bi);
+            br = _mm256_permutevar8x32_ps(br, reverse);
+            bi = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(bi, reverse));
+            const __m256 er = _mm256_add_ps(ar, br), ei = _mm256_add_ps(ai, bi);
+            const __m256 dr = _mm256_sub_ps(ar, br), di = _mm256_sub_ps(ai, bi);
+            const __m256 wr = _mm256_loadu_ps(jb->half.re + k), wi = _mm256_loadu_ps(jb->half.im + k);
+            const __m256 or_ = _mm256_sub_ps(_mm256_mul_ps(dr, wr), _mm256_mul_ps(di, wi));
+            const __m256 oi = _mm256_add_ps(_mm256_mul_ps(dr, wi), _mm256_mul_ps(di, wr));
+            _mm256_storeu_ps(in.re + k, _mm256_sub_ps(er, oi)), _mm256_storeu_ps(in.im + k, _mm256_add_ps(ei, or_));
+            k += 7;
+            continue;
+        }
+#endif
         for (int64_t l = 0; l < lanes; l++) {
             const float *a = x + 2 * (l * width + k), *b = x + 2 * (l * width + h - k);
             const float ar = a[0], ai = k ? a[1] : 0.0f, br = b[0], bi = k ? -b[1] : 0.0f;
@@ -727,6 +753,7 @@ static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, 
             const float or_ = CMUL_RE(dr, di, wr, wi), oi = CMUL_IM(dr, di, wr, wi);
             in.re[k * lanes + l] = er - oi, in.im[k * lanes + l] = ei + or_;
         }
+    }
 }
 
 /* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
