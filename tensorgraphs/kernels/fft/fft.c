@@ -477,28 +477,37 @@ static int64_t four_step_floats(const plan *pl) {
     return 2 * pl->n + omp_get_max_threads() * four_step_block_floats(pl);
 }
 
+/* Whether four_step shares its blocks between threads. */
+static int four_step_shares(const plan *pl, int parallel) {
+    return parallel && pl->n >= FOUR_STEP_PARALLEL_MIN && omp_get_max_threads() > 1;
+}
+
 /* y = the transform of one row x of n = n1 n2 (Cooley-Tukey's four steps: X[k1 + n1 k2] = sum_j2 W_n2^(j2 k2)
  * W_n^(j2 k1) sum_j1 x[j1 n2 + j2] W_n1^(j1 k1)): blocks of columns into the intermediate t, then (after the
- * loop's barrier) blocks of rows, shared by the threads of one region when `parallel` and long enough. x and y
- * are planar, or interleaved pairs in .re when .im is NULL (x only read); scratch: four_step_floats. */
-static void four_step(const plan *pl, planar x, planar y, float *scratch, int parallel) {
+ * loop's barrier) blocks of rows, shared by the team of the enclosing region: one of this file's own, which
+ * callers may extend with their steps before and after. x and y are planar, or interleaved pairs in .re when .im
+ * is NULL (x only read); scratch: four_step_floats. */
+static void four_step_shared(const plan *pl, planar x, planar y, float *scratch) {
     const planar t = {scratch, scratch + pl->n};
-    const int64_t blocks = pl->rows->n / COLUMN_BLOCK, rows = pl->columns->n / ROW_BLOCK;
-    if (parallel && pl->n >= FOUR_STEP_PARALLEL_MIN && omp_get_max_threads() > 1) {
+    float *work = scratch + 2 * pl->n + four_step_block_floats(pl) * omp_get_thread_num();
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < pl->rows->n / COLUMN_BLOCK; b++) four_step_columns(pl, x, t, b, work);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < pl->columns->n; r += ROW_BLOCK) four_step_rows(pl, t, y, r, work);
+}
+
+/* four_step_shared in a region of its own when four_step_shares, else alone. */
+static void four_step(const plan *pl, planar x, planar y, float *scratch, int parallel) {
+    if (four_step_shares(pl, parallel)) {
 #pragma omp parallel
-        {
-            float *work = scratch + 2 * pl->n + four_step_block_floats(pl) * omp_get_thread_num();
-#pragma omp for schedule(dynamic)
-            for (int64_t b = 0; b < blocks; b++) four_step_columns(pl, x, t, b, work);
-#pragma omp for schedule(dynamic)
-            for (int64_t r = 0; r < rows; r++) four_step_rows(pl, t, y, r * ROW_BLOCK, work);
-        }
+        four_step_shared(pl, x, y, scratch);
         return;
     }
     /* Alone, the same loops outside any region: inside a caller's, a worksharing loop would be shared by its team,
      * and a region of one thread costs a team start (~1 us, a sixth of a 1024-point transform). */
-    for (int64_t b = 0; b < blocks; b++) four_step_columns(pl, x, t, b, scratch + 2 * pl->n);
-    for (int64_t r = 0; r < rows; r++) four_step_rows(pl, t, y, r * ROW_BLOCK, scratch + 2 * pl->n);
+    const planar t = {scratch, scratch + pl->n};
+    for (int64_t b = 0; b < pl->rows->n / COLUMN_BLOCK; b++) four_step_columns(pl, x, t, b, scratch + 2 * pl->n);
+    for (int64_t r = 0; r < pl->columns->n; r += ROW_BLOCK) four_step_rows(pl, t, y, r, scratch + 2 * pl->n);
 }
 
 /* What one kind of transform does to a group of `lanes` rows starting at `row`. */
@@ -642,6 +651,12 @@ static void r2c_split(const job *jb, planar z, int64_t lanes, int64_t lo, int64_
     }
 }
 
+/* This thread's share of r2c_split's frequencies (inside a region). */
+static void r2c_split_share(const job *jb, planar z, int64_t lanes, float *out, int64_t lane_step, int64_t k_step) {
+    const int64_t width = jb->n / 2 + 1, team = omp_get_num_threads(), t = omp_get_thread_num();
+    r2c_split(jb, z, lanes, width * t / team, width * (t + 1) / team, out, lane_step, k_step);
+}
+
 /* The r2c transforms of `lanes` rows from `row`: frequency k of lane l to out[2 (l lane_step + k k_step)]. */
 static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, int parallel, float *out,
                       int64_t lane_step, int64_t k_step) {
@@ -657,7 +672,16 @@ static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, in
     }
     const float *w = jb->window;
     if (lanes == 1 && jb->pl->columns && !edge && !w) { /* the four-step transform reads the pairs z_j itself */
-        four_step(jb->pl, (planar){(float *)source[0], NULL}, z, work + 4 * size, parallel);
+        const planar pairs = {(float *)source[0], NULL};
+        if (four_step_shares(jb->pl, parallel)) { /* the split in the same region: one fork and join fewer */
+#pragma omp parallel
+            {
+                four_step_shared(jb->pl, pairs, z, work + 4 * size);
+                r2c_split_share(jb, z, lanes, out, lane_step, k_step);
+            }
+            return;
+        }
+        four_step(jb->pl, pairs, z, work + 4 * size, parallel);
     } else {
         if (edge) /* a frame reaching into the padding reads the signal reflected at its ends */
             for (int64_t j = 0; j < n; j++)
@@ -679,10 +703,7 @@ static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, in
     }
     if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
 #pragma omp parallel
-        {
-            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-            r2c_split(jb, z, lanes, (h + 1) * t / team, (h + 1) * (t + 1) / team, out, lane_step, k_step);
-        }
+        r2c_split_share(jb, z, lanes, out, lane_step, k_step);
     } else {
         r2c_split(jb, z, lanes, 0, h + 1, out, lane_step, k_step);
     }
@@ -756,23 +777,36 @@ static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, 
     }
 }
 
+/* This thread's share of c2r_merge's frequencies (inside a region). */
+static void c2r_merge_share(const job *jb, const float *x, int64_t lanes, planar in) {
+    const int64_t h = jb->n / 2, team = omp_get_num_threads(), t = omp_get_thread_num();
+    c2r_merge(jb, x, lanes, h * t / team, h * (t + 1) / team, in);
+}
+
 /* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
  * direction), the spectrum of z_j = x_2j + i x_2j+1; the zero and n/2 frequencies' imaginary parts read as 0. */
 static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, int parallel) {
     const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
     const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
     const float *x = jb->x + 2 * row * width;
-    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+    float *y = jb->y + row * n;
+    const int four = lanes == 1 && jb->pl->columns;
+    if (four && four_step_shares(jb->pl, parallel)) { /* the merge and the four-step transform in one region */
 #pragma omp parallel
         {
-            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-            c2r_merge(jb, x, lanes, h * t / team, h * (t + 1) / team, in);
+            c2r_merge_share(jb, x, lanes, in);
+#pragma omp barrier
+            four_step_shared(jb->pl, in, (planar){y, NULL}, work + 4 * size);
         }
+        return;
+    }
+    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+#pragma omp parallel
+        c2r_merge_share(jb, x, lanes, in);
     } else {
         c2r_merge(jb, x, lanes, 0, h, in);
     }
-    float *y = jb->y + row * n;
-    if (lanes == 1 && jb->pl->columns) { /* the four-step transform writes the pairs z_j itself */
+    if (four) { /* the four-step transform writes the pairs z_j itself */
         four_step(jb->pl, in, (planar){y, NULL}, work + 4 * size, parallel);
         return;
     }
