@@ -90,3 +90,17 @@ def test_stft_reads_windowed_frames_and_writes_frequency_before_frame(batch, len
     frames = padded[:, starts[:, None] + np.arange(n)] * window  # (batch, frames, n)
     want = np.fft.rfft(frames).transpose(0, 2, 1)
     _close(_complex(fft.stft(x, window, hop, pad)), want)
+
+
+@pytest.mark.parametrize(
+    ("batch", "length", "n", "hop", "pad"),
+    [(2, 6144, 2048, 512, 0), (1, 16384, 16384, 1, 0), (2, 49152, 16384, 4096, 0), (1, 20000, 4096, 1000, 2048)],
+)
+def test_stft_without_window(batch, length, n, hop, pad):
+    # Unwindowed frames of one lane (9 frames: a group of 8, then one; a lone frame) run the four-step transform
+    # on the signal's pairs in place; frames reaching into the padding are gathered first.
+    x = np.random.default_rng(length).standard_normal((batch, length)).astype(np.float32)
+    padded = np.pad(x, ((0, 0), (pad, pad)), mode="reflect")
+    starts = np.arange(1 + (padded.shape[1] - n) // hop) * hop
+    want = np.fft.rfft(padded[:, starts[:, None] + np.arange(n)]).transpose(0, 2, 1)
+    _close(_complex(fft.stft(x, None, hop, pad, n=n)), want)
