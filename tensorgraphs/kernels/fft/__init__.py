@@ -55,13 +55,18 @@ def transform(kind: str, x: np.ndarray, n: int, inverse: bool = False) -> np.nda
     return y
 
 
-def stft(x: np.ndarray, window: np.ndarray, hop: int, pad: int = 0) -> np.ndarray:
+def stft(x: np.ndarray, window: np.ndarray | None, hop: int, pad: int = 0, n: int = 0) -> np.ndarray:
     """The rfft of every frame (hop apart) of each signal x (batch, length), reflected `pad` samples beyond each
-    end, times `window` (n,), unnormalized, as (batch, n // 2 + 1, frames, 2) pairs: torch.stft's layout."""
-    x, window = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(window, np.float32)
-    (batch, length), n = x.shape, window.size
+    end, times `window` (n,) or, when it is None, of `n` samples unweighted; unnormalized, as (batch, n // 2 + 1,
+    frames, 2) pairs: torch.stft's layout."""
+    x = np.ascontiguousarray(x, np.float32)
+    if window is not None:
+        window = np.ascontiguousarray(window, np.float32)
+        n = window.size
+    batch, length = x.shape
     frames = 1 + (length + 2 * pad - n) // hop
     y = np.empty((batch, n // 2 + 1, frames, 2), np.float32)
-    if _function("stft")(batch, length, frames, n, hop, pad, x.ctypes.data, window.ctypes.data, y.ctypes.data):
+    weights = None if window is None else window.ctypes.data
+    if _function("stft")(batch, length, frames, n, hop, pad, x.ctypes.data, weights, y.ctypes.data):
         raise ValueError(f"fft stft of length {n}: even lengths above 2 only (or out of memory)")
     return y

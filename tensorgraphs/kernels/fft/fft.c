@@ -3,8 +3,10 @@
  *
  * Rows are transformed LANES at a time in planar form: real and imaginary parts in separate arrays, element j
  * of lane l at [j * lanes + l]. A Stockham pass's innermost loop then runs over contiguous floats (lanes times
- * the pass's stride), which the compiler vectorizes; a single long row (lanes = 1) vectorizes from its third
- * pass on. */
+ * the pass's stride), which the compiler vectorizes. A single row (lanes = 1, whose first passes would not
+ * vectorize) of FOUR_STEP_MIN points or more runs as a four-step transform (`four_step`): transforms of blocks of
+ * its columns, then of its rows, as lanes in cache, so a row too long for the caches crosses them twice instead
+ * of once a pass, and threads share whole blocks in one region instead of splitting every pass. */
 #include "fft.h"
 
 #if defined(__AVX2__)
@@ -22,6 +24,10 @@
 #define PARALLEL_MIN 16384 /* butterflies of one pass worth splitting across threads */
 #define TILE_FRAMES 32 /* STFT frames transformed together before their rows are copied out */
 #define PREFETCH_ROWS 4 /* a tile's output rows prefetched for writing this far ahead of the copy */
+#define FOUR_STEP_MIN 1024 /* a single row's length from which the four-step transform runs */
+#define FOUR_STEP_PARALLEL_MIN 8192 /* a four-step transform's length worth sharing between threads */
+#define COLUMN_BLOCK 16 /* four-step columns transformed together: a whole 64-byte line of each planar row */
+#define ROW_BLOCK (2 * LANES) /* four-step rows transformed together (LANES at a time): they write whole lines */
 
 typedef struct {
     float *re, *im;
@@ -39,6 +45,11 @@ typedef struct plan {
     struct plan *forward, *inverse;
     planar chirp, filter;
     planar half; /* W_n^k, k <= n/2: the real transforms' split (built on first use) */
+    /* Four-step (for a single row, n >= FOUR_STEP_MIN; else NULL): x[j1 n2 + j2] as an n1 x n2 matrix,
+     * transforms of length n1 and n2; the twiddle W_n^(k1 (b COLUMN_BLOCK + l)) as fine[k1 COLUMN_BLOCK + l]
+     * times coarse[b n1 + k1]. */
+    struct plan *columns, *rows;
+    planar fine, coarse;
     struct plan *next;
 } plan;
 
@@ -59,6 +70,7 @@ static double angle_of(int sign, int64_t k, int64_t n) { return sign * 2.0 * M_P
 
 static plan *build_plan(int64_t n, int sign);
 static void transform(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel);
+static int64_t scratch_floats(const plan *pl, int64_t lanes);
 
 /* Radix 8 while it divides (with AVX-512's 32 vector registers only: in 16 its butterfly spills, and radix 4 ran
  * faster, bench/NOTES.md), then 4, 2 and odd primes up to TG_FFT_MAX_RADIX; 0 when a larger prime remains. */
@@ -96,7 +108,7 @@ static int build_bluestein(plan *pl) {
     pl->forward = build_plan(m, -1);
     pl->inverse = build_plan(m, 1);
     planar b;
-    float *work = malloc(sizeof(float) * (size_t)(2 * m));
+    float *work = malloc(sizeof(float) * (size_t)scratch_floats(pl->forward, 1));
     if (!pl->forward || !pl->inverse || !work || !allocate(&pl->chirp, n) || !allocate(&pl->filter, m) ||
         !allocate(&b, m)) {
         free(work);
@@ -115,6 +127,29 @@ static int build_bluestein(plan *pl) {
     return 1;
 }
 
+/* The four-step row length n2 for n: the smallest divisor from sqrt(n) on with n2 a multiple of COLUMN_BLOCK and
+ * n / n2 of ROW_BLOCK; 0 if none. */
+static int64_t four_step_split(int64_t n) {
+    int64_t n2 = COLUMN_BLOCK;
+    while (n2 * n2 < n) n2 += COLUMN_BLOCK;
+    for (; n2 * ROW_BLOCK <= n; n2 += COLUMN_BLOCK)
+        if (n % n2 == 0 && n / n2 % ROW_BLOCK == 0) return n2;
+    return 0;
+}
+
+static int build_four_step(plan *pl, int64_t n2) {
+    const int64_t n = pl->n, n1 = n / n2, blocks = n2 / COLUMN_BLOCK;
+    pl->columns = build_plan(n1, pl->sign), pl->rows = build_plan(n2, pl->sign);
+    if (!pl->columns || !pl->rows || !allocate(&pl->fine, n1 * COLUMN_BLOCK) || !allocate(&pl->coarse, n1 * blocks))
+        return 0;
+    for (int64_t k = 0; k < n1; k++) {
+        for (int l = 0; l < COLUMN_BLOCK; l++) set_root(pl->fine, k * COLUMN_BLOCK + l, angle_of(pl->sign, k * l, n));
+        for (int64_t b = 0; b < blocks; b++)
+            set_root(pl->coarse, b * n1 + k, angle_of(pl->sign, k * b * COLUMN_BLOCK, n));
+    }
+    return 1;
+}
+
 static plan *build_plan(int64_t n, int sign) {
     pthread_mutex_lock(&plans_lock);
     plan *pl = plans;
@@ -126,7 +161,9 @@ static plan *build_plan(int64_t n, int sign) {
     pl->n = n, pl->sign = sign;
     pl->stages = n > 1 ? factorize(n, pl->radix) : 0;
     const int ok = pl->stages || n == 1 ? build_stockham(pl) : build_bluestein(pl);
-    if (!ok) return NULL; /* out of memory: what was allocated stays (rare, and the process is in trouble) */
+    const int64_t n2 = pl->stages && n >= FOUR_STEP_MIN ? four_step_split(n) : 0;
+    if (!ok || (n2 && !build_four_step(pl, n2)))
+        return NULL; /* out of memory: what was allocated stays (rare, and the process is in trouble) */
     pthread_mutex_lock(&plans_lock);
     pl->next = plans, plans = pl;
     pthread_mutex_unlock(&plans_lock);
@@ -148,6 +185,61 @@ static planar half_twiddles(plan *pl, int64_t n) {
 
 #define CMUL_RE(ar, ai, br, bi) ((ar) * (br) - (ai) * (bi))
 #define CMUL_IM(ar, ai, br, bi) ((ar) * (bi) + (ai) * (br))
+
+#if defined(__AVX2__) && LANES == 8
+/* column[c] = (rows[0][at + c], ..., rows[7][at + c]): an 8 x 8 block transposed in registers. */
+static inline void transpose8(const float *const *rows, int64_t at, __m256 column[8]) {
+    __m256 r[8], t[8], u[8];
+    for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_ps(rows[l] + at);
+    for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
+    for (int l = 0; l < 8; l += 4) {
+        u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
+        u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++)
+        column[c] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20), column[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+}
+#endif
+
+#if defined(__AVX2__)
+/* The pairs (re[l], im[l]), l < 8, to `to`. */
+static inline void store_pairs(__m256 re, __m256 im, float *to) {
+    const __m256 low = _mm256_unpacklo_ps(re, im), high = _mm256_unpackhi_ps(re, im); /* pairs 0145 2367 */
+    _mm256_storeu_ps(to, _mm256_permute2f128_ps(low, high, 0x20));
+    _mm256_storeu_ps(to + 8, _mm256_permute2f128_ps(low, high, 0x31));
+}
+#endif
+
+#if defined(__AVX2__)
+/* The real and imaginary parts of the 8 pairs at `from`. */
+static inline void load_pairs(const float *from, __m256 *re, __m256 *im) {
+    const __m256 a = _mm256_loadu_ps(from), b = _mm256_loadu_ps(from + 8);
+    const __m256d evens = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+    const __m256d odds = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+    *re = _mm256_castpd_ps(_mm256_permute4x64_pd(evens, 0xD8)); /* shuffled: elements 0145 2367 */
+    *im = _mm256_castpd_ps(_mm256_permute4x64_pd(odds, 0xD8));
+}
+#endif
+
+/* re[l], im[l] = the pair l of `from`, l < 8. */
+static inline void pairs_to_planar8(const float *from, float *re, float *im) {
+#if defined(__AVX2__)
+    __m256 r, i;
+    load_pairs(from, &r, &i);
+    _mm256_storeu_ps(re, r), _mm256_storeu_ps(im, i);
+#else
+    for (int l = 0; l < 8; l++) re[l] = from[2 * l], im[l] = from[2 * l + 1];
+#endif
+}
+
+/* The pairs (re[l], im[l]), l < 8, to `to`. */
+static inline void planar_to_pairs8(const float *re, const float *im, float *to) {
+#if defined(__AVX2__)
+    store_pairs(_mm256_loadu_ps(re), _mm256_loadu_ps(im), to);
+#else
+    for (int l = 0; l < 8; l++) to[2 * l] = re[l], to[2 * l + 1] = im[l];
+#endif
+}
 
 /* One Stockham pass over butterflies j in [jlo, jhi), q in [qlo, qhi): a_r = x[q + s (j + r m)], the p-point
  * transform b, y[q + s (p j + k)] = b_k W_len^(j k). */
@@ -237,7 +329,13 @@ static void pass_chunk(const plan *pl, int i, planar from, planar to, int64_t le
          by_j ? hi : m, by_j ? 0 : lo, by_j ? s : hi);
 }
 
+static void four_step(const plan *pl, planar x, planar y, float *scratch, int parallel);
+
 static void stockham(const plan *pl, planar x, planar y, float *scratch, int64_t lanes, int parallel) {
+    if (lanes == 1 && pl->columns) {
+        four_step(pl, x, y, scratch, parallel);
+        return;
+    }
     const int64_t size = pl->n * lanes;
     if (pl->stages == 0) {
         memcpy(y.re, x.re, sizeof(float) * (size_t)size), memcpy(y.im, x.im, sizeof(float) * (size_t)size);
@@ -290,8 +388,126 @@ static void transform(const plan *pl, planar x, planar y, float *scratch, int64_
         }
 }
 
+static int64_t four_step_floats(const plan *pl);
+
 static int64_t scratch_floats(const plan *pl, int64_t lanes) {
-    return (pl->stages || pl->n == 1 ? 2 * pl->n : 6 * pl->m) * lanes;
+    if (!pl->stages && pl->n > 1) return 4 * pl->m * lanes + scratch_floats(pl->forward, lanes); /* Bluestein */
+    const int64_t passes = 2 * pl->n * lanes, four = lanes == 1 && pl->columns ? four_step_floats(pl) : 0;
+    return passes > four ? passes : four;
+}
+
+/* lanes[j LANES + l] = rows[l][j], j < COLUMN_BLOCK: LANES rows of a four-step block as lanes. */
+static void rows_to_lanes(const float *const *rows, float *lanes) {
+#if defined(__AVX2__) && LANES == 8
+    for (int j = 0; j < COLUMN_BLOCK; j += 8) {
+        __m256 column[8];
+        transpose8(rows, j, column);
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(lanes + (j + c) * 8, column[c]);
+    }
+#else
+    for (int j = 0; j < COLUMN_BLOCK; j++)
+        for (int l = 0; l < LANES; l++) lanes[j * LANES + l] = rows[l][j];
+#endif
+}
+
+/* The four-step transform's intermediate t holds its rows k1 in groups of LANES as lanes: (k1, j2) at
+ * [(k1 - k1 % LANES) n2 + j2 LANES + k1 % LANES], so that a group's row transforms read it in place. */
+
+/* Columns [c, c + COLUMN_BLOCK) of the four-step transform, c = b COLUMN_BLOCK: t(k1, c + l) = W_n^(k1 (c + l))
+ * times the n1-point transform of column c + l of x (planar, or pairs in x.re when x.im is NULL). */
+static void four_step_columns(const plan *pl, planar x, planar t, int64_t b, float *work) {
+    const int64_t n1 = pl->columns->n, n2 = pl->rows->n, size = n1 * COLUMN_BLOCK, c = b * COLUMN_BLOCK;
+    const planar in = {work, work + size}, out = {work + 2 * size, work + 3 * size};
+    for (int64_t j = 0; j < n1; j++) {
+        float *re = in.re + j * COLUMN_BLOCK, *im = in.im + j * COLUMN_BLOCK;
+        const int64_t at = j * n2 + c;
+        if (x.im)
+            memcpy(re, x.re + at, sizeof(float) * COLUMN_BLOCK), memcpy(im, x.im + at, sizeof(float) * COLUMN_BLOCK);
+        else
+            for (int l = 0; l < COLUMN_BLOCK; l += 8) pairs_to_planar8(x.re + 2 * (at + l), re + l, im + l);
+    }
+    transform(pl->columns, in, out, work + 4 * size, COLUMN_BLOCK, 0);
+    for (int64_t k = 0; k < n1; k++) {
+        const float cr = pl->coarse.re[b * n1 + k], ci = pl->coarse.im[b * n1 + k];
+        const float *fr = pl->fine.re + k * COLUMN_BLOCK, *fi = pl->fine.im + k * COLUMN_BLOCK;
+        float *re = out.re + k * COLUMN_BLOCK, *im = out.im + k * COLUMN_BLOCK;
+        for (int l = 0; l < COLUMN_BLOCK; l++) {
+            const float wr = CMUL_RE(cr, ci, fr[l], fi[l]), wi = CMUL_IM(cr, ci, fr[l], fi[l]), vr = re[l], vi = im[l];
+            re[l] = CMUL_RE(vr, vi, wr, wi), im[l] = CMUL_IM(vr, vi, wr, wi);
+        }
+    }
+    for (int64_t k = 0; k < n1; k += LANES) {
+        const float *re[LANES], *im[LANES];
+        for (int l = 0; l < LANES; l++)
+            re[l] = out.re + (k + l) * COLUMN_BLOCK, im[l] = out.im + (k + l) * COLUMN_BLOCK;
+        rows_to_lanes(re, t.re + k * n2 + c * LANES), rows_to_lanes(im, t.im + k * n2 + c * LANES);
+    }
+}
+
+/* Rows [r, r + ROW_BLOCK) of the four-step transform, LANES at a time: y[r + l + n1 k2] = the n2-point transform of
+ * row r + l of t (y planar, or pairs in y.re when y.im is NULL). */
+static void four_step_rows(const plan *pl, planar t, planar y, int64_t r, float *work) {
+    const int64_t n1 = pl->columns->n, n2 = pl->rows->n, size = n2 * LANES;
+    planar out[ROW_BLOCK / LANES];
+    for (int g = 0; g < ROW_BLOCK / LANES; g++) {
+        const planar rows = {t.re + (r + g * LANES) * n2, t.im + (r + g * LANES) * n2};
+        out[g] = (planar){work + 2 * g * size, work + (2 * g + 1) * size};
+        transform(pl->rows, rows, out[g], work + ROW_BLOCK / LANES * 2 * size, LANES, 0);
+    }
+    for (int64_t k = 0; k < n2; k++)
+        for (int g = 0; g < ROW_BLOCK / LANES; g++) {
+            const int64_t at = r + g * LANES + n1 * k;
+            const float *re = out[g].re + k * LANES, *im = out[g].im + k * LANES;
+            if (y.im)
+                memcpy(y.re + at, re, sizeof(float) * LANES), memcpy(y.im + at, im, sizeof(float) * LANES);
+            else
+                for (int l = 0; l < LANES; l += 8) planar_to_pairs8(re + l, im + l, y.re + 2 * (at + l));
+        }
+}
+
+/* Floats one thread's block of four-step columns or rows works in. */
+static int64_t four_step_block_floats(const plan *pl) {
+    const int64_t columns = 4 * pl->columns->n * COLUMN_BLOCK + scratch_floats(pl->columns, COLUMN_BLOCK);
+    const int64_t rows = 2 * ROW_BLOCK / LANES * pl->rows->n * LANES + scratch_floats(pl->rows, LANES);
+    return columns > rows ? columns : rows;
+}
+
+/* Scratch of four_step: the intermediate, then a block's work per thread. */
+static int64_t four_step_floats(const plan *pl) {
+    return 2 * pl->n + omp_get_max_threads() * four_step_block_floats(pl);
+}
+
+/* Whether four_step shares its blocks between threads. */
+static int four_step_shares(const plan *pl, int parallel) {
+    return parallel && pl->n >= FOUR_STEP_PARALLEL_MIN && omp_get_max_threads() > 1;
+}
+
+/* y = the transform of one row x of n = n1 n2 (Cooley-Tukey's four steps: X[k1 + n1 k2] = sum_j2 W_n2^(j2 k2)
+ * W_n^(j2 k1) sum_j1 x[j1 n2 + j2] W_n1^(j1 k1)): blocks of columns into the intermediate t, then (after the
+ * loop's barrier) blocks of rows, shared by the team of the enclosing region: one of this file's own, which
+ * callers may extend with their steps before and after. x and y are planar, or interleaved pairs in .re when .im
+ * is NULL (x only read); scratch: four_step_floats. */
+static void four_step_shared(const plan *pl, planar x, planar y, float *scratch) {
+    const planar t = {scratch, scratch + pl->n};
+    float *work = scratch + 2 * pl->n + four_step_block_floats(pl) * omp_get_thread_num();
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < pl->rows->n / COLUMN_BLOCK; b++) four_step_columns(pl, x, t, b, work);
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < pl->columns->n; r += ROW_BLOCK) four_step_rows(pl, t, y, r, work);
+}
+
+/* four_step_shared in a region of its own when four_step_shares, else alone. */
+static void four_step(const plan *pl, planar x, planar y, float *scratch, int parallel) {
+    if (four_step_shares(pl, parallel)) {
+#pragma omp parallel
+        four_step_shared(pl, x, y, scratch);
+        return;
+    }
+    /* Alone, the same loops outside any region: inside a caller's, a worksharing loop would be shared by its team,
+     * and a region of one thread costs a team start (~1 us, a sixth of a 1024-point transform). */
+    const planar t = {scratch, scratch + pl->n};
+    for (int64_t b = 0; b < pl->rows->n / COLUMN_BLOCK; b++) four_step_columns(pl, x, t, b, scratch + 2 * pl->n);
+    for (int64_t r = 0; r < pl->columns->n; r += ROW_BLOCK) four_step_rows(pl, t, y, r, scratch + 2 * pl->n);
 }
 
 /* What one kind of transform does to a group of `lanes` rows starting at `row`. */
@@ -354,11 +570,15 @@ static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
     const int64_t n = jb->n, size = n * lanes;
     const planar in = {work, work + size}, out = {work + 2 * size, work + 3 * size};
     const float *x = jb->x + 2 * row * n;
+    float *y = jb->y + 2 * row * n;
+    if (lanes == 1 && jb->pl->columns) { /* the four-step transform reads and writes the pairs itself */
+        four_step(jb->pl, (planar){(float *)x, NULL}, (planar){y, NULL}, work, parallel);
+        return;
+    }
     for (int64_t l = 0; l < lanes; l++)
         for (int64_t j = 0; j < n; j++)
             in.re[j * lanes + l] = x[2 * (l * n + j)], in.im[j * lanes + l] = x[2 * (l * n + j) + 1];
     transform(jb->pl, in, out, work + 4 * size, lanes, parallel);
-    float *y = jb->y + 2 * row * n;
     for (int64_t l = 0; l < lanes; l++)
         for (int64_t k = 0; k < n; k++)
             y[2 * (l * n + k)] = out.re[k * lanes + l], y[2 * (l * n + k) + 1] = out.im[k * lanes + l];
@@ -370,21 +590,11 @@ static void c2c_group(const job *jb, int64_t row, int64_t lanes, float *work, in
 static void gather_lanes(const float *const *source, const float *w, planar in, int64_t h) {
 #if defined(__AVX2__) && LANES == 8
     for (int64_t j = 0; j < h; j += 4) {
-        __m256 r[8], t[8], u[8];
-        for (int l = 0; l < 8; l++) r[l] = _mm256_loadu_ps(source[l] + 2 * j);
-        for (int l = 0; l < 8; l += 2) t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]), t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
-        for (int l = 0; l < 8; l += 4) {
-            u[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44), u[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
-            u[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44), u[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
-        }
-        for (int c = 0; c < 4; c++) { /* column c and c + 4 of the block: floats 2 j + c and 2 j + c + 4 */
-            const __m256 low = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20), high = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
-            for (int half = 0; half < 2; half++) {
-                const int column = c + 4 * half;
-                const __m256 v = _mm256_mul_ps(half ? high : low, _mm256_set1_ps(w ? w[2 * j + column] : 1.0f));
-                _mm256_storeu_ps((column % 2 ? in.im : in.re) + (j + column / 2) * 8, v);
-            }
-        }
+        __m256 column[8];
+        transpose8(source, 2 * j, column);
+        for (int c = 0; c < 8; c++) /* float 2 j + c: the real or imaginary part of z_(j + c / 2) */
+            _mm256_storeu_ps((c % 2 ? in.im : in.re) + (j + c / 2) * 8,
+                             _mm256_mul_ps(column[c], _mm256_set1_ps(w ? w[2 * j + c] : 1.0f)));
     }
 #else
     for (int64_t j = 0; j < h; j++)
@@ -394,6 +604,18 @@ static void gather_lanes(const float *const *source, const float *w, planar in, 
         }
 #endif
 }
+
+#if defined(__AVX2__) && LANES == 8
+/* Eight frequencies of r2c_split at once: Z_k (zr, zi), Z_(h - k) (mr, mi), W_n^k (wr, wi); their pairs to `to`. */
+static inline void split8(__m256 zr, __m256 zi, __m256 mr, __m256 mi, __m256 wr, __m256 wi, float *to) {
+    const __m256 half = _mm256_set1_ps(0.5f);
+    const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, mr)), ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, mi));
+    const __m256 or_ = _mm256_mul_ps(half, _mm256_add_ps(zi, mi)), oi = _mm256_mul_ps(half, _mm256_sub_ps(mr, zr));
+    const __m256 re = _mm256_add_ps(er, _mm256_sub_ps(_mm256_mul_ps(or_, wr), _mm256_mul_ps(oi, wi)));
+    const __m256 im = _mm256_add_ps(ei, _mm256_add_ps(_mm256_mul_ps(or_, wi), _mm256_mul_ps(oi, wr)));
+    store_pairs(re, im, to);
+}
+#endif
 
 /* Frequencies [lo, hi) of r2c_lanes's `lanes` transforms, split from Z (their half-length transforms, planar): lane
  * l's frequency k at out[2 (l lane_step + k k_step)]. */
@@ -405,17 +627,18 @@ static void r2c_split(const job *jb, planar z, int64_t lanes, int64_t lo, int64_
         const float wr = jb->half.re[k], wi = jb->half.im[k];
         float *at_k = out + 2 * k * k_step;
 #if defined(__AVX2__) && LANES == 8
+        if (lanes == 1 && k_step == 1 && k && k + 8 <= hi && k + 8 <= h) { /* one row: 8 frequencies, 8 mirrors */
+            const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+            const __m256 mr = _mm256_permutevar8x32_ps(_mm256_loadu_ps(z.re + h - k - 7), reverse);
+            const __m256 mi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(z.im + h - k - 7), reverse);
+            split8(_mm256_loadu_ps(z.re + k), _mm256_loadu_ps(z.im + k), mr, mi, _mm256_loadu_ps(jb->half.re + k),
+                   _mm256_loadu_ps(jb->half.im + k), at_k);
+            k += 7;
+            continue;
+        }
         if (lane_step == 1 && lanes == LANES) { /* the lanes' outputs interleave: one run of LANES pairs */
-            const __m256 zr = _mm256_loadu_ps(z.re + at), zi = _mm256_loadu_ps(z.im + at);
-            const __m256 mr = _mm256_loadu_ps(z.re + mirror), mi = _mm256_loadu_ps(z.im + mirror);
-            const __m256 half = _mm256_set1_ps(0.5f), vwr = _mm256_set1_ps(wr), vwi = _mm256_set1_ps(wi);
-            const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, mr)), ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, mi));
-            const __m256 or_ = _mm256_mul_ps(half, _mm256_add_ps(zi, mi)), oi = _mm256_mul_ps(half, _mm256_sub_ps(mr, zr));
-            const __m256 re = _mm256_add_ps(er, _mm256_sub_ps(_mm256_mul_ps(or_, vwr), _mm256_mul_ps(oi, vwi)));
-            const __m256 im = _mm256_add_ps(ei, _mm256_add_ps(_mm256_mul_ps(or_, vwi), _mm256_mul_ps(oi, vwr)));
-            const __m256 low = _mm256_unpacklo_ps(re, im), high = _mm256_unpackhi_ps(re, im); /* pairs 0145 2367 */
-            _mm256_storeu_ps(at_k, _mm256_permute2f128_ps(low, high, 0x20));
-            _mm256_storeu_ps(at_k + 8, _mm256_permute2f128_ps(low, high, 0x31));
+            split8(_mm256_loadu_ps(z.re + at), _mm256_loadu_ps(z.im + at), _mm256_loadu_ps(z.re + mirror),
+                   _mm256_loadu_ps(z.im + mirror), _mm256_set1_ps(wr), _mm256_set1_ps(wi), at_k);
             continue;
         }
 #endif
@@ -426,6 +649,12 @@ static void r2c_split(const job *jb, planar z, int64_t lanes, int64_t lo, int64_
             at_k[2 * l * lane_step + 1] = ei + CMUL_IM(or_, oi, wr, wi);
         }
     }
+}
+
+/* This thread's share of r2c_split's frequencies (inside a region). */
+static void r2c_split_share(const job *jb, planar z, int64_t lanes, float *out, int64_t lane_step, int64_t k_step) {
+    const int64_t width = jb->n / 2 + 1, team = omp_get_num_threads(), t = omp_get_thread_num();
+    r2c_split(jb, z, lanes, width * t / team, width * (t + 1) / team, out, lane_step, k_step);
 }
 
 /* The r2c transforms of `lanes` rows from `row`: frequency k of lane l to out[2 (l lane_step + k k_step)]. */
@@ -442,29 +671,39 @@ static void r2c_lanes(const job *jb, int64_t row, int64_t lanes, float *work, in
         edge |= first[l] < 0 || first[l] + n > jb->length;
     }
     const float *w = jb->window;
-    if (edge) /* a frame reaching into the padding reads the signal reflected at its ends */
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t l = 0; l < lanes; l++) {
-                int64_t at = first[l] + j;
-                at = at < 0 ? -at : at >= jb->length ? 2 * (jb->length - 1) - at : at;
-                const float value = source[l][at - first[l]] * (w ? w[j] : 1.0f);
-                (j % 2 ? in.im : in.re)[j / 2 * lanes + l] = value;
+    if (lanes == 1 && jb->pl->columns && !edge && !w) { /* the four-step transform reads the pairs z_j itself */
+        const planar pairs = {(float *)source[0], NULL};
+        if (four_step_shares(jb->pl, parallel)) { /* the split in the same region: one fork and join fewer */
+#pragma omp parallel
+            {
+                four_step_shared(jb->pl, pairs, z, work + 4 * size);
+                r2c_split_share(jb, z, lanes, out, lane_step, k_step);
             }
-    else if (lanes == LANES && h % 4 == 0)
-        gather_lanes(source, w, in, h);
-    else
-        for (int64_t j = 0; j < h; j++) {
-            const float even = w ? w[2 * j] : 1.0f, odd = w ? w[2 * j + 1] : 1.0f;
-            for (int64_t l = 0; l < lanes; l++)
-                in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
+            return;
         }
-    transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
+        four_step(jb->pl, pairs, z, work + 4 * size, parallel);
+    } else {
+        if (edge) /* a frame reaching into the padding reads the signal reflected at its ends */
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t l = 0; l < lanes; l++) {
+                    int64_t at = first[l] + j;
+                    at = at < 0 ? -at : at >= jb->length ? 2 * (jb->length - 1) - at : at;
+                    const float value = source[l][at - first[l]] * (w ? w[j] : 1.0f);
+                    (j % 2 ? in.im : in.re)[j / 2 * lanes + l] = value;
+                }
+        else if (lanes == LANES && h % 4 == 0)
+            gather_lanes(source, w, in, h);
+        else
+            for (int64_t j = 0; j < h; j++) {
+                const float even = w ? w[2 * j] : 1.0f, odd = w ? w[2 * j + 1] : 1.0f;
+                for (int64_t l = 0; l < lanes; l++)
+                    in.re[j * lanes + l] = source[l][2 * j] * even, in.im[j * lanes + l] = source[l][2 * j + 1] * odd;
+            }
+        transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
+    }
     if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
 #pragma omp parallel
-        {
-            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-            r2c_split(jb, z, lanes, (h + 1) * t / team, (h + 1) * (t + 1) / team, out, lane_step, k_step);
-        }
+        r2c_split_share(jb, z, lanes, out, lane_step, k_step);
     } else {
         r2c_split(jb, z, lanes, 0, h + 1, out, lane_step, k_step);
     }
@@ -509,7 +748,24 @@ static void stft_tile(const job *jb, int64_t unit, float *work, int parallel) {
 /* Z_k, k in [lo, hi), of c2r_group for the `lanes` spectra x (rows of n/2 + 1 pairs), into `in` (planar). */
 static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, int64_t hi, planar in) {
     const int64_t h = jb->n / 2, width = h + 1;
-    for (int64_t k = lo; k < hi; k++)
+    for (int64_t k = lo; k < hi; k++) {
+#if defined(__AVX2__)
+        if (lanes == 1 && k && k + 8 <= hi) { /* one spectrum: 8 frequencies, and their mirrors read backwards */
+            const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+            __m256 ar, ai, br, bi;
+            load_pairs(x + 2 * k, &ar, &ai), load_pairs(x + 2 * (h - k - 7), &br, &bi);
+            br = _mm256_permutevar8x32_ps(br, reverse);
+            bi = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(bi, reverse));
+            const __m256 er = _mm256_add_ps(ar, br), ei = _mm256_add_ps(ai, bi);
+            const __m256 dr = _mm256_sub_ps(ar, br), di = _mm256_sub_ps(ai, bi);
+            const __m256 wr = _mm256_loadu_ps(jb->half.re + k), wi = _mm256_loadu_ps(jb->half.im + k);
+            const __m256 or_ = _mm256_sub_ps(_mm256_mul_ps(dr, wr), _mm256_mul_ps(di, wi));
+            const __m256 oi = _mm256_add_ps(_mm256_mul_ps(dr, wi), _mm256_mul_ps(di, wr));
+            _mm256_storeu_ps(in.re + k, _mm256_sub_ps(er, oi)), _mm256_storeu_ps(in.im + k, _mm256_add_ps(ei, or_));
+            k += 7;
+            continue;
+        }
+#endif
         for (int64_t l = 0; l < lanes; l++) {
             const float *a = x + 2 * (l * width + k), *b = x + 2 * (l * width + h - k);
             const float ar = a[0], ai = k ? a[1] : 0.0f, br = b[0], bi = k ? -b[1] : 0.0f;
@@ -518,6 +774,13 @@ static void c2r_merge(const job *jb, const float *x, int64_t lanes, int64_t lo, 
             const float or_ = CMUL_RE(dr, di, wr, wi), oi = CMUL_IM(dr, di, wr, wi);
             in.re[k * lanes + l] = er - oi, in.im[k * lanes + l] = ei + or_;
         }
+    }
+}
+
+/* This thread's share of c2r_merge's frequencies (inside a region). */
+static void c2r_merge_share(const job *jb, const float *x, int64_t lanes, planar in) {
+    const int64_t h = jb->n / 2, team = omp_get_num_threads(), t = omp_get_thread_num();
+    c2r_merge(jb, x, lanes, h * t / team, h * (t + 1) / team, in);
 }
 
 /* c2r of even n: Z_k = E_k + i O_k for k < n/2, E = X_k + X_(k+n/2), O = (X_k - X_(k+n/2)) W_n^k (inverse
@@ -526,17 +789,28 @@ static void c2r_group(const job *jb, int64_t row, int64_t lanes, float *work, in
     const int64_t n = jb->n, h = n / 2, size = h * lanes, width = h + 1;
     const planar in = {work, work + size}, z = {work + 2 * size, work + 3 * size};
     const float *x = jb->x + 2 * row * width;
-    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+    float *y = jb->y + row * n;
+    const int four = lanes == 1 && jb->pl->columns;
+    if (four && four_step_shares(jb->pl, parallel)) { /* the merge and the four-step transform in one region */
 #pragma omp parallel
         {
-            const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-            c2r_merge(jb, x, lanes, h * t / team, h * (t + 1) / team, in);
+            c2r_merge_share(jb, x, lanes, in);
+#pragma omp barrier
+            four_step_shared(jb->pl, in, (planar){y, NULL}, work + 4 * size);
         }
+        return;
+    }
+    if (parallel && h >= PARALLEL_MIN) { /* never an unsplit region: it costs futex calls all the same */
+#pragma omp parallel
+        c2r_merge_share(jb, x, lanes, in);
     } else {
         c2r_merge(jb, x, lanes, 0, h, in);
     }
+    if (four) { /* the four-step transform writes the pairs z_j itself */
+        four_step(jb->pl, in, (planar){y, NULL}, work + 4 * size, parallel);
+        return;
+    }
     transform(jb->pl, in, z, work + 4 * size, lanes, parallel);
-    float *y = jb->y + row * n;
     for (int64_t l = 0; l < lanes; l++)
         for (int64_t j = 0; j < h; j++)
             y[l * n + 2 * j] = z.re[j * lanes + l], y[l * n + 2 * j + 1] = z.im[j * lanes + l];

@@ -11,8 +11,10 @@
  *                   reflected `pad` (< length) samples beyond each end (torch.stft's centering; 0: none): frame t
  *                   is x[b][t hop - pad + j] * window[j], j < n (window may be NULL: ones); y is
  *                   (batch, n/2 + 1, frames) complex (frequency before frame, as torch.stft). Even n > 2 only.
- * Any n >= 1: Stockham autosort passes of radix 8 (AVX-512), 4, 2, 3, 5 and other small primes; a length with a
- * prime factor above TG_FFT_MAX_RADIX runs Bluestein's algorithm on a power-of-two transform. Plans (twiddle tables) are built
+ * Any n >= 1: Stockham autosort passes of radix 8 (AVX-512), 4, 2, 3, 5 and other small primes (a single row of
+ * 1024 points or more, divisible by 256, as a four-step transform: such passes on blocks of its columns, then of
+ * its rows); a length with a prime factor above TG_FFT_MAX_RADIX runs Bluestein's algorithm on a power-of-two
+ * transform. Plans (twiddle tables) are built
  * once per length and direction and kept for the process. x and y may not overlap. Each returns 0, or
  * TG_FFT_NO_MEMORY. */
 #ifndef TG_FFT_H
