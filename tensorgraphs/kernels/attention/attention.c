@@ -422,8 +422,10 @@ static int attention_forward(int32_t bf16, TG_ATTENTION_FORWARD_PARAMS) {
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
 
-/* qa, da and sa: the bfloat16 variant's second pairing of q, dout and dS (pairs along a row, as a first operand;
- * qi, doi and dp are paired by rows, as a second operand, or for their transposes). */
+/* qi and doi: q and dout of the whole head (or chunk's head), packed once into query tiles of BQ rows (zero
+ * padded) and read by every key tile; qa, da and sa: the bfloat16 variant's second pairing of q, dout and dS
+ * (pairs along a row, as a first operand; qi, doi and dp are paired by rows within each tile, as a second
+ * operand, or for their transposes). */
 typedef struct {
     float *qi, *doi, *kj, *kt, *vt, *sc, *dp, *dk, *dv, *dq, *d, *qa, *da, *sa;
 } backward_scratch;
@@ -438,18 +440,8 @@ typedef struct {
 static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, const float *lse,
                           const backward_scratch *w, const gradients *g) {
     int64_t rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
-    const float *dout = g->dout + b * g->do_bs + h * g->do_hs;
-    const float *q = p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs;
-    pack_rows(w->qi, dp, BQ, q, p->q_rs, rows, p->e);
-    pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
-    const float *qa = w->qi, *da = w->doi, *sa = w->dp;
-    if (p->bf16) {
-        pack_rows(w->qa, dp, BQ, q, p->q_rs, rows, p->e);
-        pack_rows(w->da, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
-        pair_columns(w->qa, dp, BQ, dp), pair_columns(w->da, dv, BQ, dv);
-        pair_rows(w->qi, dp, BQ, dp), pair_rows(w->doi, dv, BQ, dv);
-        qa = w->qa, da = w->da, sa = w->sa;
-    }
+    const float *qi = w->qi + i0 * dp, *doi = w->doi + i0 * dv, *qa = qi, *da = doi, *sa = w->dp;
+    if (p->bf16) qa = w->qa + i0 * dp, da = w->da + i0 * dv, sa = w->sa;
     tile_gemm(p->bf16, BQ, BK, reduced(p, dp), qa, dp, 1, w->kt, BK, w->sc, BK, 1);
     mask_scores(p, b, h, i0, j0, w->sc, BK, 1);
     tile_gemm(p->bf16, BQ, BK, reduced(p, dv), da, dv, 1, w->vt, BK, w->dp, BK, 1);
@@ -463,8 +455,8 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
         memcpy(w->sa, w->dp, sizeof(float) * BQ * BK);
         pair_columns(w->sa, BK, BQ, BK), pair_rows(w->dp, BK, BQ, BK), pair_rows(w->sc, BK, BQ, BK);
     }
-    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, w->doi, dv, w->dv, dv, 0);
-    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, w->qi, dp, w->dk, dp, 0);
+    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, doi, dv, w->dv, dv, 0);
+    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, qi, dp, w->dk, dp, 0);
     if (g->dq) tile_gemm(p->bf16, BQ, dp, reduced(p, BK), sa, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0);
 }
 
@@ -495,6 +487,19 @@ static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t 
         float total = 0.0f;
         for (int64_t c = 0; c < p->ev; c++) total += dout[i * g->do_rs + c] * out[i * p->ev + c];
         w->d[i] = total;
+    }
+    for (int64_t i0 = 0; i0 < p->l; i0 += BQ) {
+        int64_t rows = min64(BQ, p->l - i0);
+        const float *qs = p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, *ds = dout + i0 * g->do_rs;
+        float *qi = w->qi + i0 * dp, *doi = w->doi + i0 * dv;
+        pack_rows(qi, dp, BQ, qs, p->q_rs, rows, p->e);
+        pack_rows(doi, dv, BQ, ds, g->do_rs, rows, p->ev);
+        if (p->bf16) {
+            pack_rows(w->qa + i0 * dp, dp, BQ, qs, p->q_rs, rows, p->e);
+            pack_rows(w->da + i0 * dv, dv, BQ, ds, g->do_rs, rows, p->ev);
+            pair_columns(w->qa + i0 * dp, dp, BQ, dp), pair_columns(w->da + i0 * dv, dv, BQ, dv);
+            pair_rows(qi, dp, BQ, dp), pair_rows(doi, dv, BQ, dv);
+        }
     }
     if (g->dq) memset(w->dq, 0, sizeof(float) * round_up(p->l, BQ) * dp);
     for (int64_t j0 = first * BK; j0 < min64(p->s, end * BK); j0 += BK) {
@@ -534,9 +539,10 @@ static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
 #pragma omp parallel reduction(| : failed)
     {
         backward_scratch w;
-        const int64_t sizes[] = {BQ * p.dp, BQ * p.dv, BK * p.dp, p.dp * BK, p.dv * BK, BQ * BK, BQ * BK,
-                                 BK * p.dp, BK * p.dv, round_up(l, BQ) * p.dp, l, bf16 ? BQ * p.dp : 0,
-                                 bf16 ? BQ * p.dv : 0, bf16 ? BQ * BK : 0};
+        int64_t padded = round_up(l, BQ);
+        const int64_t sizes[] = {padded * p.dp, padded * p.dv, BK * p.dp, p.dp * BK, p.dv * BK, BQ * BK, BQ * BK,
+                                 BK * p.dp, BK * p.dv, padded * p.dp, l, bf16 ? padded * p.dp : 0,
+                                 bf16 ? padded * p.dv : 0, bf16 ? BQ * BK : 0};
         _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
         int ok = carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
