@@ -15,7 +15,7 @@
  * lse = m + log(l).
  * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread); per key
  * tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
- * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added atomically when a head is
+ * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added under a lock when a head is
  * split into key chunks).
  *
  * The bfloat16 variants run every tile product on pairs of bfloat16 values (VDPBF16PS where the CPU has it: two
@@ -117,12 +117,14 @@ static inline vfloat dot_pairs(vfloat acc, vfloat a, vfloat b) {
 #endif
 }
 
-/* 2^x, as the generated programs' tg_exp2f (c_preamble.h): <= 1 ulp, 0 below -151, NaN stays NaN. */
+/* 2^x for x <= 127 (a score minus the max or the logsumexp: at most a rounding error above 0), as the generated
+ * programs' tg_exp2f (c_preamble.h) in that range: <= 1 ulp; but 0 below -126, where the weight is below float's
+ * normal range and so below any sum's ulp; NaN stays NaN. The exponent is added to the polynomial's bits
+ * (exact for those x), not built and multiplied in twice as tg_exp2f's wider range needs: the softmax's
+ * exponentials were a fifth of the forward pass. */
 static inline vfloat vexp2(vfloat x) {
-    vfloat c = pick(x < splat(-151.0f), splat(-151.0f), x);
-    c = pick(c > splat(129.0f), splat(129.0f), c);
-    vfloat k = (c + 12582912.0f) - 12582912.0f;
-    vfloat f = c - k;
+    vfloat k = (x + 12582912.0f) - 12582912.0f;
+    vfloat f = x - k;
     vfloat p = splat(1.53375804e-4f);
     p = p * f + 1.33998658e-3f;
     p = p * f + 9.61851981e-3f;
@@ -130,9 +132,8 @@ static inline vfloat vexp2(vfloat x) {
     p = p * f + 2.40226462e-1f;
     p = p * f + 6.93147182e-1f;
     p = p * f + 1.0f;
-    vint n = __builtin_convertvector(k, vint);
-    vint half = n >> 1;
-    return p * (vfloat)((half + 127) << 23) * (vfloat)((n - half + 127) << 23);
+    vint n = __builtin_convertvector(k, vint); /* a NaN's is INT_MIN: adds 0 to the NaN's bits */
+    return pick(x < splat(-126.0f), splat(0.0f), (vfloat)((vint)p + (n << 23)));
 }
 
 #define LOG2E 1.44269504088896341f
@@ -466,15 +467,13 @@ static void store_rows(float *dst, const float *src, int64_t ld, int64_t rows, i
         for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = src[r * ld + c] * factor;
 }
 
-/* dst (rows x cols, contiguous) += src (rows ld apart) times factor, atomically: several key chunks of one head
- * add their parts of dq. */
-static void add_rows_atomically(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols,
-                                float factor) {
+/* dst (rows x cols, contiguous) += src (rows ld apart) times factor, one thread at a time: several key chunks of
+ * one head add their parts of dq (one lock around a vectorized loop, not an atomic add per float). */
+static void add_rows_exclusively(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                                 float factor) {
+#pragma omp critical(tg_attention_dq)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-#pragma omp atomic
-            dst[r * cols + c] += src[r * ld + c] * factor;
-        }
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] += src[r * ld + c] * factor;
 }
 
 /* The gradients from key tiles [first, end) of head bh; `shared` when other chunks of the head add to dq too. */
@@ -515,7 +514,7 @@ static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t 
         if (g->dk) store_rows(g->dk + (bh * p->s + j0) * p->e, w->dk, dp, cols, p->e, p->scale);
         if (g->dv) store_rows(g->dv + (bh * p->s + j0) * p->ev, w->dv, dv, cols, p->ev, 1.0f);
     }
-    if (g->dq && shared) add_rows_atomically(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+    if (g->dq && shared) add_rows_exclusively(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
     else if (g->dq) store_rows(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
 }
 
@@ -527,12 +526,16 @@ static int64_t max_threads(void) {
 #endif
 }
 
+#define ITEMS_PER_THREAD 8
+
 static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
     problem p = make_problem(OPERAND_ARGS, bf16);
     gradients g = {out, lse, dout, do_bs, do_hs, do_rs, dq, dk, dv};
-    /* Work items are heads; with fewer than two per thread, each head's key tiles are split into chunks too */
+    /* Work items are heads; with fewer than ITEMS_PER_THREAD per thread, each head's key tiles are split into
+     * chunks too: on a loaded machine a thread descheduled during one of few long items left the others waiting */
     int64_t problems = batch * heads, key_tiles = (s + BK - 1) / BK, threads = max_threads();
-    int64_t chunks = problems >= 2 * threads ? 1 : min64(key_tiles, (2 * threads + problems - 1) / problems);
+    int64_t wanted = ITEMS_PER_THREAD * threads;
+    int64_t chunks = problems >= wanted ? 1 : min64(key_tiles, (wanted + problems - 1) / problems);
     int64_t per_chunk = (key_tiles + chunks - 1) / chunks;
     if (chunks > 1 && dq) memset(dq, 0, sizeof(float) * problems * l * e);
     int failed = 0;
