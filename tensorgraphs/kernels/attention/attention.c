@@ -41,11 +41,13 @@
 #define LANES 16
 #define TILE_NV 4
 #define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 #define ZIP_LOW {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
 #else
 #define LANES 8
 #define TILE_NV 2
 #define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7}
 #define ZIP_LOW {0, 8, 1, 9, 2, 10, 3, 11}
 #endif
 
@@ -228,30 +230,65 @@ static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *
         for (int64_t c = r < whole_rows ? whole_cols : 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
 }
 
+/* x with the mask's values for LANES lanes, from element `at` of the mask on, `step` apart, applied (a bool mask's
+ * false gives -inf, a float mask is added); lanes from `valid` on are not read (and get -inf, or 0 added). */
+static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t step, int64_t valid, vfloat x) {
+    if (m->kind == TG_MASK_BOOL) {
+        typedef uint8_t vbyte __attribute__((vector_size(LANES)));
+        const uint8_t *d = (const uint8_t *)m->data + at;
+        vint keep;
+        if (step == 0) {
+            keep = (vint){0} - (d[0] != 0);
+        } else if (step == 1 && valid >= LANES) {
+            vbyte bytes;
+            memcpy(&bytes, d, LANES);
+            keep = __builtin_convertvector(bytes, vint) != 0;
+        } else {
+            int32_t lanes[LANES] = {0};
+            for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = -(d[i * step] != 0);
+            memcpy(&keep, lanes, sizeof keep);
+        }
+        return pick(keep, x, splat(-INFINITY));
+    }
+    const float *d = (const float *)m->data + at;
+    if (step == 0) return x + d[0];
+    if (step == 1 && valid >= LANES) return x + load(d);
+    float lanes[LANES] = {0};
+    for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = d[i * step];
+    return x + load(lanes);
+}
+
 /* The scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
- * S = Q_i K_j^T, or its transpose), times scale plus the mask; -inf for keys beyond s, masked out or after the
- * query (causal). */
+ * S = Q_i K_j^T, or its transpose, with rs or cs 1), times scale plus the mask; -inf for keys beyond s, masked
+ * out or after the query (causal). One pass of whole vectors along the unit stride: the forward's lanes are
+ * queries, the backward's keys. */
 static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, float *sc, int64_t rs,
                         int64_t cs) {
     int64_t cols = min64(BK, p->s - j0), rows = min64(BQ, p->l - i0);
-    for (int64_t x = 0; x < BQ * BK; x += LANES) store(sc + x, load(sc + x) * p->scale);
-    for (int64_t r = 0; r < BQ; r++)
-        for (int64_t c = cols; c < BK; c++) sc[r * rs + c * cs] = -INFINITY;
-    if (p->causal && j0 + BK - 1 > i0)
-        for (int64_t r = 0; r < BQ; r++)
-            for (int64_t c = i0 + r + 1 - j0 > 0 ? i0 + r + 1 - j0 : 0; c < cols; c++) sc[r * rs + c * cs] = -INFINITY;
-    if (p->mask.kind == TG_MASK_NONE) return;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t at = b * p->mask.bs + h * p->mask.hs + (i0 + r) * p->mask.rs + j0 * p->mask.cs, mc = p->mask.cs;
-        float *row = sc + r * rs;
-        if (p->mask.kind == TG_MASK_BOOL) {
-            const uint8_t *m = (const uint8_t *)p->mask.data + at;
-            for (int64_t c = 0; c < cols; c++) row[c * cs] = m[c * mc] ? row[c * cs] : -INFINITY;
-        } else {
-            const float *m = (const float *)p->mask.data + at;
-            for (int64_t c = 0; c < cols; c++) row[c * cs] += m[c * mc];
+    int queries_in_lanes = rs == 1, diagonal = p->causal && j0 + BK - 1 > i0;
+    int64_t outer = queries_in_lanes ? BK : BQ, inner = queries_in_lanes ? BQ : BK, ld = queries_in_lanes ? cs : rs;
+    const tg_attention_mask *m = &p->mask;
+    int64_t lane_step = queries_in_lanes ? m->rs : m->cs;
+    int64_t lane_end = queries_in_lanes ? rows : cols, outer_end = queries_in_lanes ? cols : rows;
+    const vint iota = IOTA;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t x = 0; x < inner; x += LANES) {
+            float *at = sc + o * ld + x;
+            vfloat scores = load(at) * p->scale;
+            if (cols < BK || diagonal) {
+                vint lane = iota + (int32_t)x, other = (vint){0} + (int32_t)o;
+                vint query = queries_in_lanes ? lane : other, key = queries_in_lanes ? other : lane;
+                vint cut = key >= (int32_t)cols;
+                if (diagonal) cut |= key + (int32_t)(j0 - i0) > query;
+                scores = pick(cut, splat(-INFINITY), scores);
+            }
+            if (m->kind != TG_MASK_NONE && o < outer_end && x < lane_end) {
+                int64_t r = queries_in_lanes ? x : o, c = queries_in_lanes ? o : x;
+                int64_t from = b * m->bs + h * m->hs + (i0 + r) * m->rs + (j0 + c) * m->cs;
+                scores = apply_mask(m, from, lane_step, lane_end - x, scores);
+            }
+            store(at, scores);
         }
-    }
 }
 
 /* row = exp(row - shift) (zeros when shift is -inf: nothing attended); returns its sum. */
