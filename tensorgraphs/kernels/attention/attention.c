@@ -140,12 +140,14 @@ static inline vfloat vexp2(vfloat x) {
 
 #define LOG2E 1.44269504088896341f
 
-/* c (mr x LANES nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x LANES nv, rows ldb apart);
- * with `bf16` kk counts pairs, and a and b hold pairs (a pair of a broadcast, times a vector of b's pairs). */
+/* c (mr x LANES nv) = scale a b when `zero`, else c += a b (scale 1), for a (mr x kk, element (r, x) at
+ * a[r*ars + x*aks]) and b (kk x LANES nv, rows ldb apart); with `bf16` kk counts pairs, and a and b hold pairs (a
+ * pair of a broadcast, times a vector of b's pairs). The scale multiplies the rounded product (not a, see the
+ * top). */
 static inline __attribute__((always_inline)) void tile_block(const int mr, const int nv, const int bf16, int64_t kk,
                                                              const float *a, int64_t ars, int64_t aks,
                                                              const float *b, int64_t ldb, float *c, int64_t ldc,
-                                                             int zero) {
+                                                             int zero, float scale) {
     vfloat acc[6][4];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) acc[r][v] = zero ? splat(0.0f) : load(c + r * ldc + LANES * v);
@@ -158,21 +160,22 @@ static inline __attribute__((always_inline)) void tile_block(const int mr, const
         }
     }
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < nv; v++) store(c + r * ldc + LANES * v, acc[r][v]);
+        for (int v = 0; v < nv; v++) store(c + r * ldc + LANES * v, zero ? acc[r][v] * scale : acc[r][v]);
 }
 
 #define BLOCK(MR, NV)                                                                      \
     case (MR) * 8 + (NV):                                                                  \
         if (bf16)                                                                          \
-            tile_block(MR, NV, 1, kk, ai, ars, aks, bj, ldb, cij, ldc, zero);              \
+            tile_block(MR, NV, 1, kk, ai, ars, aks, bj, ldb, cij, ldc, zero, scale);       \
         else                                                                               \
-            tile_block(MR, NV, 0, kk, ai, ars, aks, bj, ldb, cij, ldc, zero);              \
+            tile_block(MR, NV, 0, kk, ai, ars, aks, bj, ldb, cij, ldc, zero, scale);       \
         break;
 #define BLOCKS(MR) BLOCK(MR, 1) BLOCK(MR, 2) BLOCK(MR, 3) BLOCK(MR, 4)
 
-/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of LANES (padded tiles); with `bf16`, of pairs (tile_block). */
+/* c (m x n) = scale a (m x kk) b (kk x n) when `zero`, else c += a b; n a multiple of LANES (padded tiles); with
+ * `bf16`, of pairs (tile_block). */
 static void tile_gemm(int bf16, int64_t m, int64_t n, int64_t kk, const float *a, int64_t ars, int64_t aks,
-                      const float *b, int64_t ldb, float *c, int64_t ldc, int zero) {
+                      const float *b, int64_t ldb, float *c, int64_t ldc, int zero, float scale) {
     for (int64_t j = 0; j < n; j += TILE_NV * LANES) {
         int nv = (int)min64(TILE_NV, (n - j) / LANES);
         for (int64_t i = 0; i < m; i += 6) {
@@ -258,10 +261,10 @@ static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t 
     return x + load(lanes);
 }
 
-/* The scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
- * S = Q_i K_j^T, or its transpose, with rs or cs 1), times scale plus the mask; -inf for keys beyond s, masked
- * out or after the query (causal). One pass of whole vectors along the unit stride: the forward's lanes are
- * queries, the backward's keys. */
+/* The scaled scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
+ * S = Q_i K_j^T, or its transpose, with rs or cs 1), plus the mask; -inf for keys beyond s, masked out or after
+ * the query (causal). One pass of whole vectors along the unit stride (the forward's lanes are queries, the
+ * backward's keys), none for a whole tile without mask or causal cut. */
 static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, float *sc, int64_t rs,
                         int64_t cs) {
     int64_t cols = min64(BK, p->s - j0), rows = min64(BQ, p->l - i0);
@@ -271,10 +274,11 @@ static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int6
     int64_t lane_step = queries_in_lanes ? m->rs : m->cs;
     int64_t lane_end = queries_in_lanes ? rows : cols, outer_end = queries_in_lanes ? cols : rows;
     const vint iota = IOTA;
+    if (cols == BK && !diagonal && m->kind == TG_MASK_NONE) return;
     for (int64_t o = 0; o < outer; o++)
         for (int64_t x = 0; x < inner; x += LANES) {
             float *at = sc + o * ld + x;
-            vfloat scores = load(at) * p->scale;
+            vfloat scores = load(at);
             if (cols < BK || diagonal) {
                 vint lane = iota + (int32_t)x, other = (vint){0} + (int32_t)o;
                 vint query = queries_in_lanes ? lane : other, key = queries_in_lanes ? other : lane;
@@ -341,8 +345,7 @@ static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh,
  * factor exp(m_old - m_new) the query's output so far is scaled by. A query with no key attended so far keeps
  * m = -inf and weights 0; a NaN score makes the query's max, and so its weights, NaN. */
 static void online_softmax(const forward_scratch *w) {
-    vfloat top[QV], now[QV], sums[QV];
-    vint dead[QV];
+    vfloat top[QV], now[QV], shift[QV], sums[QV];
     for (int v = 0; v < QV; v++) top[v] = splat(-INFINITY), sums[v] = splat(0.0f);
     for (int64_t c = 0; c < BK; c++)
         for (int v = 0; v < QV; v++) {
@@ -352,16 +355,16 @@ static void online_softmax(const forward_scratch *w) {
     for (int v = 0; v < QV; v++) {
         vfloat old = load(w->m + LANES * v);
         now[v] = pick((top[v] > old) | (top[v] != top[v]), top[v], old);
-        dead[v] = now[v] == splat(-INFINITY);
-        store(w->kept + LANES * v, pick(dead[v], splat(1.0f), vexp2((old - now[v]) * LOG2E)));
+        vint dead = now[v] == splat(-INFINITY);
+        store(w->kept + LANES * v, pick(dead, splat(1.0f), vexp2((old - now[v]) * LOG2E)));
         store(w->m + LANES * v, now[v]);
+        shift[v] = pick(dead, splat(0.0f), now[v]); /* all of a dead query's scores are -inf: weights 0 */
     }
     for (int64_t c = 0; c < BK; c++)
         for (int v = 0; v < QV; v++) {
             /* (x - m) * log2(e), not x * log2(e) - m * log2(e): contracted into an fma, the latter keeps m's
              * rounding error, which is huge for huge scores */
-            vfloat x = vexp2((load(w->st + c * BQ + LANES * v) - now[v]) * LOG2E);
-            x = pick(dead[v], splat(0.0f), x);
+            vfloat x = vexp2((load(w->st + c * BQ + LANES * v) - shift[v]) * LOG2E);
             store(w->st + c * BQ + LANES * v, x);
             sums[v] += x;
         }
@@ -378,7 +381,7 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
         int64_t at = bh * keys->tiles + j0 / BK;
-        tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1);
+        tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1, p->scale);
         mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
         online_softmax(w);
         for (int64_t r = 0; r < BQ; r++)
@@ -386,7 +389,7 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
                 for (int64_t c = 0; c < dv; c += LANES)
                     store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
         if (p->bf16) pair_rows(w->st, BQ, BK, BQ); /* the weights, after their sums were taken in float32 */
-        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0);
+        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0, 1.0f);
     }
     float *o = out + (bh * p->l + i0) * p->ev;
     for (int64_t r = 0; r < rows; r++) {
@@ -480,9 +483,9 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
     int64_t rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
     const float *qi = w->qi + i0 * dp, *doi = w->doi + i0 * dv, *qa = qi, *da = doi, *sa = w->dp;
     if (p->bf16) qa = w->qa + i0 * dp, da = w->da + i0 * dv, sa = w->sa;
-    tile_gemm(p->bf16, BQ, BK, reduced(p, dp), qa, dp, 1, w->kt, BK, w->sc, BK, 1);
+    tile_gemm(p->bf16, BQ, BK, reduced(p, dp), qa, dp, 1, w->kt, BK, w->sc, BK, 1, p->scale);
     mask_scores(p, b, h, i0, j0, w->sc, BK, 1);
-    tile_gemm(p->bf16, BQ, BK, reduced(p, dv), da, dv, 1, w->vt, BK, w->dp, BK, 1);
+    tile_gemm(p->bf16, BQ, BK, reduced(p, dv), da, dv, 1, w->vt, BK, w->dp, BK, 1, 1.0f);
     for (int64_t r = 0; r < BQ; r++) {
         float *prob = w->sc + r * BK, *grad = w->dp + r * BK;
         row_exp(prob, r < rows ? lse[i0 + r] : -INFINITY);
@@ -493,9 +496,9 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
         memcpy(w->sa, w->dp, sizeof(float) * BQ * BK);
         pair_columns(w->sa, BK, BQ, BK), pair_rows(w->dp, BK, BQ, BK), pair_rows(w->sc, BK, BQ, BK);
     }
-    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, doi, dv, w->dv, dv, 0);
-    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, qi, dp, w->dk, dp, 0);
-    if (g->dq) tile_gemm(p->bf16, BQ, dp, reduced(p, BK), sa, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0);
+    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, doi, dv, w->dv, dv, 0, 1.0f);
+    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, qi, dp, w->dk, dp, 0, 1.0f);
+    if (g->dq) tile_gemm(p->bf16, BQ, dp, reduced(p, BK), sa, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0, 1.0f);
 }
 
 /* rows x cols of src (rows ld apart) times factor into dst (contiguous rows of cols). */
