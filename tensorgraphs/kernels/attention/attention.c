@@ -295,22 +295,28 @@ static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int6
         }
 }
 
-/* row = exp(row - shift) (zeros when shift is -inf: nothing attended); returns its sum. */
-static float row_exp(float *row, float shift) {
+/* row = exp(row - shift) (zeros when shift is -inf: nothing attended). */
+static void row_exp(float *row, float shift) {
     if (shift == -INFINITY) {
         memset(row, 0, sizeof(float) * BK);
-        return 0.0f;
+        return;
     }
-    vfloat sum = splat(0.0f);
     for (int64_t c = 0; c < BK; c += LANES) {
         /* (x - shift) * log2(e), not x * log2(e) - shift * log2(e): contracted into an fma, the latter leaves
          * shift's rounding error, which is huge for huge scores */
-        vfloat x = vexp2((load(row + c) - shift) * LOG2E);
-        store(row + c, x);
-        sum += x;
+        store(row + c, vexp2((load(row + c) - shift) * LOG2E));
     }
+}
+
+/* The sum of a[c] * b[c] for c < n, in LANES partial sums (a scalar loop's one sum is a chain of dependent adds
+ * gcc may not reorder). */
+static float dot(const float *a, const float *b, int64_t n) {
+    vfloat sums = splat(0.0f);
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES) sums += load(a + c) * load(b + c);
     float total = 0.0f;
-    for (int i = 0; i < LANES; i++) total += sum[i];
+    for (int i = 0; i < LANES; i++) total += sums[i];
+    for (; c < n; c++) total += a[c] * b[c];
     return total;
 }
 
@@ -522,11 +528,7 @@ static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t 
     int64_t b = bh / p->heads, h = bh % p->heads, dp = p->dp, dv = p->dv;
     const float *k = p->k + b * p->k_bs + h * p->k_hs, *v = p->v + b * p->v_bs + h * p->v_hs;
     const float *out = g->out + bh * p->l * p->ev, *dout = g->dout + b * g->do_bs + h * g->do_hs;
-    for (int64_t i = 0; i < p->l; i++) {
-        float total = 0.0f;
-        for (int64_t c = 0; c < p->ev; c++) total += dout[i * g->do_rs + c] * out[i * p->ev + c];
-        w->d[i] = total;
-    }
+    for (int64_t i = 0; i < p->l; i++) w->d[i] = dot(dout + i * g->do_rs, out + i * p->ev, p->ev);
     for (int64_t i0 = 0; i0 < p->l; i0 += BQ) {
         int64_t rows = min64(BQ, p->l - i0);
         const float *qs = p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, *ds = dout + i0 * g->do_rs;
@@ -574,7 +576,7 @@ static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
     /* Work items are heads; with fewer than ITEMS_PER_THREAD per thread, each head's key tiles are split into
      * chunks too: on a loaded machine a thread descheduled during one of few long items left the others waiting */
     int64_t problems = batch * heads, key_tiles = (s + BK - 1) / BK, threads = max_threads();
-    int64_t wanted = ITEMS_PER_THREAD * threads;
+    int64_t wanted = threads > 1 ? ITEMS_PER_THREAD * threads : 1;
     int64_t chunks = problems >= wanted ? 1 : min64(key_tiles, (wanted + problems - 1) / problems);
     int64_t per_chunk = (key_tiles + chunks - 1) / chunks;
     if (chunks > 1 && dq) memset(dq, 0, sizeof(float) * problems * l * e);
