@@ -210,42 +210,52 @@ static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *sr
 }
 
 /* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
+/* v[c] lane r = v[r] lane c before: log2(LANES) rounds of interleaving row i with row i + LANES / 2. */
+static inline void transpose(vfloat v[LANES]) {
+    const vint low = ZIP_LOW, high = low + LANES / 2;
+    vfloat t[LANES];
+    for (int round = 1; round < LANES; round *= 2) {
+        for (int i = 0; i < LANES / 2; i++) {
+            t[2 * i] = __builtin_shuffle(v[i], v[i + LANES / 2], low);
+            t[2 * i + 1] = __builtin_shuffle(v[i], v[i + LANES / 2], high);
+        }
+        memcpy(v, t, sizeof t);
+    }
+}
+
 static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
                             int64_t cols) {
     memset(dst, 0, sizeof(float) * ld * width);
-    const vint low = ZIP_LOW, high = low + LANES / 2;
     int64_t whole_rows = rows / LANES * LANES, whole_cols = cols / LANES * LANES;
     for (int64_t r0 = 0; r0 < whole_rows; r0 += LANES)
         for (int64_t c0 = 0; c0 < whole_cols; c0 += LANES) {
-            /* log2(LANES) rounds of interleaving row i with row i + LANES / 2 transpose a LANES x LANES block */
-            vfloat v[LANES], t[LANES];
+            vfloat v[LANES];
             for (int i = 0; i < LANES; i++) v[i] = load(src + (r0 + i) * rs + c0);
-            for (int round = 1; round < LANES; round *= 2) {
-                for (int i = 0; i < LANES / 2; i++) {
-                    t[2 * i] = __builtin_shuffle(v[i], v[i + LANES / 2], low);
-                    t[2 * i + 1] = __builtin_shuffle(v[i], v[i + LANES / 2], high);
-                }
-                memcpy(v, t, sizeof v);
-            }
+            transpose(v);
             for (int c = 0; c < LANES; c++) store(dst + (c0 + c) * width + r0, v[c]);
         }
     for (int64_t r = 0; r < rows; r++) /* the edges */
         for (int64_t c = r < whole_rows ? whole_cols : 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
 }
 
+/* -1 (true) or 0 for each of LANES bytes of a bool mask. */
+static inline vint keep_lanes(const uint8_t *d) {
+    typedef uint8_t vbyte __attribute__((vector_size(LANES)));
+    vbyte bytes;
+    memcpy(&bytes, d, LANES);
+    return __builtin_convertvector(bytes, vint) != 0;
+}
+
 /* x with the mask's values for LANES lanes, from element `at` of the mask on, `step` apart, applied (a bool mask's
  * false gives -inf, a float mask is added); lanes from `valid` on are not read (and get -inf, or 0 added). */
 static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t step, int64_t valid, vfloat x) {
     if (m->kind == TG_MASK_BOOL) {
-        typedef uint8_t vbyte __attribute__((vector_size(LANES)));
         const uint8_t *d = (const uint8_t *)m->data + at;
         vint keep;
         if (step == 0) {
             keep = (vint){0} - (d[0] != 0);
         } else if (step == 1 && valid >= LANES) {
-            vbyte bytes;
-            memcpy(&bytes, d, LANES);
-            keep = __builtin_convertvector(bytes, vint) != 0;
+            keep = keep_lanes(d);
         } else {
             int32_t lanes[LANES] = {0};
             for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = -(d[i * step] != 0);
@@ -259,6 +269,15 @@ static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t 
     float lanes[LANES] = {0};
     for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = d[i * step];
     return x + load(lanes);
+}
+
+/* block[c] lane r = the mask's value (a bool mask's as -1 or 0 bits) at element at + r * rs + c, for r and c below
+ * LANES: a block of a mask contiguous along the keys, read by rows and transposed for the forward's query lanes. */
+static void transposed_mask(const tg_attention_mask *m, int64_t at, int64_t rs, vfloat block[LANES]) {
+    for (int r = 0; r < LANES; r++)
+        block[r] = m->kind == TG_MASK_BOOL ? (vfloat)keep_lanes((const uint8_t *)m->data + at + r * rs)
+                                           : load((const float *)m->data + at + r * rs);
+    transpose(block);
 }
 
 /* The scaled scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
@@ -275,23 +294,34 @@ static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int6
     int64_t lane_end = queries_in_lanes ? rows : cols, outer_end = queries_in_lanes ? cols : rows;
     const vint iota = IOTA;
     if (cols == BK && !diagonal && m->kind == TG_MASK_NONE) return;
-    for (int64_t o = 0; o < outer; o++)
+    /* queries in lanes and a mask strided along them: whole LANES x LANES blocks read along the keys, transposed */
+    int gathered = queries_in_lanes && m->kind != TG_MASK_NONE && lane_step != 0 && lane_step != 1 && m->cs == 1;
+    for (int64_t o0 = 0; o0 < outer; o0 += LANES)
         for (int64_t x = 0; x < inner; x += LANES) {
-            float *at = sc + o * ld + x;
-            vfloat scores = load(at);
-            if (cols < BK || diagonal) {
-                vint lane = iota + (int32_t)x, other = (vint){0} + (int32_t)o;
-                vint query = queries_in_lanes ? lane : other, key = queries_in_lanes ? other : lane;
-                vint cut = key >= (int32_t)cols;
-                if (diagonal) cut |= key + (int32_t)(j0 - i0) > query;
-                scores = pick(cut, splat(-INFINITY), scores);
+            vfloat block[LANES];
+            int whole = gathered && o0 + LANES <= outer_end && x + LANES <= lane_end;
+            if (whole) transposed_mask(m, b * m->bs + h * m->hs + (i0 + x) * m->rs + j0 + o0, m->rs, block);
+            for (int64_t o = o0; o < o0 + LANES; o++) {
+                float *at = sc + o * ld + x;
+                vfloat scores = load(at);
+                if (cols < BK || diagonal) {
+                    vint lane = iota + (int32_t)x, other = (vint){0} + (int32_t)o;
+                    vint query = queries_in_lanes ? lane : other, key = queries_in_lanes ? other : lane;
+                    vint cut = key >= (int32_t)cols;
+                    if (diagonal) cut |= key + (int32_t)(j0 - i0) > query;
+                    scores = pick(cut, splat(-INFINITY), scores);
+                }
+                if (whole && m->kind == TG_MASK_BOOL) {
+                    scores = pick((vint)block[o - o0], scores, splat(-INFINITY));
+                } else if (whole) {
+                    scores += block[o - o0];
+                } else if (m->kind != TG_MASK_NONE && o < outer_end && x < lane_end) {
+                    int64_t r = queries_in_lanes ? x : o, c = queries_in_lanes ? o : x;
+                    int64_t from = b * m->bs + h * m->hs + (i0 + r) * m->rs + (j0 + c) * m->cs;
+                    scores = apply_mask(m, from, lane_step, lane_end - x, scores);
+                }
+                store(at, scores);
             }
-            if (m->kind != TG_MASK_NONE && o < outer_end && x < lane_end) {
-                int64_t r = queries_in_lanes ? x : o, c = queries_in_lanes ? o : x;
-                int64_t from = b * m->bs + h * m->hs + (i0 + r) * m->rs + (j0 + c) * m->cs;
-                scores = apply_mask(m, from, lane_step, lane_end - x, scores);
-            }
-            store(at, scores);
         }
 }
 
