@@ -13,10 +13,10 @@
  * Forward: parallel over (batch*head, query tile); per key tile, S^T = scale * K Q^T (+ mask) with the queries
  * in vector lanes, each query's running max m and sum l (online softmax), O = O * exp(m_old - m_new) + P V;
  * lse = m + log(l).
- * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread); per key
- * tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
- * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added under a lock when a head is
- * split into key chunks).
+ * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread), the
+ * head's q and dout packed once; per key tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T,
+ * dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and dQ_i += scale dS K_j into
+ * a per-item accumulator, stored once per head (added under a lock when a head is split into key chunks).
  *
  * The bfloat16 variants run every tile product on pairs of bfloat16 values (VDPBF16PS where the CPU has it: two
  * exact products added per lane): each operand is rounded to bfloat16 as it is paired (pair_rows, pair_columns),
@@ -122,8 +122,8 @@ static inline vfloat dot_pairs(vfloat acc, vfloat a, vfloat b) {
 /* 2^x for x <= 127 (a score minus the max or the logsumexp: at most a rounding error above 0), as the generated
  * programs' tg_exp2f (c_preamble.h) in that range: <= 1 ulp; but 0 below -126, where the weight is below float's
  * normal range and so below any sum's ulp; NaN stays NaN. The exponent is added to the polynomial's bits
- * (exact for those x), not built and multiplied in twice as tg_exp2f's wider range needs: the softmax's
- * exponentials were a fifth of the forward pass. */
+ * (exact for those x), not built and multiplied in twice as tg_exp2f's wider range needs: fewer operations in
+ * the softmax's inner loops. */
 static inline vfloat vexp2(vfloat x) {
     vfloat k = (x + 12582912.0f) - 12582912.0f;
     vfloat f = x - k;
@@ -209,7 +209,6 @@ static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *sr
     for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
 }
 
-/* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
 /* v[c] lane r = v[r] lane c before: log2(LANES) rounds of interleaving row i with row i + LANES / 2. */
 static inline void transpose(vfloat v[LANES]) {
     const vint low = ZIP_LOW, high = low + LANES / 2;
@@ -223,6 +222,7 @@ static inline void transpose(vfloat v[LANES]) {
     }
 }
 
+/* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
 static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
                             int64_t cols) {
     memset(dst, 0, sizeof(float) * ld * width);
@@ -252,7 +252,7 @@ static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t 
     if (m->kind == TG_MASK_BOOL) {
         const uint8_t *d = (const uint8_t *)m->data + at;
         vint keep;
-        if (step == 0) {
+        if (step == 0 && valid >= LANES) {
             keep = (vint){0} - (d[0] != 0);
         } else if (step == 1 && valid >= LANES) {
             keep = keep_lanes(d);
@@ -264,7 +264,7 @@ static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t 
         return pick(keep, x, splat(-INFINITY));
     }
     const float *d = (const float *)m->data + at;
-    if (step == 0) return x + d[0];
+    if (step == 0 && valid >= LANES) return x + d[0];
     if (step == 1 && valid >= LANES) return x + load(d);
     float lanes[LANES] = {0};
     for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = d[i * step];
@@ -404,7 +404,8 @@ static void online_softmax(const forward_scratch *w) {
             store(w->st + c * BQ + LANES * v, x);
             sums[v] += x;
         }
-    for (int v = 0; v < QV; v++) store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
+    for (int v = 0; v < QV; v++)
+        store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
 }
 
 static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t i0,
