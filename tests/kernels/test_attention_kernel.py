@@ -58,6 +58,51 @@ def test_masks_match_torch_fully_masked_rows_included(kind: str) -> None:
     _check((2, 3, 100, 77, 16, 16), mask=mask.astype(np.bool_ if kind == "bool" else np.float32))
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 77), (1, 3, 100, 1), (2, 3, 100, 77)])
+def test_broadcast_and_full_masks_match_torch(kind: str, mask_shape: tuple[int, ...]) -> None:
+    """Masks broadcast along the queries (key padding) or the keys, or full: the kernel loads a vector of mask
+    values per tile row where they are contiguous or broadcast, and gathers them where strided, with partial
+    vectors at tile edges (100 queries, 77 keys)."""
+    rng = np.random.default_rng(11)
+    allowed = rng.standard_normal(mask_shape) > -0.5
+    allowed[..., 0] = True  # every row attends to something
+    mask = allowed if kind == "bool" else np.where(allowed, rng.standard_normal(mask_shape), -np.inf)
+    _check((2, 3, 100, 77, 16, 16), mask=mask.astype(np.bool_ if kind == "bool" else np.float32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_head_split_into_key_chunks_matches_torch(causal: bool) -> None:
+    """One head of many key tiles: the backward splits its key tiles into chunks whose dq parts are summed."""
+    _check((1, 1, 300, 700, 16, 16), causal)
+
+
+def test_weights_below_floats_normal_range_match_torch() -> None:
+    """Scores hundreds apart: weights below 2^-126 of the row's largest are 0 here (torch's are denormals, below
+    any sum's ulp), the rest as torch's."""
+    rng = np.random.default_rng(12)
+    q, k, v, dout = (rng.standard_normal((1, 2, 70, 8), dtype=np.float32) for _ in range(4))
+    q *= np.float32(40.0)
+    out, lse = attention.forward(q, k, v)
+    got = [out, *attention.backward(q, k, v, out, lse, dout)]
+    for name, value, reference in zip(("out", "dq", "dk", "dv"), got, _torch_reference(q, k, v, dout, None, False)):
+        np.testing.assert_allclose(value, reference, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("operand", [0, 1, 2])
+def test_nan_inputs_give_torchs_nan_gradients(operand: int) -> None:
+    """A NaN in q, k or v: outputs and gradients NaN where torch's are (the exponentials keep NaN)."""
+    rng = np.random.default_rng(13)
+    arrays = [rng.standard_normal((1, 2, 70, 16), dtype=np.float32) for _ in range(4)]
+    arrays[operand][0, 1, 5, 2] = np.nan
+    q, k, v, dout = arrays
+    out, lse = attention.forward(q, k, v)
+    got = [out, *attention.backward(q, k, v, out, lse, dout)]
+    for name, value, reference in zip(("out", "dq", "dk", "dv"), got, _torch_reference(q, k, v, dout, None, False)):
+        np.testing.assert_array_equal(np.isnan(value), np.isnan(reference), err_msg=name)
+        np.testing.assert_allclose(value, reference, rtol=1e-4, atol=2e-5, err_msg=name)
+
+
 def test_logsumexp_is_that_of_the_scaled_scores() -> None:
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((1, 2, 90, 8), dtype=np.float32) for _ in range(3))

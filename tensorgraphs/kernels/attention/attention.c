@@ -13,10 +13,10 @@
  * Forward: parallel over (batch*head, query tile); per key tile, S^T = scale * K Q^T (+ mask) with the queries
  * in vector lanes, each query's running max m and sum l (online softmax), O = O * exp(m_old - m_new) + P V;
  * lse = m + log(l).
- * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread); per key
- * tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and
- * dQ_i += scale dS K_j into a per-item accumulator, stored once per head (added atomically when a head is
- * split into key chunks).
+ * Backward: parallel over batch*head (and chunks of its key tiles when there are few heads per thread), the
+ * head's q and dout packed once; per key tile j (outer) and query tile i: P = exp(S - lse), dP = dO V^T,
+ * dS = P * (dP - D) with D = rowsum(dO * O), dV_j += P^T dO, dK_j += scale dS^T Q, and dQ_i += scale dS K_j into
+ * a per-item accumulator, stored once per head (added under a lock when a head is split into key chunks).
  *
  * The bfloat16 variants run every tile product on pairs of bfloat16 values (VDPBF16PS where the CPU has it: two
  * exact products added per lane): each operand is rounded to bfloat16 as it is paired (pair_rows, pair_columns),
@@ -41,11 +41,13 @@
 #define LANES 16
 #define TILE_NV 4
 #define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 #define ZIP_LOW {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
 #else
 #define LANES 8
 #define TILE_NV 2
 #define EVEN_LANES {0, 2, 4, 6, 8, 10, 12, 14}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7}
 #define ZIP_LOW {0, 8, 1, 9, 2, 10, 3, 11}
 #endif
 
@@ -117,12 +119,14 @@ static inline vfloat dot_pairs(vfloat acc, vfloat a, vfloat b) {
 #endif
 }
 
-/* 2^x, as the generated programs' tg_exp2f (c_preamble.h): <= 1 ulp, 0 below -151, NaN stays NaN. */
+/* 2^x for x <= 127 (a score minus the max or the logsumexp: at most a rounding error above 0), as the generated
+ * programs' tg_exp2f (c_preamble.h) in that range: <= 1 ulp; but 0 below -126, where the weight is below float's
+ * normal range and so below any sum's ulp; NaN stays NaN. The exponent is added to the polynomial's bits
+ * (exact for those x), not built and multiplied in twice as tg_exp2f's wider range needs: fewer operations in
+ * the softmax's inner loops. */
 static inline vfloat vexp2(vfloat x) {
-    vfloat c = pick(x < splat(-151.0f), splat(-151.0f), x);
-    c = pick(c > splat(129.0f), splat(129.0f), c);
-    vfloat k = (c + 12582912.0f) - 12582912.0f;
-    vfloat f = c - k;
+    vfloat k = (x + 12582912.0f) - 12582912.0f;
+    vfloat f = x - k;
     vfloat p = splat(1.53375804e-4f);
     p = p * f + 1.33998658e-3f;
     p = p * f + 9.61851981e-3f;
@@ -130,19 +134,20 @@ static inline vfloat vexp2(vfloat x) {
     p = p * f + 2.40226462e-1f;
     p = p * f + 6.93147182e-1f;
     p = p * f + 1.0f;
-    vint n = __builtin_convertvector(k, vint);
-    vint half = n >> 1;
-    return p * (vfloat)((half + 127) << 23) * (vfloat)((n - half + 127) << 23);
+    vint n = __builtin_convertvector(k, vint); /* a NaN's is INT_MIN: adds 0 to the NaN's bits */
+    return pick(x < splat(-126.0f), splat(0.0f), (vfloat)((vint)p + (n << 23)));
 }
 
 #define LOG2E 1.44269504088896341f
 
-/* c (mr x LANES nv) (+)= a (mr x kk, element (r, x) at a[r*ars + x*aks]) b (kk x LANES nv, rows ldb apart);
- * with `bf16` kk counts pairs, and a and b hold pairs (a pair of a broadcast, times a vector of b's pairs). */
+/* c (mr x LANES nv) = scale a b when `zero`, else c += a b (scale 1), for a (mr x kk, element (r, x) at
+ * a[r*ars + x*aks]) and b (kk x LANES nv, rows ldb apart); with `bf16` kk counts pairs, and a and b hold pairs (a
+ * pair of a broadcast, times a vector of b's pairs). The scale multiplies the rounded product (not a, see the
+ * top). */
 static inline __attribute__((always_inline)) void tile_block(const int mr, const int nv, const int bf16, int64_t kk,
                                                              const float *a, int64_t ars, int64_t aks,
                                                              const float *b, int64_t ldb, float *c, int64_t ldc,
-                                                             int zero) {
+                                                             int zero, float scale) {
     vfloat acc[6][4];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < nv; v++) acc[r][v] = zero ? splat(0.0f) : load(c + r * ldc + LANES * v);
@@ -155,21 +160,22 @@ static inline __attribute__((always_inline)) void tile_block(const int mr, const
         }
     }
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < nv; v++) store(c + r * ldc + LANES * v, acc[r][v]);
+        for (int v = 0; v < nv; v++) store(c + r * ldc + LANES * v, zero ? acc[r][v] * scale : acc[r][v]);
 }
 
 #define BLOCK(MR, NV)                                                                      \
     case (MR) * 8 + (NV):                                                                  \
         if (bf16)                                                                          \
-            tile_block(MR, NV, 1, kk, ai, ars, aks, bj, ldb, cij, ldc, zero);              \
+            tile_block(MR, NV, 1, kk, ai, ars, aks, bj, ldb, cij, ldc, zero, scale);       \
         else                                                                               \
-            tile_block(MR, NV, 0, kk, ai, ars, aks, bj, ldb, cij, ldc, zero);              \
+            tile_block(MR, NV, 0, kk, ai, ars, aks, bj, ldb, cij, ldc, zero, scale);       \
         break;
 #define BLOCKS(MR) BLOCK(MR, 1) BLOCK(MR, 2) BLOCK(MR, 3) BLOCK(MR, 4)
 
-/* c (m x n) = or += a (m x kk) b (kk x n); n a multiple of LANES (padded tiles); with `bf16`, of pairs (tile_block). */
+/* c (m x n) = scale a (m x kk) b (kk x n) when `zero`, else c += a b; n a multiple of LANES (padded tiles); with
+ * `bf16`, of pairs (tile_block). */
 static void tile_gemm(int bf16, int64_t m, int64_t n, int64_t kk, const float *a, int64_t ars, int64_t aks,
-                      const float *b, int64_t ldb, float *c, int64_t ldc, int zero) {
+                      const float *b, int64_t ldb, float *c, int64_t ldc, int zero, float scale) {
     for (int64_t j = 0; j < n; j += TILE_NV * LANES) {
         int nv = (int)min64(TILE_NV, (n - j) / LANES);
         for (int64_t i = 0; i < m; i += 6) {
@@ -203,72 +209,144 @@ static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *sr
     for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
 }
 
+/* v[c] lane r = v[r] lane c before: log2(LANES) rounds of interleaving row i with row i + LANES / 2. */
+static inline void transpose(vfloat v[LANES]) {
+    const vint low = ZIP_LOW, high = low + LANES / 2;
+    vfloat t[LANES];
+    for (int round = 1; round < LANES; round *= 2) {
+        for (int i = 0; i < LANES / 2; i++) {
+            t[2 * i] = __builtin_shuffle(v[i], v[i + LANES / 2], low);
+            t[2 * i + 1] = __builtin_shuffle(v[i], v[i + LANES / 2], high);
+        }
+        memcpy(v, t, sizeof t);
+    }
+}
+
 /* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
 static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
                             int64_t cols) {
     memset(dst, 0, sizeof(float) * ld * width);
-    const vint low = ZIP_LOW, high = low + LANES / 2;
     int64_t whole_rows = rows / LANES * LANES, whole_cols = cols / LANES * LANES;
     for (int64_t r0 = 0; r0 < whole_rows; r0 += LANES)
         for (int64_t c0 = 0; c0 < whole_cols; c0 += LANES) {
-            /* log2(LANES) rounds of interleaving row i with row i + LANES / 2 transpose a LANES x LANES block */
-            vfloat v[LANES], t[LANES];
+            vfloat v[LANES];
             for (int i = 0; i < LANES; i++) v[i] = load(src + (r0 + i) * rs + c0);
-            for (int round = 1; round < LANES; round *= 2) {
-                for (int i = 0; i < LANES / 2; i++) {
-                    t[2 * i] = __builtin_shuffle(v[i], v[i + LANES / 2], low);
-                    t[2 * i + 1] = __builtin_shuffle(v[i], v[i + LANES / 2], high);
-                }
-                memcpy(v, t, sizeof v);
-            }
+            transpose(v);
             for (int c = 0; c < LANES; c++) store(dst + (c0 + c) * width + r0, v[c]);
         }
     for (int64_t r = 0; r < rows; r++) /* the edges */
         for (int64_t c = r < whole_rows ? whole_cols : 0; c < cols; c++) dst[c * width + r] = src[r * rs + c];
 }
 
-/* The scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
- * S = Q_i K_j^T, or its transpose), times scale plus the mask; -inf for keys beyond s, masked out or after the
- * query (causal). */
+/* -1 (true) or 0 for each of LANES bytes of a bool mask. */
+static inline vint keep_lanes(const uint8_t *d) {
+    typedef uint8_t vbyte __attribute__((vector_size(LANES)));
+    vbyte bytes;
+    memcpy(&bytes, d, LANES);
+    return __builtin_convertvector(bytes, vint) != 0;
+}
+
+/* x with the mask's values for LANES lanes, from element `at` of the mask on, `step` apart, applied (a bool mask's
+ * false gives -inf, a float mask is added); lanes from `valid` on are not read (and get -inf, or 0 added). */
+static inline vfloat apply_mask(const tg_attention_mask *m, int64_t at, int64_t step, int64_t valid, vfloat x) {
+    if (m->kind == TG_MASK_BOOL) {
+        const uint8_t *d = (const uint8_t *)m->data + at;
+        vint keep;
+        if (step == 0 && valid >= LANES) {
+            keep = (vint){0} - (d[0] != 0);
+        } else if (step == 1 && valid >= LANES) {
+            keep = keep_lanes(d);
+        } else {
+            int32_t lanes[LANES] = {0};
+            for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = -(d[i * step] != 0);
+            memcpy(&keep, lanes, sizeof keep);
+        }
+        return pick(keep, x, splat(-INFINITY));
+    }
+    const float *d = (const float *)m->data + at;
+    if (step == 0 && valid >= LANES) return x + d[0];
+    if (step == 1 && valid >= LANES) return x + load(d);
+    float lanes[LANES] = {0};
+    for (int64_t i = 0; i < min64(valid, LANES); i++) lanes[i] = d[i * step];
+    return x + load(lanes);
+}
+
+/* block[c] lane r = the mask's value (a bool mask's as -1 or 0 bits) at element at + r * rs + c, for r and c below
+ * LANES: a block of a mask contiguous along the keys, read by rows and transposed for the forward's query lanes. */
+static void transposed_mask(const tg_attention_mask *m, int64_t at, int64_t rs, vfloat block[LANES]) {
+    for (int r = 0; r < LANES; r++)
+        block[r] = m->kind == TG_MASK_BOOL ? (vfloat)keep_lanes((const uint8_t *)m->data + at + r * rs)
+                                           : load((const float *)m->data + at + r * rs);
+    transpose(block);
+}
+
+/* The scaled scores of query tile i0 and key tile j0, element (query r, key c) at sc[r*rs + c*cs] (the tile
+ * S = Q_i K_j^T, or its transpose, with rs or cs 1), plus the mask; -inf for keys beyond s, masked out or after
+ * the query (causal). One pass of whole vectors along the unit stride (the forward's lanes are queries, the
+ * backward's keys), none for a whole tile without mask or causal cut. */
 static void mask_scores(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, float *sc, int64_t rs,
                         int64_t cs) {
     int64_t cols = min64(BK, p->s - j0), rows = min64(BQ, p->l - i0);
-    for (int64_t x = 0; x < BQ * BK; x += LANES) store(sc + x, load(sc + x) * p->scale);
-    for (int64_t r = 0; r < BQ; r++)
-        for (int64_t c = cols; c < BK; c++) sc[r * rs + c * cs] = -INFINITY;
-    if (p->causal && j0 + BK - 1 > i0)
-        for (int64_t r = 0; r < BQ; r++)
-            for (int64_t c = i0 + r + 1 - j0 > 0 ? i0 + r + 1 - j0 : 0; c < cols; c++) sc[r * rs + c * cs] = -INFINITY;
-    if (p->mask.kind == TG_MASK_NONE) return;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t at = b * p->mask.bs + h * p->mask.hs + (i0 + r) * p->mask.rs + j0 * p->mask.cs, mc = p->mask.cs;
-        float *row = sc + r * rs;
-        if (p->mask.kind == TG_MASK_BOOL) {
-            const uint8_t *m = (const uint8_t *)p->mask.data + at;
-            for (int64_t c = 0; c < cols; c++) row[c * cs] = m[c * mc] ? row[c * cs] : -INFINITY;
-        } else {
-            const float *m = (const float *)p->mask.data + at;
-            for (int64_t c = 0; c < cols; c++) row[c * cs] += m[c * mc];
+    int queries_in_lanes = rs == 1, diagonal = p->causal && j0 + BK - 1 > i0;
+    int64_t outer = queries_in_lanes ? BK : BQ, inner = queries_in_lanes ? BQ : BK, ld = queries_in_lanes ? cs : rs;
+    const tg_attention_mask *m = &p->mask;
+    int64_t lane_step = queries_in_lanes ? m->rs : m->cs;
+    int64_t lane_end = queries_in_lanes ? rows : cols, outer_end = queries_in_lanes ? cols : rows;
+    const vint iota = IOTA;
+    if (cols == BK && !diagonal && m->kind == TG_MASK_NONE) return;
+    /* queries in lanes and a mask strided along them: whole LANES x LANES blocks read along the keys, transposed */
+    int gathered = queries_in_lanes && m->kind != TG_MASK_NONE && lane_step != 0 && lane_step != 1 && m->cs == 1;
+    for (int64_t o0 = 0; o0 < outer; o0 += LANES)
+        for (int64_t x = 0; x < inner; x += LANES) {
+            vfloat block[LANES];
+            int whole = gathered && o0 + LANES <= outer_end && x + LANES <= lane_end;
+            if (whole) transposed_mask(m, b * m->bs + h * m->hs + (i0 + x) * m->rs + j0 + o0, m->rs, block);
+            for (int64_t o = o0; o < o0 + LANES; o++) {
+                float *at = sc + o * ld + x;
+                vfloat scores = load(at);
+                if (cols < BK || diagonal) {
+                    vint lane = iota + (int32_t)x, other = (vint){0} + (int32_t)o;
+                    vint query = queries_in_lanes ? lane : other, key = queries_in_lanes ? other : lane;
+                    vint cut = key >= (int32_t)cols;
+                    if (diagonal) cut |= key + (int32_t)(j0 - i0) > query;
+                    scores = pick(cut, splat(-INFINITY), scores);
+                }
+                if (whole && m->kind == TG_MASK_BOOL) {
+                    scores = pick((vint)block[o - o0], scores, splat(-INFINITY));
+                } else if (whole) {
+                    scores += block[o - o0];
+                } else if (m->kind != TG_MASK_NONE && o < outer_end && x < lane_end) {
+                    int64_t r = queries_in_lanes ? x : o, c = queries_in_lanes ? o : x;
+                    int64_t from = b * m->bs + h * m->hs + (i0 + r) * m->rs + (j0 + c) * m->cs;
+                    scores = apply_mask(m, from, lane_step, lane_end - x, scores);
+                }
+                store(at, scores);
+            }
         }
-    }
 }
 
-/* row = exp(row - shift) (zeros when shift is -inf: nothing attended); returns its sum. */
-static float row_exp(float *row, float shift) {
+/* row = exp(row - shift) (zeros when shift is -inf: nothing attended). */
+static void row_exp(float *row, float shift) {
     if (shift == -INFINITY) {
         memset(row, 0, sizeof(float) * BK);
-        return 0.0f;
+        return;
     }
-    vfloat sum = splat(0.0f);
     for (int64_t c = 0; c < BK; c += LANES) {
         /* (x - shift) * log2(e), not x * log2(e) - shift * log2(e): contracted into an fma, the latter leaves
          * shift's rounding error, which is huge for huge scores */
-        vfloat x = vexp2((load(row + c) - shift) * LOG2E);
-        store(row + c, x);
-        sum += x;
+        store(row + c, vexp2((load(row + c) - shift) * LOG2E));
     }
+}
+
+/* The sum of a[c] * b[c] for c < n, in LANES partial sums (a scalar loop's one sum is a chain of dependent adds
+ * gcc may not reorder). */
+static float dot(const float *a, const float *b, int64_t n) {
+    vfloat sums = splat(0.0f);
+    int64_t c = 0;
+    for (; c + LANES <= n; c += LANES) sums += load(a + c) * load(b + c);
     float total = 0.0f;
-    for (int i = 0; i < LANES; i++) total += sum[i];
+    for (int i = 0; i < LANES; i++) total += sums[i];
+    for (; c < n; c++) total += a[c] * b[c];
     return total;
 }
 
@@ -303,8 +381,7 @@ static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh,
  * factor exp(m_old - m_new) the query's output so far is scaled by. A query with no key attended so far keeps
  * m = -inf and weights 0; a NaN score makes the query's max, and so its weights, NaN. */
 static void online_softmax(const forward_scratch *w) {
-    vfloat top[QV], now[QV], sums[QV];
-    vint dead[QV];
+    vfloat top[QV], now[QV], shift[QV], sums[QV];
     for (int v = 0; v < QV; v++) top[v] = splat(-INFINITY), sums[v] = splat(0.0f);
     for (int64_t c = 0; c < BK; c++)
         for (int v = 0; v < QV; v++) {
@@ -314,20 +391,21 @@ static void online_softmax(const forward_scratch *w) {
     for (int v = 0; v < QV; v++) {
         vfloat old = load(w->m + LANES * v);
         now[v] = pick((top[v] > old) | (top[v] != top[v]), top[v], old);
-        dead[v] = now[v] == splat(-INFINITY);
-        store(w->kept + LANES * v, pick(dead[v], splat(1.0f), vexp2((old - now[v]) * LOG2E)));
+        vint dead = now[v] == splat(-INFINITY);
+        store(w->kept + LANES * v, pick(dead, splat(1.0f), vexp2((old - now[v]) * LOG2E)));
         store(w->m + LANES * v, now[v]);
+        shift[v] = pick(dead, splat(0.0f), now[v]); /* all of a dead query's scores are -inf: weights 0 */
     }
     for (int64_t c = 0; c < BK; c++)
         for (int v = 0; v < QV; v++) {
             /* (x - m) * log2(e), not x * log2(e) - m * log2(e): contracted into an fma, the latter keeps m's
              * rounding error, which is huge for huge scores */
-            vfloat x = vexp2((load(w->st + c * BQ + LANES * v) - now[v]) * LOG2E);
-            x = pick(dead[v], splat(0.0f), x);
+            vfloat x = vexp2((load(w->st + c * BQ + LANES * v) - shift[v]) * LOG2E);
             store(w->st + c * BQ + LANES * v, x);
             sums[v] += x;
         }
-    for (int v = 0; v < QV; v++) store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
+    for (int v = 0; v < QV; v++)
+        store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
 }
 
 static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t i0,
@@ -340,7 +418,7 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
         int64_t at = bh * keys->tiles + j0 / BK;
-        tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1);
+        tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1, p->scale);
         mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
         online_softmax(w);
         for (int64_t r = 0; r < BQ; r++)
@@ -348,7 +426,7 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
                 for (int64_t c = 0; c < dv; c += LANES)
                     store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
         if (p->bf16) pair_rows(w->st, BQ, BK, BQ); /* the weights, after their sums were taken in float32 */
-        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0);
+        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0, 1.0f);
     }
     float *o = out + (bh * p->l + i0) * p->ev;
     for (int64_t r = 0; r < rows; r++) {
@@ -422,8 +500,10 @@ static int attention_forward(int32_t bf16, TG_ATTENTION_FORWARD_PARAMS) {
     return failed ? TG_ATTENTION_NO_MEMORY : TG_ATTENTION_OK;
 }
 
-/* qa, da and sa: the bfloat16 variant's second pairing of q, dout and dS (pairs along a row, as a first operand;
- * qi, doi and dp are paired by rows, as a second operand, or for their transposes). */
+/* qi and doi: q and dout of the whole head (or chunk's head), packed once into query tiles of BQ rows (zero
+ * padded) and read by every key tile; qa, da and sa: the bfloat16 variant's second pairing of q, dout and dS
+ * (pairs along a row, as a first operand; qi, doi and dp are paired by rows within each tile, as a second
+ * operand, or for their transposes). */
 typedef struct {
     float *qi, *doi, *kj, *kt, *vt, *sc, *dp, *dk, *dv, *dq, *d, *qa, *da, *sa;
 } backward_scratch;
@@ -438,21 +518,11 @@ typedef struct {
 static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, int64_t j0, const float *lse,
                           const backward_scratch *w, const gradients *g) {
     int64_t rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
-    const float *dout = g->dout + b * g->do_bs + h * g->do_hs;
-    const float *q = p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs;
-    pack_rows(w->qi, dp, BQ, q, p->q_rs, rows, p->e);
-    pack_rows(w->doi, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
-    const float *qa = w->qi, *da = w->doi, *sa = w->dp;
-    if (p->bf16) {
-        pack_rows(w->qa, dp, BQ, q, p->q_rs, rows, p->e);
-        pack_rows(w->da, dv, BQ, dout + i0 * g->do_rs, g->do_rs, rows, p->ev);
-        pair_columns(w->qa, dp, BQ, dp), pair_columns(w->da, dv, BQ, dv);
-        pair_rows(w->qi, dp, BQ, dp), pair_rows(w->doi, dv, BQ, dv);
-        qa = w->qa, da = w->da, sa = w->sa;
-    }
-    tile_gemm(p->bf16, BQ, BK, reduced(p, dp), qa, dp, 1, w->kt, BK, w->sc, BK, 1);
+    const float *qi = w->qi + i0 * dp, *doi = w->doi + i0 * dv, *qa = qi, *da = doi, *sa = w->dp;
+    if (p->bf16) qa = w->qa + i0 * dp, da = w->da + i0 * dv, sa = w->sa;
+    tile_gemm(p->bf16, BQ, BK, reduced(p, dp), qa, dp, 1, w->kt, BK, w->sc, BK, 1, p->scale);
     mask_scores(p, b, h, i0, j0, w->sc, BK, 1);
-    tile_gemm(p->bf16, BQ, BK, reduced(p, dv), da, dv, 1, w->vt, BK, w->dp, BK, 1);
+    tile_gemm(p->bf16, BQ, BK, reduced(p, dv), da, dv, 1, w->vt, BK, w->dp, BK, 1, 1.0f);
     for (int64_t r = 0; r < BQ; r++) {
         float *prob = w->sc + r * BK, *grad = w->dp + r * BK;
         row_exp(prob, r < rows ? lse[i0 + r] : -INFINITY);
@@ -463,9 +533,9 @@ static void backward_step(const problem *p, int64_t b, int64_t h, int64_t i0, in
         memcpy(w->sa, w->dp, sizeof(float) * BQ * BK);
         pair_columns(w->sa, BK, BQ, BK), pair_rows(w->dp, BK, BQ, BK), pair_rows(w->sc, BK, BQ, BK);
     }
-    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, w->doi, dv, w->dv, dv, 0);
-    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, w->qi, dp, w->dk, dp, 0);
-    if (g->dq) tile_gemm(p->bf16, BQ, dp, reduced(p, BK), sa, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0);
+    if (g->dv) tile_gemm(p->bf16, BK, dv, reduced(p, BQ), w->sc, 1, BK, doi, dv, w->dv, dv, 0, 1.0f);
+    if (g->dk) tile_gemm(p->bf16, BK, dp, reduced(p, BQ), w->dp, 1, BK, qi, dp, w->dk, dp, 0, 1.0f);
+    if (g->dq) tile_gemm(p->bf16, BQ, dp, reduced(p, BK), sa, BK, 1, w->kj, dp, w->dq + i0 * dp, dp, 0, 1.0f);
 }
 
 /* rows x cols of src (rows ld apart) times factor into dst (contiguous rows of cols). */
@@ -474,15 +544,13 @@ static void store_rows(float *dst, const float *src, int64_t ld, int64_t rows, i
         for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = src[r * ld + c] * factor;
 }
 
-/* dst (rows x cols, contiguous) += src (rows ld apart) times factor, atomically: several key chunks of one head
- * add their parts of dq. */
-static void add_rows_atomically(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols,
-                                float factor) {
+/* dst (rows x cols, contiguous) += src (rows ld apart) times factor, one thread at a time: several key chunks of
+ * one head add their parts of dq (one lock around a vectorized loop, not an atomic add per float). */
+static void add_rows_exclusively(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols,
+                                 float factor) {
+#pragma omp critical(tg_attention_dq)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-#pragma omp atomic
-            dst[r * cols + c] += src[r * ld + c] * factor;
-        }
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] += src[r * ld + c] * factor;
 }
 
 /* The gradients from key tiles [first, end) of head bh; `shared` when other chunks of the head add to dq too. */
@@ -491,10 +559,19 @@ static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t 
     int64_t b = bh / p->heads, h = bh % p->heads, dp = p->dp, dv = p->dv;
     const float *k = p->k + b * p->k_bs + h * p->k_hs, *v = p->v + b * p->v_bs + h * p->v_hs;
     const float *out = g->out + bh * p->l * p->ev, *dout = g->dout + b * g->do_bs + h * g->do_hs;
-    for (int64_t i = 0; i < p->l; i++) {
-        float total = 0.0f;
-        for (int64_t c = 0; c < p->ev; c++) total += dout[i * g->do_rs + c] * out[i * p->ev + c];
-        w->d[i] = total;
+    for (int64_t i = 0; i < p->l; i++) w->d[i] = dot(dout + i * g->do_rs, out + i * p->ev, p->ev);
+    for (int64_t i0 = 0; i0 < p->l; i0 += BQ) {
+        int64_t rows = min64(BQ, p->l - i0);
+        const float *qs = p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, *ds = dout + i0 * g->do_rs;
+        float *qi = w->qi + i0 * dp, *doi = w->doi + i0 * dv;
+        pack_rows(qi, dp, BQ, qs, p->q_rs, rows, p->e);
+        pack_rows(doi, dv, BQ, ds, g->do_rs, rows, p->ev);
+        if (p->bf16) {
+            pack_rows(w->qa + i0 * dp, dp, BQ, qs, p->q_rs, rows, p->e);
+            pack_rows(w->da + i0 * dv, dv, BQ, ds, g->do_rs, rows, p->ev);
+            pair_columns(w->qa + i0 * dp, dp, BQ, dp), pair_columns(w->da + i0 * dv, dv, BQ, dv);
+            pair_rows(qi, dp, BQ, dp), pair_rows(doi, dv, BQ, dv);
+        }
     }
     if (g->dq) memset(w->dq, 0, sizeof(float) * round_up(p->l, BQ) * dp);
     for (int64_t j0 = first * BK; j0 < min64(p->s, end * BK); j0 += BK) {
@@ -510,7 +587,7 @@ static void backward_chunk(const problem *p, int64_t bh, int64_t first, int64_t 
         if (g->dk) store_rows(g->dk + (bh * p->s + j0) * p->e, w->dk, dp, cols, p->e, p->scale);
         if (g->dv) store_rows(g->dv + (bh * p->s + j0) * p->ev, w->dv, dv, cols, p->ev, 1.0f);
     }
-    if (g->dq && shared) add_rows_atomically(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
+    if (g->dq && shared) add_rows_exclusively(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
     else if (g->dq) store_rows(g->dq + bh * p->l * p->e, w->dq, dp, p->l, p->e, p->scale);
 }
 
@@ -522,21 +599,26 @@ static int64_t max_threads(void) {
 #endif
 }
 
+#define ITEMS_PER_THREAD 8
+
 static int attention_backward(int32_t bf16, TG_ATTENTION_BACKWARD_PARAMS) {
     problem p = make_problem(OPERAND_ARGS, bf16);
     gradients g = {out, lse, dout, do_bs, do_hs, do_rs, dq, dk, dv};
-    /* Work items are heads; with fewer than two per thread, each head's key tiles are split into chunks too */
+    /* Work items are heads; with fewer than ITEMS_PER_THREAD per thread, each head's key tiles are split into
+     * chunks too: on a loaded machine a thread descheduled during one of few long items left the others waiting */
     int64_t problems = batch * heads, key_tiles = (s + BK - 1) / BK, threads = max_threads();
-    int64_t chunks = problems >= 2 * threads ? 1 : min64(key_tiles, (2 * threads + problems - 1) / problems);
+    int64_t wanted = threads > 1 ? ITEMS_PER_THREAD * threads : 1;
+    int64_t chunks = problems >= wanted ? 1 : min64(key_tiles, (wanted + problems - 1) / problems);
     int64_t per_chunk = (key_tiles + chunks - 1) / chunks;
     if (chunks > 1 && dq) memset(dq, 0, sizeof(float) * problems * l * e);
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
         backward_scratch w;
-        const int64_t sizes[] = {BQ * p.dp, BQ * p.dv, BK * p.dp, p.dp * BK, p.dv * BK, BQ * BK, BQ * BK,
-                                 BK * p.dp, BK * p.dv, round_up(l, BQ) * p.dp, l, bf16 ? BQ * p.dp : 0,
-                                 bf16 ? BQ * p.dv : 0, bf16 ? BQ * BK : 0};
+        int64_t padded = round_up(l, BQ);
+        const int64_t sizes[] = {padded * p.dp, padded * p.dv, BK * p.dp, p.dp * BK, p.dv * BK, BQ * BK, BQ * BK,
+                                 BK * p.dp, BK * p.dv, padded * p.dp, l, bf16 ? padded * p.dp : 0,
+                                 bf16 ? padded * p.dv : 0, bf16 ? BQ * BK : 0};
         _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
         int ok = carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
