@@ -126,16 +126,6 @@ static void pair_rows_in_place(float *x, int64_t rows, int64_t width) {
 
 /* ---------------------------------------------------------------- micro-kernel */
 
-#ifdef __AVX512F__
-enum { HALF_TILES = 0 };
-#define tg_load_low_ps _mm512_load_ps
-#define tg_fmadd_low_ps _mm512_fmadd_ps
-#else
-/* A 16-lane vector is two AVX registers (avx512_on_avx2.h): a tile of at most 8 columns (the last panel of an
- * image of 7x7 output positions: 49 columns) multiplies its first one only. */
-enum { HALF_TILES = 1 };
-#endif
-
 /* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place)
  * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first 8 columns of one vector. */
 TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, int64_t kc, const float *restrict a, int64_t a_rs,
