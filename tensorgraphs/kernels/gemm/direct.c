@@ -120,7 +120,7 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
     int64_t rows = tg_clamp(1 + (BAND_FLOATS - one_row.floats) / (cin * stride_h * one_row.row_floats), 1, g.oh);
     padded_band band = band_of(&g, rows);
     int64_t taps = cin * kh * kw, panels = ceil_div(cout, TG_MR), positions = g.oh * g.ow;
-    size_t packed = (size_t)(panels * TG_MR * taps);
+    size_t packed = (size_t)(panels * TG_MR * taps + 1) / 2 * 2; /* the tap offsets after it: 8-byte aligned */
     float *a = tg_scratch_reserve(&weight_scratch, packed + 2 * (size_t)taps);
     if (!a) return TG_GEMM_NO_MEMORY;
     int64_t *offset = (int64_t *)(a + packed);
