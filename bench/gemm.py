@@ -9,7 +9,8 @@ against the targets of issue 5 (GEMM >= 95% of torch, conv2d >= 80%, fused linea
 linear then gelu, gelu(h) @ W with gelu applied while packing h faster than torch's gelu then linear); the
 fraction of this machine's FMA peak (measured at start with a register-only FMA loop on every thread); and the
 spread of ours (interquartile range / median), which says how noisy the row was. A 3x3 stride-1 conv row has a
-second line, "winograd": our Winograd F(4x4, 3x3) kernel (its GFLOP/s count the direct algorithm's flops); every
+second line, "winograd": our Winograd F(4x4, 3x3) kernel (its GFLOP/s count the direct algorithm's flops); a conv of
+few input channels (the stem) a line "direct": our direct conv (direct.c); every
 conv row has a line "im2col": the explicit im2col and OpenBLAS sgemm kernel (im2col.c), where scipy-openblas32 is
 installed. On a machine without AVX-512 only that kernel runs (the GEMM library's rows are left out): --only resnet.
 With --tuned, every conv row has a line "tuned: <candidate>": the conv as a compiled program (`tg.compile`) runs it
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peak import fma_peak  # noqa: E402
 
 from tensorgraphs.kernels import blas, gemm  # noqa: E402
+from tensorgraphs.schedule.convolution import DIRECT_MAX_CHANNELS  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter
@@ -147,6 +149,8 @@ def conv_row(batch: int, cin: int, size: int, cout: int, kernel: int, stride: in
         candidates["ours"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding)
     if gemm.available() and kernel == 3 and stride == 1:
         candidates["winograd"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding, algorithm="winograd")
+    if gemm.available() and cin <= DIRECT_MAX_CHANNELS and kernel > 1:
+        candidates["direct"] = lambda: gemm.conv2d(x, weight, stride=stride, padding=padding, algorithm="direct")
     if blas.conv_available():
         candidates["im2col"] = lambda: blas.conv2d(x, weight, stride=stride, padding=padding)
     if tuned:

@@ -38,6 +38,7 @@ _ATTENTION = NativeLibrary(attention.HEADER, attention.library_path,
 LIBRARIES: dict[str, NativeLibrary] = {
     **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
     gemm.C_FUNCTIONS["conv2d_winograd"]: NativeLibrary(gemm.WINOGRAD_HEADER, gemm.library_path, _GEMM_SOURCES),
+    gemm.C_FUNCTIONS["conv2d_direct"]: NativeLibrary(gemm.DIRECT_HEADER, gemm.library_path, _GEMM_SOURCES),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path, None),
     blas.CONV_FUNCTION: NativeLibrary(blas.CONV_HEADER, blas.conv_library_path, None),
     **dict.fromkeys(int8.C_FUNCTIONS.values(), NativeLibrary(

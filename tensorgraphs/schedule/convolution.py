@@ -1,13 +1,15 @@
 """Convolutions run by a conv2d kernel of the GEMM library instead of their decomposition (patches and a matmul).
 
 A float32 `conv2d` composite with one group, NCHW, and the same padding before and after each spatial dim has up to
-three candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`): on
+four candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`): on
 a machine with AVX-512 (or AVX2 and FMA), "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from
-the image; on AVX2 a strided conv's from explicit columns) and, for 3x3 kernels at stride 1 without dilation,
-"winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer multiplies but about ten times the rounding error, so it has
-to measure faster to be chosen); with OpenBLAS installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks
-and sgemm, portable C, for strided convs where the implicit packing's gathers cost most, and the conv kernel of
-machines without AVX-512; chosen only where measured faster than the decomposition, `IM2COL_PRIOR`). Run by a
+the image; on AVX2 a strided conv's from explicit columns), for few input channels "direct" (tg_conv2d_direct_f32:
+the GEMM's register tile over vectors read in place from a padded copy of the image, no im2col, `_direct_fits`)
+and, for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer
+multiplies but about ten times the rounding error, so it has to measure faster to be chosen); with OpenBLAS
+installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm, portable C, for strided convs where the
+implicit packing's gathers cost most, and the conv kernel of machines without AVX-512; chosen only where measured
+faster than the decomposition, `IM2COL_PRIOR`). Run by a
 kernel, the composite is kept whole by the scheduler: one `ConvCall` reading x and the weight where their buffers
 hold them in NCHW order (through reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else
 is materialized first) and writing a buffer of its own.
@@ -94,16 +96,35 @@ def _winograd_fits(node: Node) -> bool:
     return node.src[1].shape[2:] == (3, 3) and params["stride"] == (1, 1) and params["dilation"] == (1, 1)
 
 
-IMPLICIT_GEMM, WINOGRAD, IM2COL = "implicit_gemm", "winograd", "im2col"
+DIRECT_MAX_CHANNELS, DIRECT_MIN_WIDTH = 16, 16
+"""Where the direct conv applies: its register tile runs along one output row, reading the padded image in place
+under each of the cin x kh x kw taps, so it pays where the implicit GEMM's per-panel packing weighs most against
+few taps (3-channel stems: 1.2-1.5x faster on AVX2, bench/NOTES.md) and its tiles are filled (rows of at least
+a vector); 1x1 kernels pack cheaply (plain rows) and ran alike."""
+
+
+def _direct_fits(node: Node) -> bool:
+    """`_kernel_fits`, with few input channels, a window larger than 1x1 and wide output rows."""
+    if not _kernel_fits(node):
+        return False
+    x, weight = node.src
+    return (x.shape[1] <= DIRECT_MAX_CHANNELS and weight.shape[2] * weight.shape[3] > 1
+            and node.shape[3] >= DIRECT_MIN_WIDTH)
+
+
+IMPLICIT_GEMM, DIRECT, WINOGRAD, IM2COL = "implicit_gemm", "direct", "winograd", "im2col"
 IM2COL_PRIOR = DECOMPOSITION.prior * 1.25
 """Behind the decomposition: OpenBLAS's kernel rounds some output channels differently from others (the same
 weights give results a bit apart, which a softmax over huge logits turns into different classes: ONNX's light
 squeezenet), so programs keep the decomposition's results unless `tg tune` (or TG_TUNE=1) measured im2col faster;
 and what runs stays what `tg.export` writes, which cannot link OpenBLAS."""
-CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0), Candidate(WINOGRAD, _winograd_fits, prior=1.1),
+DIRECT_PRIOR = 0.9
+"""Ahead of the implicit GEMM where it applies (`_direct_fits`): what a machine with no measurements runs."""
+CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0),
+                   Candidate(DIRECT, _direct_fits, prior=DIRECT_PRIOR), Candidate(WINOGRAD, _winograd_fits, prior=1.1),
                    Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})))
 register_candidates(CONV2D, *CONV_CANDIDATES)
-C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, WINOGRAD)},
+C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, DIRECT, WINOGRAD)},
                IM2COL: blas.CONV_FUNCTION}
 """The kernel's C function by candidate."""
 

@@ -141,16 +141,18 @@ def test_a_spectrogram_calls_the_fft_library_from_c(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not gemm_enabled(), reason="the GEMM library does not run here")
-def test_a_winograd_conv_exports_without_paths_of_this_machine(tmp_path: Path) -> None:
-    """A conv `tg tune` measured fastest by Winograd: its header (which includes gemm.h beside it) is pasted into
-    the program, so the exported C includes nothing from this machine's files."""
+@pytest.mark.parametrize("algorithm", ["winograd", "direct"])
+def test_a_conv_kernel_with_a_header_of_its_own_exports_without_paths_of_this_machine(tmp_path: Path,
+                                                                                     algorithm: str) -> None:
+    """A conv `tg tune` measured fastest by Winograd or the direct conv: its header (which includes gemm.h beside it)
+    is pasted into the program, so the exported C includes nothing from this machine's files."""
     tg.manual_seed(0)
     model, x = tg.nn.Conv2d(4, 8, 3, padding=1).requires_grad_(False), tg.randn(2, 4, 9, 9)
     (conv,) = [node for node in toposort([model(x).node]) if node.op.name == "conv2d"]
-    with choices.forced({signature_of(conv): convolution.WINOGRAD}):
+    with choices.forced({signature_of(conv): algorithm}):
         exported = tg.export(model, (x,), tmp_path, name="net")
     source = (tmp_path / "net.c").read_text()
-    assert "tg_conv2d_winograd_f32(" in source and '#include "/' not in source
+    assert f"{convolution.C_FUNCTIONS[algorithm]}(" in source and '#include "/' not in source
     got = run_c(exported, [[x.numpy()]])[0][0][0]
     expected = torch.nn.functional.conv2d(*(torch.from_numpy(t.detach().numpy()) for t in (x, model.weight,
                                                                                           model.bias)), padding=1)

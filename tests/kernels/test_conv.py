@@ -1,7 +1,10 @@
-"""conv2d lowered to GEMM against torch.nn.functional.conv2d in float64, with fused epilogues: the implicit-im2col
-kernel (conv.c, AVX-512) and the explicit-im2col kernel on OpenBLAS (im2col.c, portable), case by case."""
+"""conv2d kernels against torch.nn.functional.conv2d in float64, with fused epilogues: the implicit-im2col GEMM
+(conv.c, AVX-512 or AVX2), the direct conv (direct.c, the same machines) and the explicit-im2col kernel on OpenBLAS
+(im2col.c, portable), case by case."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from tensorgraphs.kernels import blas, gemm
 AVX512 = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
 KERNELS = {
     "implicit_gemm": pytest.param(gemm.conv2d, marks=AVX512),
+    "direct": pytest.param(functools.partial(gemm.conv2d, algorithm="direct"), marks=AVX512),
     "im2col": pytest.param(
         blas.conv2d,
         marks=pytest.mark.skipif(not blas.conv_available(), reason="needs scipy-openblas32 and a C compiler"),
@@ -46,6 +50,12 @@ CASES = [
     (2, 3, 6, 9, 5, (1, 5), 1, (0, 2), 1),  # ...with a wide kernel
     (8, 16, 7, 7, 40, (3, 3), 1, 1, 1),  # ...in column bands, whose last partial vector the threads split by rows
     (5, 3, 3, 3, 4, (3, 3), 1, 1, 1),  # images under 16 positions pack row segment by row segment
+    # the direct conv's tiles run along output rows: rows of 16 and more with a partial last tile (of over and of
+    # at most 8 columns), tasks of a few rows (a band each) with a shorter last one, phase rows of strides 2 and 3
+    # with dilation, output channels across register tiles
+    (3, 3, 45, 71, 13, (3, 3), 2, 0, 1),
+    (2, 1, 30, 52, 7, (5, 3), (1, 3), (2, 1), (2, 2)),
+    (1, 16, 29, 40, 20, (3, 3), 1, 1, 1),
 ]
 
 
@@ -114,3 +124,19 @@ def test_conv1d_is_conv2d_over_a_row():
     )
     actual = gemm.conv1d(x, weight, bias, stride=2, padding=3, dilation=2)
     np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-5, atol=1e-4)
+
+
+@kernels
+def test_infinities_and_nan_reach_the_outputs_torch_gives_them(conv2d):
+    """An infinite weight times a tap in the padding is NaN, as in torch (which multiplies the padding's zeros too);
+    an infinite input reaches exactly the outputs whose windows hold it."""
+    x, weight = random((2, 3, 11, 37), 9), random((8, 3, 3, 3), 10)
+    x[0, 0, 0, 5], x[1, 2, 6, 36], x[1, 1, 10, 0] = np.inf, -np.inf, np.nan
+    weight[3, 1, 0, 0] = np.inf
+    for stride in (1, 2):
+        actual = conv2d(x, weight, stride=stride, padding=1)
+        expected = _expected(x, weight, None, stride, 1, 1).numpy()
+        for where in (np.isnan, np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(where(actual), where(expected), err_msg=f"stride {stride} {where.__name__}")
+        finite = np.isfinite(expected)
+        np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-4)

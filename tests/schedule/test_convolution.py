@@ -47,6 +47,20 @@ def test_candidates_by_geometry() -> None:
     assert _candidate_names(F.conv2d(x, even, padding="same")) == [DECOMPOSE]
     double = F.conv2d(x.double(), three.double())
     assert _candidate_names(double) == [DECOMPOSE]
+    # few input channels, a window over 1x1 and output rows of 16 or more: the direct conv too
+    wide = tg.tensor(_floats((1, 16, 5, 17), 5))
+    direct = ["implicit_gemm", "direct"]
+    assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 3, 3), 6)), padding=1)) == [
+        *direct, "winograd", *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 1, 3), 6)), stride=(2, 1), padding=(0, 1))) == [
+        *direct, *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 1, 1), 6)))) == [
+        "implicit_gemm", *im2col, DECOMPOSE]  # 1x1
+    assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 3, 3), 6)))) == [
+        "implicit_gemm", "winograd", *im2col, DECOMPOSE]  # output rows of 15
+    many = tg.tensor(_floats((1, 17, 5, 17), 7))
+    assert _candidate_names(F.conv2d(many, tg.tensor(_floats((6, 17, 3, 3), 8)), padding=1)) == [
+        "implicit_gemm", "winograd", *im2col, DECOMPOSE]
 
 
 def test_bias_and_relu_fuse_into_one_call_per_conv() -> None:
@@ -99,12 +113,19 @@ def _tg_block(reference: _Block) -> tg.nn.Module:
     return model
 
 
-def test_compiled_training_step_matches_torch() -> None:
+SHAPES = {"narrow": (2, 3, 17, 15), "wide": (2, 3, 40, 34)}
+"""Inputs of `_Block`: on narrow images its convs run the implicit GEMM; on wide ones those of few input channels
+and a 3x3 window run the direct conv (`conv._direct_fits`: output rows of 20 and 17)."""
+FUNCTIONS = {"narrow": ["tg_conv2d_f32"] * 4, "wide": ["tg_conv2d_direct_f32"] * 3 + ["tg_conv2d_f32"]}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_compiled_training_step_matches_torch(shape: str) -> None:
     """Values and gradients of a compiled step (forward convs by the kernel, their gradients decomposed)."""
     torch.manual_seed(0)
     reference = _Block()
     model = _tg_block(reference)
-    x = _floats((2, 3, 17, 15), 5)
+    x = _floats(SHAPES[shape], 5)
 
     @tg.compile
     def step(inputs: tg.Tensor) -> tg.Tensor:
@@ -124,15 +145,16 @@ def test_compiled_training_step_matches_torch() -> None:
                                    err_msg=name)
 
 
-def test_training_step_calls_the_kernel_once_per_conv() -> None:
+@pytest.mark.parametrize("shape", SHAPES)
+def test_training_step_calls_the_kernel_once_per_conv(shape: str) -> None:
     torch.manual_seed(0)
     model = _tg_block(_Block())
-    out = model(tg.tensor(_floats((2, 3, 17, 15), 5)))
+    out = model(tg.tensor(_floats(SHAPES[shape], 5)))
     loss = (out * out).mean()
     params = list(model.parameters())
     roots = [loss, *tg.grad(loss, params)]
     calls = _calls(roots, ConvCall)
-    assert [call.function for call in calls] == ["tg_conv2d_f32"] * 4, calls
+    assert [call.function for call in calls] == FUNCTIONS[shape], calls
     assert _calls(roots, GemmCall)  # the gradients: matrix products of the decomposition
 
 
@@ -193,17 +215,16 @@ def test_without_the_gemm_library_convs_decompose(monkeypatch: pytest.MonkeyPatc
     assert not _calls([out], ConvCall)
 
 
-@pytest.mark.parametrize("chosen", [conv.IMPLICIT_GEMM, conv.WINOGRAD, DECOMPOSE,
+@pytest.mark.parametrize("chosen", [conv.IMPLICIT_GEMM, conv.DIRECT, conv.WINOGRAD, DECOMPOSE,
                                     *([conv.IM2COL] if blas.conv_available() else [])])
 def test_the_algorithm_measured_fastest_is_what_a_compiled_function_runs(chosen: str, tmp_path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows in the kernel database decide (as `tg tune` writes them); winograd, second in the table, runs only
-    where it measured faster."""
+    """Rows in the kernel database decide (as `tg tune` writes them); winograd runs only where it measured faster."""
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))  # a kernel database of its own
-    x, weight = _floats((2, 6, 11, 9), 0), _floats((7, 6, 3, 3), 1)
+    x, weight = _floats((2, 6, 11, 17), 0), _floats((7, 6, 3, 3), 1)
     (node,) = _conv_nodes(F.conv2d(tg.tensor(x), tg.tensor(weight), padding=1))
     sig, planner = signature_of(node), compiled_planner()
-    assert route_of(node) == conv.IMPLICIT_GEMM  # nothing measured: the table's order
+    assert route_of(node) == conv.DIRECT  # nothing measured: the smallest prior
     for candidate in (c.name for c in candidates_of(node)):
         planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
                                      sig.dtype_key, sig.shape_key, sig.flops, sig.bytes,

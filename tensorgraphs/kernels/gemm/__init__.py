@@ -20,19 +20,22 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.kernels.gemm.build import SOURCE_DIR, KernelBuildError, build_library, compiler_version, load_library
 
 LIBRARY = "tg_gemm"
-SOURCES = ("describe.c", "gemm.c", "gemv.c", "conv.c", "columns.c", "winograd.c")
+SOURCES = ("describe.c", "gemm.c", "gemv.c", "conv.c", "columns.c", "winograd.c", "direct.c")
 HEADER = SOURCE_DIR / "gemm.h"
 WINOGRAD_HEADER = SOURCE_DIR / "winograd.h"
 """Declares tg_conv2d_winograd_f32 (tg_conv2d_f32's contract)."""
+DIRECT_HEADER = SOURCE_DIR / "direct.h"
+"""Declares tg_conv2d_direct_f32 (tg_conv2d_f32's contract)."""
 C_FUNCTIONS = {
     "matmul": "tg_gemm_f32",
     "matmul_bf16": "tg_gemm_bf16",
     "matmul_bf16_f32": "tg_gemm_bf16_f32",
     "conv2d": "tg_conv2d_f32",
     "conv2d_winograd": "tg_conv2d_winograd_f32",
+    "conv2d_direct": "tg_conv2d_direct_f32",
 }
-CONV_ALGORITHMS = {"implicit_gemm": "conv2d", "winograd": "conv2d_winograd"}
-"""conv2d's kernels (keys of C_FUNCTIONS) by algorithm; both are tg_conv2d_fn (gemm.h). (The im2col kernel, which
+CONV_ALGORITHMS = {"implicit_gemm": "conv2d", "winograd": "conv2d_winograd", "direct": "conv2d_direct"}
+"""conv2d's kernels (keys of C_FUNCTIONS) by algorithm; all are tg_conv2d_fn (gemm.h). (The im2col kernel, which
 links OpenBLAS, is `blas.conv2d`.)"""
 GEMM_FUNCTIONS = {
     ("float32", "float32"): "matmul",
@@ -319,8 +322,8 @@ def conv2d(
     x: np.ndarray, weight: np.ndarray, *args: Any, algorithm: str = "implicit_gemm", **kwargs: Any
 ) -> np.ndarray:
     """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue (arguments as `call_conv`), by `algorithm`
-    (`CONV_ALGORITHMS`): an implicit-im2col GEMM, or Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run
-    the implicit GEMM)."""
+    (`CONV_ALGORITHMS`): an implicit-im2col GEMM, a direct conv (any geometry; fast for few input channels), or
+    Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM)."""
     if algorithm not in CONV_ALGORITHMS:
         fail("conv2d", f"algorithm must be one of {sorted(CONV_ALGORITHMS)}, got {algorithm!r}", ArgumentError)
     return call_conv(_functions()[CONV_ALGORITHMS[algorithm]], x, weight, *args, **kwargs)

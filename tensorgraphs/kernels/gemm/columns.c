@@ -6,29 +6,6 @@
 
 #include "columns.h"
 
-/* The output columns [first, end) of a row whose input column t*stride + offset lies in [0, width): the others read
- * the padding. */
-typedef struct {
-    int64_t offset, first, end;
-} column_range;
-
-static column_range columns_inside(int64_t offset, int64_t stride, int64_t width, int64_t count) {
-    int64_t first = tg_clamp(offset < 0 ? (stride - 1 - offset) / stride : 0, 0, count);
-    return (column_range){offset, first, tg_clamp(offset < width ? (width - 1 - offset) / stride + 1 : 0, first, count)};
-}
-
-/* dst[t] = row[t*stride + offset] inside `range`, 0 outside, for t < count: no branch in the copy itself. */
-static inline void copy_row(const float *row, column_range range, int64_t stride, int64_t count, float *restrict dst) {
-    for (int64_t t = 0; t < range.first; t++) dst[t] = 0.0f;
-    if (stride == 1)
-        memcpy(dst + range.first, row + range.first + range.offset, sizeof(float) * (size_t)(range.end - range.first));
-    else if (stride == 2) /* a constant stride gcc vectorizes with shuffles */
-        for (int64_t t = range.first; t < range.end; t++) dst[t] = row[2 * t + range.offset];
-    else
-        for (int64_t t = range.first; t < range.end; t++) dst[t] = row[t * stride + range.offset];
-    for (int64_t t = range.end; t < count; t++) dst[t] = 0.0f;
-}
-
 void tg_conv_fill_columns(const conv_geometry *g, const float *x, int64_t images, int64_t oy0, int64_t oy1, float *columns) {
     int64_t taps = g->kh * g->kw, block = (oy1 - oy0) * g->ow, width = images * block;
 #pragma omp parallel for collapse(2) schedule(static) if (g->cin * taps * width > 65536 && !omp_in_parallel())

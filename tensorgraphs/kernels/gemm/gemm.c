@@ -126,16 +126,6 @@ static void pair_rows_in_place(float *x, int64_t rows, int64_t width) {
 
 /* ---------------------------------------------------------------- micro-kernel */
 
-#ifdef __AVX512F__
-enum { HALF_TILES = 0 };
-#define tg_load_low_ps _mm512_load_ps
-#define tg_fmadd_low_ps _mm512_fmadd_ps
-#else
-/* A 16-lane vector is two AVX registers (avx512_on_avx2.h): a tile of at most 8 columns (the last panel of an
- * image of 7x7 output positions: 49 columns) multiplies its first one only. */
-enum { HALF_TILES = 1 };
-#endif
-
 /* c[i, v] (+)= the epilogue of tile[i, v] for the tile's rows and 16-column vectors, one vector at a time. For gelu
  * and its gradient (an exp2 and a division per vector), which need more registers than the accumulators leave:
  * applied on them, gcc interleaved the rows' chains and spilled (bench/NOTES.md). Out of line, so the other tiles'

@@ -20,6 +20,16 @@
 #endif
 #endif
 #define TG_NR (TG_NV * 16)
+
+#ifdef __AVX512F__
+enum { HALF_TILES = 0 };
+#define tg_load_low_ps _mm512_load_ps
+#define tg_fmadd_low_ps _mm512_fmadd_ps
+#else
+/* A 16-lane vector is two AVX registers (avx512_on_avx2.h): a tile of at most 8 columns (the last panel of an
+ * image of 7x7 output positions: 49 columns) multiplies its first one only. */
+enum { HALF_TILES = 1 };
+#endif
 #ifndef TG_MC
 #define TG_MC 256 /* 256 rows (an MLP's batch, a 256-wide layer's weight gradient) in one block: bench/NOTES.md */
 #endif
