@@ -86,18 +86,7 @@ static inline __attribute__((always_inline)) void direct_tile(const int nv, cons
 static void tile(int64_t taps, const float *a, const float *b, const int64_t *offset, float *c, int64_t c_rs,
                  int64_t m_valid, int64_t n_valid, const tg_epilogue *ep, int64_t row0, int64_t col0) {
 #define TG_DIRECT_TILE(nv, half) direct_tile(nv, half, taps, a, b, offset, c, c_rs, m_valid, n_valid, ep, row0, col0)
-    int64_t vectors = ceil_div(n_valid, 16);
-    if (HALF_TILES && n_valid <= 8) TG_DIRECT_TILE(1, 1);
-    else if (vectors >= TG_NV) TG_DIRECT_TILE(TG_NV, 0);
-#if TG_NV > 1
-    else if (vectors == 1) TG_DIRECT_TILE(1, 0);
-#endif
-#if TG_NV > 2
-    else if (vectors == 2) TG_DIRECT_TILE(2, 0);
-#endif
-#if TG_NV > 3
-    else if (vectors == 3) TG_DIRECT_TILE(3, 0);
-#endif
+    TG_BY_TILE_WIDTH(n_valid, TG_DIRECT_TILE);
 #undef TG_DIRECT_TILE
 }
 

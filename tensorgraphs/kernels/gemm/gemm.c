@@ -232,24 +232,13 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
 static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, const float *restrict b,
                          float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
                          const tg_epilogue *ep, int64_t row0, int64_t col0) {
-    int64_t vectors = ceil_div(n_valid, 16);
 #define TG_TILE(nv, half)                                                                                         \
     (bf16 ? micro_kernel_vectors(nv, 0, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
      : a_rs                                                                                                        \
          ? micro_kernel_vectors(nv, half, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
          : micro_kernel_vectors(nv, half, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0,     \
                                 col0))
-    if (HALF_TILES && n_valid <= 8) TG_TILE(1, 1);
-    else if (vectors >= TG_NV) TG_TILE(TG_NV, 0);
-#if TG_NV > 1
-    else if (vectors == 1) TG_TILE(1, 0);
-#endif
-#if TG_NV > 2
-    else if (vectors == 2) TG_TILE(2, 0);
-#endif
-#if TG_NV > 3
-    else if (vectors == 3) TG_TILE(3, 0);
-#endif
+    TG_BY_TILE_WIDTH(n_valid, TG_TILE);
 #undef TG_TILE
 }
 

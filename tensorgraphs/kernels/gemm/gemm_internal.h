@@ -14,7 +14,7 @@
 #endif
 #ifndef TG_NV
 #ifdef __AVX512F__
-#define TG_NV 4 /* at most 4: micro_kernel dispatches narrower tiles up to that */
+#define TG_NV 4 /* at most 4: TG_BY_TILE_WIDTH dispatches narrower tiles up to that */
 #else
 #define TG_NV 1 /* AVX2: 6 x 16 accumulators are 12 of its 16 registers */
 #endif
@@ -30,6 +30,19 @@ enum { HALF_TILES = 0 };
  * image of 7x7 output positions: 49 columns) multiplies its first one only. */
 enum { HALF_TILES = 1 };
 #endif
+
+/* TILE(nv, half) for the narrowest tile covering `n_valid` columns: half a vector (HALF_TILES), 1 to TG_NV - 1
+ * vectors, or TG_NV. Each width is a call with constant arguments, so each compiles to its own unrolled kernel;
+ * widths of TG_NV and more never reach the narrower calls (clamped to TG_NV only to stay valid). */
+#define TG_BY_TILE_WIDTH(n_valid, TILE)                                                                           \
+    do {                                                                                                          \
+        int64_t tg_vectors_ = ((n_valid) + 15) / 16;                                                               \
+        if (HALF_TILES && (n_valid) <= 8) TILE(1, 1);                                                             \
+        else if (tg_vectors_ >= TG_NV) TILE(TG_NV, 0);                                                            \
+        else if (tg_vectors_ == 1) TILE(1, 0);                                                                    \
+        else if (tg_vectors_ == 2) TILE(TG_NV > 2 ? 2 : TG_NV, 0);                                                \
+        else TILE(TG_NV > 3 ? 3 : TG_NV, 0);                                                                      \
+    } while (0)
 #ifndef TG_MC
 #define TG_MC 256 /* 256 rows (an MLP's batch, a 256-wide layer's weight gradient) in one block: bench/NOTES.md */
 #endif
