@@ -11,6 +11,7 @@ from functional_check import check, normal
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
+from tensorgraphs.nn.functional import pooling
 
 CONV2D_CASES = [  # input shape, weight shape, keyword arguments
     ((2, 3, 7, 7), (4, 3, 3, 3), {}),
@@ -159,6 +160,38 @@ def test_max_pool2d_gradient_goes_to_the_first_of_tied_maxima() -> None:
     x[0, 1, 1:3, 1:3] = 2.0
     check(lambda t: F.max_pool2d(t, 3, stride=2, padding=1), lambda t: TF.max_pool2d(t, 3, stride=2, padding=1), [x],
           grad=[0], name="max_pool2d")
+
+
+LONG_POOL_CASES = [  # op, input shape, keyword arguments: windows of more than LONG_WINDOW_TAPS taps (doubling)
+    ("max_pool1d", (1, 2, 300), {"kernel_size": 70, "stride": 10, "padding": 30, "dilation": 3}),
+    ("max_pool2d", (2, 12, 13), {"kernel_size": (9, 8), "stride": (2, 3), "padding": (4, 2), "ceil_mode": True}),
+    ("max_pool2d", (2, 1, 11, 11), {"kernel_size": 11, "stride": 1, "padding": 5}),
+]
+
+
+@pytest.mark.parametrize("name,x_shape,kwargs", LONG_POOL_CASES)
+def test_max_pool_of_long_windows_matches_torch(name: str, x_shape: tuple, kwargs: dict) -> None:
+    """Values, indices and gradients, with tied maxima (the first in the window's row-major order wins) and a
+    NaN."""
+    x = np.round(normal(15, *x_shape) * 2) / 2
+    x.reshape(-1)[5] = math.nan
+    check(lambda t: getattr(F, name)(t, return_indices=True, **kwargs),
+          lambda t: getattr(TF, name)(t, return_indices=True, **kwargs), [x], grad=[0], name=name)
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)
+def test_max_pool_by_doubling_equals_the_stacked_windows(monkeypatch: pytest.MonkeyPatch, x_shape: tuple,
+                                                         kwargs: dict) -> None:
+    x = np.round(normal(16, *x_shape) * 2) / 2
+    monkeypatch.setattr(pooling, "LONG_WINDOW_TAPS", 0)
+    check(lambda t: F.max_pool2d(t, return_indices=True, **kwargs),
+          lambda t: TF.max_pool2d(t, return_indices=True, **kwargs), [x], grad=[0], name="max_pool2d")
+
+
+def test_a_long_window_takes_logarithmically_many_operations() -> None:
+    """200 taps: stacked views would be a term per tap, whose loop gcc compiles in minutes."""
+    y = F.max_pool1d(tg.randn(1, 1, 4000), 200, stride=10, padding=100, dilation=10)
+    assert len(y.node.toposort()) < 200
 
 
 @pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)

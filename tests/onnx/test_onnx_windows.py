@@ -76,3 +76,27 @@ def test_padded_windows_read_their_interior_without_checks() -> None:
             continue
         busiest, _ = max(_innermost_loops(kernel.body), key=lambda loop_trips: loop_trips[1])
         assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body)), kernel
+
+
+@pytest.mark.parametrize("attributes", [
+    {"kernel_shape": [200], "strides": [10], "pads": [100, 100], "dilations": [10]},
+    {"kernel_shape": [9, 8], "strides": [1, 3], "pads": [4, 2, 4, 3], "storage_order": 1},
+])
+def test_max_pool_of_long_windows_with_indices_matches_onnxruntime(attributes: dict) -> None:
+    """Windows of more than LONG_WINDOW_TAPS taps are reduced by doubling: the same maxima and first-maximum
+    indices (column-major with storage_order), from a graph of a few hundred nodes rather than one per tap."""
+    from onnx import TensorProto, helper
+
+    spatial = [2200] if len(attributes["kernel_shape"]) == 1 else [12, 13]
+    spatial_out = [f"out{i}" for i in range(len(spatial))]
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], **attributes)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, *spatial])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", *spatial_out]),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, ["n", "c", *spatial_out])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    x = np.round(np.random.default_rng(5).standard_normal((2, 3, *spatial)) * 2).astype(np.float32) / 2
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    values, indices = tg.onnx.load(model)(tg.tensor(x))
+    np.testing.assert_array_equal(values.numpy(), expected[0])
+    np.testing.assert_array_equal(indices.numpy(), expected[1])
+    assert len(indices.node.toposort()) < 400

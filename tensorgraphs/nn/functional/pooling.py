@@ -59,10 +59,14 @@ class PoolGeometry:
     def pad(self, x: Tensor, value: float) -> Tensor:
         return pad_spatial(x, tuple((p, p) for p in self.padding), value)
 
+    def fitted(self, padded: Tensor, pad_value: float) -> Tensor:
+        """Padded (..., H + 2p, W + 2p) with ceil_mode's extra (`pad_value` too) or cropped to what the windows
+        cover."""
+        return pad_spatial(padded, tuple((0, e) for e in self.extra), pad_value)
+
     def windows(self, padded: Tensor, pad_value: float) -> Tensor:
-        """Padded (..., H + 2p, W + 2p) -> (..., kh * kw, Ho, Wo); ceil_mode's extra is `pad_value` too."""
-        fitted = pad_spatial(padded, tuple((0, e) for e in self.extra), pad_value)
-        return sliding_windows(fitted, self.kernel, self.stride, self.dilation)
+        """Padded (..., H + 2p, W + 2p) -> (..., kh * kw, Ho, Wo)."""
+        return sliding_windows(self.fitted(padded, pad_value), self.kernel, self.stride, self.dilation)
 
 
 def _positions(x: Tensor) -> Tensor:
@@ -82,6 +86,12 @@ def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
     to the first maximum of a window rather than being shared among ties; return_indices also gives each
     maximum's flat position h * W + w in the input."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
+    if math.prod(geometry.kernel) > LONG_WINDOW_TAPS:
+        positions = geometry.fitted(geometry.pad(_positions(input), -1), -1) if return_indices else None
+        values = geometry.fitted(geometry.pad(input, -math.inf), -math.inf)
+        candidate = window_maxima(values, None if positions is None else expand_to(positions, values.shape),
+                                  geometry.kernel, geometry.stride, geometry.dilation, geometry.out)
+        return candidate if return_indices else candidate[0]
     windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
     best = mv.unsqueeze(rd.argmax(windows, -3), -3)
     values = mv.squeeze(mv.gather(windows, -3, best), -3)
@@ -89,6 +99,60 @@ def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
         return values
     positions = expand_to(geometry.windows(geometry.pad(_positions(input), -1), -1), windows.shape)
     return values, mv.squeeze(mv.gather(positions, -3, best), -3)
+
+
+LONG_WINDOW_TAPS = 64
+"""Windows of more taps than this are reduced by doubling (`window_maxima`), in O(log taps) operations: stacked
+window views give the kernel one term per tap, and gcc's time to compile a loop grows with about the cube of its
+loads (200 taps: ~90 s, bench/NOTES.md)."""
+
+Candidate = tuple[Tensor, Tensor | None]
+"""A running window maximum and, when indices are wanted, the input position it came from."""
+
+
+def _first_of(earlier: Candidate, later: Candidate) -> Candidate:
+    """The larger of two window maxima, the earlier one on ties; NaN counts as the largest and the earlier NaN
+    wins (as argmax picks the first maximum)."""
+    (a, a_at), (b, b_at) = earlier, later
+    later_wins = ew.logical_or(ew.gt(b, a), ew.logical_and(ew.isnan(b), ew.logical_not(ew.isnan(a))))
+    return ew.where(later_wins, b, a), None if a_at is None else ew.where(later_wins, b_at, a_at)
+
+
+def _shifted(candidate: Candidate, dim: int, start: int, length: int) -> Candidate:
+    return tuple(None if t is None else mv.shrink_dim(t, dim, start, start + length) for t in candidate)
+
+
+def _window_max_along(candidate: Candidate, dim: int, kernel: int, stride: int, dilation: int,
+                      out: int) -> Candidate:
+    """Maxima of the windows along `dim`: spans of 1, 2, 4, ... taps at every position, each the first of two
+    halves, then each window as the spans of `kernel`'s binary digits in tap order, at every `stride`-th position."""
+    size = candidate[0].shape[dim]
+    spans = {1: candidate}
+    width = 1
+    while 2 * width <= kernel:
+        reach = size - (2 * width - 1) * dilation
+        half = spans[width]
+        spans[2 * width] = _first_of(_shifted(half, dim, 0, reach), _shifted(half, dim, width * dilation, reach))
+        width *= 2
+    positions = (out - 1) * stride + 1
+    result, start = None, 0
+    for width in sorted((w for w in spans if kernel & w), reverse=True):
+        part = _shifted(spans[width], dim, start * dilation, positions)
+        result = part if result is None else _first_of(result, part)
+        start += width
+    return tuple(None if t is None else mv.slice_dim(t, dim, 0, positions, stride) for t in result)
+
+
+def window_maxima(x: Tensor, positions: Tensor | None, kernel: Sequence[int], stride: Sequence[int],
+                  dilation: Sequence[int], out: Sequence[int]) -> Candidate:
+    """Maxima of the windows over x's trailing len(kernel) dims (x padded as far as the last window reaches), with
+    the `positions` (x's shape) they came from if given. The last dim is reduced first, so the first maximum in
+    the window's row-major order wins, as when a window's stacked views are reduced."""
+    candidate: Candidate = (x, positions)
+    first = x.ndim - len(kernel)
+    for i in reversed(range(len(kernel))):
+        candidate = _window_max_along(candidate, first + i, kernel[i], stride[i], dilation[i], out[i])
+    return candidate
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,

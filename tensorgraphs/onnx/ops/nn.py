@@ -14,6 +14,7 @@ import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.functional.conv import conv2d_composite, zero_dilate
+from tensorgraphs.nn.functional.pooling import LONG_WINDOW_TAPS, window_maxima
 from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, ints, lowers, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
@@ -76,37 +77,16 @@ class Window:
         """(N, C, kernel positions, *out): the views stacked (where a reduction must know which offset won)."""
         return tg.stack(self.views(padded), dim=padded.ndim - len(self.kernel))
 
-    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool = False) -> Tensor:
+    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         """The windows combined: one spatial dim after another (a box window is separable), each window along a
-        dim as a chain of shifted views, or for an idempotent `combine` (max) by doubling, log2(kernel) steps;
-        strided, as the chain of the strided views each offset sees (a window at every position would be
-        combined only to keep every stride-th)."""
+        dim as the chain of the strided views each offset sees."""
         first = padded.ndim - len(self.kernel)
         out = padded
         for i, (size, stride, dilation) in enumerate(zip(self.kernel, self.strides, self.dilations)):
             axis, count = first + i, (self.out[i] - 1) * stride + 1
-            if stride > 1:
-                views = [mv.slice_dim(out, axis, j * dilation, j * dilation + count, stride) for j in range(size)]
-                out = functools.reduce(combine, views)
-            else:
-                out = _window_1d(out, axis, size, dilation, count, combine, idempotent)
+            views = [mv.slice_dim(out, axis, j * dilation, j * dilation + count, stride) for j in range(size)]
+            out = functools.reduce(combine, views)
         return out
-
-
-def _window_1d(x: Tensor, axis: int, size: int, dilation: int, count: int,
-               combine: Callable[[Tensor, Tensor], Tensor], idempotent: bool) -> Tensor:
-    """Positions 0..count-1 of x along `axis`, each combined with the size - 1 next ones `dilation` apart."""
-    view = lambda t, shift, n: mv.shrink_dim(t, axis, shift, shift + n)  # noqa: E731
-    if not idempotent:
-        return functools.reduce(combine, [view(x, j * dilation, count) for j in range(size)])
-    width, covered = 1, x  # covered[i] combines offsets 0 .. width - 1
-    while 2 * width <= size:
-        length = covered.shape[axis] - width * dilation
-        covered = combine(view(covered, 0, length), view(covered, width * dilation, length))
-        width *= 2
-    if width == size:
-        return view(covered, 0, count)
-    return combine(view(covered, 0, count), view(covered, (size - width) * dilation, count))
 
 
 def convolve(x: Tensor, w: Tensor, strides: tuple, pads: Pads, dilations: tuple, groups: int) -> Tensor:
@@ -201,18 +181,23 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     x = tensor(x)
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
-    if node.outputs < 2:
-        return window.reduce(window.padded(x, low), tg.maximum, idempotent=True)
-    windows = window.windows(window.padded(x, low))
-    best = tg.argmax(windows, 2, keepdim=True)
-    values = tg.squeeze(tg.gather(windows, 2, best), 2)
+    long = math.prod(window.kernel) > LONG_WINDOW_TAPS
+    if node.outputs < 2 and not long:
+        return window.reduce(window.padded(x, low), tg.maximum)
     order = np.arange(math.prod(x.shape)).reshape(x.shape)
     if node.attr("storage_order", 0):
         spatial = x.shape[2:]
         inner = np.arange(math.prod(spatial)).reshape(spatial[::-1]).T
         order = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[:2] + (1,) * len(spatial)) * inner.size + inner
-    positions = window.windows(window.padded(tensor(order.astype(np.int64)), -1))
-    return values, tg.squeeze(tg.gather(tg.broadcast_to(positions, windows.shape), 2, best), 2)
+    positions = window.padded(tensor(order.astype(np.int64)), -1) if node.outputs > 1 else None
+    if long:
+        values, indices = window_maxima(window.padded(x, low), positions, window.kernel, window.strides,
+                                        window.dilations, window.out)
+        return values if indices is None else (values, indices)
+    windows = window.windows(window.padded(x, low))
+    best = tg.argmax(windows, 2, keepdim=True)
+    values = tg.squeeze(tg.gather(windows, 2, best), 2)
+    return values, tg.squeeze(tg.gather(tg.broadcast_to(window.windows(positions), windows.shape), 2, best), 2)
 
 
 @lowers("AveragePool")
