@@ -162,21 +162,25 @@ def test_max_pool2d_gradient_goes_to_the_first_of_tied_maxima() -> None:
           grad=[0], name="max_pool2d")
 
 
-LONG_POOL_CASES = [  # op, input shape, keyword arguments: windows of more than LONG_WINDOW_TAPS taps (doubling)
-    ("max_pool1d", (1, 2, 300), {"kernel_size": 70, "stride": 10, "padding": 30, "dilation": 3}),
-    ("max_pool2d", (2, 12, 13), {"kernel_size": (9, 8), "stride": (2, 3), "padding": (4, 2), "ceil_mode": True}),
-    ("max_pool2d", (2, 1, 11, 11), {"kernel_size": 11, "stride": 1, "padding": 5}),
+LONG_POOL_CASES = [  # dims, input shape, keyword arguments: windows of more than LONG_WINDOW_TAPS taps (doubling)
+    (1, (1, 2, 300), {"kernel_size": 70, "stride": 10, "padding": 30}),
+    (2, (2, 12, 13), {"kernel_size": (9, 8), "stride": (2, 3), "padding": (4, 2), "ceil_mode": True}),
+    (2, (2, 1, 11, 11), {"kernel_size": 11, "stride": 1, "padding": 5}),
 ]
 
 
-@pytest.mark.parametrize("name,x_shape,kwargs", LONG_POOL_CASES)
-def test_max_pool_of_long_windows_matches_torch(name: str, x_shape: tuple, kwargs: dict) -> None:
-    """Values, indices and gradients, with tied maxima (the first in the window's row-major order wins) and a
-    NaN."""
+@pytest.mark.parametrize("dims,x_shape,kwargs", LONG_POOL_CASES)
+def test_pooling_of_long_windows_matches_torch(dims: int, x_shape: tuple, kwargs: dict) -> None:
+    """Values and gradients, max pooling's indices (with tied maxima: the first in the window's row-major order
+    wins, and dilated windows) and a NaN."""
     x = np.round(normal(15, *x_shape) * 2) / 2
     x.reshape(-1)[5] = math.nan
-    check(lambda t: getattr(F, name)(t, return_indices=True, **kwargs),
-          lambda t: getattr(TF, name)(t, return_indices=True, **kwargs), [x], grad=[0], name=name)
+    dilated = [(f"max_pool{dims}d", {"return_indices": True, "dilation": 3})] if dims == 1 else []
+    for name, options in [(f"max_pool{dims}d", {"return_indices": True}), *dilated, (f"avg_pool{dims}d", {}),
+                          (f"avg_pool{dims}d", {"count_include_pad": False})]:
+        args = dict(kwargs, **options)
+        check(lambda t: getattr(F, name)(t, **args), lambda t: getattr(TF, name)(t, **args), [x], grad=[0],
+              name=name)
 
 
 @pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)
@@ -190,8 +194,9 @@ def test_max_pool_by_doubling_equals_the_stacked_windows(monkeypatch: pytest.Mon
 
 def test_a_long_window_takes_logarithmically_many_operations() -> None:
     """200 taps: stacked views would be a term per tap, whose loop gcc compiles in minutes."""
-    y = F.max_pool1d(tg.randn(1, 1, 4000), 200, stride=10, padding=100, dilation=10)
-    assert len(y.node.toposort()) < 200
+    x = tg.randn(1, 1, 4000)
+    assert len(F.max_pool1d(x, 200, stride=10, padding=100, dilation=10).node.toposort()) < 200
+    assert len(F.avg_pool1d(x, 200, stride=10, padding=100).node.toposort()) < 200
 
 
 @pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)

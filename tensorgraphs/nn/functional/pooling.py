@@ -86,12 +86,13 @@ def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
     to the first maximum of a window rather than being shared among ties; return_indices also gives each
     maximum's flat position h * W + w in the input."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
-    if math.prod(geometry.kernel) > LONG_WINDOW_TAPS:
-        positions = geometry.fitted(geometry.pad(_positions(input), -1), -1) if return_indices else None
+    if _long(geometry.kernel):
         values = geometry.fitted(geometry.pad(input, -math.inf), -math.inf)
-        candidate = window_maxima(values, None if positions is None else expand_to(positions, values.shape),
-                                  geometry.kernel, geometry.stride, geometry.dilation, geometry.out)
-        return candidate if return_indices else candidate[0]
+        positions = geometry.fitted(geometry.pad(_positions(input), -1), -1)
+        parts = (values, expand_to(positions, values.shape)) if return_indices else (values,)
+        parts = reduce_windows(parts, first_maximum, geometry.kernel, geometry.stride, geometry.dilation,
+                               geometry.out)
+        return parts if return_indices else parts[0]
     windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
     best = mv.unsqueeze(rd.argmax(windows, -3), -3)
     values = mv.squeeze(mv.gather(windows, -3, best), -3)
@@ -102,57 +103,66 @@ def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
 
 
 LONG_WINDOW_TAPS = 64
-"""Windows of more taps than this are reduced by doubling (`window_maxima`), in O(log taps) operations: stacked
+"""Windows of more taps than this are reduced by doubling (`reduce_windows`), in O(log taps) operations: stacked
 window views give the kernel one term per tap, and gcc's time to compile a loop grows with about the cube of its
 loads (200 taps: ~90 s, bench/NOTES.md)."""
 
-Candidate = tuple[Tensor, Tensor | None]
-"""A running window maximum and, when indices are wanted, the input position it came from."""
+Parts = tuple[Tensor, ...]
+"""What a window reduction carries per position: its value, and for a maximum with indices the input position."""
+Combine = Callable[[Parts, Parts], Parts]
+"""Combines the reductions of two runs of taps, the earlier run first."""
 
 
-def _first_of(earlier: Candidate, later: Candidate) -> Candidate:
-    """The larger of two window maxima, the earlier one on ties; NaN counts as the largest and the earlier NaN
-    wins (as argmax picks the first maximum)."""
-    (a, a_at), (b, b_at) = earlier, later
+def first_maximum(earlier: Parts, later: Parts) -> Parts:
+    """The larger of two maxima (with their positions, if carried), the earlier one on ties; NaN counts as the
+    largest and the earlier NaN wins, as argmax picks the first maximum."""
+    a, b = earlier[0], later[0]
     later_wins = ew.logical_or(ew.gt(b, a), ew.logical_and(ew.isnan(b), ew.logical_not(ew.isnan(a))))
-    return ew.where(later_wins, b, a), None if a_at is None else ew.where(later_wins, b_at, a_at)
+    return tuple(ew.where(later_wins, y, x) for x, y in zip(earlier, later))
 
 
-def _shifted(candidate: Candidate, dim: int, start: int, length: int) -> Candidate:
-    return tuple(None if t is None else mv.shrink_dim(t, dim, start, start + length) for t in candidate)
+def summed(earlier: Parts, later: Parts) -> Parts:
+    return tuple(ew.add(x, y) for x, y in zip(earlier, later))
 
 
-def _window_max_along(candidate: Candidate, dim: int, kernel: int, stride: int, dilation: int,
-                      out: int) -> Candidate:
-    """Maxima of the windows along `dim`: spans of 1, 2, 4, ... taps at every position, each the first of two
-    halves, then each window as the spans of `kernel`'s binary digits in tap order, at every `stride`-th position."""
-    size = candidate[0].shape[dim]
-    spans = {1: candidate}
+def _shifted(parts: Parts, dim: int, start: int, length: int) -> Parts:
+    return tuple(mv.shrink_dim(t, dim, start, start + length) for t in parts)
+
+
+def _reduce_windows_along(parts: Parts, combine: Combine, dim: int, kernel: int, stride: int, dilation: int,
+                          out: int) -> Parts:
+    """The windows along `dim` reduced: spans of 1, 2, 4, ... taps at every position, each two halves combined,
+    then each window as the spans of `kernel`'s binary digits in tap order, at every `stride`-th position."""
+    size = parts[0].shape[dim]
+    spans = {1: parts}
     width = 1
     while 2 * width <= kernel:
         reach = size - (2 * width - 1) * dilation
         half = spans[width]
-        spans[2 * width] = _first_of(_shifted(half, dim, 0, reach), _shifted(half, dim, width * dilation, reach))
+        spans[2 * width] = combine(_shifted(half, dim, 0, reach), _shifted(half, dim, width * dilation, reach))
         width *= 2
     positions = (out - 1) * stride + 1
     result, start = None, 0
     for width in sorted((w for w in spans if kernel & w), reverse=True):
         part = _shifted(spans[width], dim, start * dilation, positions)
-        result = part if result is None else _first_of(result, part)
+        result = part if result is None else combine(result, part)
         start += width
-    return tuple(None if t is None else mv.slice_dim(t, dim, 0, positions, stride) for t in result)
+    return tuple(mv.slice_dim(t, dim, 0, positions, stride) for t in result)
 
 
-def window_maxima(x: Tensor, positions: Tensor | None, kernel: Sequence[int], stride: Sequence[int],
-                  dilation: Sequence[int], out: Sequence[int]) -> Candidate:
-    """Maxima of the windows over x's trailing len(kernel) dims (x padded as far as the last window reaches), with
-    the `positions` (x's shape) they came from if given. The last dim is reduced first, so the first maximum in
-    the window's row-major order wins, as when a window's stacked views are reduced."""
-    candidate: Candidate = (x, positions)
-    first = x.ndim - len(kernel)
+def reduce_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: Sequence[int],
+                   dilation: Sequence[int], out: Sequence[int]) -> Parts:
+    """The windows over the trailing len(kernel) dims of `parts` (padded as far as the last window reaches)
+    reduced by `combine`, the last dim first: with `first_maximum`, the first maximum in the window's row-major
+    order wins, as when a window's stacked views are reduced."""
+    first = parts[0].ndim - len(kernel)
     for i in reversed(range(len(kernel))):
-        candidate = _window_max_along(candidate, first + i, kernel[i], stride[i], dilation[i], out[i])
-    return candidate
+        parts = _reduce_windows_along(parts, combine, first + i, kernel[i], stride[i], dilation[i], out[i])
+    return parts
+
+
+def _long(kernel: Sequence[int]) -> bool:
+    return math.prod(kernel) > LONG_WINDOW_TAPS
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
@@ -166,14 +176,23 @@ def _avg_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
     """Window sums over the zero-padded input divided by the window size: the whole window within the padded
     input (count_include_pad) or only its input elements, or divisor_override."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, 1, ceil_mode)
-    sums = rd.sum(geometry.windows(geometry.pad(input, 0.0), 0.0), -3)
+    sums = window_sums(geometry, geometry.pad(input, 0.0))
     if divisor_override is not None:
         if divisor_override == 0:
             fail(op, "divisor must be not zero", kind=ArgumentError)
         return ew.div(sums, divisor_override)
     ones = Tensor(g.const(1.0, input.dtype, input.shape[-2:]))
     counted = geometry.pad(ones, 1.0 if count_include_pad else 0.0)
-    return ew.div(sums, rd.sum(geometry.windows(counted, 0.0), -3))
+    return ew.div(sums, window_sums(geometry, counted))
+
+
+def window_sums(geometry: PoolGeometry, padded: Tensor) -> Tensor:
+    """The sum of each window of `padded` (zeros past it)."""
+    if _long(geometry.kernel):
+        (sums,) = reduce_windows((geometry.fitted(padded, 0.0),), summed, geometry.kernel, geometry.stride,
+                                 geometry.dilation, geometry.out)
+        return sums
+    return rd.sum(geometry.windows(padded, 0.0), -3)
 
 
 def _as_rows(op: str, input: Tensor, **sizes: IntPair | None) -> tuple[Tensor, dict[str, tuple[int, int] | None]]:

@@ -14,7 +14,7 @@ import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.functional.conv import conv2d_composite, zero_dilate
-from tensorgraphs.nn.functional.pooling import LONG_WINDOW_TAPS, window_maxima
+from tensorgraphs.nn.functional.pooling import LONG_WINDOW_TAPS, first_maximum, reduce_windows
 from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, ints, lowers, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
@@ -49,6 +49,7 @@ class Window:
                 count -= 1
             self.out.append(count)
         self.reach = reach
+        self.long = math.prod(self.kernel) > LONG_WINDOW_TAPS
 
     def padded(self, x: Tensor, value: float, pads: bool = True) -> Tensor:
         """x padded by `pads` (unless x holds them already) and, past them, as far as the last window reaches
@@ -79,7 +80,10 @@ class Window:
 
     def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         """The windows combined: one spatial dim after another (a box window is separable), each window along a
-        dim as the chain of the strided views each offset sees."""
+        dim as the chain of the strided views each offset sees; a long window by doubling (`reduce_windows`)."""
+        if self.long:
+            pair = lambda a, b: (combine(a[0], b[0]),)  # noqa: E731
+            return reduce_windows((padded,), pair, self.kernel, self.strides, self.dilations, self.out)[0]
         first = padded.ndim - len(self.kernel)
         out = padded
         for i, (size, stride, dilation) in enumerate(zip(self.kernel, self.strides, self.dilations)):
@@ -181,19 +185,17 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     x = tensor(x)
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
-    long = math.prod(window.kernel) > LONG_WINDOW_TAPS
-    if node.outputs < 2 and not long:
+    if node.outputs < 2:
         return window.reduce(window.padded(x, low), tg.maximum)
     order = np.arange(math.prod(x.shape)).reshape(x.shape)
     if node.attr("storage_order", 0):
         spatial = x.shape[2:]
         inner = np.arange(math.prod(spatial)).reshape(spatial[::-1]).T
         order = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[:2] + (1,) * len(spatial)) * inner.size + inner
-    positions = window.padded(tensor(order.astype(np.int64)), -1) if node.outputs > 1 else None
-    if long:
-        values, indices = window_maxima(window.padded(x, low), positions, window.kernel, window.strides,
-                                        window.dilations, window.out)
-        return values if indices is None else (values, indices)
+    positions = window.padded(tensor(order.astype(np.int64)), -1)
+    if window.long:
+        return reduce_windows((window.padded(x, low), positions), first_maximum, window.kernel, window.strides,
+                              window.dilations, window.out)
     windows = window.windows(window.padded(x, low))
     best = tg.argmax(windows, 2, keepdim=True)
     values = tg.squeeze(tg.gather(windows, 2, best), 2)
