@@ -52,8 +52,8 @@ def _tg_batch_norm(out: tg.Tensor, stats: list[np.ndarray]) -> tg.Tensor:
 
 
 # (batch, groups, in channels, out channels, height, width): rows per group of 7 and 5 fill no 6-row tile, 35 and
-# 3 positions no 16-column one
-SHAPES = [(1, 4, 12, 28, 5, 7), (3, 3, 15, 15, 1, 3), (2, 2, 34, 10, 6, 6)]
+# 3 positions no 16-column one, and one row per group
+SHAPES = [(1, 4, 12, 28, 5, 7), (3, 3, 15, 15, 1, 3), (2, 2, 34, 10, 6, 6), (2, 4, 8, 4, 3, 5)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
