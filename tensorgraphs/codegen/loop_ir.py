@@ -189,7 +189,7 @@ class GemmEpilogue:
     c = activation(alpha * (a @ b) + bias) + residual, or for the gradient activation gelu_tanh_grad
     c = (alpha * (a @ b) + bias) * gelu'(residual). `bias_strides` are (batch, row, column), the column stride 0
     or 1 (a row vector over N is (0, 0, 1)), from `bias_offset` elements into its buffer; `residual_strides` are
-    (batch, row)."""
+    (batch, row), from `residual_offset` elements into its buffer."""
 
     alpha: float = 1.0
     bias: str | None = None
@@ -198,12 +198,13 @@ class GemmEpilogue:
     residual: str | None = None
     residual_strides: tuple[int, int] = (0, 0)
     bias_offset: int = 0
+    residual_offset: int = 0
 
     def __repr__(self) -> str:
         parts = [f"{self.alpha!r} * acc"] if self.alpha != 1.0 else ["acc"]
         parts += [f"{_at_offset(self.bias, self.bias_offset)}{list(self.bias_strides)}"] if self.bias else []
         text = " + ".join(parts)
-        residual = f"{self.residual}{list(self.residual_strides)}"
+        residual = f"{_at_offset(self.residual, self.residual_offset)}{list(self.residual_strides)}"
         if self.activation == "gelu_tanh_grad":
             return f"({text}) * gelu_tanh'({residual})"
         text = f"{self.activation}({text})" if self.activation != "none" else text
@@ -239,6 +240,7 @@ class GemmCall:
     function: str = "tg_gemm_f32"  # the library's C function (schedule.extern.gemm_function)
     dtype: DType = dtypes.float32  # of the product: a bfloat16 one rounds its result to bfloat16
     operands: DType = dtypes.float32  # bfloat16: the library rounds the operands so while packing them (gemm.h)
+    c_offset: int = 0  # elements of `c`'s buffer before the result starts (one image of a grouped conv's)
 
     def __repr__(self) -> str:
         a, b = (f"{prologue}({_at_offset(name, offset)})" if prologue != "none" else _at_offset(name, offset)
@@ -250,7 +252,7 @@ class GemmCall:
         product = f"{kind}[{sizes}]({a}{list(self.a_strides)}, {b}{list(self.b_strides)})"
         epilogue = "" if self.epilogue == GemmEpilogue() else f" -> {self.epilogue!r}"
         library = "" if self.function == "tg_gemm_f32" else f" by {self.function}"
-        return f"{self.c}{list(self.c_strides)} = {product}{epilogue}{library}"
+        return f"{_at_offset(self.c, self.c_offset)}{list(self.c_strides)} = {product}{epilogue}{library}"
 
 
 @dataclass(frozen=True)

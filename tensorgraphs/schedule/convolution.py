@@ -9,8 +9,9 @@ and, for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winogra
 multiplies but about ten times the rounding error, so it has to measure faster to be chosen); with OpenBLAS
 installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm, portable C, for strided convs where the
 implicit packing's gathers cost most, and the conv kernel of machines without AVX-512; chosen only where measured
-faster than the decomposition, `IM2COL_PRIOR`). Run by a
-kernel, the composite is kept whole by the scheduler: one `ConvCall` reading x and the weight where their buffers
+faster than the decomposition, `IM2COL_PRIOR`). A grouped pointwise conv (ShuffleNet's 1x1s) has "grouped_gemm"
+(`_grouped_fits`). Run by a kernel, the composite is kept whole by the scheduler: one `ConvCall` (for
+"grouped_gemm" a `GemmCall` per image, batched over the groups) reading x and the weight where their buffers
 hold them in NCHW order (through reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else
 is materialized first) and writing a buffer of its own.
 
@@ -24,11 +25,12 @@ decomposition and the gradients are matmuls (planned as such).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
 from tensorgraphs import dtypes
-from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam
+from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, GemmEpilogue, Kernel, KernelParam
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
 from tensorgraphs.graph.node import Node, rebuild, toposort, with_sources
@@ -64,17 +66,21 @@ def _conv_params(node: Node) -> dict[str, Any]:
     return dict(node.arg)
 
 
-def _conv_fits(node: Node) -> bool:
-    """Whether a conv2d kernel (tg_conv2d_f32's contract) computes `node`: float32 NCHW with one group, each padding
-    the same on both sides (the kernels take one per dim), nothing empty or too large."""
+def _library_fits(node: Node) -> bool:
+    """Whether `node` is a conv2d a library call can compute: float32 NCHW, each padding the same on both sides
+    (the kernels take one per dim), nothing empty or too large."""
     if not is_composite(node) or node.op.name != CONV2D:
         return False
     x, weight = node.src
-    params = _conv_params(node)
     floats = all(n.dtype == dtypes.float32 for n in (node, x, weight))
-    symmetric = all(before == after >= 0 for before, after in params["padding"])
+    symmetric = all(before == after >= 0 for before, after in _conv_params(node)["padding"])
     sizes = (x.size, weight.size, node.size)
-    return floats and params["groups"] == 1 and symmetric and 0 < min(sizes) and max(sizes) < INT32_ELEMENTS
+    return floats and symmetric and 0 < min(sizes) and max(sizes) < INT32_ELEMENTS
+
+
+def _conv_fits(node: Node) -> bool:
+    """Whether a conv2d kernel (tg_conv2d_f32's contract) computes `node`: `_library_fits` with one group."""
+    return _library_fits(node) and _conv_params(node)["groups"] == 1
 
 
 def _kernel_fits(node: Node) -> bool:
@@ -112,7 +118,19 @@ def _direct_fits(node: Node) -> bool:
             and node.shape[3] >= DIRECT_MIN_WIDTH)
 
 
-IMPLICIT_GEMM, DIRECT, WINOGRAD, IM2COL = "implicit_gemm", "direct", "winograd", "im2col"
+def _grouped_fits(node: Node) -> bool:
+    """A grouped pointwise conv (1x1 at stride 1 without padding, several input channels per group) on a machine
+    that runs the GEMM library: per image one batched product over the groups, the decomposition's product, which
+    then takes the epilogue (a bias per output channel, a batch norm folded into the weights, a relu, a residual)
+    that the decomposition ran as a pass over its result."""
+    if not (gemm_enabled() and _library_fits(node)):
+        return False
+    params, weight = _conv_params(node), node.src[1]
+    pointwise = weight.shape[2:] == (1, 1) and params["stride"] == (1, 1) and not any(map(any, params["padding"]))
+    return params["groups"] > 1 and weight.shape[1] > 1 and pointwise
+
+
+IMPLICIT_GEMM, DIRECT, WINOGRAD, IM2COL, GROUPED = "implicit_gemm", "direct", "winograd", "im2col", "grouped_gemm"
 IM2COL_PRIOR = DECOMPOSITION.prior * 1.25
 """Behind the decomposition: OpenBLAS's kernel rounds some output channels differently from others (the same
 weights give results a bit apart, which a softmax over huge logits turns into different classes: ONNX's light
@@ -122,10 +140,11 @@ DIRECT_PRIOR = 0.9
 """Ahead of the implicit GEMM where it applies (`_direct_fits`): what a machine with no measurements runs."""
 CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0),
                    Candidate(DIRECT, _direct_fits, prior=DIRECT_PRIOR), Candidate(WINOGRAD, _winograd_fits, prior=1.1),
-                   Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})))
+                   Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})),
+                   Candidate(GROUPED, _grouped_fits, prior=1.0))
 register_candidates(CONV2D, *CONV_CANDIDATES)
 C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, DIRECT, WINOGRAD)},
-               IM2COL: blas.CONV_FUNCTION}
+               IM2COL: blas.CONV_FUNCTION, GROUPED: gemm.C_FUNCTIONS["matmul"]}
 """The kernel's C function by candidate."""
 
 
@@ -270,11 +289,33 @@ class ConvLowering(LibraryCallLowering):
         fused = self.node.op is CONV_EPILOGUE
         bias = next(given) if fused and params["bias"] else None
         residual = next(given) if fused and params["residual"] else None
+        algorithm = params["algorithm"] if fused else route_of(self.node)
+        epilogue = GemmEpilogue(params["alpha"] if fused else 1.0, bias, activation=params["activation"] if fused
+                                else "none", residual=residual, bias_offset=params["bias_offset"] if bias else 0)
+        if algorithm == GROUPED:
+            return Kernel(self.name, buffers, self._grouped_calls(x_offset, w_offset, epilogue))
         call = ConvCall(
             *x.shape, weight.shape[0], tuple(weight.shape[2:]), params["stride"],
             tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
-            self.buffers[w_base], out, C_FUNCTIONS[params["algorithm"] if fused else route_of(self.node)],
-            x_offset, w_offset, bias, params["bias_offset"] if bias else 0, residual,
-            params["alpha"] if fused else 1.0, params["activation"] if fused else "none")
+            self.buffers[w_base], out, C_FUNCTIONS[algorithm], x_offset, w_offset, bias, epilogue.bias_offset,
+            residual, epilogue.alpha, epilogue.activation)
         assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
         return Kernel(self.name, buffers, [call])
+
+    def _grouped_calls(self, x_offset: int, w_offset: int, epilogue: GemmEpilogue) -> list[GemmCall]:
+        """A grouped pointwise conv (`_grouped_fits`) as one product per image, batched over the groups: weights
+        (groups, out/groups, in/groups) @ the image's (groups, in/groups, positions), the bias a column vector per
+        group, the residual and the result the image's (groups, out/groups, positions)."""
+        x, weight = self.node.src[:2]
+        batch, groups = x.shape[0], _conv_params(self.node)["groups"]
+        rows, depth, positions = weight.shape[0] // groups, weight.shape[1], math.prod(self.node.shape[2:])
+        image_in, image_out = x.size // batch, self.node.size // batch
+        x_name, w_name = (self.buffers[contiguous_storage(n)[0]] for n in (x, weight))
+        out = self.buffers[self.node]
+        epilogue = dataclasses.replace(epilogue, bias_strides=(rows, 1, 0),
+                                       residual_strides=(rows * positions, positions))
+        return [GemmCall(groups, rows, positions, depth, w_name, (rows * depth, depth, 1), x_name,
+                         (depth * positions, positions, 1), out, (rows * positions, positions),
+                         dataclasses.replace(epilogue, residual_offset=image * image_out) if epilogue.residual
+                         else epilogue, w_offset, x_offset + image * image_in, c_offset=image * image_out)
+                for image in range(batch)]

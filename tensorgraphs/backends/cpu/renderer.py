@@ -211,9 +211,10 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
 
     no_bias = ["NULL", 0, 0, 0]
     bias = [pointer(epilogue.bias, epilogue.bias_offset), *epilogue.bias_strides] if epilogue.bias else no_bias
-    residual = [array[epilogue.residual], *epilogue.residual_strides] if epilogue.residual else ["NULL", 0, 0]
+    residual = ([pointer(epilogue.residual, epilogue.residual_offset), *epilogue.residual_strides]
+                if epilogue.residual else ["NULL", 0, 0])
     a, b = pointer(call.a, call.a_offset), pointer(call.b, call.b_offset)
-    args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
+    args = [*sizes, a, *call.a_strides, b, *call.b_strides, pointer(call.c, call.c_offset), *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
             gemm.EPILOGUE_ACTIVATIONS[epilogue.activation], gemm.ACTIVATIONS[call.a_prologue],
             gemm.ACTIVATIONS[call.b_prologue]]
