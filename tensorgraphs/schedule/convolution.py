@@ -127,7 +127,11 @@ def _grouped_fits(node: Node) -> bool:
         return False
     params, weight = _conv_params(node), node.src[1]
     pointwise = weight.shape[2:] == (1, 1) and params["stride"] == (1, 1) and not any(map(any, params["padding"]))
-    return params["groups"] > 1 and weight.shape[1] > 1 and pointwise
+    return params["groups"] > 1 and weight.shape[1] > 1 and pointwise and node.shape[0] <= GROUPED_MAX_BATCH
+
+
+GROUPED_MAX_BATCH = 32
+"""Most images a "grouped_gemm" conv takes: each is a call of its own in the generated C."""
 
 
 IMPLICIT_GEMM, DIRECT, WINOGRAD, IM2COL, GROUPED = "implicit_gemm", "direct", "winograd", "im2col", "grouped_gemm"

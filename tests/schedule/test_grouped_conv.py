@@ -36,6 +36,7 @@ def test_only_grouped_pointwise_convs_take_the_batched_product() -> None:
     assert _candidates((2, 8, 5, 5), (6, 4, 1, 1), groups=2, padding=1) == [DECOMPOSE]
     assert _candidates((2, 8, 5, 5), (8, 1, 1, 1), groups=8) == [DECOMPOSE]  # depthwise: one channel per group
     assert "grouped_gemm" not in _candidates((2, 8, 5, 5), (6, 8, 1, 1))  # one group: the conv kernels
+    assert _candidates((33, 8, 2, 2), (6, 4, 1, 1), groups=2) == [DECOMPOSE]  # a call per image: batches bounded
 
 
 def _batch_norm(out: torch.Tensor, seed: int) -> tuple[torch.Tensor, list[np.ndarray]]:
