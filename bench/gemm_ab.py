@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--builds", required=True, help="comma-separated NAME=SOURCE_DIR, the first the reference")
     parser.add_argument("--models", default="enc1,mlp", help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--product", default="", help="only the products whose printed label contains this text")
     args = parser.parse_args()
     builds = {}
     for entry in args.builds.split(","):
@@ -203,7 +204,7 @@ def main() -> None:
         builds[name] = function
     products: Counter[GemmCall] = Counter()
     for model in args.models.split(","):
-        products.update(step_products(model))
+        products.update(call for call in step_products(model).elements() if args.product in label(call))
     rng, keep = np.random.default_rng(0), []
     calls = {call: arguments(call, len(builds), rng, keep) for call in products}
     check_agreement(builds, calls)

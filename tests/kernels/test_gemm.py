@@ -152,6 +152,21 @@ def test_row_major_a_read_in_place_by_few_panels(m, n, k):
     assert_close(got, expected, k, f"{m}x{n}x{k}")
 
 
+@needs_gemm
+@pytest.mark.parametrize(("m", "n"), [(7, 40), (300, 200), (521, 1000), (1000, 37)])
+@pytest.mark.parametrize("k", [1, 10, 31, 32])
+@pytest.mark.parametrize("layout", ["plain", "transposed"])
+@pytest.mark.parametrize("a_prologue", ["none", "relu"])
+def test_short_reductions_walk_c_along_its_rows(m, n, k, layout, a_prologue):
+    """K below gemm.c's SHORT_REDUCTION: the tiles go along C's rows, every B panel packed (and activated) first,
+    across row blocks (MC), A read in place (no prologue, few panels) or packed, panels of every width and a last
+    partial vector; K 32 takes the usual order. With the whole epilogue and a prologue on B."""
+    a, b = operands(m, n, k, layout, 23)
+    arguments = dict(a_prologue=a_prologue, b_prologue="gelu_tanh", bias=random((n,), 25),
+                     residual=random((m, n), 26), activation="relu", alpha=0.5)
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{layout} {m}x{n}x{k}")
+
+
 @implementations
 def test_general_strides(matmul):
     """Neither stride is 1 (every other row and column): the generated kernel packs, BLAS copies."""

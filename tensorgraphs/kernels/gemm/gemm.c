@@ -319,17 +319,23 @@ static void pack_b_panel(const gemm_problem *p, int64_t pc, int64_t kc, int64_t 
     finish_b_panel(p, dst, kc);
 }
 
+/* Below this K a tile stores C about as fast as it computes it, so the tiles walk C along its rows (each row's
+ * lines in order, which the prefetcher follows) rather than down a column of panels (a new line of a new row for
+ * every tile, waiting for it). */
+enum { SHORT_REDUCTION = 32 };
+
 /* One problem, run by all `nthreads` threads of the team together (nthreads == 1: by one thread alone); `step`
  * is the calling thread's count of steps so far, the same in every thread. A team packs the B panels of a block
  * first, then shares them; a thread alone packs each panel just before the first row block multiplies it, so the
  * micro-kernels find it in L1 instead of coming back for it after the whole block was written (to L3, for a
- * wide block), and with a single row block every panel takes the same place in one buffer. */
+ * wide block), and with a single row block every panel takes the same place in one buffer; but along C's rows
+ * (a short reduction) each row of tiles needs every panel, so it packs them first as a team does. */
 static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int tid, int nthreads, work_counters *work,
                         int64_t *step) {
     int64_t mc = row_block(p->m, nthreads), m_blocks = ceil_div(p->m, mc);
     int64_t k_blocks = p->k > 0 ? ceil_div(p->k, TG_KC) : 1, k_step = ceil_div(ceil_div(p->k, k_blocks), 8) * 8;
     int64_t n_split = m_blocks % nthreads == 0 ? 1 : nthreads, units = m_blocks * n_split;
-    int lazy = nthreads == 1, one_slot = lazy && m_blocks == 1;
+    int along_rows = p->k < SHORT_REDUCTION, lazy = nthreads == 1 && !along_rows, one_slot = lazy && m_blocks == 1;
     for (int64_t jc = 0; jc < p->n; jc += TG_NC) {
         int64_t nc = min_i64(TG_NC, p->n - jc), panels = ceil_div(nc, TG_NR);
         for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
@@ -358,13 +364,15 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                 }
                 packed_block = block;
 #define TG_A_PANEL(ir) (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, (ir) < packed ? p->a_rs : 0
-                for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
-                    int64_t jr = jc + panel * TG_NR;
+                int64_t first = part * panels / n_split, count = (part + 1) * panels / n_split - first;
+                int64_t sweeps = ceil_div(mcur, TG_MR), tiles = count * sweeps;
+                for (int64_t tile = 0; tile < tiles; tile++) {
+                    int64_t panel = first + (along_rows ? tile % count : tile / sweeps);
+                    int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
-                    if (lazy && block == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
-                    for (int64_t ir = 0; ir < mcur; ir += TG_MR)
-                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_panel, p->c + (ic + ir) * p->c_rs + jr, p->c_rs,
-                                     mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
+                    if (lazy && block == 0 && ir == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
+                    micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_panel, p->c + (ic + ir) * p->c_rs + jr, p->c_rs,
+                                 mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
