@@ -1,23 +1,24 @@
 """A/B of builds of the GEMM library on the products of bench/train.py's compiled training steps, in one process.
 
     .venv/bin/python bench/gemm_ab.py --builds main=DIR_A,new=tensorgraphs/kernels/gemm [--models enc1,mlp]
-                                      [--rounds 9]
+                                      [--rounds 9] [--product TEXT]
 
 A build is a folder of the library's sources, e.g. an older revision's: `git archive REV tensorgraphs/kernels/gemm |
 tar -x -C /tmp/old` gives DIR_A = /tmp/old/tensorgraphs/kernels/gemm. Each is compiled as the package compiles
 its own (cached by content) and dlopened. The products are the float32 GemmCalls of each model's compiled step
 (shapes, strides, prologues, epilogue), each on random operands of its own; every round calls every product three
 times in each build in turn (the order flips every round), timed by the calling thread's CPU time on one OpenMP
-thread. Operands stay in the last-level cache between calls, so the figures compare the code, not the step's cache
-state. On a shared machine the load moves whole rounds: compare the builds within a round (the per-round ratios of
-the step-weighted totals), not across runs (bench/NOTES.md, "Without AVX-512").
+thread (or, with OMP_NUM_THREADS set above 1, by the process's CPU time: see CLOCK). Operands stay in the
+last-level cache between calls, so the figures compare the code, not the step's cache state. On a shared machine
+the load moves whole rounds: compare the builds within a round (the per-round ratios of the step-weighted
+totals), not across runs (bench/NOTES.md, "Without AVX-512").
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["OMP_NUM_THREADS"] = "1"  # before any OpenMP runtime loads
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before any OpenMP runtime loads
 
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
@@ -40,6 +41,9 @@ from tensorgraphs.kernels import gemm  # noqa: E402
 from tensorgraphs.kernels.gemm.build import load_library  # noqa: E402
 
 CALLS_PER_TURN = 3
+# one thread: its CPU time; more (OMP_NUM_THREADS): the CPU time of all, e.g. two threads pinned to one core by
+# `OMP_WAIT_POLICY=passive taskset -c 1` add up what the split costs beyond one thread's work
+CLOCK = time.thread_time if os.environ["OMP_NUM_THREADS"] == "1" else time.process_time
 
 
 def step_products(model: str) -> Counter[GemmCall]:
@@ -143,9 +147,9 @@ def timed_rounds(
             for name, function in order:
                 call_args = per_build[list(builds).index(name)]
                 for _ in range(CALLS_PER_TURN):
-                    start = time.thread_time()
+                    start = CLOCK()
                     function(*call_args)
-                    seconds[call][name].append(time.thread_time() - start)
+                    seconds[call][name].append(CLOCK() - start)
     return seconds
 
 
