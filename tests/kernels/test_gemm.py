@@ -152,6 +152,42 @@ def test_row_major_a_read_in_place_by_few_panels(m, n, k):
     assert_close(got, expected, k, f"{m}x{n}x{k}")
 
 
+@needs_gemm
+@pytest.mark.parametrize(("m", "n"), [(7, 40), (300, 200), (521, 1000), (1000, 37)])
+@pytest.mark.parametrize("k", [1, 10, 31, 32])
+@pytest.mark.parametrize("layout", ["plain", "transposed"])
+@pytest.mark.parametrize("a_prologue", ["none", "relu"])
+def test_short_reductions_walk_c_along_its_rows(m, n, k, layout, a_prologue):
+    """K below gemm.c's SHORT_REDUCTION: the tiles go along C's rows, every B panel packed (and activated) first,
+    across row blocks (MC), A read in place (no prologue, few panels) or packed, panels of every width and a last
+    partial vector; K 32 takes the usual order. With the whole epilogue and a prologue on B."""
+    a, b = operands(m, n, k, layout, 23)
+    arguments = dict(a_prologue=a_prologue, b_prologue="gelu_tanh", bias=random((n,), 25),
+                     residual=random((m, n), 26), activation="relu", alpha=0.5)
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{layout} {m}x{n}x{k}")
+
+
+@needs_gemm
+@pytest.mark.parametrize("m", [7, 13, 300, 521])
+@pytest.mark.parametrize(("n", "k"), [(1, 5), (8, 33), (10, 1000), (16, 400), (17, 40)])
+def test_relu_of_a_taken_in_place_by_a_single_panel(m, n, k):
+    """A single B panel (N <= 16, a classifier head's) reads row-major A in place with its relu prologue taken as
+    each element is read: the full micro-panels in place (rows a stride apart, a slice of a wider array), the rows
+    past them packed and activated, across row blocks (MC) and K blocks (KC); N 17 (two panels) packs A. With the
+    whole epilogue."""
+    a = random((m, k + 9), 27)[:, 3 : 3 + k]
+    b, bias, residual = random((k, n), 28), random((n,), 29), random((m, n), 30)
+    arguments = dict(a_prologue="relu", bias=bias, residual=residual, activation="relu", alpha=0.5)
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{m}x{n}x{k}")
+
+
+@needs_gemm
+def test_relu_of_a_taken_in_place_propagates_nan_and_inf_like_torch():
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, -20.0, 3.0], np.float32)
+    a, b = np.tile(special[:, None], (2, 3)), np.ones((3, 10), np.float32)  # 16 rows: past the few-row kernel
+    np.testing.assert_allclose(gemm.matmul(a, b, a_prologue="relu"), reference(a, b, a_prologue="relu"), rtol=1e-6)
+
+
 @implementations
 def test_general_strides(matmul):
     """Neither stride is 1 (every other row and column): the generated kernel packs, BLAS copies."""

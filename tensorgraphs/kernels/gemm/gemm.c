@@ -143,10 +143,11 @@ static __attribute__((noinline)) void epilogue_by_vector(const float *tile, int 
     }
 }
 
-/* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place)
- * @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first 8 columns of one vector. */
-TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, int64_t kc, const float *restrict a, int64_t a_rs,
-                                     int64_t a_ks, const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
+/* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place,
+ * then with `relu` their relu) @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first
+ * 8 columns of one vector. */
+TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, const int relu, int64_t kc, const float *restrict a,
+                                     int64_t a_rs, int64_t a_ks, const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
     /* unrolled: on AVX2 the rolled loop ran 5-10% slower in whole products (2 and 8 ran as 4; bench/NOTES.md) */
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
@@ -154,6 +155,7 @@ TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, int64_t kc, c
             bv[v] = half ? tg_load_low_ps(b + v * 16) : _mm512_load_ps(b + v * 16);
         _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
             __m512 ai = _mm512_set1_ps(a[i * a_rs]);
+            if (relu) ai = tg_activate_ps(ai, TG_ACT_RELU);
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
                 acc[i][v] = half ? tg_fmadd_low_ps(ai, bv[v], acc[i][v]) : _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
         }
@@ -179,10 +181,12 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
 }
 
 /* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
- * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv`, `half`
- * and `bf16` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32 panel is
- * packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1). */
-TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const int bf16, int64_t kc, const float *restrict a,
+ * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv`, `half`,
+ * `bf16` and `relu` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32
+ * panel is packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1; with `relu`,
+ * A's relu prologue applied as they are read). */
+TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const int bf16, const int relu, int64_t kc,
+                                           const float *restrict a,
                                            int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
                                            int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
                                            const tg_epilogue *ep, int64_t row0, int64_t col0) {
@@ -204,7 +208,7 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
     if (bf16)
         accumulate_bf16(nv, kc, a, b, acc);
     else
-        accumulate_f32(nv, half, kc, a, a_rs, a_ks, b, acc);
+        accumulate_f32(nv, half, relu, kc, a, a_rs, a_ks, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
     if (ep && ep->activation >= TG_ACT_GELU_TANH) {
@@ -228,16 +232,20 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
 
 /* The tile computes only the 16-wide column vectors (or, on AVX2, the half of one) it needs: a narrow last panel
  * costs what it holds (bfloat16 products take whole vectors). `a_rs` is 0
- * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only). */
-static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, const float *restrict b,
-                         float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
-                         const tg_epilogue *ep, int64_t row0, int64_t col0) {
+ * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only), their relu taken
+ * with `relu_a`. */
+static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, int relu_a,
+                         const float *restrict b, float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid,
+                         int accumulate, const tg_epilogue *ep, int64_t row0, int64_t col0) {
 #define TG_TILE(nv, half)                                                                                         \
-    (bf16 ? micro_kernel_vectors(nv, 0, 1, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0)  \
-     : a_rs                                                                                                        \
-         ? micro_kernel_vectors(nv, half, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0) \
-         : micro_kernel_vectors(nv, half, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0,     \
-                                col0))
+    (bf16     ? micro_kernel_vectors(nv, 0, 1, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, \
+                                     col0)                                                                         \
+     : relu_a ? micro_kernel_vectors(nv, half, 0, 1, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep,    \
+                                     row0, col0)                                                                   \
+     : a_rs   ? micro_kernel_vectors(nv, half, 0, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep,    \
+                                     row0, col0)                                                                   \
+              : micro_kernel_vectors(nv, half, 0, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep,   \
+                                     row0, col0))
     TG_BY_TILE_WIDTH(n_valid, TG_TILE);
 #undef TG_TILE
 }
@@ -282,14 +290,16 @@ static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int6
 }
 
 /* Whether the full micro-panels of A's row blocks are read in place rather than packed (the rows past the last
- * full one are packed still): for row-major A with no prologue and no bfloat16 rounding, when the B panels that read
+ * full one are packed still): for row-major A with no bfloat16 rounding and no prologue but a relu (taken as each
+ * element is read: once for a single panel, such as a 10-class head's), when the B panels that read
  * each block hold at most A_IN_PLACE_COLUMNS columns. Packing is a pass over A (a transpose) that only its reuse by
  * many panels pays back: on AVX2 (16-column panels) reading a conv's weights in place against 13x13 and 14x14
  * images (11 and 13 panels) ran 5-8% faster than packing them, against 28x28 (49 panels) alike (bench/NOTES.md). */
 enum { A_IN_PLACE_COLUMNS = 256 };
 
 static int a_read_in_place(const gemm_problem *p, int64_t panels) {
-    return p->a_cs == 1 && !p->a_prologue && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
+    int prologue_once = p->a_prologue == TG_ACT_RELU && panels == 1;
+    return p->a_cs == 1 && (!p->a_prologue || prologue_once) && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
 }
 
 /* The most rows a row block holds: TG_MC in whole micro-panels (row_block rounds up to them). */
@@ -319,17 +329,23 @@ static void pack_b_panel(const gemm_problem *p, int64_t pc, int64_t kc, int64_t 
     finish_b_panel(p, dst, kc);
 }
 
+/* Below this K a tile stores C about as fast as it computes it, so the tiles walk C along its rows (each row's
+ * lines in order, which the prefetcher follows) rather than down a column of panels (a new line of a new row for
+ * every tile, waiting for it). */
+enum { SHORT_REDUCTION = 32 };
+
 /* One problem, run by all `nthreads` threads of the team together (nthreads == 1: by one thread alone); `step`
  * is the calling thread's count of steps so far, the same in every thread. A team packs the B panels of a block
  * first, then shares them; a thread alone packs each panel just before the first row block multiplies it, so the
  * micro-kernels find it in L1 instead of coming back for it after the whole block was written (to L3, for a
- * wide block), and with a single row block every panel takes the same place in one buffer. */
+ * wide block), and with a single row block every panel takes the same place in one buffer; but along C's rows
+ * (a short reduction) each row of tiles needs every panel, so it packs them first as a team does. */
 static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int tid, int nthreads, work_counters *work,
                         int64_t *step) {
     int64_t mc = row_block(p->m, nthreads), m_blocks = ceil_div(p->m, mc);
     int64_t k_blocks = p->k > 0 ? ceil_div(p->k, TG_KC) : 1, k_step = ceil_div(ceil_div(p->k, k_blocks), 8) * 8;
     int64_t n_split = m_blocks % nthreads == 0 ? 1 : nthreads, units = m_blocks * n_split;
-    int lazy = nthreads == 1, one_slot = lazy && m_blocks == 1;
+    int along_rows = p->k < SHORT_REDUCTION, lazy = nthreads == 1 && !along_rows, one_slot = lazy && m_blocks == 1;
     for (int64_t jc = 0; jc < p->n; jc += TG_NC) {
         int64_t nc = min_i64(TG_NC, p->n - jc), panels = ceil_div(nc, TG_NR);
         for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
@@ -357,14 +373,18 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                     finish_a_block(p, a_pack + packed * kc, mcur - packed, kc);
                 }
                 packed_block = block;
-#define TG_A_PANEL(ir) (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, (ir) < packed ? p->a_rs : 0
-                for (int64_t panel = part * panels / n_split; panel < (part + 1) * panels / n_split; panel++) {
-                    int64_t jr = jc + panel * TG_NR;
+#define TG_A_PANEL(ir)                                                                                            \
+    (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, (ir) < packed ? p->a_rs : 0,                   \
+        (ir) < packed && p->a_prologue
+                int64_t first = part * panels / n_split, count = (part + 1) * panels / n_split - first;
+                int64_t sweeps = ceil_div(mcur, TG_MR), tiles = count * sweeps;
+                for (int64_t tile = 0; tile < tiles; tile++) {
+                    int64_t panel = first + (along_rows ? tile % count : tile / sweeps);
+                    int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
-                    if (lazy && block == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
-                    for (int64_t ir = 0; ir < mcur; ir += TG_MR)
-                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_panel, p->c + (ic + ir) * p->c_rs + jr, p->c_rs,
-                                     mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
+                    if (lazy && block == 0 && ir == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
+                    micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_panel, p->c + (ic + ir) * p->c_rs + jr, p->c_rs,
+                                 mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
