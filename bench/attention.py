@@ -7,9 +7,11 @@ process.
 One step computes out = softmax(q k^T / sqrt(d)) v (batch 1, `heads` heads, T queries and keys, head dim d) and the
 gradients of q, k and v given a random gradient of out. tg: `tg.compile` of a function returning out and
 `tg.grad` of it (the fused attention kernel); torch: F.scaled_dot_product_attention and `backward`, eager and
-under torch.compile. ms is the median of the timed steps after warm-up steps (not counted). Each (system, T) runs
-in a fresh subprocess (`--worker SYSTEM T`, JSON on stdout), so its peak RSS (ru_maxrss) is its own; "extra MiB"
-is the peak minus the peak before the first step (imports and the inputs): the memory the attention needs.
+under torch.compile. Both steps return their results without copying them (`np.asarray` of ours shares its
+memory, as torch's tensors are returned as they are; `.numpy()` would copy ours). ms is the median of the timed
+steps after warm-up steps (not counted). Each (system, T) runs in a fresh subprocess (`--worker SYSTEM T`, JSON on
+stdout), so its peak RSS (ru_maxrss) is its own; "extra MiB" is the peak minus the peak before the first step
+(imports and the inputs): the memory the attention needs.
 
 The floor is the FMA work at PEAK_GFLOPS (2 threads, the FMA peak measured by bench/gemm.py): forward 2 products
 (4 T^2 d flops a head), backward 5 (10 T^2 d); half of each with --causal.
@@ -56,7 +58,7 @@ def tg_step(arrays: list[np.ndarray], causal: bool) -> Callable[[], object]:
         return (out, *tg.grad(out, [q, k, v], grad_outputs=grad))
 
     q, k, v, grad = (tg.tensor(a, requires_grad=i < 3) for i, a in enumerate(arrays))
-    return lambda: [t.numpy() for t in step(q, k, v, grad)]
+    return lambda: [np.asarray(t) for t in step(q, k, v, grad)]
 
 
 def torch_step(arrays: list[np.ndarray], causal: bool, compiled: bool) -> Callable[[], object]:
