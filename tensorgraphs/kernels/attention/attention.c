@@ -202,11 +202,15 @@ typedef struct {
 /* The reduction length of a tile product over n floats: n, or its pairs for bfloat16 (n is even: padded). */
 static inline int64_t reduced(const problem *p, int64_t n) { return p->bf16 ? n / 2 : n; }
 
-/* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere. */
+/* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere (only there: zeroing
+ * the whole tile first wrote it twice, a tenth of the forward at T 128). */
 static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *src, int64_t rs, int64_t rows,
                       int64_t cols) {
-    memset(dst, 0, sizeof(float) * tile_rows * ld);
-    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
+        memset(dst + r * ld + cols, 0, sizeof(float) * (ld - cols));
+    }
+    memset(dst + rows * ld, 0, sizeof(float) * (tile_rows - rows) * ld);
 }
 
 /* v[c] lane r = v[r] lane c before: log2(LANES) rounds of interleaving row i with row i + LANES / 2. */
@@ -225,7 +229,8 @@ static inline void transpose(vfloat v[LANES]) {
 /* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
 static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
                             int64_t cols) {
-    memset(dst, 0, sizeof(float) * ld * width);
+    for (int64_t c = 0; c < cols; c++) memset(dst + c * width + rows, 0, sizeof(float) * (width - rows));
+    memset(dst + cols * width, 0, sizeof(float) * (ld - cols) * width);
     int64_t whole_rows = rows / LANES * LANES, whole_cols = cols / LANES * LANES;
     for (int64_t r0 = 0; r0 < whole_rows; r0 += LANES)
         for (int64_t c0 = 0; c0 < whole_cols; c0 += LANES) {
@@ -413,20 +418,20 @@ static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, 
     int64_t b = bh / p->heads, h = bh % p->heads, rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
     pack_transposed(w->qt, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
     if (p->bf16) pair_rows(w->qt, BQ, dp, BQ);
-    memset(w->o, 0, sizeof(float) * BQ * dv);
     for (int64_t r = 0; r < BQ; r++) w->m[r] = -INFINITY, w->sum[r] = 0.0f;
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
+    if (end <= 0) memset(w->o, 0, sizeof(float) * BQ * dv); /* else the first key tile's P V sets it */
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
         int64_t at = bh * keys->tiles + j0 / BK;
         tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1, p->scale);
         mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
         online_softmax(w);
-        for (int64_t r = 0; r < BQ; r++)
+        for (int64_t r = 0; r < BQ && j0 > 0; r++)
             if (w->kept[r] != 1.0f)
                 for (int64_t c = 0; c < dv; c += LANES)
                     store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
         if (p->bf16) pair_rows(w->st, BQ, BK, BQ); /* the weights, after their sums were taken in float32 */
-        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0, 1.0f);
+        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, j0 == 0, 1.0f);
     }
     float *o = out + (bh * p->l + i0) * p->ev;
     for (int64_t r = 0; r < rows; r++) {
