@@ -140,6 +140,16 @@ static inline vfloat vexp2(vfloat x) {
 
 #define LOG2E 1.44269504088896341f
 
+/* x, which gcc must hold in a register: else it folds the loads of b's vectors into the multiply-adds of blocks
+ * of fewer than 6 rows, loading each vector once per row, and the 4-row block of a 64-row tile ran no faster
+ * than a 6-row one (loads, not multiply-adds, bound it). */
+static inline vfloat in_register(vfloat x) {
+#ifdef __AVX__
+    __asm__("" : "+v"(x));
+#endif
+    return x;
+}
+
 /* c (mr x LANES nv) = scale a b when `zero`, else c += a b (scale 1), for a (mr x kk, element (r, x) at
  * a[r*ars + x*aks]) and b (kk x LANES nv, rows ldb apart); with `bf16` kk counts pairs, and a and b hold pairs (a
  * pair of a broadcast, times a vector of b's pairs). The scale multiplies the rounded product (not a, see the
@@ -153,7 +163,7 @@ static inline __attribute__((always_inline)) void tile_block(const int mr, const
         for (int v = 0; v < nv; v++) acc[r][v] = zero ? splat(0.0f) : load(c + r * ldc + LANES * v);
     for (int64_t x = 0; x < kk; x++) {
         vfloat bv[4];
-        for (int v = 0; v < nv; v++) bv[v] = load(b + x * ldb + LANES * v);
+        for (int v = 0; v < nv; v++) bv[v] = in_register(load(b + x * ldb + LANES * v));
         for (int r = 0; r < mr; r++) {
             vfloat av = splat(a[r * ars + x * aks]);
             for (int v = 0; v < nv; v++) acc[r][v] = bf16 ? dot_pairs(acc[r][v], av, bv[v]) : acc[r][v] + av * bv[v];
