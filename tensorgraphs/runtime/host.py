@@ -9,6 +9,7 @@ import math
 import sys
 import threading
 import weakref
+from collections import Counter
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -27,12 +28,20 @@ times (its threshold moves), and a program asks for the same total at every call
 
 class BlockPool:
     """Memory blocks of large outputs, handed out again (to any program) once nothing else refers to them: fresh
-    memory costs page faults, reused memory nothing. At most `per_size` blocks of each size are kept."""
+    memory costs page faults, reused memory nothing. Of each size, `per_size` blocks are kept, or as many as one
+    run asked for at once (`keep`)."""
 
     def __init__(self, per_size: int = 2) -> None:
         self.per_size = per_size
         self._blocks: dict[int, list[np.ndarray]] = {}
+        self._kept: dict[int, int] = {}
         self._lock = threading.Lock()
+
+    def keep(self, size: int, count: int) -> None:
+        """Keep up to `count` blocks of `size` bytes: a run takes that many at once (an attention's backward: dq, dk
+        and dv of one size), and each one not kept would be fresh memory at every run."""
+        with self._lock:
+            self._kept[size] = max(self._kept.get(size, self.per_size), count)
 
     def __contains__(self, block: object) -> bool:
         """Whether `block` is one the pool keeps (hands out again)."""
@@ -48,7 +57,7 @@ class BlockPool:
                 if sys.getrefcount(blocks[position]) <= 2:  # only the pool and getrefcount's argument
                     return blocks[position]
             block = np.empty(size, np.uint8)
-            if len(blocks) < self.per_size:
+            if len(blocks) < self._kept.get(size, self.per_size):
                 blocks.append(block)
             return block
 
@@ -111,6 +120,10 @@ class HostRuntime:
         buffers: list[np.ndarray | None] = [None] * len(specs)
         shared: list[tuple[int, int]] = []
         total = 0
+        own = Counter(math.prod(shape) * dtype.itemsize + self.alignment for shape, dtype in specs
+                      if not self._small(math.prod(shape) * dtype.itemsize))
+        for size, count in own.items():
+            OUTPUT_BLOCKS.keep(size, count)
         for position, (shape, dtype) in enumerate(specs):
             nbytes = math.prod(shape) * dtype.itemsize
             if self.OWN_ALLOCATION_BYTES <= nbytes and self._small(nbytes):

@@ -4,6 +4,7 @@ scaled_dot_product_attention forward and backward."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -23,12 +24,14 @@ def _torch_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarr
 
 
 def _check(shape: tuple[int, int, int, int, int, int], causal: bool = False, mask: np.ndarray | None = None,
-           seed: int = 0) -> None:
+           seed: int = 0, place: Callable[[np.ndarray], np.ndarray] = np.asarray) -> None:
+    """The kernels against torch on random operands of `shape` (batch, heads, queries, keys, dim, value dim), each
+    operand's memory laid out by `place`."""
     batch, heads, queries, keys, dim, value_dim = shape
     rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal(s, dtype=np.float32) for s in
+    q, k, v = (place(rng.standard_normal(s, dtype=np.float32)) for s in
                ((batch, heads, queries, dim), (batch, heads, keys, dim), (batch, heads, keys, value_dim)))
-    dout = rng.standard_normal((batch, heads, queries, value_dim), dtype=np.float32)
+    dout = place(rng.standard_normal((batch, heads, queries, value_dim), dtype=np.float32))
     out, lse = attention.forward(q, k, v, mask, causal)
     got = [out, *attention.backward(q, k, v, out, lse, dout, mask, causal)]
     expected = _torch_reference(q, k, v, dout, mask, causal)
@@ -43,10 +46,33 @@ def _check(shape: tuple[int, int, int, int, int, int], causal: bool = False, mas
     (2, 3, 70, 45, 8, 8),  # batch*heads > 1, T not a multiple of the tile, more queries than keys
     (1, 2, 150, 200, 64, 64),
     (1, 2, 100, 77, 24, 40),  # head dims not multiples of 16, differing
+    (1, 2, 70, 45, 20, 12),  # nor of 8: keys read in place over 20 floats, values packed
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_torch(shape: tuple[int, int, int, int, int, int], causal: bool) -> None:
     _check(shape, causal)
+
+
+def _aligned(x: np.ndarray, row_floats: int) -> np.ndarray:
+    """A copy of x starting on a 64-byte boundary with rows `row_floats` apart (a view of wider rows, as the heads
+    of a projection): the forward reads such values in place (numpy's own arrays start 16 bytes past a line, and
+    are packed)."""
+    rows = x.size // x.shape[-1]
+    block = np.full(rows * row_floats + 16, np.nan, np.float32)
+    start = -block.ctypes.data % 64 // 4
+    view = block[start:start + rows * row_floats].reshape(*x.shape[:-1], row_floats)[..., :x.shape[-1]]
+    view[...] = x
+    assert view.ctypes.data % 64 == 0
+    return view
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 150, 200, 64, 64), (2, 3, 70, 45, 16, 8), (1, 1, 64, 64, 64, 64)])
+@pytest.mark.parametrize("row_floats", [0, 200])
+@pytest.mark.parametrize("causal", [False, True])
+def test_keys_and_values_read_in_place_match_torch(shape: tuple[int, ...], row_floats: int, causal: bool) -> None:
+    """Aligned operands, contiguous or rows of a wider array (NaN between them: never read), whole and partial key
+    tiles: the forward's products read K and V where they lie."""
+    _check(shape, causal, place=lambda x: _aligned(x, row_floats or x.shape[-1]))
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])

@@ -140,6 +140,16 @@ static inline vfloat vexp2(vfloat x) {
 
 #define LOG2E 1.44269504088896341f
 
+/* x, which gcc must hold in a register: else it folds the loads of b's vectors into the multiply-adds of blocks
+ * of fewer than 6 rows, loading each vector once per row, and the 4-row block of a 64-row tile ran no faster
+ * than a 6-row one (loads, not multiply-adds, bound it). */
+static inline vfloat in_register(vfloat x) {
+#ifdef __AVX__
+    __asm__("" : "+v"(x));
+#endif
+    return x;
+}
+
 /* c (mr x LANES nv) = scale a b when `zero`, else c += a b (scale 1), for a (mr x kk, element (r, x) at
  * a[r*ars + x*aks]) and b (kk x LANES nv, rows ldb apart); with `bf16` kk counts pairs, and a and b hold pairs (a
  * pair of a broadcast, times a vector of b's pairs). The scale multiplies the rounded product (not a, see the
@@ -153,7 +163,7 @@ static inline __attribute__((always_inline)) void tile_block(const int mr, const
         for (int v = 0; v < nv; v++) acc[r][v] = zero ? splat(0.0f) : load(c + r * ldc + LANES * v);
     for (int64_t x = 0; x < kk; x++) {
         vfloat bv[4];
-        for (int v = 0; v < nv; v++) bv[v] = load(b + x * ldb + LANES * v);
+        for (int v = 0; v < nv; v++) bv[v] = in_register(load(b + x * ldb + LANES * v));
         for (int r = 0; r < mr; r++) {
             vfloat av = splat(a[r * ars + x * aks]);
             for (int v = 0; v < nv; v++) acc[r][v] = bf16 ? dot_pairs(acc[r][v], av, bv[v]) : acc[r][v] + av * bv[v];
@@ -199,14 +209,19 @@ typedef struct {
     int32_t bf16; /* tile products on bfloat16 pairs */
 } problem;
 
-/* The reduction length of a tile product over n floats: n, or its pairs for bfloat16 (n is even: padded). */
-static inline int64_t reduced(const problem *p, int64_t n) { return p->bf16 ? n / 2 : n; }
+/* The reduction length of a tile product over n floats: n, or its pairs for bfloat16 (an odd n's last pairs with
+ * the zero padding). */
+static inline int64_t reduced(const problem *p, int64_t n) { return p->bf16 ? (n + 1) / 2 : n; }
 
-/* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere. */
+/* rows x cols of src (rows rs apart) into dst (BQ or BK rows of ld floats), zero elsewhere (only there: zeroing
+ * the whole tile first wrote it twice, a tenth of the forward at T 128). */
 static void pack_rows(float *dst, int64_t ld, int64_t tile_rows, const float *src, int64_t rs, int64_t rows,
                       int64_t cols) {
-    memset(dst, 0, sizeof(float) * tile_rows * ld);
-    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(dst + r * ld, src + r * rs, sizeof(float) * cols);
+        memset(dst + r * ld + cols, 0, sizeof(float) * (ld - cols));
+    }
+    memset(dst + rows * ld, 0, sizeof(float) * (tile_rows - rows) * ld);
 }
 
 /* v[c] lane r = v[r] lane c before: log2(LANES) rounds of interleaving row i with row i + LANES / 2. */
@@ -225,7 +240,8 @@ static inline void transpose(vfloat v[LANES]) {
 /* The transpose of rows x cols of src into dst (ld rows of `width` floats, element (col, row)), zero elsewhere. */
 static void pack_transposed(float *dst, int64_t ld, int64_t width, const float *src, int64_t rs, int64_t rows,
                             int64_t cols) {
-    memset(dst, 0, sizeof(float) * ld * width);
+    for (int64_t c = 0; c < cols; c++) memset(dst + c * width + rows, 0, sizeof(float) * (width - rows));
+    memset(dst + cols * width, 0, sizeof(float) * (ld - cols) * width);
     int64_t whole_rows = rows / LANES * LANES, whole_cols = cols / LANES * LANES;
     for (int64_t r0 = 0; r0 < whole_rows; r0 += LANES)
         for (int64_t c0 = 0; c0 < whole_cols; c0 += LANES) {
@@ -354,23 +370,49 @@ typedef struct {
     float *qt, *st, *o, *m, *sum, *kept;
 } forward_scratch;
 
-/* The keys and values of every head, per key tile (BK x dp and BK x dv blocks), packed once: each is read by
- * every query tile of its head. */
+/* The keys and values the forward reads, per key tile: in place (float32) where the tile products can read them
+ * as they are, else packed once into zero-padded BK x dp and BK x dv blocks, each read by every query tile of its
+ * head (packing every head first cost a pass over them and the copy's cache misses, most at short lengths). K, the
+ * broadcast operand of K Q^T, is read in place at any head dim (the product runs over e); V, read by whole
+ * vectors, where its rows are whole aligned vectors (a row split across cache lines made T 1024 3-4% slower). */
 typedef struct {
-    float *k, *v;
+    float *k, *v; /* NULL: read in place */
     int64_t tiles;
-} packed_keys;
+} key_tiles;
 
-static void pack_key_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t tile) {
+static int keys_in_place(const problem *p) { return !p->bf16; }
+
+static int values_in_place(const problem *p) {
+    const int64_t vector = LANES, strides = p->ev % vector | p->v_bs % vector | p->v_hs % vector | p->v_rs % vector;
+    return !p->bf16 && strides == 0 && (uintptr_t)p->v % sizeof(vfloat) == 0;
+}
+
+/* Row 0 of key tile j0 of head bh, of the keys or (`values`) the values, and the distance of its rows. */
+static const float *key_tile(const problem *p, const key_tiles *keys, int64_t bh, int64_t j0, int values,
+                             int64_t *rs) {
+    int64_t b = bh / p->heads, h = bh % p->heads, at = bh * keys->tiles + j0 / BK;
+    if (values) {
+        *rs = keys->v ? p->dv : p->v_rs;
+        return keys->v ? keys->v + at * BK * p->dv : p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs;
+    }
+    *rs = keys->k ? p->dp : p->k_rs;
+    return keys->k ? keys->k + at * BK * p->dp : p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs;
+}
+
+/* Packs key tile `tile` of head bh of the keys and of the values that are not read in place. */
+static void pack_key_tile(const problem *p, const key_tiles *keys, int64_t bh, int64_t tile) {
     int64_t b = bh / p->heads, h = bh % p->heads, j0 = tile * BK, cols = min64(BK, p->s - j0);
     int64_t at = bh * keys->tiles + tile;
-    pack_rows(keys->k + at * BK * p->dp, p->dp, BK, p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs, p->k_rs,
-              cols, p->e);
-    pack_rows(keys->v + at * BK * p->dv, p->dv, BK, p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs, p->v_rs,
-              cols, p->ev);
-    if (p->bf16) { /* K is the first operand of K Q^T (pairs along a row), V the second of P V (pairs of rows) */
-        pair_columns(keys->k + at * BK * p->dp, p->dp, BK, p->dp);
-        pair_rows(keys->v + at * BK * p->dv, p->dv, BK, p->dv);
+    /* K is the first operand of K Q^T (pairs along a row), V the second of P V (pairs of rows) */
+    if (keys->k) {
+        pack_rows(keys->k + at * BK * p->dp, p->dp, BK, p->k + b * p->k_bs + h * p->k_hs + j0 * p->k_rs, p->k_rs,
+                  cols, p->e);
+        if (p->bf16) pair_columns(keys->k + at * BK * p->dp, p->dp, BK, p->dp);
+    }
+    if (keys->v) {
+        pack_rows(keys->v + at * BK * p->dv, p->dv, BK, p->v + b * p->v_bs + h * p->v_hs + j0 * p->v_rs, p->v_rs,
+                  cols, p->ev);
+        if (p->bf16) pair_rows(keys->v + at * BK * p->dv, p->dv, BK, p->dv);
     }
 }
 
@@ -408,25 +450,27 @@ static void online_softmax(const forward_scratch *w) {
         store(w->sum + LANES * v, load(w->sum + LANES * v) * load(w->kept + LANES * v) + sums[v]);
 }
 
-static void forward_tile(const problem *p, const packed_keys *keys, int64_t bh, int64_t i0,
+static void forward_tile(const problem *p, const key_tiles *keys, int64_t bh, int64_t i0,
                          const forward_scratch *w, float *out, float *lse) {
     int64_t b = bh / p->heads, h = bh % p->heads, rows = min64(BQ, p->l - i0), dp = p->dp, dv = p->dv;
     pack_transposed(w->qt, dp, BQ, p->q + b * p->q_bs + h * p->q_hs + i0 * p->q_rs, p->q_rs, rows, p->e);
     if (p->bf16) pair_rows(w->qt, BQ, dp, BQ);
-    memset(w->o, 0, sizeof(float) * BQ * dv);
     for (int64_t r = 0; r < BQ; r++) w->m[r] = -INFINITY, w->sum[r] = 0.0f;
     int64_t end = p->causal ? min64(p->s, i0 + rows) : p->s;
+    if (end <= 0) memset(w->o, 0, sizeof(float) * BQ * dv); /* else the first key tile's P V sets it */
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
-        int64_t at = bh * keys->tiles + j0 / BK;
-        tile_gemm(p->bf16, BK, BQ, reduced(p, dp), keys->k + at * BK * dp, dp, 1, w->qt, BQ, w->st, BQ, 1, p->scale);
+        /* only the tile's keys (cols) of K and V are read: mask_scores gives the rest of the scores -inf */
+        int64_t cols = min64(BK, p->s - j0), k_rs, v_rs;
+        const float *kj = key_tile(p, keys, bh, j0, 0, &k_rs), *vj = key_tile(p, keys, bh, j0, 1, &v_rs);
+        tile_gemm(p->bf16, cols, BQ, reduced(p, p->e), kj, k_rs, 1, w->qt, BQ, w->st, BQ, 1, p->scale);
         mask_scores(p, b, h, i0, j0, w->st, 1, BQ);
         online_softmax(w);
-        for (int64_t r = 0; r < BQ; r++)
+        for (int64_t r = 0; r < BQ && j0 > 0; r++)
             if (w->kept[r] != 1.0f)
                 for (int64_t c = 0; c < dv; c += LANES)
                     store(w->o + r * dv + c, load(w->o + r * dv + c) * w->kept[r]);
         if (p->bf16) pair_rows(w->st, BQ, BK, BQ); /* the weights, after their sums were taken in float32 */
-        tile_gemm(p->bf16, BQ, dv, reduced(p, BK), w->st, 1, BQ, keys->v + at * BK * dv, dv, w->o, dv, 0, 1.0f);
+        tile_gemm(p->bf16, BQ, dv, reduced(p, cols), w->st, 1, BQ, vj, v_rs, w->o, dv, j0 == 0, 1.0f);
     }
     float *o = out + (bh * p->l + i0) * p->ev;
     for (int64_t r = 0; r < rows; r++) {
@@ -478,20 +522,21 @@ static problem make_problem(int64_t heads, int64_t l, int64_t s, int64_t e, int6
 static int attention_forward(int32_t bf16, TG_ATTENTION_FORWARD_PARAMS) {
     problem p = make_problem(OPERAND_ARGS, bf16);
     int64_t tiles = (l + BQ - 1) / BQ, work = batch * heads * tiles;
-    packed_keys keys = {NULL, NULL, (s + BK - 1) / BK};
-    keys.k = reserve(&packed_k, batch * heads * keys.tiles * BK * p.dp);
-    keys.v = reserve(&packed_v, batch * heads * keys.tiles * BK * p.dv);
+    key_tiles keys = {NULL, NULL, (s + BK - 1) / BK};
+    int pack_k = !keys_in_place(&p), pack_v = !values_in_place(&p);
+    if (pack_k) keys.k = reserve(&packed_k, batch * heads * keys.tiles * BK * p.dp);
+    if (pack_v) keys.v = reserve(&packed_v, batch * heads * keys.tiles * BK * p.dv);
     out = out ? out : reserve(&unwanted_out, batch * heads * l * ev); /* out not wanted: lse only */
-    int failed = !keys.k || !keys.v || !out;
+    int reserved = out && (!pack_k || keys.k) && (!pack_v || keys.v), failed = !reserved;
 #pragma omp parallel reduction(| : failed)
     {
         forward_scratch w;
         const int64_t sizes[] = {p.dp * BQ, BK * BQ, BQ * p.dv, BQ, BQ, BQ};
         _Static_assert(sizeof sizes / sizeof *sizes == sizeof w / sizeof(float *), "one size per scratch array");
-        int ok = keys.k && keys.v && out && carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
+        int ok = reserved && carve((float **)&w, sizes, sizeof sizes / sizeof *sizes);
         failed |= !ok;
 #pragma omp for schedule(static)
-        for (int64_t item = 0; item < batch * heads * keys.tiles; item++)
+        for (int64_t item = 0; item < (pack_k || pack_v ? batch * heads * keys.tiles : 0); item++)
             if (ok) pack_key_tile(&p, &keys, item / keys.tiles, item % keys.tiles);
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < work; item++)
