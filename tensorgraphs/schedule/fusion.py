@@ -59,12 +59,23 @@ node are lowered again.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Local, Reduce, Store, TransposeLocal, walk
-from tensorgraphs.graph.composite import decompose, is_composite
+from tensorgraphs.codegen.loop_ir import (
+    LIBRARY_CALLS,
+    BufferView,
+    Kernel,
+    Local,
+    Reduce,
+    Store,
+    TransposeLocal,
+    walk,
+    written_through,
+)
+from tensorgraphs.graph.composite import decompose, is_composite, params_of
 from tensorgraphs.graph.host_call import runs_as_host_call
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
@@ -84,7 +95,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.fft import FftLowering, runs_as_fft
 from tensorgraphs.schedule.host_call import HostCallLowering
-from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_loops
+from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_concat, runs_as_loops
 from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
@@ -217,9 +228,49 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
             break
         materialized |= added
     homes = store_in_consumers(computed, lowered, names, order, materialized, leaf, set(primitive_roots))
-    kernels = [homes.get(n, lowered[n]).kernel() for n in computed if n not in homes or homes[n] is not None]
-    kernels = [kernel for kernel in kernels if kernel.body]  # a node another kernel's library call computes
-    return Schedule(kernels, buffers, [names[r] for r in primitive_roots])
+    written = {n: low.kernel() for n in computed if (low := homes.get(n, lowered[n])) is not None}
+    placed = write_slices_in_place(written, names, set(primitive_roots))
+    # empty: a node another kernel's library call computes, or a concatenation whose pieces all wrote themselves
+    kernels = [kernel for kernel in written.values() if kernel.body]
+    return Schedule(kernels, [b for b in buffers if b.node not in placed], [names[r] for r in primitive_roots])
+
+
+def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], outputs: set[Node]) -> set[Node]:
+    """The nodes whose buffers become views of their slices of a concatenation's buffer (`BufferView`): the
+    kernels writing them write there, those reading them read there (`written`, node -> the kernel computing it,
+    is updated), and the concatenation copies only the other pieces. A piece qualifies when its buffer is a
+    temporary, it appears in the concatenation once, and every kernel touching it can address the view
+    (`written_through`: a library call's operand only a contiguous one). A concatenation of concatenations (a
+    DenseNet's block, each layer's read by its batch norm too) so writes each input once, into the last one."""
+    placed: set[Node] = set()
+    for cat in [n for n in written if runs_as_concat(n)]:
+        users: dict[str, set[Node]] = {}
+        writers: dict[str, set[Node]] = {}
+        for owner, kernel in written.items():
+            for buffer in kernel.buffers:
+                users.setdefault(buffer.name, set()).add(owner)
+                if buffer.writes:
+                    writers.setdefault(buffer.name, set()).add(owner)
+        axis = params_of(cat)["axis"]
+        strides = tuple(math.prod(cat.shape[d + 1:]) for d in range(cat.ndim))
+        pieces, start = set(), 0
+        for piece in cat.src:
+            stored = piece  # a reshape reads its source's elements in the same order: the source's buffer
+            while stored not in names and stored.op is Op.RESHAPE:
+                stored = stored.src[0]
+            name = names.get(stored)
+            owners = writers.get(name, set()) if name is not None else set()
+            if owners and cat in users[name] and stored not in outputs and cat.src.count(piece) == 1:
+                view = BufferView(names[cat], cat.size, start * strides[axis], piece.shape, strides)
+                through = {user: written_through(written[user], name, view) for user in users[name] - {cat}}
+                if None not in through.values():
+                    written.update(through)
+                    pieces.add(piece)
+                    placed.add(stored)
+            start += piece.shape[axis]
+        if pieces:
+            written[cat] = lower_node(written[cat].name, cat, names, placed=pieces).kernel()
+    return placed
 
 
 def outermost(recomputed: set[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:

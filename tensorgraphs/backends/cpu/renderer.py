@@ -213,7 +213,7 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     bias = [pointer(epilogue.bias, epilogue.bias_offset), *epilogue.bias_strides] if epilogue.bias else no_bias
     residual = [array[epilogue.residual], *epilogue.residual_strides] if epilogue.residual else ["NULL", 0, 0]
     a, b = pointer(call.a, call.a_offset), pointer(call.b, call.b_offset)
-    args = [*sizes, a, *call.a_strides, b, *call.b_strides, array[call.c], *call.c_strides,
+    args = [*sizes, a, *call.a_strides, b, *call.b_strides, pointer(call.c, call.c_offset), *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
             gemm.EPILOGUE_ACTIVATIONS[epilogue.activation], gemm.ACTIVATIONS[call.a_prologue],
             gemm.ACTIVATIONS[call.b_prologue]]
@@ -229,8 +229,8 @@ def conv_call(call: ConvCall, array: dict[str, str]) -> str:
 
     args = [call.batch, call.channels, call.height, call.width, call.out_channels, *call.kernel, *call.stride,
             *call.padding, *call.dilation, pointer(call.x, call.x_offset), pointer(call.weight, call.weight_offset),
-            pointer(call.bias, call.bias_offset), pointer(call.out), literal(call.alpha, dtypes.float32),
-            pointer(call.residual), gemm.ACTIVATIONS[call.activation]]
+            pointer(call.bias, call.bias_offset), pointer(call.out, call.out_offset),
+            literal(call.alpha, dtypes.float32), pointer(call.residual), gemm.ACTIVATIONS[call.activation]]
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 
