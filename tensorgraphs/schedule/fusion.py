@@ -239,38 +239,55 @@ def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], o
     """The nodes whose buffers become views of their slices of a concatenation's buffer (`BufferView`): the
     kernels writing them write there, those reading them read there (`written`, node -> the kernel computing it,
     is updated), and the concatenation copies only the other pieces. A piece qualifies when its buffer is a
-    temporary, it appears in the concatenation once, and every kernel touching it can address the view
-    (`written_through`: a library call's operand only a contiguous one). A concatenation of concatenations (a
+    temporary that no other piece of the concatenation is stored in, and every kernel touching it can address the
+    view (`written_through`: a library call's operand only a contiguous one). A concatenation of concatenations (a
     DenseNet's block, each layer's read by its batch norm too) so writes each input once, into the last one."""
     placed: set[Node] = set()
+    views: list[tuple[str, BufferView]] = []  # every view made, in order: a chain of them composes
     for cat in [n for n in written if runs_as_concat(n)]:
-        users: dict[str, set[Node]] = {}
-        writers: dict[str, set[Node]] = {}
-        for owner, kernel in written.items():
-            for buffer in kernel.buffers:
-                users.setdefault(buffer.name, set()).add(owner)
-                if buffer.writes:
-                    writers.setdefault(buffer.name, set()).add(owner)
+        users, writers = _users_and_writers(written)
         axis = params_of(cat)["axis"]
         strides = tuple(math.prod(cat.shape[d + 1:]) for d in range(cat.ndim))
+        stored = [_stored_in(piece, names) for piece in cat.src]
         pieces, start = set(), 0
-        for piece in cat.src:
-            stored = piece  # a reshape reads its source's elements in the same order: the source's buffer
-            while stored not in names and stored.op is Op.RESHAPE:
-                stored = stored.src[0]
-            name = names.get(stored)
-            owners = writers.get(name, set()) if name is not None else set()
-            if owners and cat in users[name] and stored not in outputs and cat.src.count(piece) == 1:
+        for piece, source in zip(cat.src, stored):
+            name = names.get(source)
+            if (name in writers and cat in users[name] and source not in outputs and stored.count(source) == 1):
                 view = BufferView(names[cat], cat.size, start * strides[axis], piece.shape, strides)
                 through = {user: written_through(written[user], name, view) for user in users[name] - {cat}}
                 if None not in through.values():
                     written.update(through)
+                    views.append((name, view))
                     pieces.add(piece)
-                    placed.add(stored)
+                    placed.add(source)
             start += piece.shape[axis]
-        if pieces:
-            written[cat] = lower_node(written[cat].name, cat, names, placed=pieces).kernel()
+        if pieces:  # lowered from the names of the buffers, then through the views made so far
+            kernel = lower_node(written[cat].name, cat, names, placed=pieces).kernel()
+            for name, view in views:
+                if any(b.name == name for b in kernel.buffers):
+                    kernel = written_through(kernel, name, view)
+                    assert kernel is not None, "a generated kernel addresses any view"
+            written[cat] = kernel
     return placed
+
+
+def _stored_in(piece: Node, names: dict[Node, str]) -> Node:
+    """The node whose buffer holds `piece`'s elements in its order (a reshape's source's), or `piece` itself."""
+    while piece not in names and piece.op is Op.RESHAPE:
+        piece = piece.src[0]
+    return piece
+
+
+def _users_and_writers(written: dict[Node, Kernel]) -> tuple[dict[str, set[Node]], dict[str, set[Node]]]:
+    """For each buffer name, the kernels (by the node they compute) touching it, and those writing it."""
+    users: dict[str, set[Node]] = {}
+    writers: dict[str, set[Node]] = {}
+    for owner, kernel in written.items():
+        for buffer in kernel.buffers:
+            users.setdefault(buffer.name, set()).add(owner)
+            if buffer.writes:
+                writers.setdefault(buffer.name, set()).add(owner)
+    return users, writers
 
 
 def outermost(recomputed: set[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:

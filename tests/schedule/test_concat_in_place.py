@@ -201,3 +201,16 @@ def test_poisoned_arena_shows_every_slice_written(monkeypatch: pytest.MonkeyPatc
     np.testing.assert_allclose(out.numpy(), (expected * expected).sum(1), rtol=1e-5)
     kinds = [k.name.split("_", 1)[1] for k in schedule_kernels([out.node]).kernels]
     assert kinds == ["cumsum", "cumprod", "cat", "reshape"], kinds  # the cat copies the input only
+
+
+def test_a_piece_of_two_concatenations_lives_in_the_first_and_the_second_copies_it_from_there() -> None:
+    """`p` is placed in `first`; `second` then places `r` and copies `p` from its slice of `first`."""
+    a, b, c = _floats((2, 3, 5), 30), _floats((2, 2, 5), 31), _floats((2, 4, 5), 32)
+    p, q, r = tg.tensor(a).cumsum(2), tg.tensor(b).cumsum(2), tg.tensor(c).cumprod(2)
+    first, second = tg.cat([p, q], 1), tg.cat([p, r], 1)
+    schedule = schedule_kernels([first.node, second.node])
+    assert [k.name.split("_", 1)[1] for k in schedule.kernels] == ["cumsum", "cumsum", "cumprod", "cat"]
+    assert [b.role for b in schedule.buffers] == ["input"] * 3 + ["output"] * 2
+    got = CPU.evaluate([first.node, second.node])
+    np.testing.assert_allclose(got[0], np.concatenate([np.cumsum(a, 2), np.cumsum(b, 2)], 1), rtol=1e-5)
+    np.testing.assert_allclose(got[1], np.concatenate([np.cumsum(a, 2), np.cumprod(c, 2)], 1), rtol=1e-5)
