@@ -572,8 +572,8 @@ def rename_buffer(stmt: Any, old: str, new: str) -> Any:
 @dataclass(frozen=True)
 class BufferView:
     """A buffer whose elements live in another, `base` (of `size` elements): element `i` of the buffer (its row-major
-    offset over `shape`) is base[offset + the dot product of its multi-index with `strides`]. A kernel writes
-    through the view (`written_through`) instead of into bytes of its own (a conv writing its slice of a
+    offset over `shape`) is base[offset + the dot product of its multi-index with `strides`]. Kernels write and read
+    the buffer through the view (`written_through`) instead of in bytes of its own (a conv writing its slice of a
     concatenation)."""
 
     base: str

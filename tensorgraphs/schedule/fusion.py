@@ -55,6 +55,9 @@ node are lowered again.
    parameter update reads) is computed and stored by the kernel reading it: a
    kernel may store several arrays, at one index (Adam: three kernels per
    parameter become one).
+4. `write_slices_in_place`: a piece of a concatenation lives in its slice of the
+   concatenation's buffer (a view), where the kernels making and reading it
+   address it; the concatenation copies only the pieces that cannot.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen import index as ix
-from tensorgraphs.codegen.loop_ir import BufferView, ConvCall, GemmCall, Store, walk
+from tensorgraphs.codegen.loop_ir import BufferView, ConvCall, GemmCall, Load, Store, walk
 from tensorgraphs.memory.packing import aligned
 from tensorgraphs.schedule import schedule_kernels
 from tensorgraphs.schedule.extern import gemm_enabled
@@ -214,3 +214,25 @@ def test_a_piece_of_two_concatenations_lives_in_the_first_and_the_second_copies_
     got = CPU.evaluate([first.node, second.node])
     np.testing.assert_allclose(got[0], np.concatenate([np.cumsum(a, 2), np.cumsum(b, 2)], 1), rtol=1e-5)
     np.testing.assert_allclose(got[1], np.concatenate([np.cumsum(a, 2), np.cumprod(c, 2)], 1), rtol=1e-5)
+
+
+def test_a_padded_window_computed_in_a_concatenation_reads_its_interior_without_checks() -> None:
+    """ShuffleNet's stride-2 unit concatenates an average pool (padded 3x3/2 windows, computed in the cat's nest)
+    with a conv: the nest is cut where the padding checks stop, as a kernel of its own would be (`lower_node`)."""
+    from onnx import TensorProto, helper
+
+    x, y = _floats((1, 4, 10, 10), 40), _floats((1, 3, 5, 5), 41)
+    nodes = [
+        helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["p", "y"], ["out"], axis=1),
+    ]
+    value = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    graph = helper.make_graph(nodes, "unit", [value("x", x.shape), value("y", y.shape)], [value("out", (1, 7, 5, 5))])
+    module = tg.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    out = module(tg.tensor(x), tg.tensor(y))
+    (kernel,) = [k for k in schedule_kernels([out.node]).kernels if k.name.endswith("_cat")]
+    bodies = [s for s in walk(kernel.body) if isinstance(s, Store)]
+    unchecked = [s for s in walk(kernel.body) if isinstance(s, Load) and "clamp" not in repr(s.index)]
+    assert len(bodies) == 5 and unchecked, kernel  # the pool's first row and column checked, then y's copy
+    pooled = torch.nn.functional.avg_pool2d(torch.tensor(x), 3, 2, padding=1, count_include_pad=False)
+    np.testing.assert_allclose(out.numpy(), torch.cat([pooled, torch.tensor(y)], 1).numpy(), rtol=1e-5, atol=1e-6)
