@@ -236,3 +236,33 @@ def test_a_padded_window_computed_in_a_concatenation_reads_its_interior_without_
     assert len(bodies) == 5 and unchecked, kernel  # the pool's first row and column checked, then y's copy
     pooled = torch.nn.functional.avg_pool2d(torch.tensor(x), 3, 2, padding=1, count_include_pad=False)
     np.testing.assert_allclose(out.numpy(), torch.cat([pooled, torch.tensor(y)], 1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_gemm
+def test_convs_and_products_read_their_operands_in_a_slice() -> None:
+    """Each concatenation puts new features first and is read by the next conv straight from its slice of the
+    last one (the conv's input at an offset), and a product reads rows of a concatenation it is concatenated with."""
+    x = _floats((1, 4, 6, 6), 50)
+    weights = [_floats((2, 4 + 2 * k, 3, 3), 51 + k) for k in range(3)]
+
+    def block(x, weights, conv, relu, cat):
+        for w in weights:
+            x = cat([relu(conv(x, w, padding=1)), x], 1)
+        return x
+
+    out = block(tg.tensor(x), [tg.tensor(w) for w in weights], F.conv2d, F.relu, tg.cat) * 2
+    program, _ = CPU.program([out.node])
+    calls = [s for k in program.kernels for s in walk(k.body) if isinstance(s, ConvCall)]
+    assert [c.x_offset for c in calls] == [0, 4 * 36, 2 * 36] and len({c.x for c in calls[1:]}) == 1, calls
+    expected = block(torch.tensor(x), [torch.tensor(w) for w in weights], torch.conv2d, torch.relu, torch.cat) * 2
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+    a, w1, w2 = _floats((4, 8), 60), _floats((8, 8), 61), _floats((8, 8), 62)
+    rows = tg.cat([tg.tensor(a) @ tg.tensor(w1), tg.tensor(a).cumsum(1)], 0)
+    both = tg.cat([rows, rows @ tg.tensor(w2)], 0)
+    program, _ = CPU.program([both.node])
+    gemms = [s for k in program.kernels for s in walk(k.body) if isinstance(s, GemmCall)]
+    assert [(g.a == g.c, g.a_offset, g.c_offset) for g in gemms] == [(False, 0, 0), (True, 0, 64)], gemms
+    expected_rows = np.concatenate([a @ w1, np.cumsum(a, 1)], 0)
+    np.testing.assert_allclose(
+        both.numpy(), np.concatenate([expected_rows, expected_rows @ w2], 0), rtol=1e-5, atol=1e-5
+    )
