@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from tensorgraphs import dtypes
-from tensorgraphs.codegen.index import Expr, Var
+from tensorgraphs.codegen.index import Expr, Var, add, as_expr, mul, unflatten
 from tensorgraphs.dtypes import DType
 from tensorgraphs.graph.ops import Op
 
@@ -240,7 +240,7 @@ class GemmCall:
     function: str = "tg_gemm_f32"  # the library's C function (schedule.extern.gemm_function)
     dtype: DType = dtypes.float32  # of the product: a bfloat16 one rounds its result to bfloat16
     operands: DType = dtypes.float32  # bfloat16: the library rounds the operands so while packing them (gemm.h)
-    c_offset: int = 0  # elements of `c`'s buffer before the result starts (one image of a grouped conv's)
+    c_offset: int = 0  # elements of `c`'s buffer before the result starts (an image's, a concatenation's slice)
 
     def __repr__(self) -> str:
         a, b = (f"{prologue}({_at_offset(name, offset)})" if prologue != "none" else _at_offset(name, offset)
@@ -283,6 +283,7 @@ class ConvCall:
     residual: str | None = None
     alpha: float = 1.0
     activation: str = "none"
+    out_offset: int = 0  # elements of `out`'s buffer before the result starts (its slice of a concatenation)
 
     def __repr__(self) -> str:
         geometry = (f"{self.batch}x{self.channels}x{self.height}x{self.width} -> {self.out_channels}, kernel "
@@ -293,7 +294,7 @@ class ConvCall:
                  + (f" + {_at_offset(self.bias, self.bias_offset)}" if self.bias else ""))
         text = f"{self.activation}({text})" if self.activation != "none" else text
         text += f" + {self.residual}" if self.residual else ""
-        return f"{self.out} = {text} by {self.function}"
+        return f"{_at_offset(self.out, self.out_offset)} = {text} by {self.function}"
 
     @property
     def flops(self) -> float:
@@ -567,3 +568,89 @@ def rename_buffer(stmt: Any, old: str, new: str) -> Any:
         changes.update({name: rename_buffer(operand, old, new) for name in ("q", "k", "v", "mask", "dout")
                         if (operand := getattr(stmt, name)) is not None})
     return dataclasses.replace(stmt, **changes) if changes else stmt
+
+
+@dataclass(frozen=True)
+class BufferView:
+    """A buffer whose elements live in another, `base` (of `size` elements): element `i` of the buffer (its row-major
+    offset over `shape`) is base[offset + the dot product of its multi-index with `strides`]. Kernels write and read
+    the buffer through the view (`written_through`) instead of in bytes of its own (a conv writing its slice of a
+    concatenation)."""
+
+    base: str
+    size: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def runs(self) -> list[tuple[int, int]]:
+        """(size, stride) of each run of axes the view keeps contiguous, outermost first (axes of size 1 left out)."""
+        merged: list[tuple[int, int]] = []
+        for size, stride in zip(self.shape, self.strides):
+            if size == 1:
+                continue
+            if merged and merged[-1][1] == size * stride:
+                merged[-1] = (merged[-1][0] * size, stride)
+            else:
+                merged.append((size, stride))
+        return merged
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the view is one contiguous block of `base` (then a library call writes it through a pointer)."""
+        return all(stride == 1 for _, stride in self.runs())
+
+    def at(self, index: Expr) -> Expr:
+        """Where element `index` of the viewed buffer lives in `base`."""
+        runs = self.runs()
+        if self.contiguous:
+            return add(index, self.offset)
+        place = as_expr(self.offset)
+        for part, (_, stride) in zip(unflatten(index, tuple(size for size, _ in runs)), runs):
+            place = add(place, mul(part, stride))
+        return place
+
+
+OFFSET_FIELDS: dict[type, dict[str, str]] = {
+    GemmCall: {"a": "a_offset", "b": "b_offset", "c": "c_offset"},
+    GemmEpilogue: {"bias": "bias_offset"},
+    ConvCall: {"x": "x_offset", "weight": "weight_offset", "bias": "bias_offset", "out": "out_offset"},
+}
+"""The buffer fields of library calls that start some elements into their buffer (and the field saying how many):
+such an operand may be a contiguous `BufferView`."""
+
+
+def _through_view(stmt: Any, name: str, view: BufferView) -> Any:
+    """`stmt` addressing `view.base` where it addressed buffer `name`; None where it cannot."""
+    if isinstance(stmt, (Load, Store)):
+        return dataclasses.replace(stmt, buffer=view.base, index=view.at(stmt.index)) if stmt.buffer == name else stmt
+    if isinstance(stmt, (Loop, Reduce)):
+        body = [_through_view(s, name, view) for s in stmt.body]
+        return None if None in body else dataclasses.replace(stmt, body=body)
+    if rename_buffer(stmt, name, view.base) == stmt:  # does not name it
+        return stmt
+    offsets = OFFSET_FIELDS.get(type(stmt), {})
+    changes: dict[str, Any] = {}
+    for field_name in BUFFER_FIELDS.get(type(stmt), ()):
+        if getattr(stmt, field_name) != name:
+            continue
+        if field_name not in offsets or not view.contiguous:
+            return None
+        changes[field_name] = view.base
+        changes[offsets[field_name]] = getattr(stmt, offsets[field_name]) + view.offset
+    if isinstance(stmt, GemmCall):
+        changes["epilogue"] = _through_view(stmt.epilogue, name, view)
+    changed = dataclasses.replace(stmt, **changes)
+    return None if None in changes.values() or rename_buffer(changed, name, "") != changed else changed
+
+
+def written_through(kernel: Kernel, name: str, view: BufferView) -> Kernel | None:
+    """`kernel` storing and loading buffer `name`'s elements through `view`, in its base; None where a statement
+    cannot address the view (a library call's operand without an offset, or any of its operands where the view is
+    not one contiguous block)."""
+    body = [_through_view(stmt, name, view) for stmt in kernel.body]
+    if None in body:
+        return None
+    touched = [b for b in kernel.buffers if b.name in (name, view.base)]
+    base = KernelParam(view.base, touched[0].dtype, view.size, any(b.writes for b in touched))
+    return dataclasses.replace(kernel, body=body, buffers=[*(b for b in kernel.buffers if b not in touched), base])

@@ -55,16 +55,30 @@ node are lowered again.
    parameter update reads) is computed and stored by the kernel reading it: a
    kernel may store several arrays, at one index (Adam: three kernels per
    parameter become one).
+4. `write_slices_in_place`: a piece of a concatenation lives in its slice of the
+   concatenation's buffer (a view), where the kernels making and reading it
+   address it; the concatenation copies only the pieces that cannot.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from tensorgraphs.codegen.loop_ir import LIBRARY_CALLS, Kernel, Local, Reduce, Store, TransposeLocal, walk
-from tensorgraphs.graph.composite import decompose, is_composite
+from tensorgraphs.codegen.loop_ir import (
+    LIBRARY_CALLS,
+    BufferView,
+    Kernel,
+    Local,
+    Reduce,
+    Store,
+    TransposeLocal,
+    walk,
+    written_through,
+)
+from tensorgraphs.graph.composite import decompose, is_composite, params_of
 from tensorgraphs.graph.host_call import runs_as_host_call
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
@@ -84,7 +98,7 @@ from tensorgraphs.schedule.extern import (
 )
 from tensorgraphs.schedule.fft import FftLowering, runs_as_fft
 from tensorgraphs.schedule.host_call import HostCallLowering
-from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_loops
+from tensorgraphs.schedule.lower import EXPENSIVE, Lowering, lower_node, runs_as_concat, runs_as_loops
 from tensorgraphs.schedule.quantized import QuantizedLinearLowering, runs_as_int8_gemm
 
 IsInput = Callable[[Node], bool]
@@ -217,9 +231,66 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
             break
         materialized |= added
     homes = store_in_consumers(computed, lowered, names, order, materialized, leaf, set(primitive_roots))
-    kernels = [homes.get(n, lowered[n]).kernel() for n in computed if n not in homes or homes[n] is not None]
-    kernels = [kernel for kernel in kernels if kernel.body]  # a node another kernel's library call computes
-    return Schedule(kernels, buffers, [names[r] for r in primitive_roots])
+    written = {n: low.kernel() for n in computed if (low := homes.get(n, lowered[n])) is not None}
+    placed = write_slices_in_place(written, names, set(primitive_roots))
+    # empty: a node another kernel's library call computes, or a concatenation whose pieces all wrote themselves
+    kernels = [kernel for kernel in written.values() if kernel.body]
+    return Schedule(kernels, [b for b in buffers if b.node not in placed], [names[r] for r in primitive_roots])
+
+
+def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], outputs: set[Node]) -> set[Node]:
+    """The nodes whose buffers become views of their slices of a concatenation's buffer (`BufferView`): the
+    kernels writing them write there, those reading them read there (`written`, node -> the kernel computing it,
+    is updated), and the concatenation copies only the other pieces. A piece qualifies when its buffer is a
+    temporary that no other piece of the concatenation is stored in, and every kernel touching it can address the
+    view (`written_through`: a library call's operand only a contiguous one). A concatenation of concatenations (a
+    DenseNet's block, each layer's read by its batch norm too) so writes each input once, into the last one."""
+    placed: set[Node] = set()
+    views: list[tuple[str, BufferView]] = []  # every view made, in order: a chain of them composes
+    for cat in [n for n in written if runs_as_concat(n)]:
+        users, writers = _users_and_writers(written)
+        axis = params_of(cat)["axis"]
+        strides = tuple(math.prod(cat.shape[d + 1:]) for d in range(cat.ndim))
+        stored = [_stored_in(piece, names) for piece in cat.src]
+        pieces, start = set(), 0
+        for piece, source in zip(cat.src, stored):
+            name = names.get(source)
+            if (name in writers and cat in users[name] and source not in outputs and stored.count(source) == 1):
+                view = BufferView(names[cat], cat.size, start * strides[axis], piece.shape, strides)
+                through = {user: written_through(written[user], name, view) for user in users[name] - {cat}}
+                if None not in through.values():
+                    written.update(through)
+                    views.append((name, view))
+                    pieces.add(piece)
+                    placed.add(source)
+            start += piece.shape[axis]
+        if pieces:  # lowered from the names of the buffers, then through the views made so far
+            kernel = lower_node(written[cat].name, cat, names, placed=pieces).kernel()
+            for name, view in views:
+                if any(b.name == name for b in kernel.buffers):
+                    kernel = written_through(kernel, name, view)
+                    assert kernel is not None, "a generated kernel addresses any view"
+            written[cat] = kernel
+    return placed
+
+
+def _stored_in(piece: Node, names: dict[Node, str]) -> Node:
+    """The node whose buffer holds `piece`'s elements in its order (a reshape's source's), or `piece` itself."""
+    while piece not in names and piece.op is Op.RESHAPE:
+        piece = piece.src[0]
+    return piece
+
+
+def _users_and_writers(written: dict[Node, Kernel]) -> tuple[dict[str, set[Node]], dict[str, set[Node]]]:
+    """For each buffer name, the kernels (by the node they compute) touching it, and those writing it."""
+    users: dict[str, set[Node]] = {}
+    writers: dict[str, set[Node]] = {}
+    for owner, kernel in written.items():
+        for buffer in kernel.buffers:
+            users.setdefault(buffer.name, set()).add(owner)
+            if buffer.writes:
+                writers.setdefault(buffer.name, set()).add(owner)
+    return users, writers
 
 
 def outermost(recomputed: set[Node], materialized: set[Node], leaf: IsInput) -> set[Node]:

@@ -22,7 +22,7 @@ import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 
@@ -858,22 +858,42 @@ def _reduction_over_rows(piece: Node, buffers: dict[Node, str]) -> Node | None:
     return reduction if over_rows else None
 
 
-def concat_nests(low: Lowering, node: Node, out: str) -> None:
-    """out[.., offset + i, ..] = piece[.., i, ..] for each piece along the axis, one nest each."""
+Interiors = dict[int, tuple[int, int]]
+"""[start, stop) of a nest's innermost dims where padded values are read without checks (`interiors_of_padding`)."""
+
+
+def concat_nests(low: Lowering, node: Node, out: str, placed: Collection[Node] = (),
+                 interiors: dict[Node, Interiors] | None = None) -> None:
+    """out[.., offset + i, ..] = piece[.., i, ..] for each piece along the axis, one nest each (its loops cut at
+    the piece's `interiors`), but for the pieces `placed`, which their own kernels write into their slices
+    (`schedule.fusion.write_slices_in_place`)."""
     axis, offset = params_of(node)["axis"], 0
     for piece in node.src:
         def place(index: Index, piece: Node = piece, start: int = offset) -> tuple[Index, Operand]:
             return index[:axis] + (index[axis] + start,) + index[axis + 1:], low.value(piece, index)
 
-        if piece.size:
-            low.store_nest(node, out, piece.shape, place)
+        if piece.size and piece not in placed:
+            low.store_nest(node, out, piece.shape, place, interiors=(interiors or {}).get(piece))
         offset += piece.shape[axis]
 
 
-def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[Node, ...] = ()) -> Lowering:
+def concat_interiors(low: Lowering, node: Node, out: str, placed: Collection[Node]) -> dict[Node, Interiors]:
+    """Each piece's interiors (a padded window computed inline: a ShuffleNet unit's average pool), from its nest
+    lowered alone with `low`'s decisions; none for a nest with a reduction inside."""
+    found = {}
+    for piece in set(node.src) - set(placed):
+        alone = Lowering(low.name, low.buffers, inlined=low.inlined, decided=True)
+        concat_nests(alone, node, out, set(node.src) - {piece})
+        if not alone._reduce_vars and (interiors := alone.interiors_of_padding()):
+            found[piece] = interiors
+    return found
+
+
+def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[Node, ...] = (),
+               placed: Collection[Node] = ()) -> Lowering:
     """The kernel computing materialized `node` into its buffer, every other materialized node loaded, except
     `riders`: computed and stored too where read at the output's own index (`Lowering.stored_riders` says which;
-    only a plain store nest stores them)."""
+    only a plain store nest stores them). A concatenation leaves out its pieces `placed` (`concat_nests`)."""
     out = buffers[node]
     if runs_as_scan(node):
         low = Lowering(name, buffers)
@@ -881,8 +901,11 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         return low
     if runs_as_concat(node):
         low = Lowering(name, buffers)
-        concat_nests(low, node, out)
+        concat_nests(low, node, out, placed)
         low.recomputed |= {r for piece in node.src if (r := _reduction_over_rows(piece, buffers)) is not None}
+        if not low.recomputed and (interiors := concat_interiors(low, node, out, placed)):
+            low = Lowering(name, buffers, inlined=low.inlined, decided=True)
+            concat_nests(low, node, out, placed, interiors)
         return low
     if runs_as_scatter(node):
         low = Lowering(name, buffers)
