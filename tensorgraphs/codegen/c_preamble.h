@@ -129,16 +129,25 @@ TG_INLINE float tg_round_bf16(float x) { /* round to nearest even, NaN kept */
     return x == x ? b.f : x;
 }
 
+/* Zero, but not to the compiler (a weak symbol another definition could replace): added to a float's conversion
+ * to integer, it keeps -fno-trapping-math's fold of (float)(integer)x into trunc(x), which gives -0.0 where the
+ * integer 0 converts to +0.0 (x in (-1, 0]: then 1 / x is -inf instead of inf), off the round trip. */
+#if defined(__GNUC__)
+__attribute__((weak, visibility("hidden"))) int64_t tg_opaque_zero = 0;
+#else
+static int64_t tg_opaque_zero = 0;
+#endif
+
 /* float -> integer: trunc; NaN/inf give 0; signed saturates, unsigned wraps (the reference's rule). */
 TG_INLINE int64_t tg_to_signed(double x, double lo, double hi) {
     if (x - x != 0.0) return 0;
-    return x <= lo ? (int64_t)lo : (x >= hi ? (int64_t)hi : (int64_t)x);
+    return (x <= lo ? (int64_t)lo : (x >= hi ? (int64_t)hi : (int64_t)x)) + tg_opaque_zero;
 }
 
 TG_INLINE uint64_t tg_to_unsigned(double x, double modulus) {
     if (x - x != 0.0) return 0;
     double t = trunc(x);
-    if (t >= 0.0 && t < modulus) return (uint64_t)t;
+    if (t >= 0.0 && t < modulus) return (uint64_t)t + (uint64_t)tg_opaque_zero;
     double m = fmod(t, modulus);
     return (uint64_t)(m < 0.0 ? m + modulus : m);
 }
