@@ -297,7 +297,8 @@ class ConvLowering(LibraryCallLowering):
         epilogue = GemmEpilogue(params["alpha"] if fused else 1.0, bias, activation=params["activation"] if fused
                                 else "none", residual=residual, bias_offset=params["bias_offset"] if bias else 0)
         if algorithm == GROUPED:
-            return Kernel(self.name, buffers, self._grouped_calls(x_offset, w_offset, epilogue))
+            return Kernel(self.name, buffers, self._grouped_calls(self.buffers[x_base], x_offset, self.buffers[w_base],
+                                                                  w_offset, epilogue))
         call = ConvCall(
             *x.shape, weight.shape[0], tuple(weight.shape[2:]), params["stride"],
             tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
@@ -306,7 +307,8 @@ class ConvLowering(LibraryCallLowering):
         assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
         return Kernel(self.name, buffers, [call])
 
-    def _grouped_calls(self, x_offset: int, w_offset: int, epilogue: GemmEpilogue) -> list[GemmCall]:
+    def _grouped_calls(self, x_name: str, x_offset: int, w_name: str, w_offset: int,
+                       epilogue: GemmEpilogue) -> list[GemmCall]:
         """A grouped pointwise conv (`_grouped_fits`) as one product per image, batched over the groups: weights
         (groups, out/groups, in/groups) @ the image's (groups, in/groups, positions), the bias a column vector per
         group, the residual and the result the image's (groups, out/groups, positions)."""
@@ -314,7 +316,6 @@ class ConvLowering(LibraryCallLowering):
         batch, groups = x.shape[0], _conv_params(self.node)["groups"]
         rows, depth, positions = weight.shape[0] // groups, weight.shape[1], math.prod(self.node.shape[2:])
         image_in, image_out = x.size // batch, self.node.size // batch
-        x_name, w_name = (self.buffers[contiguous_storage(n)[0]] for n in (x, weight))
         out = self.buffers[self.node]
         epilogue = dataclasses.replace(epilogue, bias_strides=(rows, 1, 0),
                                        residual_strides=(rows * positions, positions))

@@ -86,10 +86,11 @@ def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
     to the first maximum of a window rather than being shared among ties; return_indices also gives each
     maximum's flat position h * W + w in the input."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
-    if _long(geometry.kernel):
-        values = geometry.fitted(geometry.pad(input, -math.inf), -math.inf)
-        positions = geometry.fitted(geometry.pad(_positions(input), -1), -1)
-        parts = (values, expand_to(positions, values.shape)) if return_indices else (values,)
+    if long_window(geometry.kernel):
+        parts = (geometry.fitted(geometry.pad(input, -math.inf), -math.inf),)
+        if return_indices:
+            positions = geometry.fitted(geometry.pad(_positions(input), -1), -1)
+            parts += (expand_to(positions, parts[0].shape),)
         parts = reduce_windows(parts, first_maximum, geometry.kernel, geometry.stride, geometry.dilation,
                                geometry.out)
         return parts if return_indices else parts[0]
@@ -161,7 +162,8 @@ def reduce_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride
     return parts
 
 
-def _long(kernel: Sequence[int]) -> bool:
+def long_window(kernel: Sequence[int]) -> bool:
+    """Whether a window of `kernel` is reduced by doubling (`LONG_WINDOW_TAPS`)."""
     return math.prod(kernel) > LONG_WINDOW_TAPS
 
 
@@ -188,7 +190,7 @@ def _avg_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
 
 def window_sums(geometry: PoolGeometry, padded: Tensor) -> Tensor:
     """The sum of each window of `padded` (zeros past it)."""
-    if _long(geometry.kernel):
+    if long_window(geometry.kernel):
         (sums,) = reduce_windows((geometry.fitted(padded, 0.0),), summed, geometry.kernel, geometry.stride,
                                  geometry.dilation, geometry.out)
         return sums

@@ -14,7 +14,7 @@ import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.nn.functional.conv import conv2d_composite, zero_dilate
-from tensorgraphs.nn.functional.pooling import LONG_WINDOW_TAPS, first_maximum, reduce_windows
+from tensorgraphs.nn.functional.pooling import first_maximum, long_window, reduce_windows
 from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, ints, lowers, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
@@ -49,7 +49,7 @@ class Window:
                 count -= 1
             self.out.append(count)
         self.reach = reach
-        self.long = math.prod(self.kernel) > LONG_WINDOW_TAPS
+        self.long = long_window(self.kernel)
 
     def padded(self, x: Tensor, value: float, pads: bool = True) -> Tensor:
         """x padded by `pads` (unless x holds them already) and, past them, as far as the last window reaches
