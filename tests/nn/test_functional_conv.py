@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 import pytest
+import torch
 import torch.nn.functional as TF
 from functional_check import check, normal
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.nn.functional import pooling
+from tensorgraphs.nn.functional import conv
 
 CONV2D_CASES = [  # input shape, weight shape, keyword arguments
     ((2, 3, 7, 7), (4, 3, 3, 3), {}),
@@ -61,6 +62,46 @@ def test_conv_transpose2d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: 
           lambda x, w, b: TF.conv_transpose2d(x, w, b, **kwargs),
           _conv_inputs(x_shape, w_shape, out_channels), grad=[0, 1, 2], rtol=1e-4, atol=1e-4,
           name="conv_transpose2d")
+
+
+LONG_CONV_CASES = [  # dims, input shape, weight shape, keyword arguments: more than LONG_WINDOW_TAPS taps
+    (1, (2, 3, 400), (4, 3, 251), {"padding": 125}),
+    (1, (1, 2, 300), (3, 2, 70), {"stride": 3, "dilation": 2, "padding": 7}),
+    (1, (1, 2, 500), (2, 2, 70), {"stride": 150}),  # stride beyond the window: unfolded rows padded
+    (2, (2, 4, 13, 12), (6, 2, 9, 8), {"stride": (2, 1), "padding": (4, 3), "groups": 2}),
+    (2, (1, 3, 12, 12), (3, 1, 9, 9), {"padding": "same", "groups": 3}),  # depthwise
+]
+
+
+@pytest.mark.parametrize("dims,x_shape,w_shape,kwargs", LONG_CONV_CASES)
+def test_convs_of_long_windows_match_torch(dims: int, x_shape: tuple, w_shape: tuple, kwargs: dict) -> None:
+    name = f"conv{dims}d"
+    check(lambda x, w, b: getattr(F, name)(x, w, b, **kwargs), lambda x, w, b: getattr(TF, name)(x, w, b, **kwargs),
+          _conv_inputs(x_shape, w_shape, w_shape[0]), grad=[0, 1, 2], rtol=1e-4, atol=1e-4, name=name)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", CONV2D_CASES)
+def test_unfolded_windows_equal_the_window_views(monkeypatch: pytest.MonkeyPatch, x_shape: tuple, w_shape: tuple,
+                                                 kwargs: dict) -> None:
+    """Every conv taken by movement alone (the long windows' columns), against torch."""
+    monkeypatch.setattr(conv, "LONG_WINDOW_TAPS", 0)
+    test_conv2d_matches_torch(x_shape, w_shape, kwargs)
+
+
+def test_a_long_conv_and_its_gradient_take_a_constant_number_of_operations() -> None:
+    """251 taps: a view per tap would be a 251-piece concatenation whose lowering and gradient took about a
+    minute; float64 is interpreted, where each piece was padded to the whole columns."""
+    from tensorgraphs.graph.node import toposort
+
+    x, w = tg.tensor(normal(3, 2, 3, 400), requires_grad=True), tg.tensor(normal(4, 4, 3, 251), requires_grad=True)
+    out = F.conv1d(x, w, padding=125)
+    gx, gw = tg.grad(out, [x, w], grad_outputs=tg.ones(*out.shape))
+    assert len(toposort([out.node, gx.node, gw.node])) < 60
+    windows = conv.unfolded_windows(tg.tensor(normal(5, 1, 1, 40, 50)), (9, 8), (2, 3), (1, 2))
+    assert len(toposort([windows.node])) < 30
+    xd, wd = normal(5, 1, 2, 300).astype(np.float64), normal(6, 3, 2, 200).astype(np.float64)
+    np.testing.assert_allclose(F.conv1d(tg.tensor(xd), tg.tensor(wd), padding=20).numpy(),
+                               TF.conv1d(torch.tensor(xd), torch.tensor(wd), padding=20).numpy(), rtol=1e-10)
 
 
 def test_conv_graph_keeps_the_composite_and_differentiates_to_matmuls() -> None:
@@ -188,7 +229,7 @@ def test_pooling_of_long_windows_matches_torch(dims: int, x_shape: tuple, kwargs
 def test_max_pool_by_doubling_equals_the_stacked_windows(monkeypatch: pytest.MonkeyPatch, x_shape: tuple,
                                                          kwargs: dict) -> None:
     x = np.round(normal(16, *x_shape) * 2) / 2
-    monkeypatch.setattr(pooling, "LONG_WINDOW_TAPS", 0)
+    monkeypatch.setattr(conv, "LONG_WINDOW_TAPS", 0)
     check(lambda t: F.max_pool2d(t, return_indices=True, **kwargs),
           lambda t: TF.max_pool2d(t, return_indices=True, **kwargs), [x], grad=[0], name="max_pool2d")
 
@@ -283,6 +324,7 @@ def test_conv_transpose1d_matches_torch(x_shape: tuple, w_shape: tuple, kwargs: 
     ((2, 3, 5, 4), {"kernel_size": 2}),
     ((1, 2, 6, 7), {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1, "dilation": (1, 2)}),
     ((3, 4, 4), {"kernel_size": 3, "padding": (1, 0)}),
+    ((1, 2, 12, 13), {"kernel_size": (9, 8), "stride": (2, 3), "padding": 2, "dilation": (1, 2)}),  # long window
 ])
 def test_unfold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
     check(lambda x: F.unfold(x, **kwargs), lambda x: TF.unfold(x, **kwargs), [normal(19, *x_shape)], grad=[0],

@@ -51,9 +51,52 @@ def window_views(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilati
             for i in range(kh) for j in range(kw)]
 
 
+LONG_WINDOW_TAPS = 64
+"""Windows of more taps than this are not built one view per tap: a kernel with a term per tap takes gcc about the
+cube of its loads to compile (200 taps: ~90 s, bench/NOTES.md), and its lowering and gradient grow alike. Pooling
+reduces them by doubling (`pooling.reduce_windows`); convolution and unfold take them by movement alone
+(`unfolded_windows`)."""
+
+
+def long_window(kernel: Sequence[int]) -> bool:
+    """Whether a window of `kernel` has more than `LONG_WINDOW_TAPS` taps."""
+    return math.prod(kernel) > LONG_WINDOW_TAPS
+
+
 def sliding_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
-    """(..., H, W) -> (..., kh * kw, Ho, Wo): the window views stacked as views (`stack_views`)."""
+    """(..., H, W) -> (..., kh * kw, Ho, Wo): the window views stacked as views (`stack_views`), or for a long
+    window `unfolded_windows`."""
+    if long_window(kernel):
+        return unfolded_windows(x, kernel, stride, dilation)
     return mv.stack_views(window_views(x, kernel, stride, dilation), dim=-3)
+
+
+def unfolded_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
+    """(..., H, W) -> (..., kh * kw, Ho, Wo) in a constant number of movement ops, whatever the kernel (its
+    gradient too: they are sums, pads and reshapes): each spatial dim is unfolded by `_unfold_last`."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    columns = _unfold_last(x, kw, sw, dw)  # (..., H, kw, Wo)
+    rows = _unfold_last(mv.movedim(columns, -3, -1), kh, sh, dh)  # (..., kw, Wo, kh, Ho)
+    nd = rows.ndim
+    windows = mv.permute(rows, (*range(nd - 4), nd - 2, nd - 4, nd - 1, nd - 3))  # (..., kh, kw, Ho, Wo)
+    return mv.reshape(windows, (*windows.shape[:-4], kh * kw, *windows.shape[-2:]))
+
+
+def _unfold_last(x: Tensor, kernel: int, stride: int, dilation: int) -> Tensor:
+    """(..., L) -> (..., kernel, out): row i holds the window elements at tap i, x[i * dilation + t * stride].
+    x repeated end to end and read as rows of L + dilation floats starts row i at x[i * dilation] (the tinygrad
+    pool's trick); the first of every `stride` columns are the windows. A row shorter than out * stride gets x
+    padded first (with values no window reads)."""
+    last, out = x.ndim - 1, window_count(x.shape[-1], kernel, stride, dilation)
+    if kernel == 1:
+        return mv.unsqueeze(mv.slice_dim(x, last, 0, stride * (out - 1) + 1, stride), last)
+    row = max(x.shape[-1] + dilation, stride * out)
+    x = mv.pad_dim(x, last, 0, row - dilation - x.shape[-1])
+    length, lead = x.shape[-1], x.shape[:-1]
+    repeated = expand_to(mv.unsqueeze(x, last), (*lead, -(-kernel * row // length), length))
+    rows = mv.reshape(mv.shrink_dim(mv.reshape(repeated, (*lead, -1)), last, 0, kernel * row), (*lead, kernel, row))
+    strided = mv.reshape(mv.shrink_dim(rows, last + 1, 0, stride * out), (*lead, kernel, out, stride))
+    return mv.squeeze(mv.shrink_dim(strided, last + 2, 0, 1), last + 2)
 
 
 # ---------------------------------------------------------------------------
@@ -76,11 +119,16 @@ def _conv2d_decomposition(x: Tensor, w: Tensor, *, stride: tuple, padding: Pads,
     `float32_sum` float16/bfloat16 operands give the float32 sum unrounded (their products are exact in float32):
     columns and kernels keep their dtype and are widened as the product reads them."""
     n, out_channels, (kh, kw) = x.shape[0], w.shape[0], w.shape[2:]
-    views = window_views(pad_spatial(x, padding), (kh, kw), stride, dilation)
-    ho, wo = views[0].shape[-2:]
-    if groups > 1 and w.shape[1] == 1:
-        return _depthwise_sum(views, w, float32_sum)
-    columns = mv.reshape(mv.stack(views, dim=2), (n, groups, w.shape[1] * kh * kw, ho * wo))
+    padded = pad_spatial(x, padding)
+    if long_window((kh, kw)):
+        windows = unfolded_windows(padded, (kh, kw), stride, dilation)
+    else:
+        views = window_views(padded, (kh, kw), stride, dilation)
+        if groups > 1 and w.shape[1] == 1:
+            return _depthwise_sum(views, w, float32_sum)
+        windows = mv.stack(views, dim=2)
+    ho, wo = windows.shape[-2:]
+    columns = mv.reshape(windows, (n, groups, w.shape[1] * kh * kw, ho * wo))
     kernels = mv.reshape(w, (groups, out_channels // groups, w.shape[1] * kh * kw))
     if float32_sum:  # widened after the broadcast, as the product reads them
         kernels = expand_to(kernels, (n, *kernels.shape))

@@ -16,7 +16,7 @@ from tensorgraphs.frontend.checks import int_arg, ints_arg
 from tensorgraphs.frontend.tensor import Tensor, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.nn.functional.arguments import require_float, tuple_of
-from tensorgraphs.nn.functional.conv import pad_spatial, sliding_windows
+from tensorgraphs.nn.functional.conv import long_window, pad_spatial, sliding_windows
 
 IntPair = int | Sequence[int]
 
@@ -103,11 +103,6 @@ def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
     return values, mv.squeeze(mv.gather(positions, -3, best), -3)
 
 
-LONG_WINDOW_TAPS = 64
-"""Windows of more taps than this are reduced by doubling (`reduce_windows`), in O(log taps) operations: stacked
-window views give the kernel one term per tap, and gcc's time to compile a loop grows with about the cube of its
-loads (200 taps: ~90 s, bench/NOTES.md)."""
-
 Parts = tuple[Tensor, ...]
 """What a window reduction carries per position: its value, and for a maximum with indices the input position."""
 Combine = Callable[[Parts, Parts], Parts]
@@ -160,11 +155,6 @@ def reduce_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride
     for i in reversed(range(len(kernel))):
         parts = _reduce_windows_along(parts, combine, first + i, kernel[i], stride[i], dilation[i], out[i])
     return parts
-
-
-def long_window(kernel: Sequence[int]) -> bool:
-    """Whether a window of `kernel` is reduced by doubling (`LONG_WINDOW_TAPS`)."""
-    return math.prod(kernel) > LONG_WINDOW_TAPS
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,

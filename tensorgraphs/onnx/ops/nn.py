@@ -13,8 +13,8 @@ import numpy as np
 import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
-from tensorgraphs.nn.functional.conv import conv2d_composite, zero_dilate
-from tensorgraphs.nn.functional.pooling import first_maximum, long_window, reduce_windows
+from tensorgraphs.nn.functional.conv import conv2d_composite, long_window, zero_dilate
+from tensorgraphs.nn.functional.pooling import first_maximum, reduce_windows
 from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, ints, lowers, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
