@@ -88,7 +88,7 @@ def arguments(call: GemmCall, builds: int, rng: np.random.Generator, keep: list[
     bias = array(span(ep.bias_strides, (call.batch, call.m, call.n))) if ep.bias else None
     residual = array(span(ep.residual_strides, extents) - 1 + call.n) if ep.residual else None
     codes = (
-        gemm.EPILOGUE_ACTIVATIONS[ep.activation],
+        gemm.epilogue_code(ep.activation, ep.activation_after_residual),
         gemm.ACTIVATIONS[call.a_prologue],
         gemm.ACTIVATIONS[call.b_prologue],
     )
