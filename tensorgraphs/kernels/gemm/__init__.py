@@ -358,6 +358,7 @@ def conv1d(
     residual: np.ndarray | None = None,
     activation: str = "none",
     alpha: float = 1.0,
+    activation_after_residual: bool = False,
 ) -> np.ndarray:
     """torch.nn.functional.conv1d (NCL, groups=1): conv2d over images of height 1."""
     x, weight = np.asarray(x), np.asarray(weight)
@@ -374,5 +375,6 @@ def conv1d(
         residual=as_image(residual),
         activation=activation,
         alpha=alpha,
+        activation_after_residual=activation_after_residual,
     )
     return out[:, :, 0, :]

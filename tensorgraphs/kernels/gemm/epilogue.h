@@ -1,7 +1,7 @@
 /* The GEMM's activations and epilogue, vectorized with AVX-512 (or its AVX2 stand-in, avx512_on_avx2.h):
- * c = activation(alpha * acc + bias) + residual, or activation(alpha * acc + bias + residual) (gemm.h). Shared by the generated GEMM (the epilogue on registers before the
- * store, a prologue activation on each packed block of an operand) and the BLAS kernel (passes after sgemm, on
- * copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to
+ * c = activation(alpha * acc + bias) + residual, or activation(alpha * acc + bias + residual) (gemm.h). Shared by
+ * the generated GEMM (the epilogue on registers before the store, a prologue activation on each packed block of an
+ * operand), the conv kernels and the BLAS kernel (passes after sgemm, on copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to
  * ~2 ulp, so the loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
 #ifndef TG_EPILOGUE_H
 #define TG_EPILOGUE_H
