@@ -120,6 +120,7 @@ def label(call: GemmCall) -> str:
     prologues = "".join(f" {side}:{p}" for side, p in (("A", call.a_prologue), ("B", call.b_prologue)) if p != "none")
     epilogue = "".join(f" +{part}" for part in ("bias", "residual") if getattr(call.epilogue, part))
     activation = f" {call.epilogue.activation}" if call.epilogue.activation != "none" else ""
+    activation += " after residual" if activation and call.epilogue.activation_after_residual else ""
     strides = f"A{list(call.a_strides[1:])} B{list(call.b_strides[1:])}"
     return f"{call.m}x{call.n}x{call.k} {strides}{prologues}{epilogue}{activation}"
 
