@@ -88,7 +88,7 @@ def arguments(call: GemmCall, builds: int, rng: np.random.Generator, keep: list[
     bias = array(span(ep.bias_strides, (call.batch, call.m, call.n))) if ep.bias else None
     residual = array(span(ep.residual_strides, extents) - 1 + call.n) if ep.residual else None
     codes = (
-        gemm.EPILOGUE_ACTIVATIONS[ep.activation],
+        gemm.epilogue_code(ep.activation, ep.activation_after_residual),
         gemm.ACTIVATIONS[call.a_prologue],
         gemm.ACTIVATIONS[call.b_prologue],
     )
@@ -120,6 +120,7 @@ def label(call: GemmCall) -> str:
     prologues = "".join(f" {side}:{p}" for side, p in (("A", call.a_prologue), ("B", call.b_prologue)) if p != "none")
     epilogue = "".join(f" +{part}" for part in ("bias", "residual") if getattr(call.epilogue, part))
     activation = f" {call.epilogue.activation}" if call.epilogue.activation != "none" else ""
+    activation += " after residual" if activation and call.epilogue.activation_after_residual else ""
     strides = f"A{list(call.a_strides[1:])} B{list(call.b_strides[1:])}"
     return f"{call.m}x{call.n}x{call.k} {strides}{prologues}{epilogue}{activation}"
 

@@ -186,7 +186,8 @@ def _at_offset(buffer: str, offset: int) -> str:
 @dataclass(frozen=True)
 class GemmEpilogue:
     """What the GEMM applies to each output element before storing it (gemm.h), in this order:
-    c = activation(alpha * (a @ b) + bias) + residual, or for the gradient activation gelu_tanh_grad
+    c = activation(alpha * (a @ b) + bias) + residual, with `activation_after_residual`
+    c = activation(alpha * (a @ b) + bias + residual), or for the gradient activation gelu_tanh_grad
     c = (alpha * (a @ b) + bias) * gelu'(residual). `bias_strides` are (batch, row, column), the column stride 0
     or 1 (a row vector over N is (0, 0, 1)), from `bias_offset` elements into its buffer; `residual_strides` are
     (batch, row), from `residual_offset` elements into its buffer."""
@@ -199,16 +200,24 @@ class GemmEpilogue:
     residual_strides: tuple[int, int] = (0, 0)
     bias_offset: int = 0
     residual_offset: int = 0
+    activation_after_residual: bool = False
 
     def __repr__(self) -> str:
         parts = [f"{self.alpha!r} * acc"] if self.alpha != 1.0 else ["acc"]
         parts += [f"{_at_offset(self.bias, self.bias_offset)}{list(self.bias_strides)}"] if self.bias else []
-        text = " + ".join(parts)
         residual = f"{_at_offset(self.residual, self.residual_offset)}{list(self.residual_strides)}"
         if self.activation == "gelu_tanh_grad":
-            return f"({text}) * gelu_tanh'({residual})"
-        text = f"{self.activation}({text})" if self.activation != "none" else text
-        return f"{text} + {residual}" if self.residual else text
+            return f"({' + '.join(parts)}) * gelu_tanh'({residual})"
+        return _activated(parts, self.activation, residual if self.residual else None, self.activation_after_residual)
+
+
+def _activated(parts: list[str], activation: str, residual: str | None, after_residual: bool) -> str:
+    """The text of an epilogue: the sum of `parts`, `activation` of it, the residual added before or after."""
+    if residual is not None and after_residual:
+        parts = [*parts, residual]
+    text = " + ".join(parts)
+    text = f"{activation}({text})" if activation != "none" else text
+    return f"{text} + {residual}" if residual is not None and not after_residual else text
 
 
 @dataclass(frozen=True)
@@ -257,7 +266,8 @@ class GemmCall:
 
 @dataclass(frozen=True)
 class ConvCall:
-    """out = activation(alpha * conv2d(x, weight) + bias) + residual by a conv2d kernel of the GEMM library
+    """out = activation(alpha * conv2d(x, weight) + bias) + residual (with `activation_after_residual`,
+    activation(alpha * conv2d(x, weight) + bias + residual)) by a conv2d kernel of the GEMM library
     (`function`, tg_conv2d_f32's contract in gemm.h): float32, NCHW, groups 1, every array contiguous; x (batch,
     channels, height, width), weight (out_channels, channels, *kernel), a bias per output channel, the residual and
     out (batch, out_channels, *out_size). `x`, `weight` and `bias` start their `*_offset` elements into their
@@ -284,16 +294,17 @@ class ConvCall:
     alpha: float = 1.0
     activation: str = "none"
     out_offset: int = 0  # elements of `out`'s buffer before the result starts (its slice of a concatenation)
+    activation_after_residual: bool = False
 
     def __repr__(self) -> str:
         geometry = (f"{self.batch}x{self.channels}x{self.height}x{self.width} -> {self.out_channels}, kernel "
                     f"{list(self.kernel)}, stride {list(self.stride)}, padding {list(self.padding)}, dilation "
                     f"{list(self.dilation)}")
-        text = f"{self.alpha!r} * conv" if self.alpha != 1.0 else "conv"
-        text += (f"[{geometry}]({_at_offset(self.x, self.x_offset)}, {_at_offset(self.weight, self.weight_offset)})"
-                 + (f" + {_at_offset(self.bias, self.bias_offset)}" if self.bias else ""))
-        text = f"{self.activation}({text})" if self.activation != "none" else text
-        text += f" + {self.residual}" if self.residual else ""
+        conv = f"{self.alpha!r} * conv" if self.alpha != 1.0 else "conv"
+        parts = [f"{conv}[{geometry}]({_at_offset(self.x, self.x_offset)}, "
+                 f"{_at_offset(self.weight, self.weight_offset)})"]
+        parts += [_at_offset(self.bias, self.bias_offset)] if self.bias else []
+        text = _activated(parts, self.activation, self.residual, self.activation_after_residual)
         return f"{_at_offset(self.out, self.out_offset)} = {text} by {self.function}"
 
     @property

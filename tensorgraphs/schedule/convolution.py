@@ -45,11 +45,11 @@ from tensorgraphs.plan.choices import (
     route_of,
 )
 from tensorgraphs.schedule.extern import (
-    ACTIVATIONS,
     EPILOGUE_KINDS,
     EpilogueChain,
     EpilogueKind,
     LibraryCallLowering,
+    activate_and_add,
     consumers_of,
     contiguous_storage,
     epilogue_rules,
@@ -153,7 +153,8 @@ C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in
 
 
 def _epilogue_decomposition(x: Any, weight: Any, *operands: Any, alpha: float, bias: bool, bias_offset: int,
-                            activation: str, residual: bool, algorithm: str, **conv: Any) -> Any:
+                            activation: str, residual: bool, activation_after_residual: bool, algorithm: str,
+                            **conv: Any) -> Any:
     """What the fused call computes, in gemm.h's order (the reference for the kernel)."""
     given = iter(operands)
     out = as_value(make_node(REGISTRY[CONV2D], (as_node(x), as_node(weight)), conv, x.dtype,
@@ -161,9 +162,8 @@ def _epilogue_decomposition(x: Any, weight: Any, *operands: Any, alpha: float, b
     if bias:
         channels = out.shape[1]
         out = out + next(given).reshape(-1).narrow(0, bias_offset, channels).reshape(channels, 1, 1)
-    if activation != "none":
-        out = as_value(ACTIVATIONS[activation](as_node(out)))
-    return out + next(given).reshape(out.shape) if residual else out
+    return activate_and_add(out, activation, next(given).reshape(out.shape) if residual else None,
+                            activation_after_residual)
 
 
 def _out_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], conv: dict[str, Any]) -> tuple[int, ...]:
@@ -295,7 +295,8 @@ class ConvLowering(LibraryCallLowering):
         residual = next(given) if fused and params["residual"] else None
         algorithm = params["algorithm"] if fused else route_of(self.node)
         epilogue = GemmEpilogue(params["alpha"] if fused else 1.0, bias, activation=params["activation"] if fused
-                                else "none", residual=residual, bias_offset=params["bias_offset"] if bias else 0)
+                                else "none", residual=residual, bias_offset=params["bias_offset"] if bias else 0,
+                                activation_after_residual=fused and params["activation_after_residual"])
         if algorithm == GROUPED:
             return Kernel(self.name, buffers, self._grouped_calls(self.buffers[x_base], x_offset, self.buffers[w_base],
                                                                   w_offset, epilogue))
@@ -303,7 +304,8 @@ class ConvLowering(LibraryCallLowering):
             *x.shape, weight.shape[0], tuple(weight.shape[2:]), params["stride"],
             tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
             self.buffers[w_base], out, C_FUNCTIONS[algorithm], x_offset, w_offset, bias, epilogue.bias_offset,
-            residual, epilogue.alpha, epilogue.activation)
+            residual, epilogue.alpha, epilogue.activation,
+            activation_after_residual=epilogue.activation_after_residual)
         assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
         return Kernel(self.name, buffers, [call])
 

@@ -12,7 +12,8 @@ swapped strides); anything else is materialized into a buffer first. The kernel 
 `Kernel.buffers` like any other, so liveness and the memory planner see it as one.
 
 Elementwise consumers the library applies on its registers before the store
-(gemm.h: c = activation(alpha * (a @ b) + bias) + residual) are fused into the
+(gemm.h: c = activation(alpha * (a @ b) + bias) + residual, or the activation after
+the residual add, as a ResNet block's relu) are fused into the
 call by `fuse_epilogues`, so `gelu(linear(x, w, b))` is one kernel. Each
 `EpilogueRule` is a pattern over the primitive graph and the stage of the
 epilogue it fills; activations are matched against their graphs (`ACTIVATIONS`:
@@ -278,9 +279,18 @@ def _gelu_tanh_grad(grad: Node, x: Node) -> Node:
     return make_node(REGISTRY["gelu_backward"], (grad, x), {"approximate": "tanh"}, grad.dtype, grad.shape)
 
 
+def activate_and_add(out: Any, activation: str, residual: Any | None, after_residual: bool) -> Any:
+    """`out` with the epilogue's activation and residual (None: none) in gemm.h's order: the residual added after the
+    activation, or with `after_residual` before it."""
+    if residual is not None and after_residual:
+        out = out + residual
+    out = out if activation == "none" else as_value(ACTIVATIONS[activation](as_node(out)))
+    return out + residual if residual is not None and not after_residual else out
+
+
 def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ...], alpha: float, bias: bool,
-                            bias_offset: int, activation: str, residual: bool, rounded: bool = False,
-                            widened: bool = False) -> Any:
+                            bias_offset: int, activation: str, residual: bool, activation_after_residual: bool,
+                            rounded: bool = False, widened: bool = False) -> Any:
     """What the fused call computes, in the order gemm.h applies it (the reference for the kernel); the gradient
     activation reads the residual instead of adding it."""
     given = iter(operands)
@@ -289,9 +299,9 @@ def _epilogue_decomposition(a: Any, b: Any, *operands: Any, shape: tuple[int, ..
         out = out + next(given).reshape(-1).narrow(0, bias_offset, shape[-1]).float()
     if activation == GELU_TANH_GRAD:
         out = as_value(_gelu_tanh_grad(as_node(out), as_node(next(given).reshape(shape))))
-    elif activation != "none":
-        out = as_value(ACTIVATIONS[activation](as_node(out)))
-    out = out + next(given).reshape(shape) if residual and activation != GELU_TANH_GRAD else out
+    else:
+        out = activate_and_add(out, activation, next(given).reshape(shape) if residual else None,
+                               activation_after_residual)
     out = out.bfloat16() if rounded else out
     return out.float() if widened else out
 
@@ -312,8 +322,9 @@ residual shaped like the result, both contiguous buffers; `rounded`: the result 
 product of bfloat16 values, whose kernel rounds its result), and `widened`: that bfloat16 result as float32 (the
 same floats). Made by `fuse_epilogues` only, so it is not registered."""
 
-LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL, ROUND, WIDEN = range(7)
-"""Epilogue stages in the order gemm.h applies them; a reshape keeping the rows (LAYOUT) may come anywhere."""
+LAYOUT, ALPHA, BIAS, ACTIVATION, RESIDUAL, ACTIVATION_AFTER_RESIDUAL, ROUND, WIDEN = range(8)
+"""Epilogue stages in the order gemm.h applies them (one activation, before or after the residual); a reshape
+keeping the rows (LAYOUT) may come anywhere."""
 
 
 @dataclass(frozen=True)
@@ -329,6 +340,7 @@ class EpilogueChain:
     bias_offset: int = 0
     activation: str = "none"
     residual: Node | None = None
+    activation_after_residual: bool = False
     rounded: bool = False
     widened: bool = False
 
@@ -349,7 +361,8 @@ class EpilogueChain:
     def epilogue_params(self) -> dict[str, Any]:
         """The fused node's epilogue parameters (its sources end with `operands()` on the new graph)."""
         return {"alpha": self.alpha, "bias": self.bias is not None, "bias_offset": self.bias_offset,
-                "activation": self.activation, "residual": self.residual is not None}
+                "activation": self.activation, "residual": self.residual is not None,
+                "activation_after_residual": self.activation_after_residual}
 
     def node(self, shape: tuple[int, ...], rebuilt: dict[Node, Node]) -> Node:
         return self.kind.build(self, shape, rebuilt)
@@ -463,8 +476,10 @@ def epilogue_rules(is_chain_end: Callable[[Node], bool], bias_vector: Callable[[
         EpilogueRule(WIDEN, op(Op.CAST, x, where=widens_bfloat16), _setting("widened", lambda _: True)),
     ]
     for name, placeholder, template in activation_templates():
-        rules.append(EpilogueRule(ACTIVATION, _template_pattern(template, {placeholder: x}),
-                                  _setting("activation", lambda _, name=name: name)))
+        pattern = _template_pattern(template, {placeholder: x})
+        rules.append(EpilogueRule(ACTIVATION, pattern, _setting("activation", lambda _, name=name: name)))
+        rules.append(EpilogueRule(ACTIVATION_AFTER_RESIDUAL, pattern, lambda chain, _, name=name: dataclasses.replace(
+            chain, activation=name, activation_after_residual=True)))
     return rules
 
 
@@ -559,6 +574,8 @@ def _grow_chains(order: list[Node], roots: list[Node], materialized: set[Node],
             return None  # the kernel would apply it before rounding: once where the graph rounds twice
         if rule.stage == WIDEN and chain.stage != ROUND and not chain.rounds_itself:
             return None
+        if rule.stage == ACTIVATION_AFTER_RESIDUAL and (chain.residual is None or chain.activation != "none"):
+            return None  # one activation: without a residual, the one before it (ACTIVATION) is the same
         extended = rule.update(chain, found)
         if chain.activation != "none" and extended.activation != chain.activation:
             return None  # the gradient activation after an activation (its later stage: it reads the residual)
@@ -705,4 +722,5 @@ class GemmLowering(LibraryCallLowering):
         bias = next(operands) if params["bias"] else None
         residual = next(operands) if params["residual"] else None
         return GemmEpilogue(params["alpha"], bias, (0, 0, 1), params["activation"], residual, (m * n, n),
-                            bias_offset=params["bias_offset"])
+                            bias_offset=params["bias_offset"],
+                            activation_after_residual=params["activation_after_residual"])

@@ -70,8 +70,13 @@ def _expected(x, weight, bias, stride, padding, dilation) -> torch.Tensor:
 
 @kernels
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual", "scaled_gelu"])
+@pytest.mark.parametrize(
+    "epilogue", ["plain", "bias_relu", "residual", "scaled_gelu", "relu_then_residual", "residual_then_relu"]
+)
 def test_conv2d_agrees_with_torch(conv2d, case, epilogue):
+    """Every kernel on every path (merged small images, large ones one by one or in blocks of rows, AVX2's explicit
+    columns for strided convs, 1x1 and 3x3...) with each epilogue, the relu before or after the residual (a ResNet
+    block's) included."""
     batch, cin, h, w, cout, kernel, stride, padding, dilation = case
     x, weight, bias = random((batch, cin, h, w), 1), random((cout, cin, *kernel), 2), random((cout,), 3)
     expected = _expected(x, weight, bias if epilogue == "bias_relu" else None, stride, padding, dilation)
@@ -81,6 +86,13 @@ def test_conv2d_agrees_with_torch(conv2d, case, epilogue):
     if epilogue == "residual":
         residual = random(tuple(expected.shape), 4)
         expected, arguments = expected + torch.from_numpy(residual), dict(residual=residual)
+    if epilogue in ("relu_then_residual", "residual_then_relu"):
+        after = epilogue == "residual_then_relu"
+        residual = torch.from_numpy(random(tuple(expected.shape), 4))
+        expected = 0.5 * expected + torch.from_numpy(bias).double().reshape(-1, 1, 1)
+        expected = torch.relu(expected + residual) if after else torch.relu(expected) + residual
+        arguments = dict(alpha=0.5, bias=bias, residual=residual.numpy(), activation="relu",
+                         activation_after_residual=after)
     if epilogue == "scaled_gelu":
         expected = torch.nn.functional.gelu(0.5 * expected, approximate="tanh")
         arguments = dict(alpha=0.5, activation="gelu_tanh")
@@ -140,3 +152,31 @@ def test_infinities_and_nan_reach_the_outputs_torch_gives_them(conv2d):
             np.testing.assert_array_equal(where(actual), where(expected), err_msg=f"stride {stride} {where.__name__}")
         finite = np.isfinite(expected)
         np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-4)
+
+
+@kernels
+@pytest.mark.parametrize("shape", [(3, 4, 6, 5), (2, 4, 40, 37)], ids=["merged", "large"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_activation_after_the_residual_keeps_nan_inf_and_signed_zeros_like_torch(conv2d, shape, stride):
+    """relu(conv + bias + residual) with NaN, infinities and zeros of both signs in the residual: relu(NaN) is NaN,
+    relu(-inf) 0, relu(-0.0) -0.0 as in torch (zero weights times alpha -1 are -0.0, plus the -0.0 bias), on merged
+    small images (the residual added by the scatter, so is the relu) and large ones; and gelu after the residual.
+    (OpenBLAS's sgemm gives +0.0 for alpha -1 times a zero product: the im2col kernel's signs of zero are its
+    product's.)"""
+    x, weight = random(shape, 11), np.zeros((5, shape[1], 3, 3), np.float32)
+    bias = np.full(5, -0.0, np.float32)
+    expected = _expected(x, weight, bias, stride, 1, 1).neg()
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, -3.0, 2.0], np.float32)
+    residual = np.resize(special, tuple(expected.shape))
+    actual = conv2d(x, weight, bias, stride, 1, alpha=-1.0, residual=residual, activation="relu",
+                    activation_after_residual=True)
+    expected = torch.relu(expected + torch.from_numpy(residual)).numpy()
+    np.testing.assert_array_equal(actual, expected.astype(np.float32))
+    if conv2d is not blas.conv2d:
+        np.testing.assert_array_equal(np.signbit(actual), np.signbit(expected))
+    weight, residual = random(weight.shape, 12), random(residual.shape, 13)
+    actual = conv2d(x, weight, bias, stride, 1, residual=residual, activation="gelu_tanh",
+                    activation_after_residual=True)
+    expected = torch.nn.functional.gelu(
+        _expected(x, weight, bias, stride, 1, 1) + torch.from_numpy(residual), approximate="tanh")
+    np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-5, atol=1e-4)

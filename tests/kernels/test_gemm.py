@@ -52,16 +52,28 @@ TORCH_ACTIVATIONS = {
 
 
 def reference(
-    a, b, *, bias=None, residual=None, activation="none", alpha=1.0, a_prologue="none", b_prologue="none"
+    a,
+    b,
+    *,
+    bias=None,
+    residual=None,
+    activation="none",
+    alpha=1.0,
+    a_prologue="none",
+    b_prologue="none",
+    activation_after_residual=False,
 ) -> np.ndarray:
-    """gemm.h in float64 torch: activation(alpha * a_prologue(a) @ b_prologue(b) + bias) + residual."""
+    """gemm.h in float64 torch: activation(alpha * a_prologue(a) @ b_prologue(b) + bias) + residual, or with
+    `activation_after_residual` activation(alpha * a_prologue(a) @ b_prologue(b) + bias + residual)."""
     as64 = lambda x: torch.from_numpy(np.asarray(x, np.float64))
     a, b = TORCH_ACTIVATIONS[a_prologue](as64(a)), TORCH_ACTIVATIONS[b_prologue](as64(b))
     y = alpha * torch.matmul(a, b)
     if bias is not None:
         y = y + as64(bias)
+    if residual is not None and activation_after_residual:
+        y = y + as64(residual)
     y = TORCH_ACTIVATIONS[activation](y)
-    if residual is not None:
+    if residual is not None and not activation_after_residual:
         y = y + as64(residual)
     return y.numpy()
 
@@ -179,6 +191,46 @@ def test_relu_of_a_taken_in_place_by_a_single_panel(m, n, k):
     b, bias, residual = random((k, n), 28), random((n,), 29), random((m, n), 30)
     arguments = dict(a_prologue="relu", bias=bias, residual=residual, activation="relu", alpha=0.5)
     assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{m}x{n}x{k}")
+
+
+@implementations
+@pytest.mark.parametrize(("m", "n", "k"), [*ODD_SHAPES, (3, 40, 20)])  # (3, 40, 20): the few-row kernel, bands
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+@pytest.mark.parametrize("after_residual", [False, True])
+def test_activation_before_or_after_the_residual(matmul, m, n, k, activation, after_residual):
+    """activation(alpha * a @ b + bias) + residual and activation(alpha * a @ b + bias + residual) (a ResNet block's
+    relu after its skip connection), on every path: the few-row kernel, the blocked one's tiles of every width, the
+    BLAS kernel's pass."""
+    a, b, bias, residual = random((m, k), 31), random((k, n), 32), random((n,), 33), random((m, n), 34)
+    arguments = dict(bias=bias, residual=residual, activation=activation, alpha=-0.5,
+                     activation_after_residual=after_residual)
+    assert_close(matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{m}x{n}x{k} {arguments}")
+
+
+@implementations
+@pytest.mark.parametrize("m", [2, 16])  # the few-row kernel, the blocked one
+def test_activation_after_the_residual_keeps_nan_inf_and_signed_zeros_like_torch(matmul, m):
+    """relu(NaN) is NaN, relu(-inf) 0 and relu(-0.0) -0.0 as in torch: a zero product times alpha -1 is -0.0, plus a
+    -0.0 bias and residual stays -0.0, and -0.0 plus +0.0 is +0.0. (OpenBLAS's sgemm gives +0.0 for alpha -1 times
+    a zero product: the BLAS kernel's signs of zero are its product's.)"""
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, -3.0], np.float32)
+    a, b = np.zeros((m, 5), np.float32), random((5, 24), 35)
+    residual = np.resize(special, (m, 24))
+    bias = np.full(24, -0.0, np.float32)
+    for after_residual in (False, True):
+        arguments = dict(bias=bias, residual=residual, activation="relu", alpha=-1.0,
+                         activation_after_residual=after_residual)
+        got, expected = matmul(a, b, **arguments), reference(a, b, **arguments)
+        np.testing.assert_array_equal(got, expected.astype(np.float32), err_msg=str(after_residual))
+        if matmul is gemm.matmul:
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(expected), err_msg=str(after_residual))
+
+
+@needs_gemm
+def test_the_gradient_activation_never_comes_after_the_residual():
+    a, b, residual = random((3, 4), 36), random((4, 5), 37), random((3, 5), 38)
+    with pytest.raises(ArgumentError, match="after the residual"):
+        gemm.matmul(a, b, residual=residual, activation="gelu_tanh_grad", activation_after_residual=True)
 
 
 @needs_gemm

@@ -42,7 +42,7 @@ def reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, paddin
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual"])
+@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual", "residual_then_relu"])
 def test_winograd_agrees_with_float64_torch(case, epilogue):
     batch, cin, h, w, cout, padding = case
     x, weight, bias = random((batch, cin, h, w), 1), random((cout, cin, 3, 3), 2), random((cout,), 3)
@@ -54,6 +54,10 @@ def test_winograd_agrees_with_float64_torch(case, epilogue):
     if epilogue == "residual":
         residual = random(tuple(expected.shape), 4)
         expected, arguments = 0.5 * expected + torch.from_numpy(residual), dict(residual=residual, alpha=0.5)
+    if epilogue == "residual_then_relu":  # a ResNet block's relu after its skip connection
+        residual = random(tuple(expected.shape), 4)
+        expected = torch.relu(reference(x, weight, bias, padding) + torch.from_numpy(residual))
+        arguments = dict(bias=bias, residual=residual, activation="relu", activation_after_residual=True)
     actual = gemm.conv2d(x, weight, padding=padding, algorithm="winograd", **arguments)
     error = np.abs(actual - expected.numpy()).max() / np.abs(expected.numpy()).max()
     assert error < TOLERANCE, f"{case} {epilogue}: relative error {error}"

@@ -81,3 +81,25 @@ def conv_bn_block(seed: int = 0, channels: int = 8, inputs: int = 4) -> onnx.Mod
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", channels, 3, 3])],
         [numpy_helper.from_array(v, k) for k, v in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_residual_block(seed: int = 0, channels: int = 8) -> onnx.ModelProto:
+    """x (batch, channels, h, w) -> Conv 3x3 pad 1 -> Relu -> Conv 3x3 pad 1 -> Add x -> Relu -> y: a ResNet basic
+    block with its batch norms folded into the convs, as exported models have them."""
+    rng = np.random.default_rng(seed)
+    weights = {f"conv{i}.{part}": rng.standard_normal(shape).astype(np.float32) * scale for i in (1, 2)
+               for part, shape, scale in (("weight", (channels, channels, 3, 3), 0.2), ("bias", (channels,), 0.1))}
+    conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    nodes = [
+        helper.make_node("Conv", ["x", "conv1.weight", "conv1.bias"], ["c1"], **conv),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "conv2.weight", "conv2.bias"], ["c2"], **conv),
+        helper.make_node("Add", ["c2", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    shape = ["batch", channels, "h", "w"]
+    graph = helper.make_graph(
+        nodes, "conv_residual_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

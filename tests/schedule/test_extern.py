@@ -156,12 +156,18 @@ EPILOGUE_CASES = {  # name: (function of tg or torch tensors and their F module,
                                  [(6, 20), (20, 24), (24,), (6, 24)], "gelu_tanh(0.125 * acc + b"),
     "batched+bias+relu+residual": (lambda F, x, y, b, r: r + F.relu(x @ y + b), [(2, 3, 5, 7), (2, 3, 7, 9), (9,),
                                                                                   (2, 3, 5, 9)], "relu(acc + b"),
+    "scale+bias+residual+relu": (lambda F, x, w, b, r: F.relu((x @ w) * 0.125 + b + r),
+                                 [(6, 20), (20, 24), (24,), (6, 24)], "relu(0.125 * acc + b"),
+    "batched+bias+residual+gelu": (lambda F, x, y, b, r: F.gelu(r + (x @ y + b), approximate="tanh"),
+                                   [(2, 3, 5, 7), (2, 3, 7, 9), (9,), (2, 3, 5, 9)], "gelu_tanh(acc + b"),
 }
 
 
-def test_fused_node_decomposes_to_what_the_kernel_computes() -> None:
-    """The fused node's reference decomposition (numpy backend) is the oracle of the call."""
-    build, shapes, _ = EPILOGUE_CASES["scale+bias+gelu+residual"]
+@pytest.mark.parametrize("case", ["scale+bias+gelu+residual", "scale+bias+residual+relu"])
+def test_fused_node_decomposes_to_what_the_kernel_computes(case: str) -> None:
+    """The fused node's reference decomposition (numpy backend) is the oracle of the call, the activation before or
+    after the residual."""
+    build, shapes, _ = EPILOGUE_CASES[case]
     arrays = [_floats(shape, seed) for seed, shape in enumerate(shapes)]
     result = build(F, *map(tg.tensor, arrays))
     (fused,), _ = fuse_epilogues(*to_primitive([result.node], lambda n: n.op is Op.BUFFER), lambda n: n.op is Op.BUFFER)

@@ -216,8 +216,8 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     a, b = pointer(call.a, call.a_offset), pointer(call.b, call.b_offset)
     args = [*sizes, a, *call.a_strides, b, *call.b_strides, pointer(call.c, call.c_offset), *call.c_strides,
             literal(epilogue.alpha, dtypes.float32), *bias, *residual,
-            gemm.EPILOGUE_ACTIVATIONS[epilogue.activation], gemm.ACTIVATIONS[call.a_prologue],
-            gemm.ACTIVATIONS[call.b_prologue]]
+            gemm.epilogue_code(epilogue.activation, epilogue.activation_after_residual),
+            gemm.ACTIVATIONS[call.a_prologue], gemm.ACTIVATIONS[call.b_prologue]]
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 
@@ -231,7 +231,8 @@ def conv_call(call: ConvCall, array: dict[str, str]) -> str:
     args = [call.batch, call.channels, call.height, call.width, call.out_channels, *call.kernel, *call.stride,
             *call.padding, *call.dilation, pointer(call.x, call.x_offset), pointer(call.weight, call.weight_offset),
             pointer(call.bias, call.bias_offset), pointer(call.out, call.out_offset),
-            literal(call.alpha, dtypes.float32), pointer(call.residual), gemm.ACTIVATIONS[call.activation]]
+            literal(call.alpha, dtypes.float32), pointer(call.residual),
+            gemm.epilogue_code(call.activation, call.activation_after_residual)]
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 

@@ -48,6 +48,18 @@ rounded after the epilogue (gemm.h)."""
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu_tanh": 2}
 EPILOGUE_ACTIVATIONS = {**ACTIVATIONS, "gelu_tanh_grad": 3}
 """An epilogue may also apply a gradient activation: gelu_tanh_grad multiplies by gelu'(residual) (gemm.h)."""
+AFTER_RESIDUAL = 16
+"""TG_ACT_AFTER_RESIDUAL (gemm.h): the flag in an epilogue's activation code that applies it after the residual."""
+
+
+def epilogue_code(activation: str, after_residual: bool) -> int:
+    """The C code of an epilogue's activation (`EPILOGUE_ACTIVATIONS`), applied after the residual add with
+    `after_residual` (not the gradient activation, which reads the residual instead)."""
+    if after_residual and activation not in ACTIVATIONS:
+        fail("epilogue", f"{activation} cannot come after the residual", ArgumentError)
+    return EPILOGUE_ACTIVATIONS[activation] | (AFTER_RESIDUAL if after_residual else 0)
+
+
 STATUS = {-1: "a stride the kernel does not take", -2: "an unknown activation", -3: "out of memory"}
 
 _i64, _ptr, _f32, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int32
@@ -195,9 +207,11 @@ def bind_gemm(
     out: np.ndarray | None = None,
     a_prologue: str = "none",
     b_prologue: str = "none",
+    activation_after_residual: bool = False,
 ) -> Callable[[], np.ndarray]:
     """A call, with every argument already converted, of
     out = activation(alpha * (a_prologue(a) @ b_prologue(b)) + bias) + residual
+    (with `activation_after_residual`, activation(alpha * (a_prologue(a) @ b_prologue(b)) + bias + residual))
     through `function` (any C function with tg_gemm_f32's signature): what a generated program does, so
     repeated calls (benchmarks) pay no Python beyond ctypes. The prologues are activations (`ACTIVATIONS`) the
     kernel applies to an operand while packing it; the epilogue's activation may also be gelu_tanh_grad, which
@@ -216,6 +230,7 @@ def bind_gemm(
     _check_activations("matmul", a_prologue=a_prologue, b_prologue=b_prologue)
     if activation == "gelu_tanh_grad" and residual is None:
         fail("matmul", "activation gelu_tanh_grad reads gelu's input as its residual: pass residual=", ArgumentError)
+    code = epilogue_code(activation, activation_after_residual)
     operands, (m, n, k) = _gemm_operands(a, b, bias, residual, out)
     strides = [_element_strides(operand) for operand in operands]
     dims = merge_batch_dims(operands[2].shape[:-2], [s[:-2] for s in strides])
@@ -235,7 +250,7 @@ def bind_gemm(
             [pointers[o := next(extra)], inner_strides[o], *strides[o][-2:]] if bias is not None else [None, 0, 0, 0]
         )
         args += [pointers[o := next(extra)], inner_strides[o], strides[o][-2]] if residual is not None else [None, 0, 0]
-        calls.append((*args, EPILOGUE_ACTIVATIONS[activation], ACTIVATIONS[a_prologue], ACTIVATIONS[b_prologue]))
+        calls.append((*args, code, ACTIVATIONS[a_prologue], ACTIVATIONS[b_prologue]))
 
     def run() -> np.ndarray:
         for args in calls:
@@ -291,9 +306,11 @@ def call_conv(
     residual: np.ndarray | None = None,
     activation: str = "none",
     alpha: float = 1.0,
+    activation_after_residual: bool = False,
 ) -> np.ndarray:
     """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue,
-    out = activation(alpha * conv2d(x, weight) + bias) + residual, by `function` (any C function with the signature
+    out = activation(alpha * conv2d(x, weight) + bias) + residual (with `activation_after_residual`,
+    activation(alpha * conv2d(x, weight) + bias + residual)), by `function` (any C function with the signature
     tg_conv2d_fn, gemm.h)."""
     x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
     if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
@@ -313,7 +330,8 @@ def call_conv(
     )
     geometry = (batch, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw)
     pointers = [None if array is None else _address(array) for array in (x, weight, bias, out, residual)]
-    status = function(*geometry, *pointers[:4], alpha, pointers[4], ACTIVATIONS[activation])
+    code = epilogue_code(activation, activation_after_residual)
+    status = function(*geometry, *pointers[:4], alpha, pointers[4], code)
     _check_status("conv2d", status)
     return out
 
@@ -340,6 +358,7 @@ def conv1d(
     residual: np.ndarray | None = None,
     activation: str = "none",
     alpha: float = 1.0,
+    activation_after_residual: bool = False,
 ) -> np.ndarray:
     """torch.nn.functional.conv1d (NCL, groups=1): conv2d over images of height 1."""
     x, weight = np.asarray(x), np.asarray(weight)
@@ -356,5 +375,6 @@ def conv1d(
         residual=as_image(residual),
         activation=activation,
         alpha=alpha,
+        activation_after_residual=activation_after_residual,
     )
     return out[:, :, 0, :]

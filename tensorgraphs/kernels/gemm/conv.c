@@ -170,18 +170,19 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     }
 }
 
-/* out[img, co, p] = temp[co, img*positions + p] + residual[img, co, p]: the merged layout back to NCHW. */
-static void scatter_images(const float *temp, int64_t images, int64_t cout, int64_t positions, const float *residual,
+/* out[img, co, p] = `rest` of the epilogue (the residual, and an activation after it) on temp[co, img*positions + p]:
+ * the merged layout back to NCHW. */
+static void scatter_images(const float *temp, int64_t images, int64_t cout, int64_t positions, const tg_epilogue *rest,
                            float *out) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t image = 0; image < images; image++)
         for (int64_t co = 0; co < cout; co++) {
             const float *from = temp + (co * images + image) * positions;
-            int64_t offset = (image * cout + co) * positions;
-            if (residual) /* no `+ 0.0f` without one: it would turn a -0 result into +0 */
-                for (int64_t p = 0; p < positions; p++) out[offset + p] = from[p] + residual[offset + p];
+            int64_t row = image * cout + co;
+            if (rest->residual || rest->activation != TG_ACT_NONE)
+                tg_epilogue_row(from, out + row * positions, positions, rest, row);
             else
-                memcpy(out + offset, from, (size_t)positions * sizeof(float));
+                memcpy(out + row * positions, from, (size_t)positions * sizeof(float));
         }
 }
 
@@ -193,14 +194,19 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
 enum { MERGE_IMAGES_BELOW = 1024 };
 
 /* `g` (a batch of `images` problems, one per image, whose B columns continue from one image to the next) as one
- * wider GEMM into scratch, then scattered to `out` (NCHW) with the residual added there. */
-static int run_merged(gemm_batch g, int64_t images, const float *residual, float *out) {
+ * wider GEMM into scratch, then scattered to `out` (NCHW): its epilogue up to the residual in the GEMM, the residual
+ * and what comes after it in the scatter. */
+static int run_merged(gemm_batch g, int64_t images, float *out) {
     int64_t positions = g.n;
     float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions));
     if (!temp) return TG_GEMM_NO_MEMORY;
+    tg_epilogue rest = {.alpha = 1.0f, .residual = g.ep.residual, .residual_rs = positions,
+                        .activation = g.ep.activation_after_residual ? g.ep.activation : TG_ACT_NONE,
+                        .activation_after_residual = 1};
+    if (g.ep.activation_after_residual) g.ep.activation = TG_ACT_NONE;
     g.batch = 1, g.n = images * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
     int status = tg_run_gemm_batch(&g);
-    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, residual, out);
+    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, &rest, out);
     free(temp);
     return status;
 }
@@ -242,7 +248,7 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
             g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * block, .cs = 1};
             if (g.ep.residual) g.ep.residual += at;
             if (images > 1) {
-                failed |= run_merged(g, images, g.ep.residual, conv->c + at) != TG_GEMM_OK;
+                failed |= run_merged(g, images, conv->c + at) != TG_GEMM_OK;
                 continue;
             }
             g.batch = 1, g.n = block, g.c = conv->c + at;
@@ -271,12 +277,11 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .b_src = {.pack = shifted_im2col(&geometry) ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry},
         .c = out, .c_bs = cout * positions, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
-        .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = 1, .bias_cs = 0,
-               .residual = residual, .residual_rs = positions},
+        .ep = tg_epilogue_of(alpha, activation, bias, 1, 0, residual, positions),
     };
 #ifndef __AVX512F__
     if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
 #endif
     if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
-    return run_merged(g, n, residual, out);
+    return run_merged(g, n, out);
 }

@@ -9,6 +9,12 @@ typedef struct {
     int64_t cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, oh, ow;
 } conv_geometry;
 
+/* Whether a conv kernel takes `activation` (an epilogue's, gemm.h): none, relu or gelu, before or after the residual. */
+static inline int tg_conv_activation_known(int32_t activation) {
+    int32_t placed = activation & ~TG_ACT_AFTER_RESIDUAL;
+    return placed >= TG_ACT_NONE && placed <= TG_ACT_GELU_TANH;
+}
+
 /* *g for one image of a call, with its output size; TG_GEMM_BAD_STRIDE or TG_GEMM_BAD_ACTIVATION for arguments no
  * conv kernel takes. An empty output (oh or ow <= 0) is valid: there is nothing to compute. */
 static inline int tg_conv_geometry(int64_t cin, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t stride_h,
@@ -16,7 +22,7 @@ static inline int tg_conv_geometry(int64_t cin, int64_t h, int64_t w, int64_t kh
                                    int64_t dilation_w, int32_t activation, conv_geometry *g) {
     if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 || pad_h < 0 || pad_w < 0)
         return TG_GEMM_BAD_STRIDE;
-    if (activation < TG_ACT_NONE || activation > TG_ACT_GELU_TANH) return TG_GEMM_BAD_ACTIVATION;
+    if (!tg_conv_activation_known(activation)) return TG_GEMM_BAD_ACTIVATION;
     *g = (conv_geometry){cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
                          (h + 2 * pad_h - dilation_h * (kh - 1) - 1) / stride_h + 1,
                          (w + 2 * pad_w - dilation_w * (kw - 1) - 1) / stride_w + 1};

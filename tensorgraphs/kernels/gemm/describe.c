@@ -19,15 +19,15 @@ static int known_activation(int32_t code) { return code >= TG_ACT_NONE && code <
 int tg_describe_gemm(gemm_batch *g, pack_b_fn pack, TG_GEMM_PARAMS) {
     if (bias && bias_cs != 0 && bias_cs != 1) return TG_GEMM_BAD_STRIDE;
     int gradient = activation == TG_ACT_GELU_TANH_GRAD && residual;
-    if (!(known_activation(activation) || gradient) || !known_activation(a_prologue) || !known_activation(b_prologue))
+    if (!(known_activation(activation & ~TG_ACT_AFTER_RESIDUAL) || gradient) || !known_activation(a_prologue) ||
+        !known_activation(b_prologue))
         return TG_GEMM_BAD_ACTIVATION;
     *g = (gemm_batch){
         .batch = batch, .m = m, .n = n, .k = k,
         .a = a, .a_bs = a_bs, .a_rs = a_rs, .a_cs = a_cs,
         .b = b, .b_bs = b_bs, .b_src = {.pack = pack, .rs = b_rs, .cs = b_cs},
         .c = c, .c_bs = c_bs, .c_rs = c_rs, .bias_bs = bias_bs, .residual_bs = residual_bs,
-        .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = bias_rs, .bias_cs = bias_cs,
-               .residual = residual, .residual_rs = residual_rs},
+        .ep = tg_epilogue_of(alpha, activation, bias, bias_rs, bias_cs, residual, residual_rs),
         .a_prologue = a_prologue, .b_prologue = b_prologue,
     };
     fold_batch_into_rows(g);

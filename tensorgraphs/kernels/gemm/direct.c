@@ -138,9 +138,8 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
         int64_t image = task / per_image, oy0 = task % per_image * rows, oy1 = min_i64(oy0 + rows, g.oh);
         pad_band(&g, &band, x + image * cin * h * w, oy0 * stride_h, padded);
         float *c = out + image * cout * positions;
-        tg_epilogue ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = 1, .bias_cs = 0,
-                          .residual = residual ? residual + image * cout * positions : NULL,
-                          .residual_rs = positions};
+        tg_epilogue ep = tg_epilogue_of(alpha, activation, bias, 1, 0,
+                                        residual ? residual + image * cout * positions : NULL, positions);
         for (int64_t panel = 0; panel < panels; panel++)
             for (int64_t oy = oy0; oy < oy1; oy++)
                 for (int64_t ox = 0; ox < g.ow; ox += TG_NR)

@@ -1,12 +1,14 @@
 /* The GEMM's activations and epilogue, vectorized with AVX-512 (or its AVX2 stand-in, avx512_on_avx2.h):
- * c = activation(alpha * acc + bias) + residual. Shared by the generated GEMM (the epilogue on registers before the
- * store, a prologue activation on each packed block of an operand) and the BLAS kernel (passes after sgemm, on
- * copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to
+ * c = activation(alpha * acc + bias) + residual, or activation(alpha * acc + bias + residual) (gemm.h). Shared by
+ * the generated GEMM (the epilogue on registers before the store, a prologue activation on each packed block of an
+ * operand), the conv kernels and the BLAS kernel (passes after sgemm, on copies of prologue operands). No libm: exp is a branch-free exp2 (degree-7 polynomial + scalef), accurate to
  * ~2 ulp, so the loops vectorize without -ffast-math and NaN/Inf propagate as in PyTorch. */
 #ifndef TG_EPILOGUE_H
 #define TG_EPILOGUE_H
 #include <immintrin.h>
 #include <stdint.h>
+
+#include "gemm.h"
 #ifdef __AVX512F__
 #define TG_AS_BF16(x) ((__m512bh)(x))
 /* Lanes 0, 2, ..., 30 of a's 16 then b's 16: a stride-2 row segment from two loads. */
@@ -47,7 +49,17 @@ typedef struct {
     const float *residual; /* residual(i, j) = residual[i*residual_rs + j]; NULL for none */
     int64_t residual_rs;
     int32_t round_bf16;    /* 1: the result is rounded to bfloat16 last (a bfloat16 product, stored as float32) */
+    int32_t activation_after_residual; /* 1: the activation applies to the sum with the residual */
 } tg_epilogue;
+
+/* The epilogue a kernel's arguments describe (gemm.h): `activation` is an enum tg_activation, maybe with the flag
+ * TG_ACT_AFTER_RESIDUAL. */
+static inline tg_epilogue tg_epilogue_of(float alpha, int32_t activation, const float *bias, int64_t bias_rs,
+                                         int64_t bias_cs, const float *residual, int64_t residual_rs) {
+    return (tg_epilogue){.alpha = alpha, .activation = activation & ~TG_ACT_AFTER_RESIDUAL, .bias = bias,
+                         .bias_rs = bias_rs, .bias_cs = bias_cs, .residual = residual, .residual_rs = residual_rs,
+                         .activation_after_residual = (activation & TG_ACT_AFTER_RESIDUAL) != 0};
+}
 
 /* x rounded to the nearest bfloat16 (ties to even) as float32 bits whose low half is zero; a NaN stays a NaN
  * (quieted: a payload in the low half alone would otherwise round to infinity). Integer arithmetic, so
@@ -121,8 +133,9 @@ static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, 
     if (ep->activation == 3) /* TG_ACT_GELU_TANH_GRAD: the residual is the gelu's input */
         x = _mm512_mul_ps(x, tg_gelu_tanh_grad_ps(_mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col)));
     else {
-        x = tg_activate_ps(x, ep->activation);
+        if (!ep->activation_after_residual) x = tg_activate_ps(x, ep->activation);
         if (ep->residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col));
+        if (ep->activation_after_residual) x = tg_activate_ps(x, ep->activation);
     }
     return ep->round_bf16 ? _mm512_castsi512_ps(tg_bf16_bits(x)) : x;
 }
@@ -149,16 +162,17 @@ static inline void tg_activate_in_place(float *x, int64_t count, int32_t activat
     }
 }
 
+/* to[0:n] = the epilogue of from[0:n] as row `row` of the output (`from` may be `to`). */
+static inline void tg_epilogue_row(const float *from, float *to, int64_t n, const tg_epilogue *ep, int64_t row) {
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 mask = tg_tail_mask(n - j);
+        _mm512_mask_storeu_ps(to + j, mask, tg_epilogue_apply(_mm512_maskz_loadu_ps(mask, from + j), ep, row, j, mask));
+    }
+}
+
 /* The epilogue as a separate pass over an m x n block of c (for kernels that cannot fuse it). */
 static inline void tg_epilogue_rows(float *c, int64_t c_rs, int64_t m, int64_t n, const tg_epilogue *ep) {
 #pragma omp parallel for schedule(static) if (m * n > 65536)
-    for (int64_t i = 0; i < m; i++) {
-        float *row = c + i * c_rs;
-        for (int64_t j = 0; j < n; j += 16) {
-            __mmask16 mask = tg_tail_mask(n - j);
-            __m512 x = _mm512_maskz_loadu_ps(mask, row + j);
-            _mm512_mask_storeu_ps(row + j, mask, tg_epilogue_apply(x, ep, i, j, mask));
-        }
-    }
+    for (int64_t i = 0; i < m; i++) tg_epilogue_row(c + i * c_rs, c + i * c_rs, n, ep, i);
 }
 #endif

@@ -6,6 +6,8 @@
  *
  * Epilogue, applied once per output element after the full K reduction, in this order:
  *   c = activation(alpha * sum_k a(i,k) b(k,j) + bias(i,j)) + residual(i,j)
+ * or, with TG_ACT_AFTER_RESIDUAL OR'd into the activation (a ResNet block's relu after its skip connection),
+ *   c = activation(alpha * sum_k a(i,k) b(k,j) + bias(i,j) + residual(i,j)).
  * bias(i, j) = bias[b*bias_bs + i*bias_rs + j*bias_cs] with bias_cs in {0, 1}: a row vector (rs 0, cs 1)
  * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL. c must not overlap any input, the
  * residual included (partial sums are stored in c before the residual is read).
@@ -24,6 +26,9 @@
 #include <stdint.h>
 
 enum tg_activation { TG_ACT_NONE = 0, TG_ACT_RELU = 1, TG_ACT_GELU_TANH = 2, TG_ACT_GELU_TANH_GRAD = 3 };
+/* A flag in an epilogue's activation argument (not a prologue's, nor with the gradient activation): the activation
+ * comes after the residual add instead of before it. */
+enum { TG_ACT_AFTER_RESIDUAL = 16 };
 enum tg_gemm_status { TG_GEMM_OK = 0, TG_GEMM_BAD_STRIDE = -1, TG_GEMM_BAD_ACTIVATION = -2, TG_GEMM_NO_MEMORY = -3 };
 
 /* The signature every product kernel shares. */

@@ -33,20 +33,26 @@ static float gelu_tanh(float x) {
     return x / (1.0f + expf(-2.0f * u));
 }
 
-/* to[co][p] = activation(from[co][p] + bias[co]) + residual[co][p] for cout rows of `count` (alpha is already in the
- * product; the residual is laid out as `to`); `from` may be `to` itself. */
+/* x activated (`activation` an enum tg_activation without its placement flag). */
+static float activated(float x, int32_t activation) {
+    if (activation == TG_ACT_RELU) return x < 0.0f ? 0.0f : x; /* NaN stays NaN and -0 stays -0, as in torch */
+    return activation == TG_ACT_GELU_TANH ? gelu_tanh(x) : x;
+}
+
+/* to[co][p] = the epilogue (gemm.h) of from[co][p] for cout rows of `count` (alpha is already in the product; the
+ * residual is laid out as `to`); `from` may be `to` itself. */
 static void finish_rows(const float *from, int64_t from_rs, int64_t cout, int64_t count, const float *bias,
                         const float *residual, int32_t activation, float *to, int64_t to_rs) {
     if (from == to && !bias && !residual && activation == TG_ACT_NONE) return;
+    int32_t before = activation & TG_ACT_AFTER_RESIDUAL ? TG_ACT_NONE : activation;
+    int32_t after = activation & TG_ACT_AFTER_RESIDUAL ? activation & ~TG_ACT_AFTER_RESIDUAL : TG_ACT_NONE;
 #pragma omp parallel for schedule(static) if (cout * count > 65536 && !omp_in_parallel())
     for (int64_t co = 0; co < cout; co++) {
         const float *row = from + co * from_rs;
         float *dst = to + co * to_rs, shift = bias ? bias[co] : 0.0f;
         for (int64_t p = 0; p < count; p++) {
-            float v = bias ? row[p] + shift : row[p]; /* adding 0 would turn -0 into +0 */
-            if (activation == TG_ACT_RELU) v = v < 0.0f ? 0.0f : v; /* NaN stays NaN, as in torch */
-            if (activation == TG_ACT_GELU_TANH) v = gelu_tanh(v);
-            dst[p] = residual ? v + residual[co * to_rs + p] : v;
+            float v = activated(bias ? row[p] + shift : row[p], before); /* adding 0 would turn -0 into +0 */
+            dst[p] = activated(residual ? v + residual[co * to_rs + p] : v, after);
         }
     }
 }

@@ -278,16 +278,16 @@ static void transform_output(const geometry *g, const float *m, const float *bia
             int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
             __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
             for (int64_t c = 0; c < 16 && co + c < g->cout; c++) {
-                v16 shift = _mm512_set1_ps(bias ? bias[co + c] : 0.0f);
-                float values[16] __attribute__((aligned(64)));
-                _mm512_store_ps(values, tg_activate_ps(_mm512_fmadd_ps(tile_values[c], _mm512_set1_ps(alpha), shift),
-                                                       activation));
                 int64_t at = (image * g->cout + co + c) * positions + top * g->ow + left;
-                for (int64_t i = 0; i < height; i++) {
-                    __m128 row = _mm_load_ps(values + TILE * i);
-                    if (residual) row = _mm_add_ps(row, _mm_maskz_loadu_ps(width, residual + at + i * g->ow));
-                    _mm_mask_storeu_ps(out + at + i * g->ow, width, row);
-                }
+                float values[16] __attribute__((aligned(64))), residual_tile[16] __attribute__((aligned(64)));
+                for (int64_t i = 0; residual && i < TILE; i++) /* the tile's residual, laid out as tile_values[c] */
+                    _mm_store_ps(residual_tile + TILE * i,
+                                 i < height ? _mm_maskz_loadu_ps(width, residual + at + i * g->ow) : _mm_setzero_ps());
+                tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co + c : NULL, 0, 0,
+                                                residual ? residual_tile : NULL, 0);
+                _mm512_store_ps(values, tg_epilogue_apply(tile_values[c], &ep, 0, 0, (__mmask16)0xFFFF));
+                for (int64_t i = 0; i < height; i++)
+                    _mm_mask_storeu_ps(out + at + i * g->ow, width, _mm_load_ps(values + TILE * i));
             }
         }
 }
@@ -312,7 +312,7 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
                            int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
                            float alpha, const float *residual, int32_t activation) {
     int winograd = kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 &&
-                   pad_h >= 0 && pad_w >= 0 && activation >= TG_ACT_NONE && activation <= TG_ACT_GELU_TANH;
+                   pad_h >= 0 && pad_w >= 0 && tg_conv_activation_known(activation);
     geometry g = {n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
     g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE, g.tiles = n * g.tiles_h * g.tiles_w;
     winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
