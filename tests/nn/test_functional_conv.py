@@ -185,12 +185,50 @@ def test_pooling_of_long_windows_matches_torch(dims: int, x_shape: tuple, kwargs
 
 
 @pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)
-def test_max_pool_by_doubling_equals_the_stacked_windows(monkeypatch: pytest.MonkeyPatch, x_shape: tuple,
+def test_max_pool_by_doubling_matches_torch(monkeypatch: pytest.MonkeyPatch, x_shape: tuple,
                                                          kwargs: dict) -> None:
     x = np.round(normal(16, *x_shape) * 2) / 2
     monkeypatch.setattr(pooling, "LONG_WINDOW_TAPS", 0)
     check(lambda t: F.max_pool2d(t, return_indices=True, **kwargs),
           lambda t: TF.max_pool2d(t, return_indices=True, **kwargs), [x], grad=[0], name="max_pool2d")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"kernel_size": 3, "stride": 1, "padding": 1},
+    {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+    {"kernel_size": (2, 3), "stride": (1, 2), "padding": (1, 1), "dilation": (2, 1)},
+    {"kernel_size": (3, 1), "stride": 1},
+])
+def test_max_pool2d_without_a_gradient_matches_torch(kwargs: dict) -> None:
+    """Without a gradient or indices the windows combine by `larger` (the plain maximum): the same values, NaN and
+    infinities included, over a transposed (non-contiguous) input and dims of size 1."""
+    x = np.round(normal(21, 2, 3, 9, 8) * 2) / 2
+    x[0, 0, 2, 3], x[0, 1, 4, 4], x[1, 2, 0, 0] = math.nan, math.inf, -math.inf
+    x[1, 0] = -math.inf
+    for shape in [x.shape, (1, 1, 9, 8)]:
+        check(lambda t: F.max_pool2d(t.transpose(-1, -2), **kwargs),
+              lambda t: TF.max_pool2d(t.transpose(-1, -2), **kwargs), [x[: shape[0], : shape[1]]], name="max_pool2d")
+
+
+def _temporaries(out: tg.Tensor) -> tuple[int, list[tuple[str, tuple[int, ...]]]]:
+    from tensorgraphs.schedule import schedule_kernels
+
+    schedule = schedule_kernels([out.node])
+    return len(schedule.kernels), [(b.node.dtype.name, b.node.shape) for b in schedule.buffers if b.role == "temp"]
+
+
+def test_pool_windows_structure() -> None:
+    """A window combined by `first_maximum` (a gradient or indices wanted) keeps its row results (kw taps at the
+    column stride) in a buffer that the second kernel reduces down the rows, where windows overlap along the rows;
+    the plain maximum and the sums stay one kernel of kh * kw inline taps, as does a window that does not overlap."""
+    x = tg.tensor(normal(22, 2, 4, 12, 13))
+    grad = tg.tensor(normal(22, 2, 4, 12, 13), requires_grad=True)
+    assert _temporaries(F.max_pool2d(grad, 3, 1, 1)) == (2, [("float32", (2, 4, 14, 13))])
+    assert _temporaries(F.max_pool2d(grad, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
+    indices = F.max_pool2d(x, 3, 1, 1, return_indices=True)[1]
+    assert _temporaries(indices) == (3, [("float32", (2, 4, 14, 13)), ("int64", (2, 4, 14, 13))])
+    for out in [F.max_pool2d(x, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1), F.max_pool2d(grad, 2, 2)]:
+        assert _temporaries(out) == (1, [])
 
 
 def test_a_long_window_takes_logarithmically_many_operations() -> None:

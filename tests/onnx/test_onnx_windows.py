@@ -83,11 +83,15 @@ def test_padded_windows_read_their_interior_without_checks() -> None:
     ("MaxPool", {"kernel_shape": [9, 8], "strides": [1, 3], "pads": [4, 2, 4, 3], "storage_order": 1}),
     ("AveragePool", {"kernel_shape": [9, 8], "strides": [2, 1], "pads": [4, 2, 4, 3], "ceil_mode": 1}),
     ("LpPool", {"kernel_shape": [150], "strides": [7], "pads": [3, 70]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "dilations": [1, 2]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}),
 ])
-def test_pools_of_long_windows_match_onnxruntime(op: str, attributes: dict) -> None:
-    """Windows of more than LONG_WINDOW_TAPS taps are reduced by doubling: the same values and MaxPool's
-    first-maximum indices (column-major with storage_order), from a graph of a few hundred nodes rather than
-    one per tap."""
+def test_pools_match_onnxruntime(op: str, attributes: dict) -> None:
+    """Short windows as chains of their taps' views, windows of more than LONG_WINDOW_TAPS taps by doubling: the
+    same values and MaxPool's first-maximum indices (column-major with storage_order), from a graph of a few
+    hundred nodes rather than one per tap."""
     from onnx import TensorProto, helper
 
     spatial = [2200] if len(attributes["kernel_shape"]) == 1 else [12, 13]

@@ -1,7 +1,8 @@
-"""Pooling: reductions over the window views of `conv.sliding_windows`, and adaptive average pooling by gather."""
+"""Pooling: reductions over windows (`pool_windows`, shared with the ONNX pools), and adaptive pooling by gather."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -16,7 +17,7 @@ from tensorgraphs.frontend.checks import int_arg, ints_arg
 from tensorgraphs.frontend.tensor import Tensor, expand_to
 from tensorgraphs.graph import node as g
 from tensorgraphs.nn.functional.arguments import require_float, tuple_of
-from tensorgraphs.nn.functional.conv import pad_spatial, sliding_windows
+from tensorgraphs.nn.functional.conv import pad_spatial
 
 IntPair = int | Sequence[int]
 
@@ -64,9 +65,12 @@ class PoolGeometry:
         cover."""
         return pad_spatial(padded, tuple((0, e) for e in self.extra), pad_value)
 
-    def windows(self, padded: Tensor, pad_value: float) -> Tensor:
-        """Padded (..., H + 2p, W + 2p) -> (..., kh * kw, Ho, Wo)."""
-        return sliding_windows(self.fitted(padded, pad_value), self.kernel, self.stride, self.dilation)
+    def reduce(self, parts: Parts, combine: Combine) -> Parts:
+        """`pool_windows` over `parts` padded already (a maximum's values with -inf, its positions with -1, a sum's
+        values with 0), each fitted with the same value."""
+        low = 0.0 if combine is summed else -math.inf
+        fitted = tuple(self.fitted(part, -1 if part.dtype.is_integer else low) for part in parts)
+        return pool_windows(fitted, combine, self.kernel, self.stride, self.dilation, self.out)
 
 
 def _positions(x: Tensor) -> Tensor:
@@ -82,30 +86,21 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
 
 def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
               dilation: IntPair, ceil_mode: bool, return_indices: bool) -> Tensor | tuple:
-    """Window maxima (padding is -inf, NaN propagates), picked by argmax so that, as in torch, the gradient goes
-    to the first maximum of a window rather than being shared among ties; return_indices also gives each
-    maximum's flat position h * W + w in the input."""
+    """Window maxima (padding is -inf, NaN propagates), picked by `first_maximum` where a gradient or the indices
+    are wanted, so that, as in torch, the gradient goes to the first maximum of a window rather than being shared
+    among ties (`larger` otherwise: the same values); return_indices also gives each maximum's flat position
+    h * W + w in the input."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
-    if long_window(geometry.kernel):
-        parts = (geometry.fitted(geometry.pad(input, -math.inf), -math.inf),)
-        if return_indices:
-            positions = geometry.fitted(geometry.pad(_positions(input), -1), -1)
-            parts += (expand_to(positions, parts[0].shape),)
-        parts = reduce_windows(parts, first_maximum, geometry.kernel, geometry.stride, geometry.dilation,
-                               geometry.out)
-        return parts if return_indices else parts[0]
-    windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
-    best = mv.unsqueeze(rd.argmax(windows, -3), -3)
-    values = mv.squeeze(mv.gather(windows, -3, best), -3)
-    if not return_indices:
-        return values
-    positions = expand_to(geometry.windows(geometry.pad(_positions(input), -1), -1), windows.shape)
-    return values, mv.squeeze(mv.gather(positions, -3, best), -3)
+    parts = (geometry.pad(input, -math.inf),)
+    if return_indices:
+        parts += (expand_to(geometry.pad(_positions(input), -1), parts[0].shape),)
+    parts = geometry.reduce(parts, first_maximum if return_indices or input.requires_grad else larger)
+    return parts if return_indices else parts[0]
 
 
 LONG_WINDOW_TAPS = 64
-"""Windows of more taps than this are reduced by doubling (`reduce_windows`), in O(log taps) operations: stacked
-window views give the kernel one term per tap, and gcc's time to compile a loop grows with about the cube of its
+"""Windows of more taps than this are reduced by doubling (`pool_windows`), in O(log taps) operations: a chain of
+the taps' views gives the kernel one term per tap, and gcc's time to compile a loop grows with about the cube of its
 loads (200 taps: ~90 s, bench/NOTES.md)."""
 
 Parts = tuple[Tensor, ...]
@@ -120,6 +115,12 @@ def first_maximum(earlier: Parts, later: Parts) -> Parts:
     a, b = earlier[0], later[0]
     later_wins = ew.logical_or(ew.gt(b, a), ew.logical_and(ew.isnan(b), ew.logical_not(ew.isnan(a))))
     return tuple(ew.where(later_wins, y, x) for x, y in zip(earlier, later))
+
+
+def larger(earlier: Parts, later: Parts) -> Parts:
+    """The larger of two maxima without positions (NaN propagates): one operation per tap, where no gradient must
+    pick the first of tied maxima."""
+    return (ew.maximum(earlier[0], later[0]),)
 
 
 def summed(earlier: Parts, later: Parts) -> Parts:
@@ -151,15 +152,27 @@ def _reduce_windows_along(parts: Parts, combine: Combine, dim: int, kernel: int,
     return tuple(mv.slice_dim(t, dim, 0, positions, stride) for t in result)
 
 
-def reduce_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: Sequence[int],
-                   dilation: Sequence[int], out: Sequence[int]) -> Parts:
+def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: Sequence[int],
+                 dilation: Sequence[int], out: Sequence[int]) -> Parts:
     """The windows over the trailing len(kernel) dims of `parts` (padded as far as the last window reaches)
-    reduced by `combine`, the last dim first: with `first_maximum`, the first maximum in the window's row-major
-    order wins, as when a window's stacked views are reduced."""
+    reduced by `combine`, one dim after another (a box window is separable), the last dim first: with
+    `first_maximum`, the first maximum in the window's row-major order wins, as argmax over the window would pick.
+    Along a dim, the strided views its taps see are combined in tap order; a long window (`long_window`) by
+    doubling instead."""
     first = parts[0].ndim - len(kernel)
+    along = _reduce_windows_along if long_window(kernel) else _combine_taps_along
     for i in reversed(range(len(kernel))):
-        parts = _reduce_windows_along(parts, combine, first + i, kernel[i], stride[i], dilation[i], out[i])
+        parts = along(parts, combine, first + i, kernel[i], stride[i], dilation[i], out[i])
     return parts
+
+
+def _combine_taps_along(parts: Parts, combine: Combine, dim: int, kernel: int, stride: int, dilation: int,
+                        out: int) -> Parts:
+    """The windows along `dim` as the chain of the strided views of their taps, combined in tap order."""
+    count = (out - 1) * stride + 1
+    taps = [tuple(mv.slice_dim(t, dim, j * dilation, j * dilation + count, stride) for t in parts)
+            for j in range(kernel)]
+    return functools.reduce(combine, taps)
 
 
 def long_window(kernel: Sequence[int]) -> bool:
@@ -178,23 +191,15 @@ def _avg_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | No
     """Window sums over the zero-padded input divided by the window size: the whole window within the padded
     input (count_include_pad) or only its input elements, or divisor_override."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, 1, ceil_mode)
-    sums = window_sums(geometry, geometry.pad(input, 0.0))
+    (sums,) = geometry.reduce((geometry.pad(input, 0.0),), summed)
     if divisor_override is not None:
         if divisor_override == 0:
             fail(op, "divisor must be not zero", kind=ArgumentError)
         return ew.div(sums, divisor_override)
     ones = Tensor(g.const(1.0, input.dtype, input.shape[-2:]))
     counted = geometry.pad(ones, 1.0 if count_include_pad else 0.0)
-    return ew.div(sums, window_sums(geometry, counted))
-
-
-def window_sums(geometry: PoolGeometry, padded: Tensor) -> Tensor:
-    """The sum of each window of `padded` (zeros past it)."""
-    if long_window(geometry.kernel):
-        (sums,) = reduce_windows((geometry.fitted(padded, 0.0),), summed, geometry.kernel, geometry.stride,
-                                 geometry.dilation, geometry.out)
-        return sums
-    return rd.sum(geometry.windows(padded, 0.0), -3)
+    (counts,) = geometry.reduce((counted,), summed)
+    return ew.div(sums, counts)
 
 
 def _as_rows(op: str, input: Tensor, **sizes: IntPair | None) -> tuple[Tensor, dict[str, tuple[int, int] | None]]:
