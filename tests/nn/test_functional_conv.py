@@ -218,17 +218,42 @@ def _temporaries(out: tg.Tensor) -> tuple[int, list[tuple[str, tuple[int, ...]]]
 
 
 def test_pool_windows_structure() -> None:
-    """A window combined by `first_maximum` (a gradient or indices wanted) keeps its row results (kw taps at the
-    column stride) in a buffer that the second kernel reduces down the rows, where windows overlap along the rows;
-    the plain maximum and the sums stay one kernel of kh * kw inline taps, as does a window that does not overlap."""
+    """A separable window (3 x 3, overlapping along the rows) keeps its row results (kw taps at the column stride)
+    in a buffer that a second kernel combines down the rows: stored (`WINDOW_ROWS`) for a plain maximum or a sum,
+    given a buffer by the scheduler for `first_maximum` (a gradient or indices wanted). A small or non-overlapping
+    window stays one kernel of kh * kw inline taps."""
     x = tg.tensor(normal(22, 2, 4, 12, 13))
     grad = tg.tensor(normal(22, 2, 4, 12, 13), requires_grad=True)
-    assert _temporaries(F.max_pool2d(grad, 3, 1, 1)) == (2, [("float32", (2, 4, 14, 13))])
-    assert _temporaries(F.max_pool2d(grad, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
+    rows = ("float32", (2, 4, 14, 13))  # the padded rows, 13 windows along each
+    for out in [F.max_pool2d(x, 3, 1, 1), F.max_pool2d(grad, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1)]:
+        assert _temporaries(out) == (2, [rows])
+    assert _temporaries(F.max_pool2d(x, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
     indices = F.max_pool2d(x, 3, 1, 1, return_indices=True)[1]
-    assert _temporaries(indices) == (3, [("float32", (2, 4, 14, 13)), ("int64", (2, 4, 14, 13))])
-    for out in [F.max_pool2d(x, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1), F.max_pool2d(grad, 2, 2)]:
+    assert _temporaries(indices) == (3, [rows, ("int64", (2, 4, 14, 13))])
+    for out in [F.max_pool2d(x, 2, 1), F.avg_pool2d(x, (3, 2), (3, 1)), F.max_pool2d(grad, 2, 2)]:
         assert _temporaries(out) == (1, [])
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_CASES + [
+    ((2, 3, 9, 8), {"kernel_size": 2, "stride": 1, "padding": 1, "dilation": (2, 1)}),
+    ((1, 2, 8, 9), {"kernel_size": (2, 3), "stride": (1, 2), "ceil_mode": True}),
+])
+def test_separable_windows_match_torch(monkeypatch: pytest.MonkeyPatch, x_shape: tuple, kwargs: dict) -> None:
+    """Every window of two overlapping dims stored row by row (SEPARABLE_MIN_TAPS 0): max pooling's values (with and
+    without a gradient, ties and a NaN, a transposed input), indices, and average pooling with its counts."""
+    monkeypatch.setattr(pooling, "SEPARABLE_MIN_TAPS", 0)
+    x = np.round(normal(23, *x_shape) * 2) / 2
+    x.reshape(-1)[3], x.reshape(-1)[-2] = math.nan, math.inf
+    check(lambda t: F.max_pool2d(t, **kwargs), lambda t: TF.max_pool2d(t, **kwargs), [x], grad=[0], name="max_pool2d")
+    check(lambda t: F.max_pool2d(t.transpose(-1, -2), **kwargs), lambda t: TF.max_pool2d(t.transpose(-1, -2), **kwargs),
+          [x], name="max_pool2d")
+    check(lambda t: F.max_pool2d(t, return_indices=True, **kwargs),
+          lambda t: TF.max_pool2d(t, return_indices=True, **kwargs), [x], name="max_pool2d")
+    average = {k: v for k, v in kwargs.items() if k != "dilation"}
+    for include in (True, False):
+        check(lambda t: F.avg_pool2d(t, count_include_pad=include, **average),
+              lambda t: TF.avg_pool2d(t, count_include_pad=include, **average), [normal(24, *x_shape)], grad=[0],
+              name="avg_pool2d")
 
 
 def test_a_long_window_takes_logarithmically_many_operations() -> None:
