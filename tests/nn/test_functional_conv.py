@@ -218,16 +218,20 @@ def _temporaries(out: tg.Tensor) -> tuple[int, list[tuple[str, tuple[int, ...]]]
 
 
 def test_pool_windows_structure() -> None:
-    """A separable window (3 x 3, overlapping along the rows) keeps its row results (kw taps at the column stride)
-    in a buffer that a second kernel combines down the rows: stored (`WINDOW_ROWS`) for a plain maximum or a sum,
-    given a buffer by the scheduler for `first_maximum` (a gradient or indices wanted). A small or non-overlapping
-    window stays one kernel of kh * kw inline taps."""
+    """A separable window (3 x 3, overlapping along the rows) is two kernels and a buffer of partial results: a plain
+    maximum's or a sum's stored column results (`WINDOW_ROWS`: kh taps down each column at the row stride), which
+    the second kernel combines along the rows at the column stride; `first_maximum`'s row results (its taps in
+    row-major order), given a buffer by the scheduler. A small or non-overlapping window stays one kernel of
+    kh * kw inline taps."""
     x = tg.tensor(normal(22, 2, 4, 12, 13))
     grad = tg.tensor(normal(22, 2, 4, 12, 13), requires_grad=True)
-    rows = ("float32", (2, 4, 14, 13))  # the padded rows, 13 windows along each
-    for out in [F.max_pool2d(x, 3, 1, 1), F.max_pool2d(grad, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1)]:
-        assert _temporaries(out) == (2, [rows])
-    assert _temporaries(F.max_pool2d(x, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
+    columns = ("float32", (2, 4, 12, 15))  # 12 windows down each of the 13 + 2 padded columns
+    for out in [F.max_pool2d(x, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1)]:
+        assert _temporaries(out) == (2, [columns])
+    assert _temporaries(F.max_pool2d(x, 3, 2)) == (2, [("float32", (2, 4, 5, 13))])
+    rows = ("float32", (2, 4, 14, 13))  # 13 windows along each of the 12 + 2 padded rows
+    assert _temporaries(F.max_pool2d(grad, 3, 1, 1)) == (2, [rows])
+    assert _temporaries(F.max_pool2d(grad, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
     indices = F.max_pool2d(x, 3, 1, 1, return_indices=True)[1]
     assert _temporaries(indices) == (3, [rows, ("int64", (2, 4, 14, 13))])
     for out in [F.max_pool2d(x, 2, 1), F.avg_pool2d(x, (3, 2), (3, 1)), F.max_pool2d(grad, 2, 2)]:
@@ -239,8 +243,8 @@ def test_pool_windows_structure() -> None:
     ((1, 2, 8, 9), {"kernel_size": (2, 3), "stride": (1, 2), "ceil_mode": True}),
 ])
 def test_separable_windows_match_torch(monkeypatch: pytest.MonkeyPatch, x_shape: tuple, kwargs: dict) -> None:
-    """Every window of two overlapping dims stored row by row (SEPARABLE_MIN_TAPS 0): max pooling's values (with and
-    without a gradient, ties and a NaN, a transposed input), indices, and average pooling with its counts."""
+    """Every window that overlaps along its rows separable (SEPARABLE_MIN_TAPS 0): max pooling's values (with and
+    without a gradient, ties, NaN and infinity, a transposed input), indices, and average pooling with its counts."""
     monkeypatch.setattr(pooling, "SEPARABLE_MIN_TAPS", 0)
     x = np.round(normal(23, *x_shape) * 2) / 2
     x.reshape(-1)[3], x.reshape(-1)[-2] = math.nan, math.inf

@@ -164,16 +164,20 @@ def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: 
     reduced by `combine`, one dim after another (a box window is separable), the last dim first: with
     `first_maximum`, the first maximum in the window's row-major order wins, as argmax over the window would pick.
     Along a dim, the strided views its taps see are combined in tap order; a long window (`long_window`) by
-    doubling instead. A `separable` window's `larger` or `summed` results along every dim but the first are
-    stored (`WINDOW_ROWS`); `first_maximum`'s get their buffers from the scheduler (each tap costs several
-    operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
+    doubling instead. A `separable` window's `larger` or `summed` (whose order is free) goes the first dim first
+    instead, each dim's results but the last's stored (`WINDOW_ROWS`): the columns' loads are contiguous and only
+    the last dim loads at its stride. `first_maximum`'s row results get their buffers from the scheduler (each tap
+    costs several operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
     first = parts[0].ndim - len(kernel)
     along = _reduce_windows_along if long_window(kernel) else _combine_taps_along
     stored = (along is _combine_taps_along and combine.__name__ in STORED_COMBINES
               and separable(kernel, stride, dilation))
-    for i in reversed(range(len(kernel))):
+    dims = list(reversed(range(len(kernel))))
+    if stored:  # a plain maximum or sum in any order: down the columns first, each load contiguous
+        dims.reverse()
+    for i in dims:
         window = dict(dim=first + i, kernel=kernel[i], stride=stride[i], dilation=dilation[i], out=out[i])
-        if stored and i:
+        if stored and i != dims[-1]:
             parts = (apply_composite(WINDOW_ROWS, parts[0], combine=combine.__name__, **window),)
         else:
             parts = along(parts, combine, **window)
@@ -194,11 +198,10 @@ SEPARABLE_MIN_TAPS = 9
 
 
 def separable(kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> bool:
-    """Whether a window's results along its last dims are stored for the windows of its first dims to combine:
-    windows of at least SEPARABLE_MIN_TAPS over two or more dims that overlap along a dim before the last, whose
-    rows (each computed once, at the column stride) several windows share. A 3 x 3 window at stride 1 then loads
-    3 + 3 taps per output instead of 9 (a plain maximum over Inception's 192 x 28 x 28 in 0.12 ms of kernel time
-    instead of 0.31; at stride 2 only the row results load with the stride: bench/NOTES.md)."""
+    """Whether a window is reduced one dim at a time, each dim's results stored for the next (`pool_windows`):
+    windows of at least SEPARABLE_MIN_TAPS over two or more dims that overlap along a dim before the last, so that
+    several windows share each stored result. A 3 x 3 window at stride 1 then loads 3 + 3 taps per output instead
+    of 9 (bench/NOTES.md)."""
     reach = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
     return (sum(k > 1 for k in kernel) > 1 and math.prod(kernel) >= SEPARABLE_MIN_TAPS
             and any(s < r for s, r in zip(stride[:-1], reach[:-1])))
@@ -220,7 +223,8 @@ def long_window(kernel: Sequence[int]) -> bool:
 
 
 WINDOW_ROWS = register(Composite("pool_window_rows", _rows_infer, _rows_decomposition, stored=True))
-"""The windows along one dim combined (`_combine_taps_along` by a STORED_COMBINES name), stored."""
+"""The windows along one dim combined (`_combine_taps_along` by a STORED_COMBINES name), stored: a separable
+window's partial results, read by the windows of the next dim."""
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
