@@ -165,7 +165,7 @@ def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: 
     `first_maximum`, the first maximum in the window's row-major order wins, as argmax over the window would pick.
     Along a dim, the strided views its taps see are combined in tap order; a long window (`long_window`) by
     doubling instead. A `separable` window's `larger` or `summed` (whose order is free) goes the first dim first
-    instead, each dim's results but the last's stored (`WINDOW_ROWS`): the columns' loads are contiguous and only
+    instead, each dim's results but the last's stored (`STORED_WINDOWS`): the columns' loads are contiguous and only
     the last dim loads at its stride. `first_maximum`'s row results get their buffers from the scheduler (each tap
     costs several operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
     first = parts[0].ndim - len(kernel)
@@ -178,7 +178,7 @@ def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: 
     for i in dims:
         window = dict(dim=first + i, kernel=kernel[i], stride=stride[i], dilation=dilation[i], out=out[i])
         if stored and i != dims[-1]:
-            parts = (apply_composite(WINDOW_ROWS, parts[0], combine=combine.__name__, **window),)
+            parts = (apply_composite(STORED_WINDOWS, parts[0], combine=combine.__name__, **window),)
         else:
             parts = along(parts, combine, **window)
     return parts
@@ -207,12 +207,12 @@ def separable(kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[i
             and any(s < r for s, r in zip(stride[:-1], reach[:-1])))
 
 
-def _rows_infer(x: Tensor, *, combine: str, dim: int, kernel: int, stride: int, dilation: int,
+def _along_infer(x: Tensor, *, combine: str, dim: int, kernel: int, stride: int, dilation: int,
                 out: int) -> tuple:
     return x.dtype, x.shape[:dim] + (out,) + x.shape[dim + 1 :]
 
 
-def _rows_decomposition(x: Tensor, *, combine: str, dim: int, kernel: int, stride: int, dilation: int,
+def _along_decomposition(x: Tensor, *, combine: str, dim: int, kernel: int, stride: int, dilation: int,
                         out: int) -> Tensor:
     return _combine_taps_along((x,), STORED_COMBINES[combine], dim, kernel, stride, dilation, out)[0]
 
@@ -222,7 +222,7 @@ def long_window(kernel: Sequence[int]) -> bool:
     return math.prod(kernel) > LONG_WINDOW_TAPS
 
 
-WINDOW_ROWS = register(Composite("pool_window_rows", _rows_infer, _rows_decomposition, stored=True))
+STORED_WINDOWS = register(Composite("pool_windows_along", _along_infer, _along_decomposition, stored=True))
 """The windows along one dim combined (`_combine_taps_along` by a STORED_COMBINES name), stored: a separable
 window's partial results, read by the windows of the next dim."""
 
