@@ -25,13 +25,16 @@ class Composite:
     """`decompose(*inputs, **params)` and `infer(*inputs, **params) -> (dtype, shape)` take Tensors.
 
     `grad(node_tensor, grad, *inputs, **params)` returns one gradient (or None) per
-    input; without it autograd differentiates the decomposition.
+    input; without it autograd differentiates the decomposition. A `stored` composite's
+    decomposed result gets a buffer of its own (a separable window's row results, which
+    the windows of the next dim would otherwise compute again at each of their taps).
     """
 
     name: str
     infer: Callable[..., tuple[DType, Shape]]
     decompose: Callable[..., Any]
     grad: Callable[..., tuple[Any, ...]] | None = None
+    stored: bool = False
 
     def __repr__(self) -> str:
         return f"Composite({self.name})"

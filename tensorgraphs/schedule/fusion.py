@@ -159,6 +159,8 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
                 # attention's scores) are then the same nodes, computed once
                 (canonical,) = optimize([decompose(node)], ["canonical"], stop=set(node.src).__contains__)
                 memo[node] = convert(canonical)
+                if node.op.stored and not is_input(memo[node]):
+                    forced.add(memo[node])
             else:
                 memo[node] = split_full_reduction(with_sources(node, tuple(memo[s] for s in node.src)), forced)
         return memo[root]

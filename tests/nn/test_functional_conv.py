@@ -12,7 +12,7 @@ from functional_check import check, normal
 
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
-from tensorgraphs.nn.functional import conv
+from tensorgraphs.nn.functional import conv, pooling
 
 CONV2D_CASES = [  # input shape, weight shape, keyword arguments
     ((2, 3, 7, 7), (4, 3, 3, 3), {}),
@@ -226,12 +226,80 @@ def test_pooling_of_long_windows_matches_torch(dims: int, x_shape: tuple, kwargs
 
 
 @pytest.mark.parametrize("x_shape,kwargs", POOL_CASES)
-def test_max_pool_by_doubling_equals_the_stacked_windows(monkeypatch: pytest.MonkeyPatch, x_shape: tuple,
+def test_max_pool_by_doubling_matches_torch(monkeypatch: pytest.MonkeyPatch, x_shape: tuple,
                                                          kwargs: dict) -> None:
     x = np.round(normal(16, *x_shape) * 2) / 2
     monkeypatch.setattr(conv, "LONG_WINDOW_TAPS", 0)
     check(lambda t: F.max_pool2d(t, return_indices=True, **kwargs),
           lambda t: TF.max_pool2d(t, return_indices=True, **kwargs), [x], grad=[0], name="max_pool2d")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"kernel_size": 3, "stride": 1, "padding": 1},
+    {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+    {"kernel_size": (2, 3), "stride": (1, 2), "padding": (1, 1), "dilation": (2, 1)},
+    {"kernel_size": (3, 1), "stride": 1},
+])
+def test_max_pool2d_without_a_gradient_matches_torch(kwargs: dict) -> None:
+    """Without a gradient or indices the windows combine by `larger` (the plain maximum): the same values, NaN and
+    infinities included, over a transposed (non-contiguous) input and dims of size 1."""
+    x = np.round(normal(21, 2, 3, 9, 8) * 2) / 2
+    x[0, 0, 2, 3], x[0, 1, 4, 4], x[1, 2, 0, 0] = math.nan, math.inf, -math.inf
+    x[1, 0] = -math.inf
+    for shape in [x.shape, (1, 1, 9, 8)]:
+        check(lambda t: F.max_pool2d(t.transpose(-1, -2), **kwargs),
+              lambda t: TF.max_pool2d(t.transpose(-1, -2), **kwargs), [x[: shape[0], : shape[1]]], name="max_pool2d")
+
+
+def _temporaries(out: tg.Tensor) -> tuple[int, list[tuple[str, tuple[int, ...]]]]:
+    from tensorgraphs.schedule import schedule_kernels
+
+    schedule = schedule_kernels([out.node])
+    return len(schedule.kernels), [(b.node.dtype.name, b.node.shape) for b in schedule.buffers if b.role == "temp"]
+
+
+def test_pool_windows_structure() -> None:
+    """A separable window (3 x 3, overlapping along the rows) is two kernels and a buffer of partial results: a plain
+    maximum's or a sum's stored column results (`STORED_WINDOWS`: kh taps down each column at the row stride), which
+    the second kernel combines along the rows at the column stride; `first_maximum`'s row results (its taps in
+    row-major order), given a buffer by the scheduler. A small or non-overlapping window stays one kernel of
+    kh * kw inline taps."""
+    x = tg.tensor(normal(22, 2, 4, 12, 13))
+    grad = tg.tensor(normal(22, 2, 4, 12, 13), requires_grad=True)
+    columns = ("float32", (2, 4, 12, 15))  # 12 windows down each of the 13 + 2 padded columns
+    for out in [F.max_pool2d(x, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1)]:
+        assert _temporaries(out) == (2, [columns])
+    assert _temporaries(F.max_pool2d(x, 3, 2)) == (2, [("float32", (2, 4, 5, 13))])
+    rows = ("float32", (2, 4, 14, 13))  # 13 windows along each of the 12 + 2 padded rows
+    assert _temporaries(F.max_pool2d(grad, 3, 1, 1)) == (2, [rows])
+    assert _temporaries(F.max_pool2d(grad, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
+    indices = F.max_pool2d(x, 3, 1, 1, return_indices=True)[1]
+    assert _temporaries(indices) == (3, [rows, ("int64", (2, 4, 14, 13))])
+    for out in [F.max_pool2d(x, 2, 1), F.avg_pool2d(x, (3, 2), (3, 1)), F.max_pool2d(grad, 2, 2)]:
+        assert _temporaries(out) == (1, [])
+
+
+@pytest.mark.parametrize("x_shape,kwargs", POOL_CASES + [
+    ((2, 3, 9, 8), {"kernel_size": 2, "stride": 1, "padding": 1, "dilation": (2, 1)}),
+    ((1, 2, 8, 9), {"kernel_size": (2, 3), "stride": (1, 2), "ceil_mode": True}),
+])
+def test_separable_windows_match_torch(monkeypatch: pytest.MonkeyPatch, x_shape: tuple, kwargs: dict) -> None:
+    """Every window that overlaps along its rows separable (SEPARABLE_MIN_TAPS 0): max pooling's values (with and
+    without a gradient, ties, NaN and infinity, a transposed input), indices, and average pooling with its counts."""
+    monkeypatch.setattr(pooling, "SEPARABLE_MIN_TAPS", 0)
+    x = np.round(normal(23, *x_shape) * 2) / 2
+    flat = x.reshape(-1)
+    flat[3 % flat.size], flat[-1] = math.nan, math.inf
+    check(lambda t: F.max_pool2d(t, **kwargs), lambda t: TF.max_pool2d(t, **kwargs), [x], grad=[0], name="max_pool2d")
+    check(lambda t: F.max_pool2d(t.transpose(-1, -2), **kwargs), lambda t: TF.max_pool2d(t.transpose(-1, -2), **kwargs),
+          [x], name="max_pool2d")
+    check(lambda t: F.max_pool2d(t, return_indices=True, **kwargs),
+          lambda t: TF.max_pool2d(t, return_indices=True, **kwargs), [x], name="max_pool2d")
+    average = {k: v for k, v in kwargs.items() if k != "dilation"}
+    for include in (True, False):
+        check(lambda t: F.avg_pool2d(t, count_include_pad=include, **average),
+              lambda t: TF.avg_pool2d(t, count_include_pad=include, **average), [normal(24, *x_shape)], grad=[0],
+              name="avg_pool2d")
 
 
 def test_a_long_window_takes_logarithmically_many_operations() -> None:

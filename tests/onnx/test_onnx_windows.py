@@ -43,12 +43,13 @@ def _lets(kernels: list, op: Op | str) -> int:
 def test_batch_norm_folds_into_the_conv_and_each_relu_runs_once_per_element() -> None:
     """The first batch norm scales the conv's weights and shifts its bias, so the call applies it and the relu; the
     depthwise conv's batch norm and relu, read by the average pool's nine taps, get a buffer (one relu compare in
-    one kernel computes a relu); the max pool stays selections only."""
+    one kernel computes a relu); the max pool stays selections only, its rows and the average pool's stored
+    (separable windows: a kernel each)."""
     kernels = _kernels()
     (call,) = [s for k in kernels for s in k.body if isinstance(s, ConvCall)]
     assert call.bias is not None and call.activation == "relu"
     (relu,) = [k for k in kernels if _lets([k], Op.CMPLT)]
-    assert kernels[-1] is not relu and len(kernels) == 6
+    assert kernels[-1] is not relu and len(kernels) == 7
 
 
 @pytest.mark.skipif(not gemm_enabled(), reason="the conv kernel (its epilogue) needs the GEMM library")
@@ -83,11 +84,15 @@ def test_padded_windows_read_their_interior_without_checks() -> None:
     ("MaxPool", {"kernel_shape": [9, 8], "strides": [1, 3], "pads": [4, 2, 4, 3], "storage_order": 1}),
     ("AveragePool", {"kernel_shape": [9, 8], "strides": [2, 1], "pads": [4, 2, 4, 3], "ceil_mode": 1}),
     ("LpPool", {"kernel_shape": [150], "strides": [7], "pads": [3, 70]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "dilations": [1, 2]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}),
 ])
-def test_pools_of_long_windows_match_onnxruntime(op: str, attributes: dict) -> None:
-    """Windows of more than LONG_WINDOW_TAPS taps are reduced by doubling: the same values and MaxPool's
-    first-maximum indices (column-major with storage_order), from a graph of a few hundred nodes rather than
-    one per tap."""
+def test_pools_match_onnxruntime(op: str, attributes: dict) -> None:
+    """Short windows as chains of their taps' views, windows of more than LONG_WINDOW_TAPS taps by doubling: the
+    same values and MaxPool's first-maximum indices (column-major with storage_order), from a graph of a few
+    hundred nodes rather than one per tap."""
     from onnx import TensorProto, helper
 
     spatial = [2200] if len(attributes["kernel_shape"]) == 1 else [12, 13]

@@ -1,5 +1,5 @@
 """Convolutions: the conv2d composite (conv1d and conv_transpose1d/2d are built on it), the window views
-that conv and pooling share, and unfold/fold (im2col and its adjoint).
+of conv and unfold (with the window sizes pooling shares), and unfold/fold (im2col and its adjoint).
 
 conv2d decomposes into one strided slice of the padded input per kernel offset
 (SHRINK/PAD/RESHAPE views), stacked into columns and contracted with the
@@ -26,7 +26,7 @@ Pads = tuple[tuple[int, int], ...]  # (before, after) per spatial dim
 
 
 # ---------------------------------------------------------------------------
-# window views shared with pooling
+# window views (pooling shares the sizes and `long_window`)
 # ---------------------------------------------------------------------------
 
 
@@ -54,7 +54,7 @@ def window_views(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilati
 LONG_WINDOW_TAPS = 64
 """Windows of more taps than this are not built one view per tap: a kernel with a term per tap takes gcc about the
 cube of its loads to compile (200 taps: ~90 s, bench/NOTES.md), and its lowering and gradient grow alike. Pooling
-reduces them by doubling (`pooling.reduce_windows`); convolution and unfold take them by movement alone
+reduces them by doubling (`pooling.pool_windows`); convolution and unfold take them by movement alone
 (`unfolded_windows`)."""
 
 

@@ -1,22 +1,25 @@
-"""Pooling: reductions over the window views of `conv.sliding_windows`, and adaptive average pooling by gather."""
+"""Pooling: reductions over windows (`pool_windows`, shared with the ONNX pools), and adaptive pooling by gather."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tensorgraphs import dtypes
+from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.errors import ArgumentError, UnsupportedError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.checks import int_arg, ints_arg
-from tensorgraphs.frontend.tensor import Tensor, expand_to
+from tensorgraphs.frontend.tensor import Tensor, apply_composite, expand_to
 from tensorgraphs.graph import node as g
+from tensorgraphs.graph.composite import Composite, register
 from tensorgraphs.nn.functional.arguments import require_float, tuple_of
-from tensorgraphs.nn.functional.conv import long_window, pad_spatial, sliding_windows
+from tensorgraphs.nn.functional.conv import long_window, pad_spatial
 
 IntPair = int | Sequence[int]
 
@@ -64,9 +67,12 @@ class PoolGeometry:
         cover."""
         return pad_spatial(padded, tuple((0, e) for e in self.extra), pad_value)
 
-    def windows(self, padded: Tensor, pad_value: float) -> Tensor:
-        """Padded (..., H + 2p, W + 2p) -> (..., kh * kw, Ho, Wo)."""
-        return sliding_windows(self.fitted(padded, pad_value), self.kernel, self.stride, self.dilation)
+    def reduce(self, parts: Parts, combine: Combine) -> Parts:
+        """`pool_windows` over `parts` padded already (a maximum's values with -inf, its positions with -1, a sum's
+        values with 0), each fitted with the same value."""
+        low = 0.0 if combine is summed else -math.inf
+        fitted = tuple(self.fitted(part, -1 if part.dtype.is_integer else low) for part in parts)
+        return pool_windows(fitted, combine, self.kernel, self.stride, self.dilation, self.out)
 
 
 def _positions(x: Tensor) -> Tensor:
@@ -82,25 +88,16 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
 
 def _max_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
               dilation: IntPair, ceil_mode: bool, return_indices: bool) -> Tensor | tuple:
-    """Window maxima (padding is -inf, NaN propagates), picked by argmax so that, as in torch, the gradient goes
-    to the first maximum of a window rather than being shared among ties; return_indices also gives each
-    maximum's flat position h * W + w in the input."""
+    """Window maxima (padding is -inf, NaN propagates), picked by `first_maximum` where a gradient or the indices
+    are wanted, so that, as in torch, the gradient goes to the first maximum of a window rather than being shared
+    among ties (`larger` otherwise: the same values); return_indices also gives each maximum's flat position
+    h * W + w in the input."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, dilation, ceil_mode)
-    if long_window(geometry.kernel):
-        parts = (geometry.fitted(geometry.pad(input, -math.inf), -math.inf),)
-        if return_indices:
-            positions = geometry.fitted(geometry.pad(_positions(input), -1), -1)
-            parts += (expand_to(positions, parts[0].shape),)
-        parts = reduce_windows(parts, first_maximum, geometry.kernel, geometry.stride, geometry.dilation,
-                               geometry.out)
-        return parts if return_indices else parts[0]
-    windows = geometry.windows(geometry.pad(input, -math.inf), -math.inf)
-    best = mv.unsqueeze(rd.argmax(windows, -3), -3)
-    values = mv.squeeze(mv.gather(windows, -3, best), -3)
-    if not return_indices:
-        return values
-    positions = expand_to(geometry.windows(geometry.pad(_positions(input), -1), -1), windows.shape)
-    return values, mv.squeeze(mv.gather(positions, -3, best), -3)
+    parts = (geometry.pad(input, -math.inf),)
+    if return_indices:
+        parts += (expand_to(geometry.pad(_positions(input), -1), parts[0].shape),)
+    parts = geometry.reduce(parts, first_maximum if return_indices or input.requires_grad else larger)
+    return parts if return_indices else parts[0]
 
 
 Parts = tuple[Tensor, ...]
@@ -117,8 +114,18 @@ def first_maximum(earlier: Parts, later: Parts) -> Parts:
     return tuple(ew.where(later_wins, y, x) for x, y in zip(earlier, later))
 
 
+def larger(earlier: Parts, later: Parts) -> Parts:
+    """The larger of two maxima without positions (NaN propagates): one operation per tap, where no gradient must
+    pick the first of tied maxima."""
+    return (ew.maximum(earlier[0], later[0]),)
+
+
 def summed(earlier: Parts, later: Parts) -> Parts:
     return tuple(ew.add(x, y) for x, y in zip(earlier, later))
+
+
+STORED_COMBINES = {"larger": larger, "summed": summed}
+"""The combines of one value whose results a separable window stores, by name (a composite's parameter)."""
 
 
 def _shifted(parts: Parts, dim: int, start: int, length: int) -> Parts:
@@ -146,15 +153,68 @@ def _reduce_windows_along(parts: Parts, combine: Combine, dim: int, kernel: int,
     return tuple(mv.slice_dim(t, dim, 0, positions, stride) for t in result)
 
 
-def reduce_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: Sequence[int],
-                   dilation: Sequence[int], out: Sequence[int]) -> Parts:
+def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: Sequence[int],
+                 dilation: Sequence[int], out: Sequence[int]) -> Parts:
     """The windows over the trailing len(kernel) dims of `parts` (padded as far as the last window reaches)
-    reduced by `combine`, the last dim first: with `first_maximum`, the first maximum in the window's row-major
-    order wins, as when a window's stacked views are reduced."""
+    reduced by `combine`, one dim after another (a box window is separable), the last dim first: with
+    `first_maximum`, the first maximum in the window's row-major order wins, as argmax over the window would pick.
+    Along a dim, the strided views its taps see are combined in tap order; a long window (`long_window`) by
+    doubling instead. A `separable` window's `larger` or `summed` (whose order is free) goes the first dim first
+    instead, each dim's results but the last's stored (`STORED_WINDOWS`): the columns' loads are contiguous and only
+    the last dim loads at its stride. `first_maximum`'s row results get their buffers from the scheduler (each tap
+    costs several operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
     first = parts[0].ndim - len(kernel)
-    for i in reversed(range(len(kernel))):
-        parts = _reduce_windows_along(parts, combine, first + i, kernel[i], stride[i], dilation[i], out[i])
+    along = _reduce_windows_along if long_window(kernel) else _combine_taps_along
+    stored = (along is _combine_taps_along and combine.__name__ in STORED_COMBINES
+              and separable(kernel, stride, dilation))
+    dims = list(reversed(range(len(kernel))))
+    if stored:  # a plain maximum or sum in any order: down the columns first, each load contiguous
+        dims.reverse()
+    for i in dims:
+        window = dict(dim=first + i, kernel=kernel[i], stride=stride[i], dilation=dilation[i], out=out[i])
+        if stored and i != dims[-1]:
+            parts = (apply_composite(STORED_WINDOWS, parts[0], combine=combine.__name__, **window),)
+        else:
+            parts = along(parts, combine, **window)
     return parts
+
+
+def _combine_taps_along(parts: Parts, combine: Combine, dim: int, kernel: int, stride: int, dilation: int,
+                        out: int) -> Parts:
+    """The windows along `dim` as the chain of the strided views of their taps, combined in tap order."""
+    count = (out - 1) * stride + 1
+    taps = [tuple(mv.slice_dim(t, dim, j * dilation, j * dilation + count, stride) for t in parts)
+            for j in range(kernel)]
+    return functools.reduce(combine, taps)
+
+
+SEPARABLE_MIN_TAPS = 9
+"""Windows of at least this many taps over two or more dims (3 x 3) are `separable` where they overlap."""
+
+
+def separable(kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether a window is reduced one dim at a time, each dim's results stored for the next (`pool_windows`):
+    windows of at least SEPARABLE_MIN_TAPS over two or more dims that overlap along a dim before the last, so that
+    several windows share each stored result. A 3 x 3 window at stride 1 then loads 3 + 3 taps per output instead
+    of 9 (bench/NOTES.md)."""
+    reach = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+    return (sum(k > 1 for k in kernel) > 1 and math.prod(kernel) >= SEPARABLE_MIN_TAPS
+            and any(s < r for s, r in zip(stride[:-1], reach[:-1])))
+
+
+def _along_infer(x: Tensor, *, combine: str, dim: int, kernel: int, stride: int, dilation: int,
+                out: int) -> tuple:
+    return x.dtype, x.shape[:dim] + (out,) + x.shape[dim + 1 :]
+
+
+def _along_decomposition(x: Tensor, *, combine: str, dim: int, kernel: int, stride: int, dilation: int,
+                        out: int) -> Tensor:
+    return _combine_taps_along((x,), STORED_COMBINES[combine], dim, kernel, stride, dilation, out)[0]
+
+
+STORED_WINDOWS = register(Composite("pool_windows_along", _along_infer, _along_decomposition, stored=True))
+"""The windows along one dim combined (`_combine_taps_along` by a STORED_COMBINES name), stored: a separable
+window's partial results, read by the windows of the next dim."""
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
@@ -166,25 +226,19 @@ def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
 def _avg_pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
               ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Tensor:
     """Window sums over the zero-padded input divided by the window size: the whole window within the padded
-    input (count_include_pad) or only its input elements, or divisor_override."""
+    input (count_include_pad) or only its input elements (counted once, while tracing: constants), or
+    divisor_override."""
     geometry = PoolGeometry(op, input, kernel_size, stride, padding, 1, ceil_mode)
-    sums = window_sums(geometry, geometry.pad(input, 0.0))
+    (sums,) = geometry.reduce((geometry.pad(input, 0.0),), summed)
     if divisor_override is not None:
         if divisor_override == 0:
             fail(op, "divisor must be not zero", kind=ArgumentError)
         return ew.div(sums, divisor_override)
     ones = Tensor(g.const(1.0, input.dtype, input.shape[-2:]))
     counted = geometry.pad(ones, 1.0 if count_include_pad else 0.0)
-    return ew.div(sums, window_sums(geometry, counted))
-
-
-def window_sums(geometry: PoolGeometry, padded: Tensor) -> Tensor:
-    """The sum of each window of `padded` (zeros past it)."""
-    if long_window(geometry.kernel):
-        (sums,) = reduce_windows((geometry.fitted(padded, 0.0),), summed, geometry.kernel, geometry.stride,
-                                 geometry.dilation, geometry.out)
-        return sums
-    return rd.sum(geometry.windows(padded, 0.0), -3)
+    (counts,) = geometry.reduce((counted,), summed)
+    (values,) = REFERENCE.evaluate([counts.node])
+    return ew.div(sums, Tensor.from_numpy(np.asarray(values), input.dtype))
 
 
 def _as_rows(op: str, input: Tensor, **sizes: IntPair | None) -> tuple[Tensor, dict[str, tuple[int, int] | None]]:

@@ -3,18 +3,15 @@ asymmetric pads, ceil_mode, count_include_pad), normalizations, Gemm/MatMul and 
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
-from typing import Callable
 
 import numpy as np
 
 import tensorgraphs as tg
 from tensorgraphs.frontend import movement as mv
 from tensorgraphs.frontend.tensor import Tensor
-from tensorgraphs.nn.functional.conv import conv2d_composite, long_window, zero_dilate
-from tensorgraphs.nn.functional.pooling import first_maximum, reduce_windows
+from tensorgraphs.nn.functional.conv import conv2d_composite, zero_dilate
+from tensorgraphs.nn.functional.pooling import Combine, Parts, first_maximum, larger, pool_windows, summed
 from tensorgraphs.onnx.lowering import OnnxNode, Value, evaluate, ints, lowers, tensor
 from tensorgraphs.onnx.ops.shape import axis_of
 
@@ -49,7 +46,6 @@ class Window:
                 count -= 1
             self.out.append(count)
         self.reach = reach
-        self.long = long_window(self.kernel)
 
     def padded(self, x: Tensor, value: float, pads: bool = True) -> Tensor:
         """x padded by `pads` (unless x holds them already) and, past them, as far as the last window reaches
@@ -61,36 +57,9 @@ class Window:
             x = mv.pad_dim(x, first + i, before, after + max(extra, 0), value)
         return x
 
-    def views(self, padded: Tensor) -> list[Tensor]:
-        """(N, C, *spatial) padded -> the (N, C, *out) slice each kernel offset sees."""
-        first = padded.ndim - len(self.kernel)
-        views = []
-        for offsets in itertools.product(*(range(k) for k in self.kernel)):
-            view = padded
-            for i, offset in enumerate(offsets):
-                start = offset * self.dilations[i]
-                stop = start + (self.out[i] - 1) * self.strides[i] + 1
-                view = mv.slice_dim(view, first + i, start, stop, self.strides[i])
-            views.append(view)
-        return views
-
-    def windows(self, padded: Tensor) -> Tensor:
-        """(N, C, kernel positions, *out): the views stacked (where a reduction must know which offset won)."""
-        return tg.stack(self.views(padded), dim=padded.ndim - len(self.kernel))
-
-    def reduce(self, padded: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-        """The windows combined: one spatial dim after another (a box window is separable), each window along a
-        dim as the chain of the strided views each offset sees; a long window by doubling (`reduce_windows`)."""
-        if self.long:
-            pair = lambda a, b: (combine(a[0], b[0]),)  # noqa: E731
-            return reduce_windows((padded,), pair, self.kernel, self.strides, self.dilations, self.out)[0]
-        first = padded.ndim - len(self.kernel)
-        out = padded
-        for i, (size, stride, dilation) in enumerate(zip(self.kernel, self.strides, self.dilations)):
-            axis, count = first + i, (self.out[i] - 1) * stride + 1
-            views = [mv.slice_dim(out, axis, j * dilation, j * dilation + count, stride) for j in range(size)]
-            out = functools.reduce(combine, views)
-        return out
+    def reduce(self, parts: Parts, combine: Combine) -> Parts:
+        """`pool_windows` over `parts` padded (`padded`)."""
+        return pool_windows(parts, combine, self.kernel, self.strides, self.dilations, self.out)
 
 
 def convolve(x: Tensor, w: Tensor, strides: tuple, pads: Pads, dilations: tuple, groups: int) -> Tensor:
@@ -186,33 +155,26 @@ def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
     if node.outputs < 2:
-        return window.reduce(window.padded(x, low), tg.maximum)
+        return window.reduce((window.padded(x, low),), larger)[0]
     order = np.arange(math.prod(x.shape)).reshape(x.shape)
     if node.attr("storage_order", 0):
         spatial = x.shape[2:]
         inner = np.arange(math.prod(spatial)).reshape(spatial[::-1]).T
         order = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[:2] + (1,) * len(spatial)) * inner.size + inner
-    positions = window.padded(tensor(order.astype(np.int64)), -1)
-    if window.long:
-        return reduce_windows((window.padded(x, low), positions), first_maximum, window.kernel, window.strides,
-                              window.dilations, window.out)
-    windows = window.windows(window.padded(x, low))
-    best = tg.argmax(windows, 2, keepdim=True)
-    values = tg.squeeze(tg.gather(windows, 2, best), 2)
-    return values, tg.squeeze(tg.gather(tg.broadcast_to(window.windows(positions), windows.shape), 2, best), 2)
+    return window.reduce((window.padded(x, low), window.padded(tensor(order.astype(np.int64)), -1)), first_maximum)
 
 
 @lowers("AveragePool")
 def average_pool(node: OnnxNode, x: Value) -> Tensor:
     x = tensor(x)
     window = _pool_window(node, x)
-    sums = window.reduce(window.padded(x, 0.0), tg.add)
+    (sums,) = window.reduce((window.padded(x, 0.0),), summed)
     counted = np.ones(x.shape[2:], x.dtype.storage)
     include = bool(node.attr("count_include_pad", 0))
     if include:
         counted = np.pad(counted, window.pads, constant_values=1)
     ones = window.padded(tensor(counted[None, None]), 0.0, pads=not include)
-    (counts,) = evaluate([window.reduce(ones, tg.add)])
+    (counts,) = evaluate(list(window.reduce((ones,), summed)))
     return tg.div(sums, tensor(counts.astype(x.dtype.storage)))
 
 
@@ -222,7 +184,7 @@ def lp_pool(node: OnnxNode, x: Value) -> Tensor:
     p = node.attr("p", 2)
     window = _pool_window(node, x)
     powered = tg.pow(tg.abs(window.padded(x, 0.0)), p)
-    return tg.pow(window.reduce(powered, tg.add), 1.0 / p)
+    return tg.pow(window.reduce((powered,), summed)[0], 1.0 / p)
 
 
 @lowers("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
