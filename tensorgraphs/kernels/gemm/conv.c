@@ -170,18 +170,21 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     }
 }
 
-/* out[img, co, p] = temp[co, img*positions + p] + residual[img, co, p]: the merged layout back to NCHW. */
+/* out[img, co, p] = temp[co, img*positions + p] + residual[img, co, p]: the merged layout back to NCHW, the images of
+ * out `out_bs` floats apart, those of the residual `residual_bs`. */
 static void scatter_images(const float *temp, int64_t images, int64_t cout, int64_t positions, const float *residual,
-                           float *out) {
+                           int64_t residual_bs, float *out, int64_t out_bs) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t image = 0; image < images; image++)
         for (int64_t co = 0; co < cout; co++) {
             const float *from = temp + (co * images + image) * positions;
-            int64_t offset = (image * cout + co) * positions;
-            if (residual) /* no `+ 0.0f` without one: it would turn a -0 result into +0 */
-                for (int64_t p = 0; p < positions; p++) out[offset + p] = from[p] + residual[offset + p];
-            else
-                memcpy(out + offset, from, (size_t)positions * sizeof(float));
+            float *to = out + image * out_bs + co * positions;
+            if (residual) { /* no `+ 0.0f` without one: it would turn a -0 result into +0 */
+                const float *add = residual + image * residual_bs + co * positions;
+                for (int64_t p = 0; p < positions; p++) to[p] = from[p] + add[p];
+            } else {
+                memcpy(to, from, (size_t)positions * sizeof(float));
+            }
         }
 }
 
@@ -193,14 +196,15 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
 enum { MERGE_IMAGES_BELOW = 1024 };
 
 /* `g` (a batch of `images` problems, one per image, whose B columns continue from one image to the next) as one
- * wider GEMM into scratch, then scattered to `out` (NCHW) with the residual added there. */
-static int run_merged(gemm_batch g, int64_t images, const float *residual, float *out) {
-    int64_t positions = g.n;
-    float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions));
+ * wider GEMM into scratch, then scattered to its C (NCHW, at its batch stride) with its residual added there. */
+static int run_merged(gemm_batch g, int64_t images) {
+    int64_t positions = g.n, out_bs = g.c_bs;
+    float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions)), *out = g.c;
+    const float *residual = g.ep.residual;
     if (!temp) return TG_GEMM_NO_MEMORY;
     g.batch = 1, g.n = images * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
     int status = tg_run_gemm_batch(&g);
-    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, residual, out);
+    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, residual, g.residual_bs, out, out_bs);
     free(temp);
     return status;
 }
@@ -218,7 +222,7 @@ enum { COLUMN_BYTES = 512 << 10, COLUMNS_PER_CHANNEL = 4, COLUMNS_MERGE_BELOW = 
 
 static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, int64_t n, const float *x) {
     int64_t depth = conv->k, positions = conv->n, cout = conv->m, image_size = geo->cin * geo->h * geo->w;
-    int64_t out_size = cout * positions, group = 1, rows = geo->oh, threads = omp_get_max_threads();
+    int64_t group = 1, rows = geo->oh, threads = omp_get_max_threads();
     if (n > 1 && positions < COLUMNS_MERGE_BELOW)
         group = tg_clamp(COLUMNS_MERGED_BYTES / (int64_t)sizeof(float) / (depth * positions), 1,
                          (n + threads - 1) / threads);
@@ -238,14 +242,14 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
             if (!columns) continue;
             tg_conv_fill_columns(geo, x + first * image_size, images, oy0, oy1, columns);
             gemm_batch g = *conv;
-            int64_t at = first * out_size + oy0 * geo->ow;
             g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * block, .cs = 1};
-            if (g.ep.residual) g.ep.residual += at;
+            g.c += first * conv->c_bs + oy0 * geo->ow;
+            if (g.ep.residual) g.ep.residual += first * conv->residual_bs + oy0 * geo->ow;
             if (images > 1) {
-                failed |= run_merged(g, images, g.ep.residual, conv->c + at) != TG_GEMM_OK;
+                failed |= run_merged(g, images) != TG_GEMM_OK;
                 continue;
             }
-            g.batch = 1, g.n = block, g.c = conv->c + at;
+            g.batch = 1, g.n = block;
             failed |= tg_run_gemm_batch(&g) != TG_GEMM_OK;
         }
         free(columns);
@@ -257,10 +261,10 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                   int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
-                  float alpha, const float *residual, int32_t activation) {
+                  int64_t out_bs, float alpha, const float *residual, int32_t activation) {
     conv_geometry geometry;
-    int described = tg_conv_geometry(cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                     activation, &geometry);
+    int described = tg_conv_geometry(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                     dilation_w, out_bs, activation, &geometry);
     if (described != TG_GEMM_OK) return described;
     int64_t positions = geometry.oh * geometry.ow, depth = cin * kh * kw;
     if (geometry.oh <= 0 || geometry.ow <= 0 || n <= 0) return TG_GEMM_OK;
@@ -269,7 +273,7 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .a = weight, .a_bs = 0, .a_rs = depth, .a_cs = 1,
         .b = x, .b_bs = cin * h * w,
         .b_src = {.pack = shifted_im2col(&geometry) ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry},
-        .c = out, .c_bs = cout * positions, .c_rs = positions,
+        .c = out, .c_bs = out_bs, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = {.alpha = alpha, .activation = activation, .bias = bias, .bias_rs = 1, .bias_cs = 0,
                .residual = residual, .residual_rs = positions},
@@ -278,5 +282,5 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
 #endif
     if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
-    return run_merged(g, n, residual, out);
+    return run_merged(g, n);
 }
