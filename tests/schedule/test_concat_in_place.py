@@ -219,6 +219,10 @@ def test_a_view_s_index_maps_each_outer_block() -> None:
     ]
     single = BufferView("out", 36, 20, (1, 3, 4), (36, 4, 1))
     assert single.contiguous and repr(single.at(i)) == "(i + 20)"
+    # a conv's two images of 12 (offset, stride) in base; a block across the two runs, or a half image, are not so
+    assert view.blocks(0, 12, 2, 12) == (20, 36) and view.blocks(6, 12, 2, 6) == (26, 36)
+    assert view.blocks(0, 0, 1, 24) is None and view.blocks(6, 12, 1, 12) is None
+    assert single.blocks(0, 12, 1, 12) == (20, 12)
 
 
 def test_poisoned_arena_shows_every_slice_written(monkeypatch: pytest.MonkeyPatch) -> None:
