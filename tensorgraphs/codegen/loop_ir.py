@@ -268,10 +268,11 @@ class GemmCall:
 class ConvCall:
     """out = activation(alpha * conv2d(x, weight) + bias) + residual (with `activation_after_residual`,
     activation(alpha * conv2d(x, weight) + bias + residual)) by a conv2d kernel of the GEMM library
-    (`function`, tg_conv2d_f32's contract in gemm.h): float32, NCHW, groups 1, every array contiguous; x (batch,
-    channels, height, width), weight (out_channels, channels, *kernel), a bias per output channel, the residual and
-    out (batch, out_channels, *out_size). `x`, `weight` and `bias` start their `*_offset` elements into their
-    buffers; padding is (height, width), the same before and after."""
+    (`function`, tg_conv2d_f32's contract in gemm.h): float32, NCHW, groups 1, every array contiguous but the output,
+    whose images may lie `out_image_stride` elements apart (0: contiguous); x (batch, channels, height, width),
+    weight (out_channels, channels, *kernel), a bias per output channel, the residual and out (batch, out_channels,
+    *out_size). `x`, `weight`, `bias` and `out` start their `*_offset` elements into their buffers; padding is
+    (height, width), the same before and after."""
 
     batch: int
     channels: int
@@ -295,6 +296,12 @@ class ConvCall:
     activation: str = "none"
     out_offset: int = 0  # elements of `out`'s buffer before the result starts (its slice of a concatenation)
     activation_after_residual: bool = False
+    out_image_stride: int = 0
+
+    @property
+    def out_stride(self) -> int:
+        """Elements from one output image to the next."""
+        return self.out_image_stride or self.out_channels * math.prod(self.out_size)
 
     def __repr__(self) -> str:
         geometry = (f"{self.batch}x{self.channels}x{self.height}x{self.width} -> {self.out_channels}, kernel "
@@ -305,7 +312,9 @@ class ConvCall:
                  f"{_at_offset(self.weight, self.weight_offset)})"]
         parts += [_at_offset(self.bias, self.bias_offset)] if self.bias else []
         text = _activated(parts, self.activation, self.residual, self.activation_after_residual)
-        return f"{_at_offset(self.out, self.out_offset)} = {text} by {self.function}"
+        contiguous = self.out_channels * math.prod(self.out_size)
+        apart = f"[images {self.out_stride} apart]" if self.out_stride != contiguous else ""
+        return f"{_at_offset(self.out, self.out_offset)}{apart} = {text} by {self.function}"
 
     @property
     def flops(self) -> float:
@@ -611,6 +620,24 @@ class BufferView:
         """Whether the view is one contiguous block of `base` (then a library call writes it through a pointer)."""
         return all(stride == 1 for _, stride in self.runs())
 
+    def place(self, element: int) -> int:
+        """Where element `element` of the viewed buffer lives in `base` (`at` for a known index)."""
+        where = self.offset
+        for size, stride in reversed(self.runs()):
+            element, part = divmod(element, size)
+            where += part * stride
+        return where
+
+    def blocks(self, offset: int, stride: int, count: int, size: int) -> tuple[int, int] | None:
+        """(offset, stride) in `base` of the `count` blocks of `size` elements `stride` apart from element `offset`
+        of the viewed buffer (a conv's output images), where each is contiguous there and they lie equally far
+        apart; else None. (A view of a slice is increasing: a block whose ends lie `size - 1` apart is contiguous.)"""
+        starts = [self.place(offset + i * stride) for i in range(count)]
+        if any(self.place(offset + i * stride + size - 1) - start != size - 1 for i, start in enumerate(starts)):
+            return None
+        apart = {later - start for start, later in zip(starts, starts[1:])}
+        return (starts[0], apart.pop() if apart else stride) if len(apart) <= 1 else None
+
     def at(self, index: Expr) -> Expr:
         """Where element `index` of the viewed buffer lives in `base`."""
         runs = self.runs()
@@ -628,7 +655,20 @@ OFFSET_FIELDS: dict[type, dict[str, str]] = {
     ConvCall: {"x": "x_offset", "weight": "weight_offset", "bias": "bias_offset", "out": "out_offset"},
 }
 """The buffer fields of library calls that start some elements into their buffer (and the field saying how many):
-such an operand may be a contiguous `BufferView`."""
+such an operand may be a contiguous `BufferView`, an output written in blocks (`_written_blocks`) one that keeps
+each block contiguous."""
+
+
+def _written_blocks(stmt: Any, field_name: str) -> tuple[int, int, int] | None:
+    """(count, size, stride) of the blocks of contiguous elements that the output `field_name` of library call
+    `stmt` covers: a conv's images, a product's whole result where its rows and batches follow one another; None
+    where it is not so known."""
+    if isinstance(stmt, ConvCall) and field_name == "out":
+        return stmt.batch, stmt.out_channels * math.prod(stmt.out_size), stmt.out_stride
+    if isinstance(stmt, GemmCall) and field_name == "c" and stmt.c_strides[1] == stmt.n and (
+            stmt.batch == 1 or stmt.c_strides[0] == stmt.m * stmt.n):
+        return 1, stmt.batch * stmt.m * stmt.n, 0
+    return None
 
 
 def _through_view(stmt: Any, name: str, view: BufferView) -> Any:
@@ -645,10 +685,21 @@ def _through_view(stmt: Any, name: str, view: BufferView) -> Any:
     for field_name in BUFFER_FIELDS.get(type(stmt), ()):
         if getattr(stmt, field_name) != name:
             continue
-        if field_name not in offsets or not view.contiguous:
+        if field_name not in offsets:
             return None
+        offset, blocks = getattr(stmt, offsets[field_name]), _written_blocks(stmt, field_name)
+        if blocks is None:
+            if not view.contiguous:
+                return None
+            changes[offsets[field_name]] = offset + view.offset
+        else:
+            count, size, stride = blocks
+            if (placed := view.blocks(offset, stride, count, size)) is None:
+                return None
+            changes[offsets[field_name]] = placed[0]
+            if isinstance(stmt, ConvCall):
+                changes["out_image_stride"] = placed[1]
         changes[field_name] = view.base
-        changes[offsets[field_name]] = getattr(stmt, offsets[field_name]) + view.offset
     if isinstance(stmt, GemmCall):
         changes["epilogue"] = _through_view(stmt.epilogue, name, view)
     changed = dataclasses.replace(stmt, **changes)
@@ -657,8 +708,8 @@ def _through_view(stmt: Any, name: str, view: BufferView) -> Any:
 
 def written_through(kernel: Kernel, name: str, view: BufferView) -> Kernel | None:
     """`kernel` storing and loading buffer `name`'s elements through `view`, in its base; None where a statement
-    cannot address the view (a library call's operand without an offset, or any of its operands where the view is
-    not one contiguous block)."""
+    cannot address the view (a library call's operand without an offset, an input where the view is not one
+    contiguous block, an output whose blocks it does not keep contiguous and equally far apart)."""
     body = [_through_view(stmt, name, view) for stmt in kernel.body]
     if None in body:
         return None

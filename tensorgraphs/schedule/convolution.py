@@ -13,7 +13,8 @@ faster than the decomposition, `IM2COL_PRIOR`). A grouped pointwise conv (Shuffl
 (`_grouped_fits`). Run by a kernel, the composite is kept whole by the scheduler: one `ConvCall` (for
 "grouped_gemm" a `GemmCall` per image, batched over the groups) reading x and the weight where their buffers
 hold them in NCHW order (through reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else
-is materialized first) and writing a buffer of its own.
+is materialized first) and writing a buffer of its own, or its images into their slice of a concatenation's
+(`fusion.write_slices_in_place`: the kernels take the output's image stride).
 
 Its elementwise consumers that the kernel applies before storing (a scale, a bias per output channel: the
 frontend adds conv's bias after the composite, an activation, a residual; gemm.h's epilogue) are fused into the

@@ -245,8 +245,10 @@ def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], o
     kernels writing them write there, those reading them read there (`written`, node -> the kernel computing it,
     is updated), and the concatenation copies only the other pieces. A piece qualifies when its buffer is a
     temporary that no other piece of the concatenation is stored in, and every kernel touching it can address the
-    view (`written_through`: a library call's operand only a contiguous one). A concatenation of concatenations (a
-    DenseNet's block, each layer's read by its batch norm too) so writes each input once, into the last one."""
+    view (`written_through`: a library call's input only a contiguous one, its output one that keeps its blocks
+    contiguous and equally far apart: a conv's images along the channels of a batch, at their offset and the
+    concatenation's image stride). A concatenation of concatenations (a DenseNet's block, each layer's read by its
+    batch norm too) so writes each input once, into the last one."""
     placed: set[Node] = set()
     views: list[tuple[str, BufferView]] = []  # every view made, in order: a chain of them composes
     for cat in [n for n in written if runs_as_concat(n)]:

@@ -180,3 +180,49 @@ def test_activation_after_the_residual_keeps_nan_inf_and_signed_zeros_like_torch
     expected = torch.nn.functional.gelu(
         _expected(x, weight, bias, stride, 1, 1) + torch.from_numpy(residual), approximate="tanh")
     np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-5, atol=1e-4)
+
+
+# (batch, cin, h, w, cout, kernel, stride, padding): merged small images (7x7; 13x13 strided, AVX2's explicit columns
+# merged), large ones (one GEMM each; AVX2's column blocks of output rows), odd channel counts, one image
+STRIDED_OUT_CASES = [
+    (8, 16, 7, 7, 12, (3, 3), 1, 1),
+    (3, 5, 9, 11, 7, (3, 3), 1, 1),
+    (8, 8, 13, 13, 5, (1, 1), 2, 0),
+    (2, 3, 34, 32, 5, (3, 3), 1, 1),
+    (2, 16, 66, 63, 5, (3, 3), 2, 1),
+    (1, 4, 7, 7, 3, (3, 3), 1, 1),
+]
+
+
+@pytest.mark.parametrize(
+    "conv2d",
+    [*KERNELS.values(), pytest.param(functools.partial(gemm.conv2d, algorithm="winograd"), marks=AVX512)],
+    ids=[*KERNELS, "winograd"],
+)
+@pytest.mark.parametrize("case", STRIDED_OUT_CASES, ids=str)
+def test_output_images_are_written_into_a_slice_of_the_channels(conv2d, case):
+    """out= a slice of a concatenation along the channels (images `out_bs` floats apart, tg_conv2d_fn): every kernel
+    writes its images there with the whole epilogue, the residual read contiguous, and nothing else of the buffer
+    (NaN before, NaN after)."""
+    batch, cin, h, w, cout, kernel, stride, padding = case
+    x, weight, bias = random((batch, cin, h, w), 11), random((cout, cin, *kernel), 12), random((cout,), 13)
+    expected = torch.relu(0.5 * _expected(x, weight, None, stride, padding, 1) + torch.from_numpy(bias)[:, None, None])
+    residual = random(tuple(expected.shape), 14)
+    concatenation = np.full((batch, cout + 9, *expected.shape[2:]), np.nan, np.float32)
+    out = concatenation[:, 4 : 4 + cout]
+    got = conv2d(x, weight, bias, stride, padding, residual=residual, activation="relu", alpha=0.5, out=out)
+    assert got is out
+    np.testing.assert_allclose(out, (expected + torch.from_numpy(residual)).numpy(), rtol=1e-5, atol=1e-4)
+    assert np.isnan(np.delete(concatenation, np.s_[4 : 4 + cout], 1)).all(), f"{case}: wrote outside its slice"
+
+
+def test_overlapping_output_images_are_refused():
+    x, weight = random((2, 3, 5, 5), 15), random((4, 3, 1, 1), 16)
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(200, np.float32), (2, 4, 5, 5), (40, 100, 20, 4))
+    with pytest.raises(ArgumentError, match="overlap"):
+        gemm.call_conv(lambda *_: 0, x, weight, out=overlapping)
+    out = np.empty((2, 4, 5, 5), np.float32)
+    for function in [gemm._functions()[name] for name in gemm.CONV_ALGORITHMS.values()] if gemm.available() else []:
+        geometry = (2, 3, 5, 5, 4, 1, 1, 1, 1, 0, 0, 1, 1)  # the kernel's own check: images 99 floats apart
+        status = function(*geometry, x.ctypes.data, weight.ctypes.data, None, out.ctypes.data, 99, 1.0, None, 0)
+        assert status == -1, function

@@ -230,7 +230,7 @@ def conv_call(call: ConvCall, array: dict[str, str]) -> str:
 
     args = [call.batch, call.channels, call.height, call.width, call.out_channels, *call.kernel, *call.stride,
             *call.padding, *call.dilation, pointer(call.x, call.x_offset), pointer(call.weight, call.weight_offset),
-            pointer(call.bias, call.bias_offset), pointer(call.out, call.out_offset),
+            pointer(call.bias, call.bias_offset), pointer(call.out, call.out_offset), call.out_stride,
             literal(call.alpha, dtypes.float32), pointer(call.residual),
             gemm.epilogue_code(call.activation, call.activation_after_residual)]
     return f"(void){call.function}({', '.join(map(str, args))});"

@@ -69,7 +69,7 @@ GEMM_ARGTYPES = (
     + [_ptr, _i64, _i64, _f32, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64]
     + [_i32] * 3  # activation, a_prologue, b_prologue
 )
-CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_f32, _ptr, _i32]
+CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_i64, _f32, _ptr, _i32]
 
 
 @functools.cache
@@ -307,11 +307,13 @@ def call_conv(
     activation: str = "none",
     alpha: float = 1.0,
     activation_after_residual: bool = False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue,
     out = activation(alpha * conv2d(x, weight) + bias) + residual (with `activation_after_residual`,
     activation(alpha * conv2d(x, weight) + bias + residual)), by `function` (any C function with the signature
-    tg_conv2d_fn, gemm.h)."""
+    tg_conv2d_fn, gemm.h). `out`, if given, may have its images any distance apart, each contiguous (a slice of a
+    concatenation along the channels); nothing else of its buffer is written."""
     x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
     if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
         fail("conv2d", f"input {x.shape} and weight {weight.shape} do not fit (need NCHW and (Cout, Cin, kH, kW))")
@@ -323,7 +325,7 @@ def call_conv(
     oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
         fail("conv2d", f"input {x.shape} with padding {(ph, pw)} is smaller than the kernel {weight.shape}")
-    out = np.empty((batch, cout, oh, ow), np.float32)
+    out = _conv_out(out, (batch, cout, oh, ow), x, weight, bias, residual)
     bias, residual = (
         None if value is None else np.ascontiguousarray(np.broadcast_to(_float32("conv2d", name, value), shape))
         for name, value, shape in (("bias", bias, (cout,)), ("residual", residual, out.shape))
@@ -331,8 +333,22 @@ def call_conv(
     geometry = (batch, cin, h, w, cout, kh, kw, sh, sw, ph, pw, dh, dw)
     pointers = [None if array is None else _address(array) for array in (x, weight, bias, out, residual)]
     code = epilogue_code(activation, activation_after_residual)
-    status = function(*geometry, *pointers[:4], alpha, pointers[4], code)
+    status = function(*geometry, *pointers[:4], out.strides[0] // 4, alpha, pointers[4], code)
     _check_status("conv2d", status)
+    return out
+
+
+def _conv_out(out: np.ndarray | None, shape: tuple[int, ...], *inputs: np.ndarray | None) -> np.ndarray:
+    """`out` checked to be a conv kernel's output of `shape` (images any distance apart, each contiguous, overlapping
+    no input), or a new array."""
+    if out is None:
+        return np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not all(image.flags.c_contiguous for image in out[:1]):
+        fail("conv2d", f"out must be float32 {shape} with contiguous images, got {out.dtype} {out.shape}")
+    if shape[0] > 1 and out.strides[0] < 4 * out[0].size:
+        fail("conv2d", "out's images must not overlap", ArgumentError)
+    if any(array is not None and np.may_share_memory(out, array) for array in inputs):
+        fail("conv2d", "out must not overlap an input", ArgumentError)
     return out
 
 

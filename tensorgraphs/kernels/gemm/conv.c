@@ -171,18 +171,18 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
 }
 
 /* out[img, co, p] = `rest` of the epilogue (the residual, and an activation after it) on temp[co, img*positions + p]:
- * the merged layout back to NCHW. */
+ * the merged layout back to NCHW, the images of out `out_bs` floats apart (the residual's contiguous). */
 static void scatter_images(const float *temp, int64_t images, int64_t cout, int64_t positions, const tg_epilogue *rest,
-                           float *out) {
+                           float *out, int64_t out_bs) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t image = 0; image < images; image++)
         for (int64_t co = 0; co < cout; co++) {
             const float *from = temp + (co * images + image) * positions;
-            int64_t row = image * cout + co;
+            float *to = out + image * out_bs + co * positions;
             if (rest->residual || rest->activation != TG_ACT_NONE)
-                tg_epilogue_row(from, out + row * positions, positions, rest, row);
+                tg_epilogue_row(from, to, positions, rest, image * cout + co);
             else
-                memcpy(out + row * positions, from, (size_t)positions * sizeof(float));
+                memcpy(to, from, (size_t)positions * sizeof(float));
         }
 }
 
@@ -194,11 +194,11 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
 enum { MERGE_IMAGES_BELOW = 1024 };
 
 /* `g` (a batch of `images` problems, one per image, whose B columns continue from one image to the next) as one
- * wider GEMM into scratch, then scattered to `out` (NCHW): its epilogue up to the residual in the GEMM, the residual
- * and what comes after it in the scatter. */
-static int run_merged(gemm_batch g, int64_t images, float *out) {
-    int64_t positions = g.n;
-    float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions));
+ * wider GEMM into scratch, then scattered to its C (NCHW, at its batch stride): its epilogue up to the residual in
+ * the GEMM, the residual (contiguous images) and what comes after it in the scatter. */
+static int run_merged(gemm_batch g, int64_t images) {
+    int64_t positions = g.n, out_bs = g.c_bs;
+    float *temp = malloc(sizeof(float) * (size_t)(g.m * images * positions)), *out = g.c;
     if (!temp) return TG_GEMM_NO_MEMORY;
     tg_epilogue rest = {.alpha = 1.0f, .residual = g.ep.residual, .residual_rs = positions,
                         .activation = g.ep.activation_after_residual ? g.ep.activation : TG_ACT_NONE,
@@ -206,7 +206,7 @@ static int run_merged(gemm_batch g, int64_t images, float *out) {
     if (g.ep.activation_after_residual) g.ep.activation = TG_ACT_NONE;
     g.batch = 1, g.n = images * positions, g.ep.residual = NULL, g.c = temp, g.c_rs = g.n;
     int status = tg_run_gemm_batch(&g);
-    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, &rest, out);
+    if (status == TG_GEMM_OK) scatter_images(temp, images, g.m, positions, &rest, out, out_bs);
     free(temp);
     return status;
 }
@@ -224,7 +224,7 @@ enum { COLUMN_BYTES = 512 << 10, COLUMNS_PER_CHANNEL = 4, COLUMNS_MERGE_BELOW = 
 
 static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, int64_t n, const float *x) {
     int64_t depth = conv->k, positions = conv->n, cout = conv->m, image_size = geo->cin * geo->h * geo->w;
-    int64_t out_size = cout * positions, group = 1, rows = geo->oh, threads = omp_get_max_threads();
+    int64_t group = 1, rows = geo->oh, threads = omp_get_max_threads();
     if (n > 1 && positions < COLUMNS_MERGE_BELOW)
         group = tg_clamp(COLUMNS_MERGED_BYTES / (int64_t)sizeof(float) / (depth * positions), 1,
                          (n + threads - 1) / threads);
@@ -244,14 +244,14 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
             if (!columns) continue;
             tg_conv_fill_columns(geo, x + first * image_size, images, oy0, oy1, columns);
             gemm_batch g = *conv;
-            int64_t at = first * out_size + oy0 * geo->ow;
             g.b = columns, g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = images * block, .cs = 1};
-            if (g.ep.residual) g.ep.residual += at;
+            g.c += first * conv->c_bs + oy0 * geo->ow;
+            if (g.ep.residual) g.ep.residual += first * conv->residual_bs + oy0 * geo->ow;
             if (images > 1) {
-                failed |= run_merged(g, images, conv->c + at) != TG_GEMM_OK;
+                failed |= run_merged(g, images) != TG_GEMM_OK;
                 continue;
             }
-            g.batch = 1, g.n = block, g.c = conv->c + at;
+            g.batch = 1, g.n = block;
             failed |= tg_run_gemm_batch(&g) != TG_GEMM_OK;
         }
         free(columns);
@@ -263,10 +263,10 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                   int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
-                  float alpha, const float *residual, int32_t activation) {
+                  int64_t out_bs, float alpha, const float *residual, int32_t activation) {
     conv_geometry geometry;
-    int described = tg_conv_geometry(cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                     activation, &geometry);
+    int described = tg_conv_geometry(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                     dilation_w, out_bs, activation, &geometry);
     if (described != TG_GEMM_OK) return described;
     int64_t positions = geometry.oh * geometry.ow, depth = cin * kh * kw;
     if (geometry.oh <= 0 || geometry.ow <= 0 || n <= 0) return TG_GEMM_OK;
@@ -275,7 +275,7 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .a = weight, .a_bs = 0, .a_rs = depth, .a_cs = 1,
         .b = x, .b_bs = cin * h * w,
         .b_src = {.pack = shifted_im2col(&geometry) ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry},
-        .c = out, .c_bs = cout * positions, .c_rs = positions,
+        .c = out, .c_bs = out_bs, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = tg_epilogue_of(alpha, activation, bias, 1, 0, residual, positions),
     };
@@ -283,5 +283,5 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
 #endif
     if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
-    return run_merged(g, n, out);
+    return run_merged(g, n);
 }

@@ -99,10 +99,10 @@ enum { BAND_FLOATS = 4096 };
 int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                          int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
-                         float alpha, const float *residual, int32_t activation) {
+                         int64_t out_bs, float alpha, const float *residual, int32_t activation) {
     conv_geometry g;
-    int described = tg_conv_geometry(cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                     activation, &g);
+    int described = tg_conv_geometry(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                     dilation_w, out_bs, activation, &g);
     if (described != TG_GEMM_OK) return described;
     if (g.oh <= 0 || g.ow <= 0 || n <= 0 || cout <= 0) return TG_GEMM_OK;
     padded_band one_row = band_of(&g, 1);
@@ -137,7 +137,7 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
         }
         int64_t image = task / per_image, oy0 = task % per_image * rows, oy1 = min_i64(oy0 + rows, g.oh);
         pad_band(&g, &band, x + image * cin * h * w, oy0 * stride_h, padded);
-        float *c = out + image * cout * positions;
+        float *c = out + image * out_bs;
         tg_epilogue ep = tg_epilogue_of(alpha, activation, bias, 1, 0,
                                         residual ? residual + image * cout * positions : NULL, positions);
         for (int64_t panel = 0; panel < panels; panel++)

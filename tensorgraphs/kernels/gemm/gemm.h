@@ -57,13 +57,14 @@ tg_gemm_fn tg_gemm_bf16_f32;
 tg_gemm_fn tg_blas_gemm_f32;
 
 /* The signature every conv2d kernel shares: conv2d in NCHW (PyTorch layout, groups = 1): x (n, cin, h, w), weight
- * (cout, cin, kh, kw), bias (cout) or NULL, out (n, cout, oh, ow) contiguous, with the same epilogue (alpha,
- * activation, residual shaped like out). */
+ * (cout, cin, kh, kw), bias (cout) or NULL, out (n, cout, oh, ow) with its images `out_bs` floats apart (at least
+ * cout*oh*ow: each image contiguous, as in a slice of a concatenation along the channels), with the same epilogue
+ * (alpha, activation, residual shaped like out and contiguous). */
 typedef int tg_conv2d_fn(int64_t n, int64_t cin, int64_t h, int64_t w,
                          int64_t cout, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
                          int64_t dilation_h, int64_t dilation_w,
-                         const float *x, const float *weight, const float *bias, float *out,
+                         const float *x, const float *weight, const float *bias, float *out, int64_t out_bs,
                          float alpha, const float *residual, int32_t activation);
 
 /* By the GEMM with an implicit im2col (conv.c). */

@@ -67,7 +67,8 @@ static void multiply(const float *weight, const float *columns, int64_t m, int64
 /* Images of at least MERGE_IMAGES_BELOW positions, block by block of output rows, the blocks handed out to the
  * threads one at a time (a thread the OS deschedules holds back no one), each filling its own columns. */
 static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, const float *x, const float *weight,
-                           const float *bias, float *out, float alpha, const float *residual, int32_t activation) {
+                           const float *bias, float *out, int64_t out_bs, float alpha, const float *residual,
+                           int32_t activation) {
     int64_t positions = g->oh * g->ow, depth = g->cin * g->kh * g->kw, image_size = g->cin * g->h * g->w;
     int64_t wide = tg_clamp(BLOCK_BYTES / (int64_t)sizeof(float) / depth, BLOCK_PER_ROW * cout, positions);
     int64_t rows = tg_clamp(wide / g->ow, 1, g->oh), per_image = (g->oh + rows - 1) / rows;
@@ -81,15 +82,17 @@ static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, cons
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n * per_image; task++) {
             int64_t image = task / per_image, oy0 = task % per_image * rows;
-            int64_t block = (oy0 + rows < g->oh ? rows : g->oh - oy0) * g->ow, at = image * cout * positions + oy0 * g->ow;
+            int64_t block = (oy0 + rows < g->oh ? rows : g->oh - oy0) * g->ow;
+            float *to = out + image * out_bs + oy0 * g->ow;
             if (unit)
-                multiply(weight, x + image * image_size + oy0 * g->ow, cout, block, depth, positions, alpha, out + at,
+                multiply(weight, x + image * image_size + oy0 * g->ow, cout, block, depth, positions, alpha, to,
                          positions);
             else if (columns) {
                 tg_conv_fill_columns(g, x + image * image_size, 1, oy0, oy0 + block / g->ow, columns);
-                multiply(weight, columns, cout, block, depth, block, alpha, out + at, positions);
+                multiply(weight, columns, cout, block, depth, block, alpha, to, positions);
             }
-            finish_rows(out + at, positions, cout, block, bias, residual ? residual + at : NULL, activation, out + at,
+            finish_rows(to, positions, cout, block, bias,
+                        residual ? residual + image * cout * positions + oy0 * g->ow : NULL, activation, to,
                         positions);
         }
         free(columns);
@@ -100,7 +103,8 @@ static int convolve_blocks(const conv_geometry *g, int64_t n, int64_t cout, cons
 /* Images of fewer positions, in chunks of whole images merged into one wider product, whose columns the threads
  * split (16 at a time). */
 static int convolve_merged(const conv_geometry *g, int64_t n, int64_t cout, const float *x, const float *weight,
-                           const float *bias, float *out, float alpha, const float *residual, int32_t activation) {
+                           const float *bias, float *out, int64_t out_bs, float alpha, const float *residual,
+                           int32_t activation) {
     int64_t positions = g->oh * g->ow, depth = g->cin * g->kh * g->kw, image_size = g->cin * g->h * g->w;
     int64_t chunk = tg_clamp(MERGE_BYTES / (int64_t)sizeof(float) / (depth * positions), 1, n);
     float *columns = malloc(sizeof(float) * (size_t)(depth * chunk * positions));
@@ -116,9 +120,9 @@ static int convolve_merged(const conv_geometry *g, int64_t n, int64_t cout, cons
             if (j0 < j1) multiply(weight, columns + j0, cout, j1 - j0, depth, width, alpha, merged + j0, width);
         }
         for (int64_t image = 0; image < images; image++) {
-            int64_t at = (first + image) * cout * positions;
-            finish_rows(merged + image * positions, width, cout, positions, bias, residual ? residual + at : NULL,
-                        activation, out + at, positions);
+            int64_t at = first + image;
+            finish_rows(merged + image * positions, width, cout, positions, bias,
+                        residual ? residual + at * cout * positions : NULL, activation, out + at * out_bs, positions);
         }
     }
     free(columns);
@@ -129,10 +133,10 @@ static int convolve_merged(const conv_geometry *g, int64_t n, int64_t cout, cons
 int tg_conv2d_im2col_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                          int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
-                         float alpha, const float *residual, int32_t activation) {
+                         int64_t out_bs, float alpha, const float *residual, int32_t activation) {
     conv_geometry g;
-    int described = tg_conv_geometry(cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                                     activation, &g);
+    int described = tg_conv_geometry(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                     dilation_w, out_bs, activation, &g);
     if (described != TG_GEMM_OK) return described;
     if (g.oh <= 0 || g.ow <= 0 || n <= 0 || cout <= 0) return TG_GEMM_OK;
     /* OpenBLAS's thread count is global: programs run their kernels one at a time, so it is restored before any
@@ -140,7 +144,7 @@ int tg_conv2d_im2col_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
     int blas_threads = scipy_openblas_get_num_threads();
     scipy_openblas_set_num_threads(1);
     int status = (g.oh * g.ow >= MERGE_IMAGES_BELOW ? convolve_blocks : convolve_merged)(
-        &g, n, cout, x, weight, bias, out, alpha, residual, activation);
+        &g, n, cout, x, weight, bias, out, out_bs, alpha, residual, activation);
     scipy_openblas_set_num_threads(blas_threads);
     return status;
 }

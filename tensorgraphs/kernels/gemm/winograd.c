@@ -252,10 +252,10 @@ static int transform_input(const geometry *g, const float *x, float *v) {
     return !bad;
 }
 
-/* out = epilogue(A^T M A), each 4x4 tile cut at the output's edge: 16 output channels of a tile at a time,
- * transposed in registers so each channel's tile is four short row stores. */
+/* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 output
+ * channels of a tile at a time, transposed in registers so each channel's tile is four short row stores. */
 static void transform_output(const geometry *g, const float *m, const float *bias, float alpha,
-                             const float *residual, int32_t activation, float *out) {
+                             const float *residual, int32_t activation, float *out, int64_t out_bs) {
     int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t p = 0; p < g->tiles; p++)
@@ -278,16 +278,17 @@ static void transform_output(const geometry *g, const float *m, const float *bia
             int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
             __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
             for (int64_t c = 0; c < 16 && co + c < g->cout; c++) {
-                int64_t at = (image * g->cout + co + c) * positions + top * g->ow + left;
+                int64_t at = (co + c) * positions + top * g->ow + left;
+                const float *add = residual ? residual + image * g->cout * positions + at : NULL;
                 float values[16] __attribute__((aligned(64))), residual_tile[16] __attribute__((aligned(64)));
-                for (int64_t i = 0; residual && i < TILE; i++) /* the tile's residual, laid out as tile_values[c] */
+                for (int64_t i = 0; add && i < TILE; i++) /* the tile's residual, laid out as tile_values[c] */
                     _mm_store_ps(residual_tile + TILE * i,
-                                 i < height ? _mm_maskz_loadu_ps(width, residual + at + i * g->ow) : _mm_setzero_ps());
+                                 i < height ? _mm_maskz_loadu_ps(width, add + i * g->ow) : _mm_setzero_ps());
                 tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co + c : NULL, 0, 0,
-                                                residual ? residual_tile : NULL, 0);
+                                                add ? residual_tile : NULL, 0);
                 _mm512_store_ps(values, tg_epilogue_apply(tile_values[c], &ep, 0, 0, (__mmask16)0xFFFF));
                 for (int64_t i = 0; i < height; i++)
-                    _mm_mask_storeu_ps(out + at + i * g->ow, width, _mm_load_ps(values + TILE * i));
+                    _mm_mask_storeu_ps(out + image * out_bs + at + i * g->ow, width, _mm_load_ps(values + TILE * i));
             }
         }
 }
@@ -310,13 +311,14 @@ static float *scratch_floats(size_t count) {
 int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
-                           float alpha, const float *residual, int32_t activation) {
+                           int64_t out_bs, float alpha, const float *residual, int32_t activation) {
     int winograd = kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 &&
                    pad_h >= 0 && pad_w >= 0 && tg_conv_activation_known(activation);
     geometry g = {n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
     g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE, g.tiles = n * g.tiles_h * g.tiles_w;
     winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
-               n * cin * h * w < INT32_MAX / 2; /* gather offsets are int32 */
+               n * cin * h * w < INT32_MAX / 2 && /* gather offsets are int32 */
+               (n == 1 || out_bs >= cout * g.oh * g.ow); /* else refused by tg_conv2d_f32 */
     /* T (twice the weights), U for one row of points at a time (so it is read while still cached), V and M */
     size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
     size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
@@ -324,7 +326,7 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     float *u = t + 3 * PATCH * weights, *v = u + PATCH * weights, *m = v + rows * cin;
     if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v))
         return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
-                             weight, bias, out, alpha, residual, activation);
+                             weight, bias, out, out_bs, alpha, residual, activation);
     int status = TG_GEMM_OK;
     for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
         transform_weight_row(&g, t, xi, u);
@@ -332,6 +334,6 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
                              cin * cout, cout, 1, m + xi * PATCH * g.tiles * cout, g.tiles * cout, cout, 1.0f, NULL,
                              0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
     }
-    if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out);
+    if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out, out_bs);
     return status;
 }
