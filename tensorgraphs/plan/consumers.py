@@ -128,11 +128,12 @@ def use_with(composite: Node, consumers: list[Node]) -> Use:
 
 def _consumers(composite: Node, users: dict[Node, list[Node | None]], position: dict[Node, int]) -> list[Node]:
     """The largest region of elementwise ops that follow `composite` and leave through one node (a relu reads its
-    input twice), grown user by user: the consumers, sources first, the exit last."""
+    input twice), grown by the elementwise users of the region at each step: the consumers, sources first, the exit
+    last."""
     region, found = {composite}, []
     while True:
-        outs = {u for n in region for u in users[n] if u is not None and u not in region}
-        if not outs or len(region) + len(outs) > MAX_CONSUMERS + 1 or any(u.op not in ELEMENTWISE for u in outs):
+        outs = {u for n in region for u in users[n] if u is not None and u not in region and u.op in ELEMENTWISE}
+        if not outs or len(region) + len(outs) > MAX_CONSUMERS + 1:
             return found
         region |= outs
         exits = [n for n in region if any(u is None or u not in region for u in users[n])]

@@ -4,6 +4,7 @@ measurements of candidates written into the database, a held-out script and a sm
 from __future__ import annotations
 
 import textwrap
+from typing import Callable
 
 import numpy as np
 
@@ -11,10 +12,9 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.codegen.loop_ir import ScheduleOptions
 from tensorgraphs.frontend.tensor import Tensor
-from tensorgraphs.graph.ops import Op
 from tensorgraphs.kerneldb import DevicePeaks
-from tensorgraphs.plan.choices import code_hash, compiled_planner, kernel_id
-from tensorgraphs.plan.consumers import Use, alone, uses_in
+from tensorgraphs.plan.choices import code_hash, collecting, compiled_planner, kernel_id
+from tensorgraphs.plan.consumers import Use, alone
 from tensorgraphs.plan.signature import Signature
 
 PEAKS = DevicePeaks(bandwidth=1e10, flops=1e11, overhead=1e-6)
@@ -43,9 +43,12 @@ def fixed_seconds(options: ScheduleOptions) -> float:
     return 1.0 - sum(0.1 for name, value in FAST.items() if getattr(options, name) == value)
 
 
-def use_in(root: Tensor, sig: Signature) -> Use:
-    """How a program computing `root` uses composite `sig` (with the elementwise passes that follow it)."""
-    return uses_in([root.node], lambda n: n.op is Op.BUFFER)[sig]
+def uses_of(fn: Callable[..., Tensor], *arguments: Tensor) -> list[Use]:
+    """The composite uses (with the elementwise passes that follow each) the program of `tg.compile(fn)` called on
+    `arguments` plans: its graph as the scheduler sees it, rewritten."""
+    with collecting() as found:
+        tg.compile(fn)(*arguments)
+    return [use for uses in found.values() for use in uses]
 
 
 def record_candidates(used: Use | Signature, seconds: dict[str, float]) -> None:
