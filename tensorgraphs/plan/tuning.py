@@ -7,8 +7,10 @@ realizes on the "planned" device (nested ones included).
 
 Tuning measures what the database lacks (so an interrupted tune resumes where it
 stopped), within the time budget: for a compiled program, each candidate of a
-composite that has a choice, as a program of its own (while the script runs, as
-TG_TUNE=1 would, then those left), and the schedules of each generated kernel
+composite that has a choice, as a program of its own computing the composite with
+the elementwise passes that follow it there (`plan.consumers`: a candidate that
+fuses them is charged the same work as one that leaves them; while the script
+runs, as TG_TUNE=1 would, then those left), and the schedules of each generated kernel
 (`plan.kernel_search`, as its program is built), then each program with tuned choices
 as a whole against its defaults (`plan.step_check`); for the planned device, each
 candidate route as measurement tasks (each kernel, its COPY in and out, each
