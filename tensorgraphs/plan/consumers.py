@@ -3,10 +3,11 @@
 Candidates differ in what they leave to the rest of the program: a conv kernel applies a batch norm, a bias, a
 relu or a residual in its call (its epilogue), where the decomposition leaves them as passes over its result (or
 fuses them into its own loops). Timed alone, a candidate that fuses them ties one that leaves them, so the
-compiled path's planner (`plan.choices`) times every candidate on the same work: the composite followed by
-`consumers`, the chain of elementwise ops that alone consume its result (at most `MAX_CONSUMERS`), their other
-operands anonymous. Each operand is cut at its first node that is not a view or a constant, so a batch norm's
-statistics stay vectors over the channels (what the epilogue folds) and a residual stays a whole tensor.
+compiled path's planner (`plan.choices`) times every candidate on the same work: the composite followed by its
+`consumers`, the largest region of elementwise ops after it that the rest of the graph reads through one node (at
+most `MAX_CONSUMERS`), their other operands anonymous. An operand keeps its constants, views and elementwise ops on
+data smaller than the composite's result, so a batch norm's statistics stay vectors over the channels (what the
+epilogue folds), and is cut at anything else (a residual becomes a whole tensor of input).
 
 The scheduler names the uses of the graph it builds (`using(uses_in(...))`); a composite met elsewhere (a nested
 one of a decomposition, one asked about on its own) is used `alone`. A signature used with two chains in one graph
@@ -19,7 +20,7 @@ import contextlib
 import contextvars
 import hashlib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from tensorgraphs.graph.composite import is_composite
@@ -34,14 +35,14 @@ residual)."""
 
 @dataclass(frozen=True, eq=False)
 class Use:
-    """A composite with the chain of consumers a candidate may fuse or leave: `roots` computes the chain's end from
-    placeholders (just the composite when `consumers` is ""), `consumers` is the chain's structural key. Uses are
-    equal when both their signature and their consumers are."""
+    """A composite with the consumers a candidate may fuse or leave: `roots` computes the consumers' exit from
+    placeholders (just the composite when `consumers` is ""), `consumers` is their structural key. Uses are equal
+    when both their signature and their consumers are."""
 
     signature: Signature
     consumers: str
-    roots: tuple[Node, ...] = field(compare=False)
-    composite: Node = field(compare=False)
+    roots: tuple[Node, ...]
+    composite: Node
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Use) and (self.signature, self.consumers) == (other.signature, other.consumers)
