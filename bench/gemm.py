@@ -135,7 +135,7 @@ def planned_conv(x: np.ndarray, weight: np.ndarray, stride: int, padding: int) -
     conv = tg.compile(lambda a, b: F.conv2d(a, b, stride=stride, padding=padding))
     with tuning(), collecting() as found:
         conv(x, weight)
-    (node,) = [node for composites in found.values() for sig, node in composites.items() if sig.name == "conv2d"]
+    (node,) = [node for uses in found.values() for use, node in uses.items() if use.signature.name == "conv2d"]
     return compiled_planner().route(node), lambda: conv(x, weight)
 
 

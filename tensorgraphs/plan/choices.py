@@ -3,18 +3,21 @@
 The scheduler asks `route_of(node)` for every composite it meets. A composite's candidates are its rows in
 `CANDIDATES` (registered by whoever can lower them: `schedule.extern` registers the GEMM library and the BLAS
 kernel for `matmul`) plus its decomposition (lowered loops, fused with their neighbours), always last. With one
-applicable candidate there is nothing to decide. Otherwise the choice is per `Signature` (the composite with
-its inputs anonymous, so identical layers are planned once), the candidate with the smallest
+applicable candidate there is nothing to decide. Otherwise the choice is per use (`plan.consumers.Use`: the
+composite's `Signature`, its inputs anonymous, with the elementwise passes that follow it, so identical layers are
+planned once), the candidate with the smallest
 
-1. measured time: its row in the kernel database (kernel id `compiled.<composite>.<candidate>`), else
+1. measured time: its row in the kernel database (kernel id `compiled.<composite>.<candidate>`, the signature with
+   its consumers, `Use.measured_as`), else
 2. predicted time (`CostModel.predict`): a regression over the candidate's other measured shapes, or, with
    none, the roofline times the candidate's `prior` (so a machine with no measurements gets the table's order).
 
 Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at most `MEASURE_LIMIT`
-signatures per process), so compiling stays fast by default: a measurement compiles the composite alone with
-each candidate forced (`forced`) and times the programs interleaved, so it measures exactly what would run, under
-the same load. A candidate's
-`applies` must depend on the node's signature only (dtypes, shapes, parameters): choices are cached by it.
+uses per process), so compiling stays fast by default: a measurement compiles the composite with the elementwise
+passes that follow it in the program (a batch norm, a relu, a residual) with each candidate forced (`forced`) and
+times the programs interleaved, so it measures exactly what would run, under the same load, and a candidate that
+fuses those passes into its call is charged the same work as one that leaves them. A candidate's `applies` must
+depend on the node's signature only (dtypes, shapes, parameters).
 A candidate also names the target features it `needs` (a call of a native kernel library); a program built for a
 target without them (`targeting`: the portable C device) runs the decomposition.
 A compiled program remembers the routes it was built with (`routes_taken`) and is rebuilt when one changed.
@@ -36,9 +39,10 @@ import numpy as np
 from tensorgraphs.graph.composite import is_composite
 from tensorgraphs.graph.node import Node
 from tensorgraphs.kerneldb import KernelDB, default_db, device_fingerprint, per_database
+from tensorgraphs.plan.consumers import Use, use_of, using
 from tensorgraphs.plan.cost import NOMINAL_PEAKS, CostModel, Estimate
 from tensorgraphs.plan.measure import kernel_clock, random_array, time_interleaved
-from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
+from tensorgraphs.plan.signature import Signature, TensorSpec, signature_of
 
 DECOMPOSE = "decompose"
 KERNEL_LIBRARIES = "kernel_libraries"
@@ -51,7 +55,7 @@ SCHEDULE_SEARCH = "schedule_search"
 (`plan.kernel_search`)."""
 ALL_FEATURES = frozenset({KERNEL_LIBRARIES, OPENBLAS, SCHEDULE_SEARCH})
 MEASURE_LIMIT = 64
-"""Signatures TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
+"""Uses TG_TUNE=1 measures per process at most (each costs a compile per candidate)."""
 CHOICE_CACHE_SIZE = 4096
 T = TypeVar("T")
 
@@ -130,7 +134,7 @@ class Option:
 
 _FORCED: contextvars.ContextVar[tuple[tuple[Signature, str], ...]] = contextvars.ContextVar("forced", default=())
 _LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("planning_for", default="eager graphs")
-_COLLECTORS: list[dict[str, dict[Signature, Node]]] = []
+_COLLECTORS: list[dict[str, dict[Use, Node]]] = []
 _FEATURES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("target_features", default=ALL_FEATURES)
 
 
@@ -176,9 +180,9 @@ def planning_label() -> str:
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[dict[str, dict[Signature, Node]]]:
-    """Records every composite planned inside: label -> {signature: a node of it}, in first-seen order."""
-    found: dict[str, dict[Signature, Node]] = {}
+def collecting() -> Iterator[dict[str, dict[Use, Node]]]:
+    """Records every composite planned inside: label -> {its use: a node of it}, in first-seen order."""
+    found: dict[str, dict[Use, Node]] = {}
     _COLLECTORS.append(found)
     try:
         yield found
@@ -260,39 +264,44 @@ class CompiledPlanner:
         fingerprint = fingerprint or device_fingerprint()
         self.cost_model = CostModel(db, fingerprint, peaks=db.device_peaks(fingerprint) or NOMINAL_PEAKS)
         self.measured_signatures = 0  # by TG_TUNE=1, bounded by MEASURE_LIMIT
-        self._chosen: dict[tuple[frozenset[str], bool, Signature], str] = {}
+        self._chosen: dict[tuple[frozenset[str], bool, Use], str] = {}
         self._generation = db.generation
 
     def route(self, node: Node) -> str:
-        """The candidate that runs composite `node` (recorded by any collector)."""
+        """The candidate that runs composite `node` as the graph being built uses it (recorded by any collector)."""
         sig = signature_of(node)
+        use = use_of(sig)
         for found in _COLLECTORS:
-            found.setdefault(_LABEL.get(), {}).setdefault(sig, node)
+            found.setdefault(_LABEL.get(), {}).setdefault(use, node)
         if (route := dict(_FORCED.get()).get(sig)) is not None:
             return route
-        candidates = candidates_of(node)
+        return self.choice(use)
+
+    def choice(self, use: Use) -> str:
+        """The candidate of the smallest measured or predicted time on `use` (measured first when tuning)."""
+        candidates = candidates_of(use.composite)
         if len(candidates) == 1:
             return candidates[0].name
         if self._generation != self.cost_model.db.generation:  # new measurements: choices may change
             self._chosen.clear()
             self._generation = self.cost_model.db.generation
-        key = (_FEATURES.get(), _UNTUNED.get(), sig)
+        key = (_FEATURES.get(), _UNTUNED.get(), use)
         if key not in self._chosen:
-            if tuning_enabled() and self.measured_signatures < MEASURE_LIMIT and self.unmeasured(node):
-                self.measure(node)
+            if tuning_enabled() and self.measured_signatures < MEASURE_LIMIT and self.unmeasured(use):
+                self.measure(use)
             if len(self._chosen) >= CHOICE_CACHE_SIZE:
                 self._chosen.clear()
             if _UNTUNED.get():  # every candidate has the signature's roofline: the prior alone orders them
                 self._chosen[key] = min(candidates, key=lambda c: c.prior).name
             else:
-                self._chosen[key] = min(self.options(node), key=lambda o: o.seconds).candidate
+                self._chosen[key] = min(self.options(use), key=lambda o: o.seconds).candidate
         return self._chosen[key]
 
-    def options(self, node: Node) -> list[Option]:
-        """Every candidate of `node`, in table order (ties go to the earlier)."""
-        sig, model = signature_of(node), self.cost_model
+    def options(self, use: Use) -> list[Option]:
+        """Every candidate of `use`, in table order (ties go to the earlier)."""
+        sig, model = use.measured_as, self.cost_model
         options = []
-        for candidate in candidates_of(node):
+        for candidate in candidates_of(use.composite):
             name = kernel_id(sig, candidate.name)
             predicted = model.predict(name, code_hash(), sig)
             if predicted.source == "roofline":
@@ -301,38 +310,38 @@ class CompiledPlanner:
             options.append(Option(candidate.name, predicted, None if row is None else row.median))
         return options
 
-    def unmeasured(self, node: Node) -> list[Candidate]:
-        sig = signature_of(node)
-        return [c for c in candidates_of(node)
+    def unmeasured(self, use: Use) -> list[Candidate]:
+        sig = use.measured_as
+        return [c for c in candidates_of(use.composite)
                 if self.cost_model.measured(kernel_id(sig, c.name), code_hash(), sig) is None]
 
-    def measure(self, node: Node, budget: float = 0.05) -> int:
-        """Time the unmeasured candidates of `node`, each as a program of its own, and store the rows; how many."""
-        sig = signature_of(node)
+    def measure(self, use: Use, budget: float = 0.05) -> int:
+        """Time the unmeasured candidates of `use`, each as a program of its own computing the composite and its
+        consumers, and store the rows; how many."""
+        sig = use.measured_as
         self.measured_signatures += 1
-        pending = self.unmeasured(node)
-        for candidate, samples in zip(pending, time_candidates(sig, [c.name for c in pending], budget)):
+        pending = self.unmeasured(use)
+        for candidate, samples in zip(pending, time_candidates(use, [c.name for c in pending], budget)):
             self.cost_model.db.record(self.cost_model.fingerprint, kernel_id(sig, candidate.name), code_hash(),
                                       sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, samples)
         return len(pending)
 
 
-def time_candidates(sig: Signature, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
-    """Seconds per run of a program computing `sig` alone, per candidate running its composite: the programs timed
-    interleaved (`measure.time_interleaved`: drifting load weighs on all alike), about `budget` seconds each, by the
-    timed builds' clock (as the kernel search measures)."""
+def time_candidates(use: Use, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
+    """Seconds per run of a program computing `use` (the composite and its consumers), per candidate running the
+    composite: the programs timed interleaved (`measure.time_interleaved`: drifting load weighs on all alike), about
+    `budget` seconds each, by the timed builds' clock (as the kernel search measures)."""
     from tensorgraphs.backends.cpu import CPU_TARGET
     from tensorgraphs.backends.native import Program
     from tensorgraphs.schedule.fusion import schedule_kernels
 
-    node = placeholder_node(sig)
-    inputs = list(node.src)
+    inputs = use.inputs()
     rng = np.random.default_rng(0)
-    arrays = [random_array(spec, rng) for spec in sig.inputs]
+    arrays = [random_array(TensorSpec(n.dtype, n.shape), rng) for n in inputs]
     programs = []
     for candidate in candidates:
-        with forced({sig: candidate}):
-            programs.append(Program(schedule_kernels([node], set(inputs).__contains__), inputs, CPU_TARGET))
+        with forced({use.signature: candidate}):
+            programs.append(Program(schedule_kernels(list(use.roots), set(inputs).__contains__), inputs, CPU_TARGET))
     with np.errstate(all="ignore"):
         return time_interleaved([functools.partial(program.run, arrays) for program in programs],
                                 budget * len(programs), min_runs=5, clock=kernel_clock())
@@ -346,17 +355,23 @@ def compiled_planner(db: KernelDB | None = None) -> CompiledPlanner:
     return per_database(_PLANNERS, CompiledPlanner, db)
 
 
-def routes_taken(collected: dict[str, dict[Signature, Node]]) -> tuple[tuple[Signature, str], ...]:
+def routes_taken(collected: dict[str, dict[Use, Node]]) -> tuple[tuple[Use, str], ...]:
     """The route of every composite `collecting` saw while a program was built: what a cached program assumes."""
     planner = compiled_planner()
-    return tuple((sig, planner.route(node)) for found in collected.values() for sig, node in found.items())
+    return tuple((use, route_in(planner, use)) for found in collected.values() for use in found)
 
 
-def still_taken(routes: tuple[tuple[Signature, str], ...]) -> bool:
+def route_in(planner: CompiledPlanner, use: Use) -> str:
+    """The route of `use`'s composite where the graph being built uses it so (recorded by any collector)."""
+    with using({use.signature: use}):
+        return planner.route(use.composite)
+
+
+def still_taken(routes: tuple[tuple[Use, str], ...]) -> bool:
     """Whether a program built with `routes` still runs what the planner chooses (measurements may have changed
     a choice); asking records the composites again for any collector, as building the program did."""
     planner = compiled_planner()
-    return all(planner.route(placeholder_node(sig)) == route for sig, route in routes)
+    return all(route_in(planner, use) == route for use, route in routes)
 
 
 def route_of(node: Node) -> str:

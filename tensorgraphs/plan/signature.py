@@ -133,13 +133,19 @@ FLOPS: dict[str, Callable[[Signature], int]] = {
 }
 
 
+def placeholder(spec: TensorSpec) -> Node:
+    """A BUFFER node of `spec` holding no data (zeros broadcast), a new one on each call."""
+    from tensorgraphs.runtime.buffer import Buffer
+
+    data = np.broadcast_to(spec.dtype.storage(0), spec.shape)
+    return buffer(Buffer("numpy", spec.dtype, spec.shape, data), spec.dtype, spec.shape)
+
+
 def placeholder_node(sig: Signature) -> Node:
     """A node computing `sig` over placeholder buffers (no data): what planning decomposes and inspects."""
     from tensorgraphs.graph.composite import REGISTRY, make_node
-    from tensorgraphs.runtime.buffer import Buffer
 
-    sources = tuple(buffer(Buffer("numpy", s.dtype, s.shape, np.broadcast_to(s.dtype.storage(0), s.shape)), s.dtype,
-                           s.shape) for s in sig.inputs)
+    sources = tuple(placeholder(s) for s in sig.inputs)
     if sig.name in REGISTRY:
         return make_node(REGISTRY[sig.name], sources, dict(sig.params), sig.output.dtype, sig.output.shape)
     return Node(Op[sig.name], sig.output.dtype, sig.output.shape, sources, dict(sig.params).get("arg"))

@@ -7,8 +7,10 @@ realizes on the "planned" device (nested ones included).
 
 Tuning measures what the database lacks (so an interrupted tune resumes where it
 stopped), within the time budget: for a compiled program, each candidate of a
-composite that has a choice, as a program of its own (while the script runs, as
-TG_TUNE=1 would, then those left), and the schedules of each generated kernel
+composite that has a choice, as a program of its own computing the composite with
+the elementwise passes that follow it there (`plan.consumers`: a candidate that
+fuses them is charged the same work as one that leaves them; while the script
+runs, as TG_TUNE=1 would, then those left), and the schedules of each generated kernel
 (`plan.kernel_search`, as its program is built), then each program with tuned choices
 as a whole against its defaults (`plan.step_check`); for the planned device, each
 candidate route as measurement tasks (each kernel, its COPY in and out, each
@@ -30,14 +32,15 @@ import numpy as np
 
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.node import Node
-from tensorgraphs.plan.choices import CompiledPlanner, candidates_of, collecting, compiled_planner, tuning
+from tensorgraphs.plan.choices import CompiledPlanner, candidates_of, collecting, compiled_planner, route_in, tuning
+from tensorgraphs.plan.consumers import Use
 from tensorgraphs.plan.cost import reference_impl_hash
 from tensorgraphs.plan.executor import OBSERVERS
 from tensorgraphs.plan.implementations import KERNEL_BACKENDS, Implementation
 from tensorgraphs.plan.kernel_search import SeenKernel, kernel_search, recording, searching
 from tensorgraphs.plan.measure import random_array, time_samples
 from tensorgraphs.plan.planner import DECOMPOSE, Planner, Route, copy_signature
-from tensorgraphs.plan.signature import Signature, placeholder_node, signature_of
+from tensorgraphs.plan.signature import Signature, placeholder_node
 from tensorgraphs.plan.step_check import SeenStep, describe
 from tensorgraphs.plan.step_check import recording as recording_steps
 from tensorgraphs.runtime.realize import device
@@ -62,7 +65,7 @@ class ScriptComposites:
     "eager graphs") the composites its compiled programs planned, each with a node of it."""
 
     planned: list[Signature]
-    compiled: dict[str, dict[Signature, Node]]
+    compiled: dict[str, dict[Use, Node]]
 
 
 def run_script(script: str, argv: list[str] | None = None, device_name: str | None = None) -> ScriptComposites:
@@ -300,41 +303,41 @@ def explain(planner: Planner, signatures: list[Signature]) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _with_choices(compiled: dict[str, dict[Signature, Node]]) -> list[Node]:
-    """One node per distinct signature that has more than one candidate (the only ones worth measuring)."""
-    nodes = {sig: node for found in compiled.values() for sig, node in found.items()}
-    return [node for node in nodes.values() if len(candidates_of(node)) > 1]
+def _with_choices(compiled: dict[str, dict[Use, Node]]) -> list[Use]:
+    """Each distinct use of a composite that has more than one candidate (the only ones worth measuring)."""
+    uses = dict.fromkeys(use for found in compiled.values() for use in found)
+    return [use for use in uses if len(candidates_of(use.composite)) > 1]
 
 
-def tune_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Signature, Node]],
+def tune_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Use, Node]],
                   budget: float = float("inf")) -> TuneReport:
     """Measure the unmeasured candidates of every composite with a choice until `budget` seconds have passed."""
-    nodes = _with_choices(compiled)
-    pending = [node for node in nodes if planner.unmeasured(node)]
-    report = TuneReport(skipped=sum(len(candidates_of(n)) - len(planner.unmeasured(n)) for n in nodes))
+    uses = _with_choices(compiled)
+    pending = [use for use in uses if planner.unmeasured(use)]
+    report = TuneReport(skipped=sum(len(candidates_of(u.composite)) - len(planner.unmeasured(u)) for u in uses))
     deadline = time.perf_counter() + budget
     with _progress(len(pending)) as advance:
-        for i, node in enumerate(pending):
+        for i, use in enumerate(pending):
             if time.perf_counter() >= deadline:
-                report.remaining = sum(len(planner.unmeasured(n)) for n in pending[i:])
+                report.remaining = sum(len(planner.unmeasured(u)) for u in pending[i:])
                 break
-            report.measured += planner.measure(node)
-            advance(str(signature_of(node)))
+            report.measured += planner.measure(use)
+            advance(str(use))
     return report
 
 
-def explain_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Signature, Node]]) -> str:
-    """Per compiled function, per composite: its candidates with predicted and measured times, * the choice."""
+def explain_compiled(planner: CompiledPlanner, compiled: dict[str, dict[Use, Node]]) -> str:
+    """Per compiled function, per composite use: its candidates with predicted and measured times, * the choice."""
     lines = []
     for label, found in compiled.items():
         lines.append(f"compiled function {label}:" if label != "eager graphs" else "eager graphs (compiled):")
-        for sig, node in found.items():
-            options = planner.options(node)
+        for use in found:
+            options = planner.options(use)
             if len(options) == 1:
-                lines.append(f"  {sig}: {options[0].candidate} (the only candidate)")
+                lines.append(f"  {use}: {options[0].candidate} (the only candidate)")
                 continue
-            chosen = planner.route(node)
-            lines.append(f"  {sig}")
+            chosen = route_in(planner, use)
+            lines.append(f"  {use}")
             for option in options:
                 mark = "*" if option.candidate == chosen else " "
                 predicted = f"{_microseconds(option.predicted.seconds):>14} ({option.predicted.source})"

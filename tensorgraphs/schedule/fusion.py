@@ -83,6 +83,7 @@ from tensorgraphs.graph.host_call import runs_as_host_call
 from tensorgraphs.graph.node import Node, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.plan.choices import DECOMPOSE, route_of
+from tensorgraphs.plan.consumers import uses_in, using
 from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, runs_as_fused_attention
 from tensorgraphs.schedule.convolution import (
     ConvLowering,
@@ -195,9 +196,15 @@ def split_full_reduction(node: Node, forced: set[Node]) -> Node:
 
 
 def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Schedule:
-    """Kernels computing `roots`; nodes where `is_input` holds (and BUFFERs) are read from given arrays."""
+    """Kernels computing `roots`; nodes where `is_input` holds (and BUFFERs) are read from given arrays. The planner
+    chooses each composite's route for its use in this graph (`plan.consumers`: with the passes that follow it)."""
     given = is_input or (lambda n: False)
     leaf = lambda n: n.op is Op.BUFFER or given(n)  # noqa: E731
+    with using(uses_in(roots, leaf)):
+        return _schedule(roots, leaf)
+
+
+def _schedule(roots: list[Node], leaf: IsInput) -> Schedule:
     primitive_roots, materialized = to_primitive(roots, leaf)
     primitive_roots, materialized = fold_channel_scales(primitive_roots, materialized, leaf)
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots), leaf)

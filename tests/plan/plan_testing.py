@@ -4,6 +4,7 @@ measurements of candidates written into the database, a held-out script and a sm
 from __future__ import annotations
 
 import textwrap
+from typing import Callable
 
 import numpy as np
 
@@ -12,7 +13,8 @@ import tensorgraphs.nn.functional as F
 from tensorgraphs.codegen.loop_ir import ScheduleOptions
 from tensorgraphs.frontend.tensor import Tensor
 from tensorgraphs.kerneldb import DevicePeaks
-from tensorgraphs.plan.choices import code_hash, compiled_planner, kernel_id
+from tensorgraphs.plan.choices import code_hash, collecting, compiled_planner, kernel_id
+from tensorgraphs.plan.consumers import Use, alone
 from tensorgraphs.plan.signature import Signature
 
 PEAKS = DevicePeaks(bandwidth=1e10, flops=1e11, overhead=1e-6)
@@ -41,9 +43,19 @@ def fixed_seconds(options: ScheduleOptions) -> float:
     return 1.0 - sum(0.1 for name, value in FAST.items() if getattr(options, name) == value)
 
 
-def record_candidates(sig: Signature, seconds: dict[str, float]) -> None:
-    """Store a measured time for each candidate of `sig` in the compiled path's database."""
+def uses_of(fn: Callable[..., Tensor], *arguments: Tensor) -> list[Use]:
+    """The composite uses (with the elementwise passes that follow each) the program of `tg.compile(fn)` called on
+    `arguments` plans: its graph as the scheduler sees it, rewritten."""
+    with collecting() as found:
+        tg.compile(fn)(*arguments)
+    return [use for uses in found.values() for use in uses]
+
+
+def record_candidates(used: Use | Signature, seconds: dict[str, float]) -> None:
+    """Store a measured time for each candidate of a use (a signature: used alone) in the compiled path's
+    database."""
     planner = compiled_planner()
+    sig = (used if isinstance(used, Use) else alone(used)).measured_as
     for candidate, value in seconds.items():
         planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
                                      sig.dtype_key, sig.shape_key, sig.flops, sig.bytes, [value])

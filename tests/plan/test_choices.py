@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from plan_testing import record_candidates
+from plan_testing import record_candidates, uses_of
 
 import tensorgraphs as tg
 from tensorgraphs import cli
@@ -17,6 +17,7 @@ from tensorgraphs.kerneldb import default_db
 from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan import choices
 from tensorgraphs.plan.choices import DECOMPOSE, candidates_of, code_hash, compiled_planner
+from tensorgraphs.plan.consumers import Use
 from tensorgraphs.plan.signature import Signature, TensorSpec, placeholder_node
 from tensorgraphs.schedule.extern import GEMM_ROUTES, gemm_enabled
 
@@ -56,9 +57,9 @@ def timed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Signature, str]]:
     calls: list[tuple[Signature, str]] = []
     original = choices.time_candidates
 
-    def counting(sig: Signature, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
-        calls.extend((sig, candidate) for candidate in candidates)
-        return original(sig, candidates, budget)
+    def counting(use: Use, candidates: list[str], budget: float = 0.05) -> list[list[float]]:
+        calls.extend((use.signature, candidate) for candidate in candidates)
+        return original(use, candidates, budget)
 
     monkeypatch.setattr(choices, "time_candidates", counting)
     return calls
@@ -123,8 +124,10 @@ def test_the_library_chosen_in_the_database_is_what_runs(library):
     rng = np.random.default_rng(2)
     x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in [(6, 8), (8, 10), (10,)])
     sig = _matmul((6, 8), (8, 10))
-    record_candidates(sig, {name: 1e-9 if name == library else 1.0 for name in [*GEMM_ROUTES, DECOMPOSE]})
-    linear = tg.compile(lambda a, b, c: (a @ b + c).relu())
+    relu_linear = lambda a, b, c: (a @ b + c).relu()  # noqa: E731
+    (use,) = [u for u in uses_of(relu_linear, *map(tg.tensor, (x, w, bias))) if u.signature == sig]
+    record_candidates(use, {name: 1e-9 if name == library else 1.0 for name in [*GEMM_ROUTES, DECOMPOSE]})
+    linear = tg.compile(relu_linear)
     out = linear(tg.tensor(x), tg.tensor(w), tg.tensor(bias))
     assert [call.function for call in _gemm_calls(linear)] == [C_FUNCTION_OF[library]]  # epilogue fused
     np.testing.assert_allclose(out.numpy(), np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-5)
@@ -142,12 +145,14 @@ def test_compiling_predicts_without_measuring_and_follows_the_table_order(timed)
 def test_tg_tune_measures_on_first_need_once(monkeypatch, timed):
     monkeypatch.setenv("TG_TUNE", "1")
     x = tg.tensor(np.ones((3, 5), np.float32))
-    first, second = tg.compile(lambda a: a @ a.T), tg.compile(lambda a: (a @ a.T) * 2)
+    first, second = tg.compile(lambda a: a @ a.T), tg.compile(lambda a: (a @ a.T).sum(0))
     first(x)
     sig = _matmul((3, 5), (5, 3))
     assert [s for s, _ in timed] == [sig] * _candidate_count(sig)
-    second(x)  # the same product: measured already
+    second(x)  # the same product with no elementwise pass after it: measured already
     assert len(timed) == _candidate_count(sig)
+    tg.compile(lambda a: (a @ a.T) * 2)(x)  # with a pass after it: timed again, with the pass
+    assert [s for s, _ in timed] == [sig] * 2 * _candidate_count(sig)
 
 
 @needs_gemm
