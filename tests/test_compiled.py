@@ -263,6 +263,7 @@ def test_held_out_transformer_step_matches_torch_for_20_steps() -> None:
     assert all(p.grad is None for p in model.parameters())  # zero_grad() last: no gradient kept
 
 
+@pytest.mark.long
 def test_module_buffers_dropout_and_momentum_carry_through_calls_and_steps(compiled_step: Callable) -> None:
     """BatchNorm's running statistics (assigned in forward), dropout's keys and SGD's momentum buffers."""
     rng = np.random.default_rng(0)

@@ -144,6 +144,7 @@ def two_layer_encoder(module: object, functional: object) -> object:
                                                               batch_first=True, norm_first=True) for _ in range(2)])
 
 
+@pytest.mark.long
 def test_an_encoder_shares_two_programs_across_sizes_on_both_sides_of_the_threads_threshold() -> None:
     """Batch 1 (its dimension is dropped where it broadcasts: another program) and every other size share two
     programs, though some kernels' work crosses PARALLEL_MIN_WORK between sizes (threads are chosen at run time);
@@ -204,6 +205,7 @@ def training_step(dynamic: object) -> tuple[tg.CompiledFunction, nn.Module]:
     return tg.compile(step, dynamic=dynamic), model
 
 
+@pytest.mark.long
 def test_a_training_step_with_a_dynamic_batch_equals_the_static_steps(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Forward, backward (the mean's 1/batch included) and the update: bit for bit the static programs' steps. On

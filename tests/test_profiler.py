@@ -37,6 +37,7 @@ def _compiled_step(x: tg.Tensor, w: tg.Tensor) -> tg.Tensor:
 
 
 @pytest.mark.skipif(not gemm_enabled(), reason="the product is a GEMM library call only where the library runs")
+@pytest.mark.long
 def test_profile_reports_the_kernels_of_the_device_that_runs(tmp_path, capsys):
     trace = tmp_path / "trace.json"
     outside = default_device()
@@ -76,6 +77,7 @@ def test_profile_sessions_do_not_leak(capsys):
     assert len(first.events) == count
 
 
+@pytest.mark.long
 def test_tg_profile_environment_variable_reports_at_exit(tmp_path):
     trace = tmp_path / "env-trace.json"
     package_root = os.path.dirname(os.path.dirname(tg.__file__))

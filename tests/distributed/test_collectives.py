@@ -11,6 +11,7 @@ import tensorgraphs.distributed as dist
 pytest.importorskip("torch.distributed")
 
 
+@pytest.mark.long
 def test_collectives_on_every_kind_of_tensor(group_results) -> None:
     ranks = group_results("collectives")
     import torch

@@ -86,6 +86,7 @@ def assert_same_training(losses: list[float], reference_losses: list[float]) -> 
     assert losses[-1] < 0.9 * losses[0], f"the model should fit its batch: losses {losses[0]:.4f} -> {losses[-1]:.4f}"
 
 
+@pytest.mark.long
 def test_encoder_layer_training_matches_pytorch_at_reduced_size() -> None:
     """One benchmark layer, sequence 16 and batch 2 instead of 128 and 8, on the reference device (the fastest here:
     at this size a step costs graph building, not arithmetic)."""

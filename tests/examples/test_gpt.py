@@ -73,6 +73,7 @@ class TorchGPT(nn.Module):
 
 
 @pytest.mark.parametrize("device", ["numpy", "planned", "compiled"])
+@pytest.mark.long
 def test_training_matches_pytorch_from_the_same_weights(device: str, tmp_path, monkeypatch) -> None:
     """50 AdamW steps on the shipped text; every step's loss agrees within 1e-3 relative (float32), for lazy
     steps on two devices and for the whole step compiled into one program."""
@@ -104,6 +105,7 @@ def test_training_matches_pytorch_from_the_same_weights(device: str, tmp_path, m
 AUTOCAST_STEPS = 200
 
 
+@pytest.mark.long
 def test_autocast_training_tracks_torch_autocast(tmp_path, monkeypatch) -> None:
     """200 AdamW steps of the compiled step under tg.autocast (bfloat16) against torch's bfloat16 autocast run and
     its float32 run from the same weights on the same batches (see tensorgraphs.testing.mixed_precision)."""
@@ -161,6 +163,7 @@ TINY = [
 ]
 
 
+@pytest.mark.long
 def test_tg_train_saves_a_checkpoint_and_resumes_where_it_stopped(tmp_path, capsys, monkeypatch) -> None:
     """Two steps, then two more from the checkpoint, give the same weights as four steps in one run."""
     split, straight = tmp_path / "split.safetensors", tmp_path / "straight.safetensors"
@@ -246,6 +249,7 @@ def test_prompts_of_every_length_are_prefilled_by_one_program_and_generate_as_to
     assert model.__dict__["_prefill_step"].compiled_programs == 1 and _decode_programs(model) == 1
 
 
+@pytest.mark.long
 def test_prefilling_generates_the_tokens_that_one_token_per_call_generates(monkeypatch) -> None:
     """Past the block size (the cache refilled from the latest half block, by a prefill too) and from prompts
     longer than the block, the greedy tokens are those of the decoding step fed one token at a time."""
@@ -258,6 +262,7 @@ def test_prefilling_generates_the_tokens_that_one_token_per_call_generates(monke
         np.testing.assert_array_equal(got, model.generate(prompt, 3 * config.block_size, temperature=0).numpy())
 
 
+@pytest.mark.long
 def test_sampling_keeps_to_the_top_k_and_is_reproducible_under_manual_seed() -> None:
     """Every sampled token is among the k most likely after its context (by torch on the same weights); the same
     seed gives the same tokens, top_k=1 gives the greedy ones; a sampling mode compiles one program, past the
@@ -282,6 +287,7 @@ def test_sampling_keeps_to_the_top_k_and_is_reproducible_under_manual_seed() -> 
 
 
 @pytest.mark.skipif(not gemm.available(), reason="needs the GEMM library (AVX-512F or AVX2, a C compiler)")
+@pytest.mark.long
 def test_a_batch_1_decoding_step_runs_its_products_on_the_few_row_kernel_reading_weights_in_place() -> None:
     """Per layer qkv, scores, weighted values, proj, fc, mlp proj, and the head: one-row products of the GEMM
     library, which runs each by its few-row kernel (never packing B); the weights are read where they lie (no

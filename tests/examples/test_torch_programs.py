@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
 import torch
 
 import tensorgraphs as tg
@@ -33,6 +34,7 @@ def characters() -> np.ndarray:
     return np.array([alphabet.index(c) for c in text], dtype=np.int64)
 
 
+@pytest.mark.long
 def test_gpt_style_file_loads_weights_trains_and_samples_like_torch() -> None:
     reference = load("gpt_style")
     with torch_names():

@@ -36,6 +36,7 @@ def model_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.long
 def test_build_writes_the_library(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "out"
     assert status_of(["build", str(model_file), "--name", "net", "-o", str(out), "-O2", "-v", "--embed-weights"]) == 0
@@ -96,6 +97,7 @@ def onnx_model(path: Path, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.long
 def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("tensorgraphs.onnx")
     onnxruntime = pytest.importorskip("onnxruntime")
@@ -115,6 +117,7 @@ def test_an_onnx_model_called_from_c_gives_onnx_runtimes_outputs(tmp_path: Path,
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.long
 def test_an_x86_64_v3_build_calls_the_gemm_library(model_file: Path, tmp_path: Path) -> None:
     """AVX2 machines run the GEMM library (its AVX-512 intrinsics on pairs of AVX registers): a `--target
     x86-64-v3` build calls it as a native build does, and no longer leaves the process without it."""

@@ -40,6 +40,7 @@ def needed(library: Path) -> set[str]:
 
 @pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="needs binutils")
 @pytest.mark.parametrize("openmp", [True, False])
+@pytest.mark.long
 def test_only_the_api_is_exported_and_only_libc_libm_openmp_linked(tmp_path: Path, openmp: bool) -> None:
     model, x = mlp(), tg.randn(8, 16)
     exported = tg.export(model, (x,), tmp_path, name="net", options=BuildOptions(openmp=openmp))

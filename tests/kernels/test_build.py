@@ -45,6 +45,7 @@ def test_compiler_failure_names_the_library_and_leaves_no_file(cache):
     assert not list((cache / "kernels").glob("*.so"))
 
 
+@pytest.mark.long
 def test_a_damaged_kernel_library_is_rebuilt_with_a_warning(cache):
     target = build.build_library("tg_gemm", SOURCES)
     target.write_bytes(target.read_bytes()[:100])

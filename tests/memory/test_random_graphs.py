@@ -91,6 +91,7 @@ def test_rewrite_fuzzer_graphs_any_dtype(seed: int) -> None:
     assert all(fuzz.same_bits(a, b) for a, b in zip(planned, plain)), f"fuzz seed {seed}"
 
 
+@pytest.mark.long
 def test_recomputing_graphs_equal_unplanned_and_reference() -> None:
     """Longer random graphs, where a cheap value is now and then recomputed (`memory.recompute`) instead of kept."""
     recomputing = 0
@@ -103,6 +104,7 @@ def test_recomputing_graphs_equal_unplanned_and_reference() -> None:
     assert recomputing >= 2
 
 
+@pytest.mark.long
 def test_graphs_of_moving_averages_store_several_arrays_per_kernel_and_equal_the_reference() -> None:
     """Outputs read back at the same index ride in their reader's kernel (`schedule.fusion.store_in_consumers`):
     planned (in place where allowed) equal to unplanned and to the reference."""

@@ -165,6 +165,7 @@ def test_keyword_arguments_and_torch_compile_options() -> None:
         tg.compile(module, fast=True)
 
 
+@pytest.mark.long
 def test_a_compiled_transformer_with_dropout_trains_like_the_eager_one() -> None:
     """Dropout in several places (attention, feed-forward, residuals): the compiled forward draws the same masks
     as eager code under the same seed, and backward reuses them."""

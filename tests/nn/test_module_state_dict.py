@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 import tensorgraphs as tg
@@ -86,6 +87,7 @@ def _torch_style_gpt(names: Any) -> Any:
     return module
 
 
+@pytest.mark.long
 def test_torch_model_file_loads_pretrained_weights_and_matches_torch() -> None:
     reference_module, tg_module = _torch_style_gpt(torch), _torch_style_gpt(tg)
     torch.manual_seed(0)

@@ -92,6 +92,7 @@ def _language_model(nn: Any) -> Any:
     return LanguageModel()
 
 
+@pytest.mark.long
 def test_an_lstm_language_model_trains_as_in_torch() -> None:
     """word_language_model's eager loop (the state detached between steps, `clip_grad_norm_(0.25)`, SGD at lr 20),
     in eval mode so dropout draws nothing: losses, every weight after three steps and the carried state as torch's."""

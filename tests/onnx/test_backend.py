@@ -50,6 +50,7 @@ def surprises(outcomes: list[Outcome], expected: dict[str, str]) -> list[str]:
     return found
 
 
+@pytest.mark.long
 def test_expected_failures_name_tests_of_the_suite_and_give_reasons(all_tests, expected) -> None:
     unknown = sorted(set(expected) - set(all_tests))
     assert not unknown, f"not tests of the suite: {unknown}"
@@ -61,6 +62,7 @@ def sample(all_tests: list[str]) -> list[str]:
     return [*light[::STRIDE], SAMPLED_MODEL]
 
 
+@pytest.mark.long
 def test_a_sample_of_the_official_suite(all_tests, expected) -> None:
     outcomes = list(run_isolated(sample(all_tests), compile_all=True))
     problems = surprises(outcomes, expected)

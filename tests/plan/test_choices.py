@@ -78,6 +78,7 @@ def _candidate_count(sig: Signature) -> int:
 
 
 @needs_gemm
+@pytest.mark.long
 def test_tune_then_explain_shows_measured_choices_and_explaining_again_measures_nothing(tmp_path, capsys, timed):
     script = tmp_path / "held_out.py"
     script.write_text(SCRIPT)
@@ -118,6 +119,7 @@ def test_a_decomposition_chosen_in_the_database_is_what_runs(timed):
 
 @needs_gemm
 @pytest.mark.parametrize("library", ["gemm", "blas"])
+@pytest.mark.long
 def test_the_library_chosen_in_the_database_is_what_runs(library):
     if library == "blas" and not blas.available():
         pytest.skip("scipy-openblas32 is not installed")
@@ -134,6 +136,7 @@ def test_the_library_chosen_in_the_database_is_what_runs(library):
 
 
 @needs_gemm
+@pytest.mark.long
 def test_compiling_predicts_without_measuring_and_follows_the_table_order(timed):
     x = tg.tensor(np.ones((4, 3), np.float32))
     product = tg.compile(lambda a: a @ a.T)
@@ -142,6 +145,7 @@ def test_compiling_predicts_without_measuring_and_follows_the_table_order(timed)
 
 
 @needs_gemm
+@pytest.mark.long
 def test_tg_tune_measures_on_first_need_once(monkeypatch, timed):
     monkeypatch.setenv("TG_TUNE", "1")
     x = tg.tensor(np.ones((3, 5), np.float32))

@@ -106,6 +106,7 @@ def test_the_database_key_of_a_use_differs_from_a_composite_timed_alone() -> Non
 
 
 @needs_gemm
+@pytest.mark.long
 def test_the_timed_comparison_charges_the_decomposition_its_passes(monkeypatch, work) -> None:
     """grouped_gemm and the decomposition compute the same conv, batch norm and relu; the decomposition leaves the
     batch norm and relu as a pass over its result, which its timing includes, so the fused call wins."""
@@ -152,6 +153,7 @@ def test_the_timed_comparison_charges_the_decomposition_its_passes(monkeypatch, 
 
 
 @needs_gemm
+@pytest.mark.long
 def test_a_timed_use_is_not_timed_again_and_the_composite_alone_is_another(monkeypatch, work) -> None:
     monkeypatch.setenv("TG_TUNE", "1")
     arguments = _arguments()
@@ -181,6 +183,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @needs_gemm
+@pytest.mark.long
 def test_tg_tune_keeps_the_fused_call_when_it_is_faster_in_total(tmp_path, capsys, work, measured) -> None:
     script = tmp_path / "grouped_unit.py"
     script.write_text(SCRIPT)

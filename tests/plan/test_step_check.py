@@ -150,6 +150,7 @@ def test_a_program_without_tuned_choices_is_not_measured(times, monkeypatch):
 
 @pytest.mark.skipif(not gemm_enabled(), reason="the GEMM library does not run on this machine")
 @pytest.mark.parametrize("tuned_faster", [True, False])
+@pytest.mark.long
 def test_a_measured_route_is_checked_too(times, monkeypatch, tuned_faster):
     """The database says the decomposition beats the GEMM for this product (the default runs the GEMM)."""
     monkeypatch.setattr(kernel_search, "timed_on", lambda target: lambda kernel, schedules: [1.0] * len(schedules))

@@ -86,6 +86,7 @@ def test_script_arguments_reach_the_script(tmp_path, capsys):
 
 
 
+@pytest.mark.long
 def test_explain_prints_the_stats_of_compiled_functions(tmp_path, capsys):
     path = tmp_path / "compiled_step.py"
     path.write_text(textwrap.dedent("""
@@ -111,6 +112,7 @@ def test_explain_prints_the_stats_of_compiled_functions(tmp_path, capsys):
     assert "kernels, arena" in line and "naive" in line and "compiled in" in line
 
 
+@pytest.mark.long
 def test_compiled_functions_are_listed_with_their_argument_types(capsys: pytest.CaptureFixture[str]) -> None:
     import tensorgraphs as tg
 

@@ -226,6 +226,7 @@ def test_without_the_gemm_library_convs_decompose(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize("chosen", [conv.IMPLICIT_GEMM, conv.DIRECT, conv.WINOGRAD, DECOMPOSE,
                                     *([conv.IM2COL] if blas.conv_available() else [])])
+@pytest.mark.long
 def test_the_algorithm_measured_fastest_is_what_a_compiled_function_runs(chosen: str, tmp_path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows in the kernel database decide (as `tg tune` writes them); winograd runs only where it measured faster."""

@@ -437,6 +437,7 @@ def _gelu_encoder_training_step() -> list[tg.Tensor]:
     return [loss, *tg.grad(loss, list(layer.parameters()))]
 
 
+@pytest.mark.long
 def test_encoder_training_step_reads_gelu_of_the_hidden_layer_in_both_products(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The FFN's second linear (gelu(h) as A) and its weight gradient (gelu(h) as B) apply gelu while packing h:

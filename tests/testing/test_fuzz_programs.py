@@ -24,6 +24,7 @@ def _failures(reports: list[fp.Report], seeds: range) -> str:
         "\n\n".join(r.text() for r in reports)
 
 
+@pytest.mark.long
 def test_the_days_programs_and_training_runs_agree_with_the_numpy_device() -> None:
     seeds = fp.default_seeds()
     assert len(seeds) >= 300 or "TG_FUZZ_PROGRAMS" in __import__("os").environ
