@@ -90,7 +90,8 @@ def test_unfolded_windows_equal_the_window_views(monkeypatch: pytest.MonkeyPatch
 
 def test_a_long_conv_and_its_gradient_take_a_constant_number_of_operations() -> None:
     """251 taps: a view per tap would be a 251-piece concatenation whose lowering and gradient took about a
-    minute; float64 is interpreted, where each piece was padded to the whole columns."""
+    minute; float64 is interpreted, where each piece was padded to the whole columns. Folding 200 taps: a sum of
+    200 shifted blocks before."""
     from tensorgraphs.graph.node import toposort
 
     x, w = tg.tensor(normal(3, 2, 3, 400), requires_grad=True), tg.tensor(normal(4, 4, 3, 251), requires_grad=True)
@@ -99,6 +100,8 @@ def test_a_long_conv_and_its_gradient_take_a_constant_number_of_operations() -> 
     assert len(toposort([out.node, gx.node, gw.node])) < 60
     windows = conv.unfolded_windows(tg.tensor(normal(5, 1, 1, 40, 50)), (9, 8), (2, 3), (1, 2))
     assert len(toposort([windows.node])) < 30
+    folded = F.fold(tg.tensor(normal(7, 1, 3 * 200, 91)), (1, 1000), (1, 200), stride=(1, 10), padding=(0, 50))
+    assert len(toposort([folded.node])) < 30
     xd, wd = normal(5, 1, 2, 300).astype(np.float64), normal(6, 3, 2, 200).astype(np.float64)
     np.testing.assert_allclose(F.conv1d(tg.tensor(xd), tg.tensor(wd), padding=20).numpy(),
                                TF.conv1d(torch.tensor(xd), torch.tensor(wd), padding=20).numpy(), rtol=1e-10)
@@ -399,16 +402,29 @@ def test_unfold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
           rtol=0, atol=0, grad_rtol=1e-6, grad_atol=1e-6, name="unfold")
 
 
-@pytest.mark.parametrize("x_shape,kwargs", [
+FOLD_CASES = [  # input shape, keyword arguments
     ((2, 3 * 4, 12), {"output_size": (4, 5), "kernel_size": 2}),
     ((1, 2 * 6, 21), {"output_size": (6, 7), "kernel_size": (3, 2), "stride": (2, 1), "padding": 1,
                      "dilation": (1, 2)}),
     ((3 * 9, 4), {"output_size": 4, "kernel_size": 3, "padding": (1, 0), "stride": (1, 2)}),
-])
+    ((1, 2 * 72, 4), {"output_size": (12, 13), "kernel_size": (9, 8), "stride": (2, 3), "padding": 2,
+                      "dilation": (1, 2)}),  # long windows: folded by movement
+    ((2, 3 * 70, 30), {"output_size": (1, 300), "kernel_size": (1, 70), "stride": (1, 10), "padding": (0, 30)}),
+]
+
+
+@pytest.mark.parametrize("x_shape,kwargs", FOLD_CASES)
 def test_fold_matches_torch(x_shape: tuple, kwargs: dict) -> None:
     """fold sums the windows unfold took apart: both against torch."""
     check(lambda x: F.fold(x, **kwargs), lambda x: TF.fold(x, **kwargs), [normal(20, *x_shape)], grad=[0],
           rtol=1e-6, atol=1e-6, name="fold")
+
+
+@pytest.mark.parametrize("x_shape,kwargs", FOLD_CASES)
+def test_fold_by_movement_matches_torch(monkeypatch: pytest.MonkeyPatch, x_shape: tuple, kwargs: dict) -> None:
+    """Every window folded as the long ones are (`conv.folded_windows`, threshold 0)."""
+    monkeypatch.setattr(conv, "LONG_WINDOW_TAPS", 0)
+    test_fold_matches_torch(x_shape, kwargs)
 
 
 def test_fold_rejects_a_column_count_that_does_not_fit() -> None:

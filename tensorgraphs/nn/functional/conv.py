@@ -17,6 +17,7 @@ from tensorgraphs.errors import ArgumentError, fail
 from tensorgraphs.frontend import elementwise as ew
 from tensorgraphs.frontend import linalg
 from tensorgraphs.frontend import movement as mv
+from tensorgraphs.frontend import reduce as rd
 from tensorgraphs.frontend.autocast import LOWER, autocast_op
 from tensorgraphs.frontend.tensor import Tensor, apply_composite, cast, expand_to
 from tensorgraphs.graph.composite import Composite, register
@@ -82,6 +83,18 @@ def unfolded_windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], di
     return mv.reshape(windows, (*windows.shape[:-4], kh * kw, *windows.shape[-2:]))
 
 
+def folded_windows(windows: Tensor, size: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                   dilation: Sequence[int]) -> Tensor:
+    """The adjoint of `unfolded_windows`: (..., kh * kw, Ho, Wo) -> (..., H, W) of `size`, each window's elements
+    summed where they were read, in a constant number of movement ops and one sum per dim (`_fold_last`)."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    split = mv.reshape(windows, (*windows.shape[:-3], kh, kw, *windows.shape[-2:]))
+    nd = split.ndim
+    rows = mv.permute(split, (*range(nd - 4), nd - 3, nd - 1, nd - 4, nd - 2))  # (..., kw, Wo, kh, Ho)
+    columns = mv.movedim(_fold_last(rows, size[0], sh, dh), -1, -3)  # (..., H, kw, Wo)
+    return _fold_last(columns, size[1], sw, dw)
+
+
 def _unfold_last(x: Tensor, kernel: int, stride: int, dilation: int) -> Tensor:
     """(..., L) -> (..., kernel, out): row i holds the window elements at tap i, x[i * dilation + t * stride].
     x repeated end to end and read as rows of L + dilation floats starts row i at x[i * dilation] (the tinygrad
@@ -97,6 +110,23 @@ def _unfold_last(x: Tensor, kernel: int, stride: int, dilation: int) -> Tensor:
     rows = mv.reshape(mv.shrink_dim(mv.reshape(repeated, (*lead, -1)), last, 0, kernel * row), (*lead, kernel, row))
     strided = mv.reshape(mv.shrink_dim(rows, last + 1, 0, stride * out), (*lead, kernel, out, stride))
     return mv.squeeze(mv.shrink_dim(strided, last + 2, 0, 1), last + 2)
+
+
+def _fold_last(windows: Tensor, length: int, stride: int, dilation: int) -> Tensor:
+    """The adjoint of `_unfold_last`: (..., kernel, out) -> (..., length), tap i's element t added into
+    x[i * dilation + t * stride]: each row spread to its stride, the rows laid end to end at L + dilation floats
+    apart, and the repeats of x summed."""
+    kernel, out = windows.shape[-2:]
+    last, lead = windows.ndim - 2, windows.shape[:-2]
+    spread = mv.pad_dim(mv.unsqueeze(windows, last + 2), last + 2, 0, stride - 1)
+    spread = mv.reshape(spread, (*lead, kernel, out * stride))
+    if kernel == 1:
+        return mv.pad_dim(mv.squeeze(spread, last), last, 0, length - out * stride)
+    row = max(length + dilation, stride * out)
+    padded, rows = row - dilation, mv.pad_dim(spread, last + 1, 0, row - stride * out)
+    repeats = -(-kernel * row // padded)
+    flat = mv.pad_dim(mv.reshape(rows, (*lead, kernel * row)), last, 0, repeats * padded - kernel * row)
+    return mv.shrink_dim(rd.sum(mv.reshape(flat, (*lead, repeats, padded)), last), last, 0, length)
 
 
 # ---------------------------------------------------------------------------
@@ -331,7 +361,8 @@ def fold(input: Tensor, output_size: int | Sequence[int], kernel_size: int | Seq
          dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
          stride: int | Sequence[int] = 1) -> Tensor:
     """col2im, the adjoint of unfold: (N, C * kh * kw, L) -> (N, C, H, W), overlapping windows summed. Each
-    kernel offset's block is spread to its stride (zeros between), shifted into place and added."""
+    kernel offset's block is spread to its stride (zeros between), shifted into place and added; a long window
+    (`long_window`) by `folded_windows`."""
     op = "fold"
     size, kernel = tuple_of(op, "output_size", output_size, 2), tuple_of(op, "kernel_size", kernel_size, 2)
     dilation_, stride_ = tuple_of(op, "dilation", dilation, 2), tuple_of(op, "stride", stride, 2)
@@ -342,11 +373,13 @@ def fold(input: Tensor, output_size: int | Sequence[int], kernel_size: int | Seq
     if input.ndim not in (2, 3) or input.shape[-2] % windows or input.shape[-1] != math.prod(counts) or 0 in counts:
         fail(op, f"expected input of shape (N, C * {windows}, {math.prod(counts)}) for output_size {size}, "
              f"kernel_size {kernel}, dilation {dilation_}, padding {pads} and stride {stride_}, got {input.shape}")
-    blocks = mv.reshape(input, input.shape[:-2] + (input.shape[-2] // windows,) + kernel + counts)
+    blocks = mv.reshape(input, input.shape[:-2] + (input.shape[-2] // windows, windows) + counts)
+    if long_window(kernel):
+        return pad_spatial(folded_windows(blocks, padded, kernel, stride_, dilation_), tuple((-p, -p) for p in pads))
     out = None
     for i in range(kernel[0]):
         for j in range(kernel[1]):
-            block = blocks[..., i, j, :, :]
+            block = blocks[..., i * kernel[1] + j, :, :]
             for axis in range(2):
                 block = zero_dilate(block, block.ndim - 2 + axis, stride_[axis])
             start = (i * dilation_[0], j * dilation_[1])
