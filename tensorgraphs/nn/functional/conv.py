@@ -97,36 +97,32 @@ def folded_windows(windows: Tensor, size: Sequence[int], kernel: Sequence[int], 
 
 def _unfold_last(x: Tensor, kernel: int, stride: int, dilation: int) -> Tensor:
     """(..., L) -> (..., kernel, out): row i holds the window elements at tap i, x[i * dilation + t * stride].
-    x repeated end to end and read as rows of L + dilation floats starts row i at x[i * dilation] (the tinygrad
-    pool's trick); the first of every `stride` columns are the windows. A row shorter than out * stride gets x
-    padded first (with values no window reads)."""
-    last, out = x.ndim - 1, window_count(x.shape[-1], kernel, stride, dilation)
+    x repeated end to end and read as rows of L + dilation elements starts row i at x[i * dilation] (the tinygrad
+    pool's trick); every `stride`-th column of the rows are the windows."""
+    last, length, out = x.ndim - 1, x.shape[-1], window_count(x.shape[-1], kernel, stride, dilation)
     if kernel == 1:
-        return mv.unsqueeze(mv.slice_dim(x, last, 0, stride * (out - 1) + 1, stride), last)
-    row = max(x.shape[-1] + dilation, stride * out)
-    x = mv.pad_dim(x, last, 0, row - dilation - x.shape[-1])
-    length, lead = x.shape[-1], x.shape[:-1]
-    repeated = expand_to(mv.unsqueeze(x, last), (*lead, -(-kernel * row // length), length))
-    rows = mv.reshape(mv.shrink_dim(mv.reshape(repeated, (*lead, -1)), last, 0, kernel * row), (*lead, kernel, row))
-    strided = mv.reshape(mv.shrink_dim(rows, last + 1, 0, stride * out), (*lead, kernel, out, stride))
-    return mv.squeeze(mv.shrink_dim(strided, last + 2, 0, 1), last + 2)
+        rows = mv.unsqueeze(x, last)
+    else:
+        row, lead = length + dilation, x.shape[:-1]
+        repeated = expand_to(mv.unsqueeze(x, last), (*lead, -(-kernel * row // length), length))
+        rows = mv.reshape(mv.shrink_dim(mv.reshape(repeated, (*lead, -1)), last, 0, kernel * row),
+                          (*lead, kernel, row))
+    return mv.slice_dim(rows, last + 1, 0, stride * (out - 1) + 1, stride)
 
 
 def _fold_last(windows: Tensor, length: int, stride: int, dilation: int) -> Tensor:
     """The adjoint of `_unfold_last`: (..., kernel, out) -> (..., length), tap i's element t added into
-    x[i * dilation + t * stride]: each row spread to its stride, the rows laid end to end at L + dilation floats
-    apart, and the repeats of x summed."""
-    kernel, out = windows.shape[-2:]
-    last, lead = windows.ndim - 2, windows.shape[:-2]
-    spread = mv.pad_dim(mv.unsqueeze(windows, last + 2), last + 2, 0, stride - 1)
-    spread = mv.reshape(spread, (*lead, kernel, out * stride))
+    x[i * dilation + t * stride]: each row spread to its stride (`zero_dilate`), the rows laid end to end
+    L + dilation elements apart, and the repeats of x summed."""
+    kernel, last, lead = windows.shape[-2], windows.ndim - 2, windows.shape[:-2]
+    spread = zero_dilate(windows, last + 1, stride)
     if kernel == 1:
-        return mv.pad_dim(mv.squeeze(spread, last), last, 0, length - out * stride)
-    row = max(length + dilation, stride * out)
-    padded, rows = row - dilation, mv.pad_dim(spread, last + 1, 0, row - stride * out)
-    repeats = -(-kernel * row // padded)
-    flat = mv.pad_dim(mv.reshape(rows, (*lead, kernel * row)), last, 0, repeats * padded - kernel * row)
-    return mv.shrink_dim(rd.sum(mv.reshape(flat, (*lead, repeats, padded)), last), last, 0, length)
+        return mv.pad_dim(mv.squeeze(spread, last), last, 0, length - spread.shape[-1])
+    row = length + dilation
+    repeats = -(-kernel * row // length)
+    rows = mv.pad_dim(spread, last + 1, 0, row - spread.shape[-1])
+    flat = mv.pad_dim(mv.reshape(rows, (*lead, kernel * row)), last, 0, repeats * length - kernel * row)
+    return rd.sum(mv.reshape(flat, (*lead, repeats, length)), last)
 
 
 # ---------------------------------------------------------------------------
