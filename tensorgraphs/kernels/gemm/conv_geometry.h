@@ -9,10 +9,10 @@ typedef struct {
     int64_t cin, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, oh, ow;
 } conv_geometry;
 
-/* Whether a conv kernel takes `activation` (an epilogue's, gemm.h): none, relu or gelu, before or after the residual. */
+/* Whether a conv kernel takes `activation` (an epilogue's, gemm.h): none, relu or gelu, before or after the
+ * residual. */
 static inline int tg_conv_activation_known(int32_t activation) {
-    int32_t placed = activation & ~TG_ACT_AFTER_RESIDUAL;
-    return placed >= TG_ACT_NONE && placed <= TG_ACT_GELU_TANH;
+    return tg_activation_known(activation & ~TG_ACT_AFTER_RESIDUAL);
 }
 
 /* *g for one image of a call, with its output size; TG_GEMM_BAD_STRIDE or TG_GEMM_BAD_ACTIVATION for arguments no

@@ -13,14 +13,11 @@ static void fold_batch_into_rows(gemm_batch *g) {
     g->batch = 1;
 }
 
-/* An activation a prologue may apply; an epilogue may also apply a gradient one, which reads the residual. */
-static int known_activation(int32_t code) { return code >= TG_ACT_NONE && code <= TG_ACT_GELU_TANH; }
-
 int tg_describe_gemm(gemm_batch *g, pack_b_fn pack, TG_GEMM_PARAMS) {
     if (bias && bias_cs != 0 && bias_cs != 1) return TG_GEMM_BAD_STRIDE;
-    int gradient = activation == TG_ACT_GELU_TANH_GRAD && residual;
-    if (!(known_activation(activation & ~TG_ACT_AFTER_RESIDUAL) || gradient) || !known_activation(a_prologue) ||
-        !known_activation(b_prologue))
+    int gradient = activation == TG_ACT_GELU_TANH_GRAD && residual; /* reads the residual, after no flag */
+    if (!(tg_activation_known(activation & ~TG_ACT_AFTER_RESIDUAL) || gradient) || !tg_activation_known(a_prologue) ||
+        !tg_activation_known(b_prologue))
         return TG_GEMM_BAD_ACTIVATION;
     *g = (gemm_batch){
         .batch = batch, .m = m, .n = n, .k = k,

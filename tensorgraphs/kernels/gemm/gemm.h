@@ -29,6 +29,9 @@ enum tg_activation { TG_ACT_NONE = 0, TG_ACT_RELU = 1, TG_ACT_GELU_TANH = 2, TG_
 /* A flag in an epilogue's activation argument (not a prologue's, nor with the gradient activation): the activation
  * comes after the residual add instead of before it. */
 enum { TG_ACT_AFTER_RESIDUAL = 16 };
+/* Whether `code` is a plain activation (none, relu or gelu): what a prologue applies and, the flag
+ * TG_ACT_AFTER_RESIDUAL masked off, what an epilogue applies before or after the residual. */
+static inline int tg_activation_known(int32_t code) { return code >= TG_ACT_NONE && code <= TG_ACT_GELU_TANH; }
 enum tg_gemm_status { TG_GEMM_OK = 0, TG_GEMM_BAD_STRIDE = -1, TG_GEMM_BAD_ACTIVATION = -2, TG_GEMM_NO_MEMORY = -3 };
 
 /* The signature every product kernel shares. */
