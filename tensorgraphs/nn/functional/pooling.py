@@ -165,15 +165,15 @@ def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: 
     costs several operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
     first = parts[0].ndim - len(kernel)
     along = _reduce_windows_along if long_window(kernel) else _combine_taps_along
-    stored = (along is _combine_taps_along and combine.__name__ in STORED_COMBINES
-              and separable(kernel, stride, dilation))
+    name = next((name for name, stored_combine in STORED_COMBINES.items() if stored_combine is combine), None)
+    stored = along is _combine_taps_along and name is not None and separable(kernel, stride, dilation)
     dims = list(reversed(range(len(kernel))))
     if stored:  # a plain maximum or sum in any order: down the columns first, each load contiguous
         dims.reverse()
     for i in dims:
         window = dict(dim=first + i, kernel=kernel[i], stride=stride[i], dilation=dilation[i], out=out[i])
         if stored and i != dims[-1]:
-            parts = (apply_composite(STORED_WINDOWS, parts[0], combine=combine.__name__, **window),)
+            parts = (apply_composite(STORED_WINDOWS, parts[0], combine=name, **window),)
         else:
             parts = along(parts, combine, **window)
     return parts
