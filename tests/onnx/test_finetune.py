@@ -85,3 +85,19 @@ def test_a_fine_tuned_model_saves_and_loads(tmp_path) -> None:
     fresh.load_state_dict(tg.load(str(path)))
     x, _ = batch(2)
     np.testing.assert_array_equal(fresh(x).detach().numpy(), module(x).detach().numpy())
+
+
+def test_a_max_pool_gives_a_tied_windows_gradient_to_its_first_maximum_as_torch_does() -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1, 1])], "pool",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])])
+    module = tg.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    values = np.random.default_rng(3).integers(0, 3, (1, 2, 5, 5)).astype(np.float32)  # many tied windows
+    weights = np.random.default_rng(4).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    x = tg.tensor(values, requires_grad=True)
+    (module(x) * tg.tensor(weights)).sum().backward()
+    expected = torch.from_numpy(values).requires_grad_()
+    (torch.nn.functional.max_pool2d(expected, 2, 1) * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected.grad.numpy(), rtol=1e-6)

@@ -150,12 +150,13 @@ def _pool_window(node: OnnxNode, x: Tensor) -> Window:
 @lowers("MaxPool")
 def max_pool(node: OnnxNode, x: Value) -> Tensor | tuple[Tensor, Tensor]:
     """Window maxima (pads are -inf); Indices: each maximum's flat position in the input (row- or column-major
-    per storage_order), of the first maximum of its window."""
+    per storage_order), of the first maximum of its window. Under a gradient the first maximum is picked as well
+    (`first_maximum`), so a window's gradient goes to it alone, as torch's does, rather than shared among ties."""
     x = tensor(x)
     window = _pool_window(node, x)
     low = -math.inf if x.dtype.is_floating_point else np.iinfo(x.dtype.storage).min
     if node.outputs < 2:
-        return window.reduce((window.padded(x, low),), larger)[0]
+        return window.reduce((window.padded(x, low),), first_maximum if x.requires_grad else larger)[0]
     order = np.arange(math.prod(x.shape)).reshape(x.shape)
     if node.attr("storage_order", 0):
         spatial = x.shape[2:]
