@@ -90,6 +90,19 @@ def test_fused_gelu_and_softmax_loops_vectorize(tmp_path) -> None:
     assert report.count("loop vectorized") >= 4, report  # gelu's loop, softmax's max and sum lanes, its output
 
 
+@pytest.mark.skipif(GCC.command != "gcc", reason="the vectorization report is gcc's")
+def test_a_batched_local_response_norm_loop_vectorizes(tmp_path) -> None:
+    """Its window over channels reads 5 padded neighbours under conditions invariant in the inner loop, whose
+    blocks gcc's jump threading duplicated and left scalar (driver.NO_JUMP_THREADING)."""
+    x = tg.tensor(np.ones((2, 192, 5, 55), np.float32))  # Inception's first LRN, fewer rows (smaller ones vectorized)
+    program, _ = CPU.program([F.local_response_norm(x, 5).node])
+    source = tmp_path / "program.c"
+    source.write_text(program.source)
+    report = subprocess.run([GCC.command, *GCC.flags, "-fopt-info-vec-optimized", "-o",
+                             str(tmp_path / "p.so"), str(source)], capture_output=True, text=True).stderr
+    assert "loop vectorized" in report, report
+
+
 def test_kernels_differing_only_in_their_buffers_render_as_one_function() -> None:
     x, y = (tg.tensor(np.full((8, 16), v, np.float32)) for v in (1.0, 2.0))
     schedule = schedule_kernels([(x * 2 + 1).exp().node, (y * 2 + 1).exp().node])
