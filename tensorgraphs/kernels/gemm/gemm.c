@@ -220,19 +220,22 @@ TG_ALWAYS_INLINE void store_lanes(const int full, __mmask16 mask, float *p, __m5
 TG_ALWAYS_INLINE void store_tile(const int nv, const int full, const int kind, __m512 acc[TG_MR][TG_NV],
                                  const tile_job *t, float *c, int64_t m_valid, int64_t n_valid, int64_t row0,
                                  int64_t col0) {
-    const tg_affine_epilogue *e = &t->affine;
+    /* copied: C's stores could otherwise change them, as far as gcc knows, so it would load them again per row */
+    const tg_affine_epilogue e = t->affine;
+    const int64_t c_rs = t->c_rs;
+    const int accumulate = t->accumulate;
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = full ? 0xFFFF : tg_tail_mask(n_valid - v * 16);
-    __m512 alpha = _mm512_set1_ps(e->alpha), floor = _mm512_set1_ps(e->floor);
-    __m512 floor_after = _mm512_set1_ps(e->floor_after);
+    __m512 alpha = _mm512_set1_ps(e.alpha), floor = _mm512_set1_ps(e.floor);
+    __m512 floor_after = _mm512_set1_ps(e.floor_after);
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
         if (!full && i >= m_valid) break;
-        float *row = c + i * t->c_rs;
-        __m512 bias = kind == TILE_GENERAL ? alpha : _mm512_set1_ps(e->bias[(row0 + i) * e->bias_rs]);
-        const float *residual = kind == TILE_AFFINE_RESIDUAL ? e->residual + (row0 + i) * e->residual_rs + col0 : NULL;
+        float *row = c + i * c_rs;
+        __m512 bias = kind == TILE_GENERAL ? alpha : _mm512_set1_ps(e.bias[(row0 + i) * e.bias_rs]);
+        const float *residual = kind == TILE_AFFINE_RESIDUAL ? e.residual + (row0 + i) * e.residual_rs + col0 : NULL;
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
             __m512 x = acc[i][v];
-            if (t->accumulate) x = _mm512_add_ps(x, load_lanes(full, masks[v], row + v * 16));
+            if (accumulate) x = _mm512_add_ps(x, load_lanes(full, masks[v], row + v * 16));
             if (kind != TILE_GENERAL)
                 x = tg_affine_apply(x, alpha, bias, floor, floor_after, kind == TILE_AFFINE_RESIDUAL,
                                     residual ? load_lanes(full, masks[v], residual + v * 16) : x);
