@@ -193,10 +193,12 @@ typedef void tile_kernel(const tile_job *job, const float *restrict a, const flo
                          int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0);
 
 /* What the tiles of a block share, set once per block (tile_job_of): the reduction's length, A's row stride where
- * its rows are read in place, C's row stride, whether the tiles add to partial sums in C, the epilogue (`ep` for
- * TILE_GENERAL, NULL for none; `affine` for the others) and the kernels for packed and in-place micro-panels of A. */
+ * its rows are read in place, C's row stride, where the next tile in the walk lies from this one in C and in the
+ * residual (a prefetch never faults, so past the last one too), whether the tiles add to partial sums in C, the
+ * epilogue (`ep` for TILE_GENERAL, NULL for none; `affine` for the others) and the kernels for packed and in-place
+ * micro-panels of A. */
 struct tile_job {
-    int64_t kc, a_rs, c_rs;
+    int64_t kc, a_rs, c_rs, next_c, next_residual;
     int accumulate;
     const tg_epilogue *ep;
     tg_affine_epilogue affine;
@@ -254,20 +256,25 @@ TG_ALWAYS_INLINE void tile(const int nv, const int half, const int bf16, const i
                            const int kind, const tile_job *t, const float *restrict a, const float *restrict b,
                            float *c, int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0) {
     const tg_epilogue *ep = kind == TILE_GENERAL ? t->ep : NULL;
+    const float *residual = kind == TILE_AFFINE_RESIDUAL ? t->affine.residual : ep ? ep->residual : NULL;
+    int64_t residual_rs = kind == TILE_AFFINE_RESIDUAL ? t->affine.residual_rs : ep ? ep->residual_rs : 0;
     __m512 acc[TG_MR][TG_NV];
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
-        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. So
-         * is the residual's (read once: into L2, leaving L1 to the B panel; bench/NOTES.md). */
+        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it; and
+         * so is the next tile's, whose misses then have a whole tile's time (a short reduction's tile took little
+         * more than one miss otherwise). So is the residual (read once: into L2, leaving L1 to the B panel;
+         * bench/NOTES.md). */
         if (i < m_valid) {
-            _mm_prefetch((const char *)(c + i * t->c_rs), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * t->c_rs + 16 * nv - 1), _MM_HINT_T0);
-            const float *residual = kind == TILE_AFFINE_RESIDUAL ? t->affine.residual + (row0 + i) * t->affine.residual_rs
-                                    : ep && ep->residual       ? ep->residual + (row0 + i) * ep->residual_rs
-                                                               : NULL;
+            const float *row = c + i * t->c_rs;
+            _mm_prefetch((const char *)row, _MM_HINT_T0);
+            _mm_prefetch((const char *)(row + 16 * nv - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(row + t->next_c), _MM_HINT_T0);
             if (residual) {
-                _mm_prefetch((const char *)(residual + col0), _MM_HINT_T1);
-                _mm_prefetch((const char *)(residual + col0 + 16 * nv - 1), _MM_HINT_T1);
+                const float *residual_row = residual + (row0 + i) * residual_rs + col0;
+                _mm_prefetch((const char *)residual_row, _MM_HINT_T1);
+                _mm_prefetch((const char *)(residual_row + 16 * nv - 1), _MM_HINT_T1);
+                _mm_prefetch((const char *)(residual_row + t->next_residual), _MM_HINT_T1);
             }
         }
     }
@@ -358,11 +365,14 @@ static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int6
     for (int64_t ir = 0; p->bf16 && ir < mc; ir += TG_MR) pair_rows_in_place(block + ir * kc, kc, TG_MR);
 }
 
-/* The job of a K block's tiles (tile_job), `ep` NULL before the last one. */
-static tile_job tile_job_of(const gemm_problem *p, int64_t kc, int accumulate, const tg_epilogue *ep) {
+/* The job of a K block's tiles (tile_job), `ep` NULL before the last one; the tiles walk C along its rows or down
+ * its columns. */
+static tile_job tile_job_of(const gemm_problem *p, int64_t kc, int accumulate, const tg_epilogue *ep, int along_rows) {
     static tile_kernel *const packed[] = {packed_affine, packed_affine_residual, packed_general};
     static tile_kernel *const in_place[] = {in_place_affine, in_place_affine_residual, in_place_general};
-    tile_job t = {.kc = kc, .a_rs = p->a_rs, .c_rs = p->c_rs, .accumulate = accumulate, .ep = ep};
+    int64_t rows = along_rows ? 0 : TG_MR, columns = along_rows ? TG_NR : 0;
+    tile_job t = {.kc = kc, .a_rs = p->a_rs, .c_rs = p->c_rs, .next_c = rows * p->c_rs + columns,
+                  .next_residual = ep ? rows * ep->residual_rs + columns : 0, .accumulate = accumulate, .ep = ep};
     enum tile_epilogue kind = p->bf16 || !tg_affine_of(ep, &t.affine) ? TILE_GENERAL
                               : t.affine.residual                     ? TILE_AFFINE_RESIDUAL
                                                                       : TILE_AFFINE;
@@ -444,7 +454,7 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
 #pragma omp barrier
             }
             if (tid == 0 || nthreads == 1) work->next[0][!parity] = work->next[1][!parity] = 0;
-            tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL);
+            tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
             int64_t packed_block = -1, in_place = a_read_in_place(p, panels / n_split + tail);
             for (int64_t unit; (unit = claim(&work->next[1][parity], nthreads)) < units;) {
                 int64_t block = unit / n_split, part = unit % n_split;
