@@ -40,6 +40,10 @@ CASES = [
     (2, 16, 66, 63, 5, (3, 3), (2, 3), (2, 1), (1, 2)),  # im2col: blocks, strides 2 and 3, dilation
     (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 256 positions (im2col: the image is the columns)
     (1, 1024, 20, 20, 3, (1, 1), 1, 0, 1),  # ...in blocks of 6 output rows
+    # a 1x1 kernel multiplies the image as a strided matrix: K over a cache block (partial sums in C), rows and
+    # columns past whole register tiles, A read in place (under 256 columns) or packed, two images one GEMM each
+    (1, 400, 9, 21, 13, (1, 1), 1, 0, 1),
+    (2, 390, 32, 33, 7, (1, 1), 1, 0, 1),
     (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
     (12, 512, 13, 13, 3, (3, 3), 2, 1, 1),  # small strided images merged in chunks (AVX2's explicit columns: 3 of 4)
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
