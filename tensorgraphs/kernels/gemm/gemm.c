@@ -240,7 +240,7 @@ TG_ALWAYS_INLINE void store_tile(const int nv, const int full, const int kind, _
             if (accumulate) x = _mm512_add_ps(x, load_lanes(full, masks[v], row + v * 16));
             if (kind != TILE_GENERAL)
                 x = tg_affine_apply(x, alpha, bias, floor, floor_after, kind == TILE_AFFINE_RESIDUAL,
-                                    residual ? load_lanes(full, masks[v], residual + v * 16) : x);
+                                    kind == TILE_AFFINE_RESIDUAL ? load_lanes(full, masks[v], residual + v * 16) : x);
             else if (t->ep)
                 x = tg_epilogue_apply(x, t->ep, row0 + i, col0 + v * 16, masks[v]);
             store_lanes(full, masks[v], row + v * 16, x);
