@@ -40,6 +40,10 @@ CASES = [
     (2, 16, 66, 63, 5, (3, 3), (2, 3), (2, 1), (1, 2)),  # im2col: blocks, strides 2 and 3, dilation
     (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 256 positions (im2col: the image is the columns)
     (1, 1024, 20, 20, 3, (1, 1), 1, 0, 1),  # ...in blocks of 6 output rows
+    # a 1x1 kernel multiplies the image as a strided matrix: K over a cache block (partial sums in C), rows and
+    # columns past whole register tiles, A read in place (under 256 columns) or packed, two images one GEMM each
+    (1, 400, 9, 21, 13, (1, 1), 1, 0, 1),
+    (2, 390, 32, 33, 7, (1, 1), 1, 0, 1),
     (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
     (12, 512, 13, 13, 3, (3, 3), 2, 1, 1),  # small strided images merged in chunks (AVX2's explicit columns: 3 of 4)
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
@@ -91,8 +95,9 @@ def test_conv2d_agrees_with_torch(conv2d, case, epilogue):
         residual = torch.from_numpy(random(tuple(expected.shape), 4))
         expected = 0.5 * expected + torch.from_numpy(bias).double().reshape(-1, 1, 1)
         expected = torch.relu(expected + residual) if after else torch.relu(expected) + residual
-        arguments = dict(alpha=0.5, bias=bias, residual=residual.numpy(), activation="relu",
-                         activation_after_residual=after)
+        arguments = dict(
+            alpha=0.5, bias=bias, residual=residual.numpy(), activation="relu", activation_after_residual=after
+        )
     if epilogue == "scaled_gelu":
         expected = torch.nn.functional.gelu(0.5 * expected, approximate="tanh")
         arguments = dict(alpha=0.5, activation="gelu_tanh")
@@ -168,17 +173,20 @@ def test_activation_after_the_residual_keeps_nan_inf_and_signed_zeros_like_torch
     expected = _expected(x, weight, bias, stride, 1, 1).neg()
     special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e30, -3.0, 2.0], np.float32)
     residual = np.resize(special, tuple(expected.shape))
-    actual = conv2d(x, weight, bias, stride, 1, alpha=-1.0, residual=residual, activation="relu",
-                    activation_after_residual=True)
+    actual = conv2d(
+        x, weight, bias, stride, 1, alpha=-1.0, residual=residual, activation="relu", activation_after_residual=True
+    )
     expected = torch.relu(expected + torch.from_numpy(residual)).numpy()
     np.testing.assert_array_equal(actual, expected.astype(np.float32))
     if conv2d is not blas.conv2d:
         np.testing.assert_array_equal(np.signbit(actual), np.signbit(expected))
     weight, residual = random(weight.shape, 12), random(residual.shape, 13)
-    actual = conv2d(x, weight, bias, stride, 1, residual=residual, activation="gelu_tanh",
-                    activation_after_residual=True)
+    actual = conv2d(
+        x, weight, bias, stride, 1, residual=residual, activation="gelu_tanh", activation_after_residual=True
+    )
     expected = torch.nn.functional.gelu(
-        _expected(x, weight, bias, stride, 1, 1) + torch.from_numpy(residual), approximate="tanh")
+        _expected(x, weight, bias, stride, 1, 1) + torch.from_numpy(residual), approximate="tanh"
+    )
     np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-5, atol=1e-4)
 
 

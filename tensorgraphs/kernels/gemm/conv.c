@@ -279,9 +279,16 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = tg_epilogue_of(alpha, activation, bias, 1, 0, residual, positions),
     };
+    int merged = n > 1 && positions < MERGE_IMAGES_BELOW;
+    /* A 1x1 kernel with stride 1 and no padding multiplies each image itself (cin rows of h*w): packed as any
+     * strided matrix, a load per vector, cheaper than the shifted im2col's pair of masked loads. Merged images
+     * (run_merged) are columns of several images, which only the im2col's view spans. */
+    if (kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0 && !merged) {
+        g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1};
+        return tg_run_gemm_batch(&g);
+    }
 #ifndef __AVX512F__
     if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
 #endif
-    if (n == 1 || positions >= MERGE_IMAGES_BELOW) return tg_run_gemm_batch(&g);
-    return run_merged(g, n);
+    return merged ? run_merged(g, n) : tg_run_gemm_batch(&g);
 }

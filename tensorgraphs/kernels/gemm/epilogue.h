@@ -6,6 +6,7 @@
 #ifndef TG_EPILOGUE_H
 #define TG_EPILOGUE_H
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "gemm.h"
@@ -125,10 +126,12 @@ static inline __attribute__((always_inline)) __m512 tg_activate_ps(__m512 x, int
 /* One 16-wide vector of row `row`, columns col..col+15 (lanes outside `mask` are ignored by the caller). */
 static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, const tg_epilogue *ep, int64_t row,
                                                                        int64_t col, __mmask16 mask) {
-    x = _mm512_mul_ps(x, _mm512_set1_ps(ep->alpha));
-    if (ep->bias) {
+    if (ep->bias) { /* one rounding, as tg_affine_apply's */
         const float *bias_row = ep->bias + row * ep->bias_rs;
-        x = _mm512_add_ps(x, ep->bias_cs ? _mm512_maskz_loadu_ps(mask, bias_row + col) : _mm512_set1_ps(*bias_row));
+        x = _mm512_fmadd_ps(x, _mm512_set1_ps(ep->alpha),
+                            ep->bias_cs ? _mm512_maskz_loadu_ps(mask, bias_row + col) : _mm512_set1_ps(*bias_row));
+    } else {
+        x = _mm512_mul_ps(x, _mm512_set1_ps(ep->alpha));
     }
     if (ep->activation == 3) /* TG_ACT_GELU_TANH_GRAD: the residual is the gelu's input */
         x = _mm512_mul_ps(x, tg_gelu_tanh_grad_ps(_mm512_maskz_loadu_ps(mask, ep->residual + row * ep->residual_rs + col)));
@@ -138,6 +141,45 @@ static inline __attribute__((always_inline)) __m512 tg_epilogue_apply(__m512 x, 
         if (ep->activation_after_residual) x = tg_activate_ps(x, ep->activation);
     }
     return ep->round_bf16 ? _mm512_castsi512_ps(tg_bf16_bits(x)) : x;
+}
+
+/* The common epilogues, alpha, a bias per row (or none), relu (or none) and maybe a residual, as values that a
+ * register tile applies with no branch per vector: activation(alpha * x + bias) is max(floor, fma(x, alpha, bias)),
+ * with floor 0 for relu (what tg_activate_ps computes, a NaN included: max returns its second operand) and -inf for
+ * none, and no bias a bias of -0.0 (x * alpha + -0.0 is x * alpha, a -0.0 included). The same values, bit for bit,
+ * as tg_epilogue_apply's. */
+typedef struct {
+    float alpha, floor, floor_after; /* floor_after: the activation after the residual's add */
+    const float *bias;               /* bias(i) = bias[i*bias_rs] */
+    int64_t bias_rs;
+    const float *residual; /* residual(i, j) = residual[i*residual_rs + j]; NULL for none */
+    int64_t residual_rs;
+} tg_affine_epilogue;
+
+/* `ep` (NULL: none) as an affine epilogue in *out; 0 where it is not one (a bias per column, gelu, bfloat16
+ * rounding). */
+static inline int tg_affine_of(const tg_epilogue *ep, tg_affine_epilogue *out) {
+    static const float negative_zero = -0.0f;
+    *out = (tg_affine_epilogue){.alpha = 1.0f, .floor = -INFINITY, .floor_after = -INFINITY, .bias = &negative_zero};
+    if (!ep) return 1;
+    if (ep->activation > TG_ACT_RELU || ep->round_bf16 || (ep->bias && ep->bias_cs)) return 0;
+    float relu = ep->activation == TG_ACT_RELU ? 0.0f : -INFINITY;
+    out->alpha = ep->alpha, out->residual = ep->residual, out->residual_rs = ep->residual_rs;
+    if (ep->bias) out->bias = ep->bias, out->bias_rs = ep->bias_rs;
+    if (ep->residual && ep->activation_after_residual)
+        out->floor_after = relu;
+    else
+        out->floor = relu;
+    return 1;
+}
+
+/* An affine epilogue on one vector, given as vectors (bias: the row's) with the residual's values where `residual`
+ * (a compile-time constant: whether there is one). */
+static inline __attribute__((always_inline)) __m512 tg_affine_apply(__m512 x, __m512 alpha, __m512 bias,
+                                                                     __m512 floor, __m512 floor_after,
+                                                                     const int residual, __m512 residual_values) {
+    x = _mm512_max_ps(floor, _mm512_fmadd_ps(x, alpha, bias));
+    return residual ? _mm512_max_ps(floor_after, _mm512_add_ps(x, residual_values)) : x;
 }
 
 static inline __mmask16 tg_tail_mask(int64_t remaining) {

@@ -180,75 +180,151 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
     }
 }
 
-/* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
- * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv`, `half`,
- * `bf16` and `relu` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32
- * panel is packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1; with `relu`,
- * A's relu prologue applied as they are read). */
-TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const int bf16, const int relu, int64_t kc,
-                                           const float *restrict a,
-                                           int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
-                                           int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
-                                           const tg_epilogue *ep, int64_t row0, int64_t col0) {
-    __m512 acc[TG_MR][TG_NV];
-    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
-        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
-        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. So
-         * is the residual's (read once: into L2, leaving L1 to the B panel; bench/NOTES.md). */
-        if (i < m_valid) {
-            _mm_prefetch((const char *)(c + i * c_rs), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * c_rs + 16 * nv - 1), _MM_HINT_T0);
-            if (ep && ep->residual) {
-                const float *residual = ep->residual + (row0 + i) * ep->residual_rs + col0;
-                _mm_prefetch((const char *)residual, _MM_HINT_T1);
-                _mm_prefetch((const char *)(residual + 16 * nv - 1), _MM_HINT_T1);
-            }
-        }
-    }
-    if (bf16)
-        accumulate_bf16(nv, kc, a, b, acc);
+/* Which epilogue a block's tiles apply, the same for the whole block, so that each is a kernel of its own with no
+ * branch per vector: an affine one (tg_affine_of; also none, before the last K block) with or without a residual,
+ * or any other (tg_epilogue_apply). */
+enum tile_epilogue { TILE_AFFINE, TILE_AFFINE_RESIDUAL, TILE_GENERAL };
+
+typedef struct tile_job tile_job;
+
+/* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel and the job's epilogue, with (row0, col0) the tile's position in
+ * the whole output (for bias and residual). */
+typedef void tile_kernel(const tile_job *job, const float *restrict a, const float *restrict b, float *c,
+                         int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0);
+
+/* What the tiles of a block share, set once per block (tile_job_of): the reduction's length, A's row stride where
+ * its rows are read in place, C's row stride, where the next tile in the walk lies from this one in C and in the
+ * residual (a prefetch never faults, so past the last one too), whether the tiles add to partial sums in C, the
+ * epilogue (`ep` for TILE_GENERAL, NULL for none; `affine` for the others) and the kernels for packed and in-place
+ * micro-panels of A. */
+struct tile_job {
+    int64_t kc, a_rs, c_rs, next_c, next_residual;
+    int accumulate;
+    const tg_epilogue *ep;
+    tg_affine_epilogue affine;
+    tile_kernel *packed, *in_place;
+};
+
+/* A load or store of 16 lanes, all of them where `full` (a compile-time constant: no mask for AVX2 to test). */
+TG_ALWAYS_INLINE __m512 load_lanes(const int full, __mmask16 mask, const float *p) {
+    return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
+}
+
+TG_ALWAYS_INLINE void store_lanes(const int full, __mmask16 mask, float *p, __m512 x) {
+    if (full)
+        _mm512_storeu_ps(p, x);
     else
-        accumulate_f32(nv, half, relu, kc, a, a_rs, a_ks, b, acc);
+        _mm512_mask_storeu_ps(p, mask, x);
+}
+
+/* c[0:m_valid, 0:n_valid] (+)= the epilogue `kind` of acc. `full` (a compile-time constant) says the tile's TG_MR
+ * rows and 16 * nv columns all lie in C: the common whole tile stores with no mask and no row check. */
+TG_ALWAYS_INLINE void store_tile(const int nv, const int full, const int kind, __m512 acc[TG_MR][TG_NV],
+                                 const tile_job *t, float *c, int64_t m_valid, int64_t n_valid, int64_t row0,
+                                 int64_t col0) {
+    /* copied: C's stores could otherwise change them, as far as gcc knows, so it would load them again per row */
+    const tg_affine_epilogue e = t->affine;
+    const int64_t c_rs = t->c_rs;
+    const int accumulate = t->accumulate;
     __mmask16 masks[TG_NV];
-    _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
-    if (ep && ep->activation >= TG_ACT_GELU_TANH) {
-        float tile[TG_MR * TG_NR];
-        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
-            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) _mm512_storeu_ps(tile + i * TG_NR + v * 16, acc[i][v]);
-        epilogue_by_vector(tile, nv, c, c_rs, m_valid < TG_MR ? m_valid : TG_MR, masks, accumulate, ep, row0, col0);
-        return;
-    }
+    _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = full ? 0xFFFF : tg_tail_mask(n_valid - v * 16);
+    __m512 alpha = _mm512_set1_ps(e.alpha), floor = _mm512_set1_ps(e.floor);
+    __m512 floor_after = _mm512_set1_ps(e.floor_after);
     _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
-        if (i >= m_valid) break;
+        if (!full && i >= m_valid) break;
         float *row = c + i * c_rs;
+        __m512 bias = kind == TILE_GENERAL ? alpha : _mm512_set1_ps(e.bias[(row0 + i) * e.bias_rs]);
+        const float *residual = kind == TILE_AFFINE_RESIDUAL ? e.residual + (row0 + i) * e.residual_rs + col0 : NULL;
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
             __m512 x = acc[i][v];
-            if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(masks[v], row + v * 16));
-            if (ep) x = tg_epilogue_apply(x, ep, row0 + i, col0 + v * 16, masks[v]);
-            _mm512_mask_storeu_ps(row + v * 16, masks[v], x);
+            if (accumulate) x = _mm512_add_ps(x, load_lanes(full, masks[v], row + v * 16));
+            if (kind != TILE_GENERAL)
+                x = tg_affine_apply(x, alpha, bias, floor, floor_after, kind == TILE_AFFINE_RESIDUAL,
+                                    kind == TILE_AFFINE_RESIDUAL ? load_lanes(full, masks[v], residual + v * 16) : x);
+            else if (t->ep)
+                x = tg_epilogue_apply(x, t->ep, row0 + i, col0 + v * 16, masks[v]);
+            store_lanes(full, masks[v], row + v * 16, x);
         }
     }
 }
 
+/* A tile of 16 * nv columns (with `half`, the first 8 only) of float32 products (or bfloat16 pairs, `bf16`), A's
+ * micro-panel packed (a_rs 1, a_ks TG_MR) or, `in_place`, rows of A (a_rs the job's, a_ks 1) with `relu` taken as
+ * they are read. Every int parameter but m_valid and n_valid is a compile-time constant after inlining, so the
+ * accumulators stay in registers. */
+TG_ALWAYS_INLINE void tile(const int nv, const int half, const int bf16, const int relu, const int in_place,
+                           const int kind, const tile_job *t, const float *restrict a, const float *restrict b,
+                           float *c, int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0) {
+    const tg_epilogue *ep = kind == TILE_GENERAL ? t->ep : NULL;
+    const float *residual = kind == TILE_AFFINE_RESIDUAL ? t->affine.residual : ep ? ep->residual : NULL;
+    int64_t residual_rs = kind == TILE_AFFINE_RESIDUAL ? t->affine.residual_rs : ep ? ep->residual_rs : 0;
+    __m512 acc[TG_MR][TG_NV];
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+        /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it; and
+         * so is the next tile's, whose misses then have a whole tile's time (a short reduction's tile took little
+         * more than one miss otherwise). So is the residual (read once: into L2, leaving L1 to the B panel;
+         * bench/NOTES.md). */
+        if (i < m_valid) {
+            const float *row = c + i * t->c_rs;
+            _mm_prefetch((const char *)row, _MM_HINT_T0);
+            _mm_prefetch((const char *)(row + 16 * nv - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(row + t->next_c), _MM_HINT_T0);
+            if (residual) {
+                const float *residual_row = residual + (row0 + i) * residual_rs + col0;
+                _mm_prefetch((const char *)residual_row, _MM_HINT_T1);
+                _mm_prefetch((const char *)(residual_row + 16 * nv - 1), _MM_HINT_T1);
+                _mm_prefetch((const char *)(residual_row + t->next_residual), _MM_HINT_T1);
+            }
+        }
+    }
+    if (bf16)
+        accumulate_bf16(nv, t->kc, a, b, acc);
+    else
+        accumulate_f32(nv, half, relu, t->kc, a, in_place ? t->a_rs : 1, in_place ? 1 : TG_MR, b, acc);
+    if (ep && ep->activation >= TG_ACT_GELU_TANH) {
+        float stack_tile[TG_MR * TG_NR];
+        __mmask16 masks[TG_NV];
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
+        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
+                _mm512_storeu_ps(stack_tile + i * TG_NR + v * 16, acc[i][v]);
+        epilogue_by_vector(stack_tile, nv, c, t->c_rs, m_valid < TG_MR ? m_valid : TG_MR, masks, t->accumulate, ep,
+                           row0, col0);
+        return;
+    }
+    if (!half && m_valid >= TG_MR && n_valid >= 16 * nv)
+        store_tile(nv, 1, kind, acc, t, c, m_valid, n_valid, row0, col0);
+    else
+        store_tile(nv, 0, kind, acc, t, c, m_valid, n_valid, row0, col0);
+}
+
 /* The tile computes only the 16-wide column vectors (or, on AVX2, the half of one) it needs: a narrow last panel
- * costs what it holds (bfloat16 products take whole vectors). `a_rs` is 0
- * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only), their relu taken
- * with `relu_a`. */
-static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, int relu_a,
-                         const float *restrict b, float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid,
-                         int accumulate, const tg_epilogue *ep, int64_t row0, int64_t col0) {
-#define TG_TILE(nv, half)                                                                                         \
-    (bf16     ? micro_kernel_vectors(nv, 0, 1, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, \
-                                     col0)                                                                         \
-     : relu_a ? micro_kernel_vectors(nv, half, 0, 1, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep,    \
-                                     row0, col0)                                                                   \
-     : a_rs   ? micro_kernel_vectors(nv, half, 0, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep,    \
-                                     row0, col0)                                                                   \
-              : micro_kernel_vectors(nv, half, 0, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep,   \
-                                     row0, col0))
+ * costs what it holds (bfloat16 products take whole vectors). */
+TG_ALWAYS_INLINE void tile_of_width(const int bf16, const int relu, const int in_place, const int kind,
+                                    const tile_job *t, const float *restrict a, const float *restrict b, float *c,
+                                    int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0) {
+#define TG_TILE(nv, half) tile(nv, (half) && !bf16, bf16, relu, in_place, kind, t, a, b, c, m_valid, n_valid, row0, col0)
     TG_BY_TILE_WIDTH(n_valid, TG_TILE);
 #undef TG_TILE
 }
+
+/* The tile kernels a job picks from (a tile_kernel each): A packed or in place, by epilogue; a bfloat16 product
+ * packs A, and in-place rows with a relu (a prologue) take any epilogue. */
+#define TG_TILE_KERNEL(name, bf16, relu, in_place, kind)                                                         \
+    static void name(const tile_job *t, const float *restrict a, const float *restrict b, float *c,             \
+                     int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0) {                            \
+        tile_of_width(bf16, relu, in_place, kind, t, a, b, c, m_valid, n_valid, row0, col0);                     \
+    }
+TG_TILE_KERNEL(packed_affine, 0, 0, 0, TILE_AFFINE)
+TG_TILE_KERNEL(packed_affine_residual, 0, 0, 0, TILE_AFFINE_RESIDUAL)
+TG_TILE_KERNEL(packed_general, 0, 0, 0, TILE_GENERAL)
+TG_TILE_KERNEL(packed_bf16, 1, 0, 0, TILE_GENERAL)
+TG_TILE_KERNEL(in_place_affine, 0, 0, 1, TILE_AFFINE)
+TG_TILE_KERNEL(in_place_affine_residual, 0, 0, 1, TILE_AFFINE_RESIDUAL)
+TG_TILE_KERNEL(in_place_general, 0, 0, 1, TILE_GENERAL)
+TG_TILE_KERNEL(in_place_relu, 0, 1, 1, TILE_GENERAL)
+#undef TG_TILE_KERNEL
 
 /* ---------------------------------------------------------------- blocked driver */
 
@@ -287,6 +363,22 @@ static void finish_b_panel(const gemm_problem *p, float *panel, int64_t kc) {
 static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int64_t kc) {
     tg_activate_in_place(block, ceil_div(mc, TG_MR) * TG_MR * kc, p->a_prologue);
     for (int64_t ir = 0; p->bf16 && ir < mc; ir += TG_MR) pair_rows_in_place(block + ir * kc, kc, TG_MR);
+}
+
+/* The job of a K block's tiles (tile_job), `ep` NULL before the last one; the tiles walk C along its rows or down
+ * its columns. */
+static tile_job tile_job_of(const gemm_problem *p, int64_t kc, int accumulate, const tg_epilogue *ep, int along_rows) {
+    static tile_kernel *const packed[] = {packed_affine, packed_affine_residual, packed_general};
+    static tile_kernel *const in_place[] = {in_place_affine, in_place_affine_residual, in_place_general};
+    int64_t rows = along_rows ? 0 : TG_MR, columns = along_rows ? TG_NR : 0;
+    tile_job t = {.kc = kc, .a_rs = p->a_rs, .c_rs = p->c_rs, .next_c = rows * p->c_rs + columns,
+                  .next_residual = ep ? rows * ep->residual_rs + columns : 0, .accumulate = accumulate, .ep = ep};
+    enum tile_epilogue kind = p->bf16 || !tg_affine_of(ep, &t.affine) ? TILE_GENERAL
+                              : t.affine.residual                     ? TILE_AFFINE_RESIDUAL
+                                                                      : TILE_AFFINE;
+    t.packed = p->bf16 ? packed_bf16 : packed[kind];
+    t.in_place = p->a_prologue ? in_place_relu : in_place[kind];
+    return t;
 }
 
 /* Whether the full micro-panels of A's row blocks are read in place rather than packed (the rows past the last
@@ -362,7 +454,7 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
 #pragma omp barrier
             }
             if (tid == 0 || nthreads == 1) work->next[0][!parity] = work->next[1][!parity] = 0;
-            const tg_epilogue *ep = kb == k_blocks - 1 ? &p->ep : NULL;
+            tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
             int64_t packed_block = -1, in_place = a_read_in_place(p, panels / n_split + tail);
             for (int64_t unit; (unit = claim(&work->next[1][parity], nthreads)) < units;) {
                 int64_t block = unit / n_split, part = unit % n_split;
@@ -373,9 +465,9 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                     finish_a_block(p, a_pack + packed * kc, mcur - packed, kc);
                 }
                 packed_block = block;
-#define TG_A_PANEL(ir)                                                                                            \
-    (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, (ir) < packed ? p->a_rs : 0,                   \
-        (ir) < packed && p->a_prologue
+#define TG_TILE_AT(ir, ...)                                                                                       \
+    ((ir) < packed ? job.in_place : job.packed)(&job, (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, \
+                                                __VA_ARGS__)
                 int64_t first = part * panels / n_split, count = (part + 1) * panels / n_split - first;
                 int64_t sweeps = ceil_div(mcur, TG_MR), tiles = count * sweeps;
                 for (int64_t tile = 0; tile < tiles; tile++) {
@@ -383,15 +475,13 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                     int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
                     if (lazy && block == 0 && ir == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
-                    micro_kernel(p->bf16, kc, TG_A_PANEL(ir), b_panel, p->c + (ic + ir) * p->c_rs + jr, p->c_rs,
-                                 mcur - ir, p->n - jr, kb > 0, ep, ic + ir, jr);
+                    TG_TILE_AT(ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
                     if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
-                        micro_kernel(p->bf16, kc, TG_A_PANEL(ir), tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col,
-                                     p->c_rs, min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, kb > 0, ep,
-                                     ic + ir, p->tail_col);
-#undef TG_A_PANEL
+                        TG_TILE_AT(ir, tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col,
+                                   min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, ic + ir, p->tail_col);
+#undef TG_TILE_AT
             }
             if (nthreads > 1) {
 #pragma omp barrier
