@@ -48,6 +48,7 @@ from tensorgraphs.codegen.loop_ir import (
     Store,
     TransposeLocal,
 )
+from tensorgraphs.codegen.loop_merge import merge_contiguous_loops
 from tensorgraphs.graph.composite import is_composite, params_of
 from tensorgraphs.graph.node import Node, toposort
 from tensorgraphs.graph.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
@@ -474,7 +475,7 @@ class Lowering:
         return var, inner
 
     def kernel(self) -> Kernel:
-        body = self._root.assemble()
+        body = merge_contiguous_loops(self._root.assemble())
         if not self.serial:  # the target decides from the work whether threads pay (at run time if it varies)
             for stmt in body:
                 if isinstance(stmt, Loop):

@@ -113,12 +113,7 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
     float *a = tg_scratch_reserve(&weight_scratch, packed + 2 * (size_t)taps);
     if (!a) return TG_GEMM_NO_MEMORY;
     int64_t *offset = (int64_t *)(a + packed);
-    for (int64_t panel = 0; panel < panels; panel++)
-        for (int64_t k = 0; k < taps; k++)
-            for (int64_t i = 0; i < TG_MR; i++) {
-                int64_t co = panel * TG_MR + i;
-                a[(panel * taps + k) * TG_MR + i] = co < cout ? weight[co * taps + k] : 0.0f;
-            }
+    tg_pack_a(weight, taps, 1, cout, taps, a);
     for (int64_t k = 0, channel = 0; channel < cin; channel++)
         for (int64_t ki = 0; ki < kh; ki++)
             for (int64_t kj = 0; kj < kw; kj++, k++)

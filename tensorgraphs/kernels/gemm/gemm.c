@@ -47,7 +47,7 @@ static void transpose_16x16(const float *src, int64_t src_ld, int64_t rows, int6
  * the 16x16 transpose; a transposed A (unit row stride) is walked one contiguous column at a time across all
  * panels, since a panel-by-panel walk reads only TG_MR floats per cache line at a large stride (4 KiB for 1024
  * rows, where the L1's sets alias; bench/NOTES.md). */
-static void pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict dst) {
+void tg_pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict dst) {
     if (rs == 1 && TG_MR <= 16) {
         for (int64_t k = 0; k < kc; k++) {
             const float *column = a + k * cs;
@@ -461,7 +461,7 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                 int64_t ic = block * mc, mcur = min_i64(mc, p->m - ic), packed = in_place ? mcur / TG_MR * TG_MR : 0;
                 const float *a_block = p->a + ic * p->a_rs + pc * p->a_cs;
                 if (block != packed_block) {
-                    pack_a(a_block + packed * p->a_rs, p->a_rs, p->a_cs, mcur - packed, kc, a_pack + packed * kc);
+                    tg_pack_a(a_block + packed * p->a_rs, p->a_rs, p->a_cs, mcur - packed, kc, a_pack + packed * kc);
                     finish_a_block(p, a_pack + packed * kc, mcur - packed, kc);
                 }
                 packed_block = block;

@@ -106,6 +106,9 @@ float *tg_scratch_reserve(tg_scratch *s, size_t count);
 /* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible) whose
  * B panels `pack` packs (NULL for a kernel that reads B itself) (describe.c). */
 int tg_describe_gemm(gemm_batch *g, pack_b_fn pack, TG_GEMM_PARAMS);
+/* A (mc x kc, element (i, k) at a[i*rs + k*cs]) as micro-panels dst[ir*kc + k*TG_MR + ii], rows past mc zero-padded
+ * to a whole panel (gemm.c). */
+void tg_pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict dst);
 void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                        float *dst);
 int tg_run_gemm_batch(const gemm_batch *g);
