@@ -143,17 +143,18 @@ static __attribute__((noinline)) void epilogue_by_vector(const float *tile, int 
     }
 }
 
-/* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place,
- * then with `relu` their relu) @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first
- * 8 columns of one vector. */
-TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, const int relu, int64_t kc, const float *restrict a,
-                                     int64_t a_rs, int64_t a_ks, const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
+/* acc[0:rows] += a_panel (rows x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in
+ * place, then with `relu` their relu) @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the
+ * first 8 columns of one vector. */
+TG_ALWAYS_INLINE void accumulate_f32(const int rows, const int nv, const int half, const int relu, int64_t kc,
+                                     const float *restrict a, int64_t a_rs, int64_t a_ks, const float *restrict b,
+                                     __m512 acc[TG_MR][TG_NV]) {
     /* unrolled: on AVX2 the rolled loop ran 5-10% slower in whole products (2 and 8 ran as 4; bench/NOTES.md) */
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
             bv[v] = half ? tg_load_low_ps(b + v * 16) : _mm512_load_ps(b + v * 16);
-        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+        _Pragma("GCC unroll 64") for (int i = 0; i < rows; i++) {
             __m512 ai = _mm512_set1_ps(a[i * a_rs]);
             if (relu) ai = tg_activate_ps(ai, TG_ACT_RELU);
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
@@ -166,12 +167,12 @@ TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, const int rel
 
 /* The same on panels of bfloat16 pairs (pair_rows_in_place): one VDPBF16PS adds two products per lane. A pair is
  * broadcast as the float whose bits it is (a load, no arithmetic), so the panels stay float arrays. */
-TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *restrict a, const float *restrict b,
-                                      __m512 acc[TG_MR][TG_NV]) {
+TG_ALWAYS_INLINE void accumulate_bf16(const int rows, const int nv, int64_t kc, const float *restrict a,
+                                      const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
     for (int64_t p = 0; p < (kc + 1) / 2; p++) {
         __m512bh bv[TG_NV];
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = TG_AS_BF16(_mm512_load_si512(b + v * 16));
-        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+        _Pragma("GCC unroll 64") for (int i = 0; i < rows; i++) {
             __m512bh ai = TG_AS_BF16(_mm512_castps_si512(_mm512_set1_ps(a[i])));
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], ai, bv[v]);
         }
@@ -181,17 +182,18 @@ TG_ALWAYS_INLINE void accumulate_bf16(const int nv, int64_t kc, const float *res
 }
 
 /* c[0:m_valid, 0:n_valid] (+)= a_panel @ b_panel (float32, or bfloat16 pairs when `bf16`); the epilogue (if any)
- * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `nv`, `half`,
- * `bf16` and `relu` are compile-time constants after inlining, so the accumulators stay in zmm registers. A float32
+ * runs on the registers, with (row0, col0) the tile's position in the whole output for bias and residual. `rows`
+ * (at least m_valid: the rows the tile multiplies), `nv`, `half`, `bf16` and `relu` are compile-time constants after
+ * inlining, so the accumulators stay in zmm registers. A float32
  * panel is packed (a_rs 1, a_ks TG_MR, constants) or rows of A in place (a_rs their stride, a_ks 1; with `relu`,
  * A's relu prologue applied as they are read). */
-TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const int bf16, const int relu, int64_t kc,
-                                           const float *restrict a,
-                                           int64_t a_rs, int64_t a_ks, const float *restrict b, float *c,
-                                           int64_t c_rs, int64_t m_valid, int64_t n_valid, int accumulate,
-                                           const tg_epilogue *ep, int64_t row0, int64_t col0) {
+TG_ALWAYS_INLINE void micro_kernel_vectors(const int rows, const int nv, const int half, const int bf16, const int relu,
+                                           int64_t kc, const float *restrict a, int64_t a_rs, int64_t a_ks,
+                                           const float *restrict b, float *c, int64_t c_rs, int64_t m_valid,
+                                           int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
+                                           int64_t col0) {
     __m512 acc[TG_MR][TG_NV];
-    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+    _Pragma("GCC unroll 64") for (int i = 0; i < rows; i++) {
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
         /* The tile of C is read or written only after the whole reduction: fetched now, its misses overlap it. So
          * is the residual's (read once: into L2, leaving L1 to the B panel; bench/NOTES.md). */
@@ -206,19 +208,19 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
         }
     }
     if (bf16)
-        accumulate_bf16(nv, kc, a, b, acc);
+        accumulate_bf16(rows, nv, kc, a, b, acc);
     else
-        accumulate_f32(nv, half, relu, kc, a, a_rs, a_ks, b, acc);
+        accumulate_f32(rows, nv, half, relu, kc, a, a_rs, a_ks, b, acc);
     __mmask16 masks[TG_NV];
     _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) masks[v] = tg_tail_mask(n_valid - v * 16);
     if (ep && ep->activation >= TG_ACT_GELU_TANH) {
         float tile[TG_MR * TG_NR];
-        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+        _Pragma("GCC unroll 64") for (int i = 0; i < rows; i++)
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) _mm512_storeu_ps(tile + i * TG_NR + v * 16, acc[i][v]);
-        epilogue_by_vector(tile, nv, c, c_rs, m_valid < TG_MR ? m_valid : TG_MR, masks, accumulate, ep, row0, col0);
+        epilogue_by_vector(tile, nv, c, c_rs, m_valid < rows ? m_valid : rows, masks, accumulate, ep, row0, col0);
         return;
     }
-    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+    _Pragma("GCC unroll 64") for (int i = 0; i < rows; i++) {
         if (i >= m_valid) break;
         float *row = c + i * c_rs;
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
@@ -230,24 +232,53 @@ TG_ALWAYS_INLINE void micro_kernel_vectors(const int nv, const int half, const i
     }
 }
 
-/* The tile computes only the 16-wide column vectors (or, on AVX2, the half of one) it needs: a narrow last panel
- * costs what it holds (bfloat16 products take whole vectors). `a_rs` is 0
- * for a packed micro-panel of A, else the row stride of TG_MR rows read in place (float32 only), their relu taken
- * with `relu_a`. */
+/* The tile of `rows` rows computes only the 16-wide column vectors (or, on AVX2, the half of one) it needs: a
+ * narrow last panel costs what it holds (bfloat16 products take whole vectors). `a_rs` is 0 for a packed micro-panel
+ * of A, else the row stride of TG_MR rows read in place (float32 only), their relu taken with `relu_a`. */
+TG_ALWAYS_INLINE void micro_kernel_rows(const int rows, int bf16, int64_t kc, const float *restrict a, int64_t a_rs,
+                                        int relu_a, const float *restrict b, float *c, int64_t c_rs, int64_t m_valid,
+                                        int64_t n_valid, int accumulate, const tg_epilogue *ep, int64_t row0,
+                                        int64_t col0) {
+#define TG_TILE(nv, half)                                                                                         \
+    (bf16     ? micro_kernel_vectors(rows, nv, 0, 1, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, \
+                                     row0, col0)                                                                   \
+     : relu_a ? micro_kernel_vectors(rows, nv, half, 0, 1, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate,  \
+                                     ep, row0, col0)                                                               \
+     : a_rs   ? micro_kernel_vectors(rows, nv, half, 0, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate,  \
+                                     ep, row0, col0)                                                               \
+              : micro_kernel_vectors(rows, nv, half, 0, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, \
+                                     ep, row0, col0))
+    TG_BY_TILE_WIDTH(n_valid, TG_TILE);
+#undef TG_TILE
+}
+
+/* One function per tile height (in one function together, gcc kept some accumulators on the stack); the short ones
+ * for float32 operands only (`bf16` is then 0 for the compiler, and the library builds faster). */
+#define TG_TILE_OF_HEIGHT(name, rows, bf16_tiles)                                                                 \
+    static __attribute__((noinline)) void name(int bf16, int64_t kc, const float *restrict a, int64_t a_rs,          \
+                                               int relu_a, const float *restrict b, float *c, int64_t c_rs,          \
+                                               int64_t m_valid, int64_t n_valid, int accumulate,                     \
+                                               const tg_epilogue *ep, int64_t row0, int64_t col0) {                  \
+        micro_kernel_rows(rows, (bf16_tiles) && bf16, kc, a, a_rs, relu_a, b, c, c_rs, m_valid, n_valid, accumulate, \
+                          ep, row0, col0);                                                                         \
+    }
+TG_TILE_OF_HEIGHT(micro_kernel_third, TG_MR / 3, 0)
+TG_TILE_OF_HEIGHT(micro_kernel_two_thirds, 2 * TG_MR / 3, 0)
+TG_TILE_OF_HEIGHT(micro_kernel_full, TG_MR, 1)
+#undef TG_TILE_OF_HEIGHT
+
+/* The tile multiplies a third, two thirds or all of its TG_MR rows, the fewest that hold the m_valid rows it stores:
+ * a short last row block (68 rows: 11 tiles of 6 and one of 2) costs about what it holds (float32 products; 1-3%
+ * faster on ShuffleNet's grouped 1x1 convs, bench/NOTES.md). */
 static void micro_kernel(int bf16, int64_t kc, const float *restrict a, int64_t a_rs, int relu_a,
                          const float *restrict b, float *c, int64_t c_rs, int64_t m_valid, int64_t n_valid,
                          int accumulate, const tg_epilogue *ep, int64_t row0, int64_t col0) {
-#define TG_TILE(nv, half)                                                                                         \
-    (bf16     ? micro_kernel_vectors(nv, 0, 1, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, \
-                                     col0)                                                                         \
-     : relu_a ? micro_kernel_vectors(nv, half, 0, 1, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep,    \
-                                     row0, col0)                                                                   \
-     : a_rs   ? micro_kernel_vectors(nv, half, 0, 0, kc, a, a_rs, 1, b, c, c_rs, m_valid, n_valid, accumulate, ep,    \
-                                     row0, col0)                                                                   \
-              : micro_kernel_vectors(nv, half, 0, 0, kc, a, 1, TG_MR, b, c, c_rs, m_valid, n_valid, accumulate, ep,   \
-                                     row0, col0))
-    TG_BY_TILE_WIDTH(n_valid, TG_TILE);
-#undef TG_TILE
+    void (*tile)(int, int64_t, const float *restrict, int64_t, int, const float *restrict, float *, int64_t, int64_t,
+                 int64_t, int, const tg_epilogue *, int64_t, int64_t) =
+        bf16 || m_valid > 2 * TG_MR / 3 ? micro_kernel_full
+        : m_valid > TG_MR / 3           ? micro_kernel_two_thirds
+                                        : micro_kernel_third;
+    tile(bf16, kc, a, a_rs, relu_a, b, c, c_rs, m_valid, n_valid, accumulate, ep, row0, col0);
 }
 
 /* ---------------------------------------------------------------- blocked driver */
