@@ -180,6 +180,20 @@ def test_short_reductions_walk_c_along_its_rows(m, n, k, layout, a_prologue):
 
 
 @needs_gemm
+@pytest.mark.parametrize("m", [12, 13, 14, 15, 16, 17])
+@pytest.mark.parametrize(("n", "k"), [(40, 10), (40, 70), (300, 70)])
+@pytest.mark.parametrize("layout", ["plain", "transposed", "strided"])
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_short_last_row_tiles_multiply_only_the_rows_they_hold(m, n, k, layout, activation):
+    """The last row tile of every height (m % 6 rows: gemm.c's tiles multiply a third, two thirds or all of their
+    TG_MR rows), with A read in place (few panels, row-major), packed (many panels, transposed or strided), short
+    and long K, the epilogue on registers (relu) or by vector (gelu), and a residual."""
+    a, b = operands(m, n, k, layout, 31)
+    arguments = dict(bias=random((m, 1), 33), residual=random((m, n), 34), activation=activation, alpha=0.5)
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{layout} {m}x{n}x{k}")
+
+
+@needs_gemm
 @pytest.mark.parametrize("m", [7, 13, 300, 521])
 @pytest.mark.parametrize(("n", "k"), [(1, 5), (8, 33), (10, 1000), (16, 400), (17, 40)])
 def test_relu_of_a_taken_in_place_by_a_single_panel(m, n, k):

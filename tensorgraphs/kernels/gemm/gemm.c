@@ -394,6 +394,14 @@ static int a_read_in_place(const gemm_problem *p, int64_t panels) {
     return p->a_cs == 1 && (!p->a_prologue || prologue_once) && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
 }
 
+/* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L1: the next row tile's rows of A read in
+ * place, fetched while the current tile multiplies, when the first panel of a block is the first to read them (a
+ * layer's weights in a whole model come from L3 or memory; each later panel finds them in L2). */
+static void prefetch_rows(const float *a, int64_t rs, int64_t kc) {
+    for (int64_t i = 0; i < TG_MR; i++)
+        for (int64_t k = 0; k < kc; k += 16) _mm_prefetch((const char *)(a + i * rs + k), _MM_HINT_T0);
+}
+
 /* The most rows a row block holds: TG_MC in whole micro-panels (row_block rounds up to them). */
 enum { A_BLOCK_ROWS = (TG_MC + TG_MR - 1) / TG_MR * TG_MR };
 
@@ -475,6 +483,8 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                     int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
                     if (lazy && block == 0 && ir == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
+                    if (panel == first && ir + 2 * TG_MR <= packed)
+                        prefetch_rows(a_block + (ir + TG_MR) * p->a_rs, p->a_rs, kc);
                     TG_TILE_AT(ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir, jr);
                 }
                 for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
