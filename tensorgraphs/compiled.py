@@ -35,6 +35,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
+import operator
 import sys
 import time
 import weakref
@@ -57,6 +59,7 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.plan.choices import planning_for
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import differentiable, tracing
+from tensorgraphs.runtime.buffer import DEAD_REFERENCE
 from tensorgraphs.runtime.realize import BACKENDS, default_device, graph_without_data, realized_values
 
 Reader = Callable[[list[Any]], np.ndarray]
@@ -97,23 +100,31 @@ class _Trace:
     autocast: AutocastState = AutocastState()  # the autocast region traced in (it decides which ops cast)
     backend: NativeBackend = CPU  # what the program was compiled for
     # `tracing.values_replaced` after the last call's reads, and then (from the second call at that count on) a
-    # weak reference to each array a `_CurrentValue` read again, None where the input is read at every call
-    last_read: tuple[int, list[weakref.ref | None] | None] | None = None
+    # weak reference per input to the array a `_CurrentValue` read again (`DEAD_REFERENCE` where the input is read at
+    # every call) and the (position, reader) of those read at every call
+    last_read: tuple[int, list[weakref.ref] | None, list[tuple[int, Reader]]] | None = None
 
     def read_inputs(self, values: list[Any]) -> list[Any]:
         """The arrays the program reads for a call with these argument values, in order (no live inputs). While no
         tensor has been given another node since the last call, every tensor it reads holds the array it held then:
-        those are bound again from weak references, without touching the tensors (a model reads hundreds)."""
-        last, replaced = self.last_read, tracing.values_replaced
-        if last is not None and last[0] == replaced and last[1] is not None and not tracing.traces_recording:
-            inputs = [read(values) if ref is None else ref() for read, ref in zip(self.readers, last[1])]
-            if not any(array is None for array in inputs):
+        those are bound again from weak references, without touching the tensors (a model reads hundreds), by
+        loops that run in C."""
+        last = self.last_read
+        if last is not None and last[0] == tracing.values_replaced and last[1] is not None and (
+                not tracing.traces_recording):
+            inputs = list(map(operator.call, last[1]))
+            for position, read in last[2]:
+                inputs[position] = read(values)
+            if all(map(operator.is_not, inputs, itertools.repeat(None))):
                 return inputs
         inputs = [read(values) for read in self.readers]
-        again = last is not None and last[0] == tracing.values_replaced  # a second call with nothing replaced
-        self.last_read = tracing.values_replaced, [
-            weakref.ref(array) if isinstance(read, _CurrentValue) and read.array is array else None
-            for read, array in zip(self.readers, inputs)] if again else None
+        if last is None or last[0] != tracing.values_replaced:
+            self.last_read = tracing.values_replaced, None, []
+            return inputs
+        refs = [weakref.ref(array) if isinstance(read, _CurrentValue) and read.array is array else DEAD_REFERENCE
+                for read, array in zip(self.readers, inputs)]  # a second call with nothing replaced
+        self.last_read = tracing.values_replaced, refs, [
+            (position, read) for position, (read, ref) in enumerate(zip(self.readers, refs)) if ref is DEAD_REFERENCE]
         return inputs
 
     def stats(self) -> CompileStats:
@@ -255,9 +266,16 @@ class CompiledFunction:
 
     def _trace_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
         keywords = tuple(kwargs)
-        labels = [f"argument {i}" for i in range(len(args))] + [f"keyword argument {k!r}" for k in keywords]
+        positional = len(args)
         args = (*args, *kwargs.values())  # keyword arguments follow the positional ones, as program inputs
-        signature = (keywords, *(_argument_key(label, a) for label, a in zip(labels, args)))
+        signature = (keywords, *map(_argument_key, args))
+        if None in signature:
+            position = signature.index(None) - 1
+            label = (f"argument {position}" if position < positional
+                     else f"keyword argument {keywords[position - positional]!r}")
+            fail("compile", f"{label} is a {type(args[position]).__name__}, which a compiled function cannot take: "
+                 "pass Tensors, numpy arrays, numbers, bools, strings, None, tuples of those, or objects such as "
+                 "modules (tensors in a list or dict: pass each one as an argument)", kind=ArgumentError)
         candidates = self.traces.setdefault(signature, [])
         trace = next((t for t in candidates if t.holds(args)), None)
         if trace is None:
@@ -693,10 +711,10 @@ def _argument_values(args: tuple[Any, ...]) -> list[Any]:
 _VALUE_TYPES = (type(None), bool, int, float, str, np.generic, dtypes.DType)
 
 
-def _argument_key(label: str, value: Any) -> tuple:
+def _argument_key(value: Any) -> tuple | None:
     """What calls with the same trace have in common in one argument: a tensor's dtype, shape and whether it
     requires grad, a number's type, another value itself (compared by value, or for an object such as a module by
-    identity)."""
+    identity); None for a value a compiled function cannot take."""
     if isinstance(value, Tensor):
         return ("tensor", value.dtype.name, value.shape, value.requires_grad)
     if isinstance(value, np.ndarray):
@@ -707,9 +725,7 @@ def _argument_key(label: str, value: Any) -> tuple:
         return ("value", repr(value))
     if type(value).__hash__ is object.__hash__ and type(value).__eq__ is object.__eq__:
         return ("object", value)
-    fail("compile", f"{label} is a {type(value).__name__}, which a compiled function cannot take: pass "
-         "Tensors, numpy arrays, numbers, bools, strings, None, tuples of those, or objects such as modules (tensors "
-         "in a list or dict: pass each one as an argument)", kind=ArgumentError)
+    return None
 
 
 def _describe_key(key: tuple) -> str:

@@ -21,8 +21,11 @@ TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import functools
+import itertools
+import operator
 import os
 import signal
 import sys
@@ -57,6 +60,7 @@ from tensorgraphs.plan.choices import (
 from tensorgraphs.plan.kernel_search import kernel_search
 from tensorgraphs.plan.step_check import step_check
 from tensorgraphs.runtime import host_calls
+from tensorgraphs.runtime.buffer import DEAD_REFERENCE
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -210,13 +214,14 @@ class Program:
         self._input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
         self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
-        self._input_slots = [(i, slot) for i, slot in enumerate(self._slots) if slot.role == "input"]
+        self._input_slot_indices = [i for i, slot in enumerate(self._slots) if slot.role == "input"]
+        self._input_positions = [self._slots[i].position for i in self._input_slot_indices]
         self._output_slots = [i for i, slot in enumerate(self._slots)
                               if slot.role not in ("input", "captured") and i not in self._in_place_slots]
-        self._output_specs = [(self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots]
+        self._output_specs = tuple((self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots)
         self._slot_arrays = [slot.array for slot in self._slots]
-        # per input slot: the array the last run passed as it was given (held weakly), see `_arrays`
-        self._passed: list[weakref.ref | None] = [None] * len(self._slots)
+        # per input slot, in order: the array the last run passed as it was given (held weakly), see `_arrays`
+        self._passed: list[weakref.ref] = [DEAD_REFERENCE] * len(self._input_slot_indices)
         # one run at a time: runs share the arena, the slots and the pool (and a template library its sizes)
         self._running = _library_lock(library_source) if self.sizes else threading.Lock()
         self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
@@ -309,8 +314,9 @@ class Program:
         """`entry(*args)`, stopped between kernels by Ctrl-C (raising KeyboardInterrupt) instead of running to the
         end first. Only where Python's own SIGINT handling would raise it: on the main thread, with the default
         handler (a handler of the user's runs after the call, as before)."""
+        # _signal's getsignal: signal.getsignal converts a handler to an enum through a raised ValueError (~15 us)
         if threading.current_thread() is not threading.main_thread() or (
-                signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+                _signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
             return entry(*args)
         self._watch_interrupts()
         try:
@@ -381,17 +387,17 @@ class Program:
     def _arrays(self, inputs: list[np.ndarray]) -> list[DeviceBuffer]:
         """One buffer per slot: inputs moved to the device, captured buffers, and the run's outputs allocated
         together (`DeviceRuntime.outputs`); an output updated in place is its input's buffer (the caller's to
-        overwrite)."""
+        overwrite). An input given as it was last time is passed without converting it (its dtype and layout hold),
+        found by loops that run in C: a model passes hundreds of parameters."""
         arrays: list[DeviceBuffer] = list(self._slot_arrays)
-        to_device, passed = self.runtime.to_device, self._passed
-        for i, slot in self._input_slots:
-            given = inputs[slot.position]
-            known = passed[i]
-            if known is not None and known() is given:  # passed as it is last time: its dtype and layout hold
-                arrays[i] = given
-                continue
-            array = arrays[i] = to_device(given, slot.dtype)
-            passed[i] = weakref.ref(array) if array is given else None
+        given = list(map(inputs.__getitem__, self._input_positions))
+        passed = map(operator.call, self._passed)
+        for k in itertools.compress(range(len(given)), map(operator.is_not, passed, given)):
+            dtype = self._slots[self._input_slot_indices[k]].dtype
+            array = given[k] = self.runtime.to_device(given[k], dtype)
+            self._passed[k] = weakref.ref(array) if array is inputs[self._input_positions[k]] else DEAD_REFERENCE
+        for i, array in zip(self._input_slot_indices, given):
+            arrays[i] = array
         for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
             arrays[i] = buffer
         for output_slot, input_slot in self._in_place_slots.items():
