@@ -47,7 +47,7 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.backends.native import Binder, NativeBackend, Program, run_explained
+from tensorgraphs.backends.native import Binder, Binding, Changes, NativeBackend, Program, run_explained
 from tensorgraphs.dynamic import DynamicShapes, DynamicSpec, NotAnInstance, RenderedSource, parameter_names
 from tensorgraphs.errors import ArgumentError, TGError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
@@ -101,31 +101,41 @@ class _Trace:
     backend: NativeBackend = CPU  # what the program was compiled for
     # `tracing.values_replaced` after the last call's reads, and then (from the second call at that count on) a
     # weak reference per input to the array a `_CurrentValue` read again (`DEAD_REFERENCE` where the input is read at
-    # every call) and the (position, reader) of those read at every call
-    last_read: tuple[int, list[weakref.ref] | None, list[tuple[int, Reader]]] | None = None
+    # every call), the (position, reader) of those read at every call, and the token of the program's runs with
+    # those arrays (`Program.run`'s caller)
+    last_read: tuple[int, list[weakref.ref] | None, list[tuple[int, Reader]], Binding | None] | None = None
 
-    def read_inputs(self, values: list[Any]) -> list[Any]:
-        """The arrays the program reads for a call with these argument values, in order (no live inputs). While no
-        tensor has been given another node since the last call, every tensor it reads holds the array it held then:
-        those are bound again from weak references, without touching the tensors (a model reads hundreds), by
-        loops that run in C."""
+    def read_inputs(self, values: list[Any]) -> tuple[list[Any] | Changes, Binding | None]:
+        """The arrays the program reads for a call with these argument values, in order (no live inputs), and the
+        token to run it with. While no tensor has been given another node since the last call, every tensor it
+        reads holds the array it held then (alive: the trace holds the tensor, the tensor its node, the node its
+        array): only the inputs read at every call are read, given as `Changes` to the program, which binds only
+        those when it ran this trace's arrays last (a model reads hundreds of parameters)."""
         last = self.last_read
-        if last is not None and last[0] == tracing.values_replaced and last[1] is not None and (
-                not tracing.traces_recording):
-            inputs = list(map(operator.call, last[1]))
-            for position, read in last[2]:
-                inputs[position] = read(values)
-            if all(map(operator.is_not, inputs, itertools.repeat(None))):
-                return inputs
+        if (last is not None and last[0] == tracing.values_replaced and last[1] is not None
+                and not tracing.traces_recording):
+            fresh = {position: read(values) for position, read in last[2]}
+            return Changes(fresh, functools.partial(self._everything, last[1], fresh, values)), last[3]
         inputs = [read(values) for read in self.readers]
         if last is None or last[0] != tracing.values_replaced:
-            self.last_read = tracing.values_replaced, None, []
-            return inputs
+            self.last_read = tracing.values_replaced, None, [], None
+            return inputs, None
         refs = [weakref.ref(array) if isinstance(read, _CurrentValue) and read.array is array else DEAD_REFERENCE
                 for read, array in zip(self.readers, inputs)]  # a second call with nothing replaced
-        self.last_read = tracing.values_replaced, refs, [
-            (position, read) for position, (read, ref) in enumerate(zip(self.readers, refs)) if ref is DEAD_REFERENCE]
-        return inputs
+        unread = [(position, read) for position, (read, ref) in enumerate(zip(self.readers, refs))
+                  if ref is DEAD_REFERENCE]
+        self.last_read = tracing.values_replaced, refs, unread, Binding()
+        return inputs, self.last_read[3]
+
+    def _everything(self, refs: list[weakref.ref], fresh: dict[int, Any], values: list[Any]) -> list[Any]:
+        """Every input of a call given as `Changes`, in order: the arrays read last time (by a loop that runs in
+        C), the fresh ones in their places."""
+        inputs = list(map(operator.call, refs))
+        for position, array in fresh.items():
+            inputs[position] = array
+        if all(map(operator.is_not, inputs, itertools.repeat(None))):
+            return inputs
+        return [fresh[position] if position in fresh else read(values) for position, read in enumerate(self.readers)]
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
@@ -207,29 +217,32 @@ class CompiledFunction:
         return own + (self.dynamic.programs if self.dynamic else 0)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        trace, inputs = self._bound(args, kwargs)
+        trace, inputs, caller = self._bound(args, kwargs)
         graphs = None
         if trace.results_graph is not None and is_grad_enabled():
+            inputs = inputs.everything() if isinstance(inputs, Changes) else inputs
             graphs = trace.results_graph.bind((*args, *kwargs.values()), inputs)
-        outputs = run_explained(trace.program, trace.roots, trace.inputs, inputs)
+        outputs = run_explained(trace.program, trace.roots, trace.inputs, inputs, caller)
         return self._finish(trace, outputs, graphs, (*args, *kwargs.values()))
 
     def kernel_times(self, *args: Any, repeat: int = 5, **kwargs: Any) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
-        trace, inputs = self._bound(args, kwargs)
-        return trace.program.kernel_seconds(inputs, repeat)
+        trace, inputs, _ = self._bound(args, kwargs)
+        return trace.program.kernel_seconds(inputs.everything() if isinstance(inputs, Changes) else inputs, repeat)
 
-    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Trace, list[np.ndarray]]:
-        """The trace for the call and the arrays its program reads, in order."""
+    def _bound(self, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> tuple[_Trace, list[np.ndarray] | Changes, Binding | None]:
+        """The trace for the call, the arrays its program reads (in order, or as `Changes`) and the token to run
+        them with (`_Trace.read_inputs`)."""
         trace = self._trace_for(args, kwargs)
         values = _argument_values((*args, *kwargs.values()))
         if not trace.live_order:
-            return trace, trace.read_inputs(values)
+            return trace, *trace.read_inputs(values)
         live = set(trace.live_order)
         inputs: list[Any] = [None if i in live else read(values) for i, read in enumerate(trace.readers)]
         for i in trace.live_order:  # random keys drawn in eager code's order
             inputs[i] = trace.readers[i](values)
-        return trace, inputs
+        return trace, inputs, None
 
     def steps(self, *args: Any) -> Any:
         """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per

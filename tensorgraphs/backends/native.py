@@ -136,6 +136,23 @@ class ProgramLayout:
     arena_bytes: int
 
 
+class Binding:
+    """A token for one set of input arrays a caller runs a program with (`Program.run`'s `caller`): new whenever
+    the set may change, so the program knows whether its address table holds that set."""
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A call's inputs as what changed since the caller's last run (`Program.run`): `fresh` maps positions to
+    this call's arrays; every other input is the array the run of the same `Binding` was given, alive since (the
+    caller's promise). `everything()` gives the whole list, for a run that needs it."""
+
+    fresh: dict[int, Any]
+    everything: Callable[[], list[Any]]
+
+
 Binder = Callable[[str], tuple[str, tuple[int, ...]]]
 """Given a program's rendered source, the source of the library to run instead and the values of its size
 array (`codegen.size_template`): one library serves many sizes. It may raise to refuse the source."""
@@ -222,6 +239,13 @@ class Program:
         self._slot_arrays = [slot.array for slot in self._slots]
         # per input slot, in order: the array the last run passed as it was given (held weakly), see `_arrays`
         self._passed: list[weakref.ref] = [DEAD_REFERENCE] * len(self._input_slot_indices)
+        self._converted: frozenset[int] = frozenset()  # input positions the last `_arrays` passed a copy of
+        # the caller's binding whose arrays `tg_program`'s address table holds, and the positions it holds copies of
+        self._bound: tuple[weakref.ref, frozenset[int]] | None = None
+        # outputs a run given `Changes` can return: none is an input's array, unless one updated in place
+        self._takes_changes = all(i in self._output_slots or i in self._in_place_slots or self._slots[i].role ==
+                                  "captured" for i in self._outputs)
+        self._in_place_positions = frozenset(self._slots[i].position for i in self._in_place_slots.values())
         # one run at a time: runs share the arena, the slots and the pool (and a template library its sizes)
         self._running = _library_lock(library_source) if self.sizes else threading.Lock()
         self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
@@ -280,18 +304,53 @@ class Program:
     def kernel_count(self) -> int:
         return len(self.kernels)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """The roots' values for the inputs' host arrays (the runtime moves both across)."""
+    def run(self, inputs: list[np.ndarray] | Changes, caller: Binding | None = None) -> list[np.ndarray]:
+        """The roots' values for the inputs' host arrays (the runtime moves both across). A `caller` gives the
+        binding its arrays are; given as `Changes` since the last run of that binding, when no other run of
+        `tg_program` came between (its address table holds that binding's arrays), only the fresh inputs and the
+        outputs are bound."""
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
+            if isinstance(inputs, Changes):
+                if self._holds(caller, inputs.fresh.keys()) and not KERNEL_OBSERVERS:
+                    return self._run_changes(inputs.fresh)
+                inputs = inputs.everything()
             arrays = self._arrays(inputs)
             if KERNEL_OBSERVERS:
                 self._run_timed(arrays)
             else:
                 self._set_sizes()
-                _check_status(self._interruptible(self.runtime.launch, self._entry, arrays))
+                self._bound = None  # until the launch has rewritten the address table
+                status = self._interruptible(self.runtime.launch, self._entry, arrays)
+                self._bound = None if caller is None else (weakref.ref(caller), self._converted)
+                _check_status(status)
             return [self.runtime.to_host(arrays[i]) for i in self._outputs]
+
+    def _holds(self, caller: Binding | None, fresh: Collection[int]) -> bool:
+        """Whether `tg_program`'s address table holds `caller`'s arrays, except at most the `fresh` positions, and
+        a run can bind those alone: the inputs it holds copies of are fresh, and so are those updated in place."""
+        bound = self._bound
+        return (caller is not None and bound is not None and bound[0]() is caller and self._takes_changes
+                and bound[1] <= fresh and self._in_place_positions <= fresh)
+
+    def _run_changes(self, fresh: dict[int, Any]) -> list[np.ndarray]:
+        """A run binding only the `fresh` inputs (position -> array) and the outputs (see `run`)."""
+        changed = {}
+        for position, array in fresh.items():
+            slot = self._input_slot.get(position)
+            if slot is not None:  # else the schedule reads nothing of it
+                changed[slot] = self.runtime.to_device(array, self._slots[slot].dtype)
+        for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
+            changed[i] = buffer
+        for output_slot, input_slot in self._in_place_slots.items():
+            changed[output_slot] = changed[input_slot]
+        self._set_sizes()
+        bound, self._bound = self._bound, None
+        status = self._interruptible(self.runtime.launch_again, self._entry, changed)
+        self._bound = bound
+        _check_status(status)
+        return [self.runtime.to_host(changed[i] if i in changed else self._slot_arrays[i]) for i in self._outputs]
 
     def _run_timed(self, arrays: list[DeviceBuffer]) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
@@ -392,10 +451,16 @@ class Program:
         arrays: list[DeviceBuffer] = list(self._slot_arrays)
         given = list(map(inputs.__getitem__, self._input_positions))
         passed = map(operator.call, self._passed)
+        converted = []
         for k in itertools.compress(range(len(given)), map(operator.is_not, passed, given)):
             dtype = self._slots[self._input_slot_indices[k]].dtype
             array = given[k] = self.runtime.to_device(given[k], dtype)
-            self._passed[k] = weakref.ref(array) if array is inputs[self._input_positions[k]] else DEAD_REFERENCE
+            if array is inputs[self._input_positions[k]]:
+                self._passed[k] = weakref.ref(array)
+            else:
+                self._passed[k] = DEAD_REFERENCE
+                converted.append(self._input_positions[k])
+        self._converted = frozenset(converted)
         for i, array in zip(self._input_slot_indices, given):
             arrays[i] = array
         for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
@@ -509,12 +574,13 @@ class Prepared:
         return run_explained(self._program, self.roots, self._order, bound)
 
 
-def run_explained(program: Program, roots: list[Node], inputs: list[Node],
-                  arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """`program.run(arrays)`; when it reports an index out of bounds, the reference interpreter runs the graph
-    (`roots` over `inputs` holding `arrays`) to raise the error that names the op, the index and the user's line."""
+def run_explained(program: Program, roots: list[Node], inputs: list[Node], arrays: list[np.ndarray] | Changes,
+                  caller: Binding | None = None) -> list[np.ndarray]:
+    """`program.run(arrays, caller)`; when it reports an index out of bounds, the reference interpreter runs the
+    graph (`roots` over `inputs` holding `arrays`) to raise the error that names the op, the index and the user's
+    line."""
     try:
-        return program.run(arrays)
+        return program.run(arrays, caller)
     except IndexError:
-        REFERENCE.evaluate(roots, dict(zip(inputs, arrays)))
+        REFERENCE.evaluate(roots, dict(zip(inputs, arrays.everything() if isinstance(arrays, Changes) else arrays)))
         raise

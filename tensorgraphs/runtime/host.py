@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -85,9 +85,12 @@ class AddressTable:
     def update(self, buffers: Sequence[np.ndarray]) -> Any:
         known = map(operator.call, self._buffers)
         for i in itertools.compress(range(len(buffers)), map(operator.is_not, known, buffers)):
-            self.addresses[i] = data_address(buffers[i])
-            self._buffers[i] = weakref.ref(buffers[i])
+            self.set(i, buffers[i])
         return self.addresses
+
+    def set(self, i: int, buffer: np.ndarray) -> None:
+        self.addresses[i] = data_address(buffer)
+        self._buffers[i] = weakref.ref(buffer)
 
 
 class HostRuntime:
@@ -145,6 +148,14 @@ class HostRuntime:
         if table is None or len(table) != len(buffers):
             table = entry.tg_addresses = AddressTable(len(buffers))  # type: ignore[attr-defined]
         return entry(table.update(buffers), *args)
+
+    def launch_again(self, entry: Callable[..., int], changed: Mapping[int, np.ndarray], *args: Any) -> int:
+        """`entry(addresses, *args)` over the buffers its last `launch` passed, but for the `changed` ones (slot ->
+        buffer): the caller knows the others to be the same and alive."""
+        table = entry.tg_addresses  # type: ignore[attr-defined]
+        for i, buffer in changed.items():
+            table.set(i, buffer)
+        return entry(table.addresses, *args)
 
     def _small(self, nbytes: int) -> bool:
         return _plain_allocation(nbytes, self.alignment, self.aligned_from)
