@@ -152,12 +152,14 @@ class _Trace:
         as it was, and so must autocast and the backend compiled for, a number argument the function used as a
         value (a shape, a branch) must have that value, and every other choice the trace made must still hold
         (`tracing.note_condition`)."""
-        return (self.grad_enabled == is_grad_enabled() and self.autocast == autocast_state()
+        autocast = autocast_state()  # the same object while autocast is not entered or left
+        return (self.grad_enabled == is_grad_enabled() and (self.autocast is autocast or self.autocast == autocast)
                 and self.backend is compile_backend()
-                and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
-                and all(module.training == training for module, training in self.modes)
-                and all(args[position] == value for position, value in self.fixed_numbers)
-                and all(holds() for holds in self.conditions))
+                and (not self.grads_present
+                     or all((leaf.grad is not None) == present for leaf, present in self.grads_present))
+                and (not self.modes or all(module.training == training for module, training in self.modes))
+                and (not self.fixed_numbers or all(args[position] == value for position, value in self.fixed_numbers))
+                and (not self.conditions or all(holds() for holds in self.conditions)))
 
 
 @dataclass(frozen=True)
@@ -369,9 +371,11 @@ class CompiledFunction:
                 _write_argument(args[state.argument], array, state.tensor.dtype)
             else:
                 _rebind(state, array)
-        graphs = graphs or [None] * len(trace.result_dtypes)
-        results = [_wrap(array, dtype) if graph is None else differentiable.differentiable_result(graph, array)
-                   for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
+        if graphs is None:
+            results = list(map(_wrap, outputs, trace.result_dtypes))
+        else:
+            results = [_wrap(array, dtype) if graph is None else differentiable.differentiable_result(graph, array)
+                       for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
         return results[0] if trace.single else tuple(results)
 
     def _trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], numbers_as_inputs: bool,
