@@ -40,7 +40,7 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, CStyleRenderer, uses_host_calls
+from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, TG_INTERRUPTED, CStyleRenderer, uses_host_calls
 from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
 from tensorgraphs.codegen.loop_ir import AttentionCall, ConvCall, GemmCall, Kernel, walk
 from tensorgraphs.codegen.size_template import SIZES_ARRAY
@@ -201,16 +201,13 @@ class Program:
         library = self._load(library_source)
         self._set_sizes = self._size_setter(library)
         self.arena = self.runtime.arena(self.memory.arena_bytes)
-        self._entry = library.tg_program
-        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._entry = library.tg_run
+        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
         self._entry.restype = ctypes.c_int
-        self._steps_entry = library.tg_steps
+        self._steps_entry = library.tg_run_steps
         self._steps_entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long, ctypes.POINTER(ctypes.c_long),
-                                      ctypes.POINTER(ctypes.c_long)]
+                                      ctypes.POINTER(ctypes.c_long), ctypes.c_int]
         self._steps_entry.restype = ctypes.c_int
-        self._watch_interrupts = library.tg_watch_interrupts
-        self._unwatch_interrupts = library.tg_unwatch_interrupts
-        self._watch_interrupts.restype, self._unwatch_interrupts.restype = None, ctypes.c_int
         position = {node: i for i, node in enumerate(inputs)}
         self._slots: list[_Slot] = []
         for spec in schedule.buffers:
@@ -369,20 +366,16 @@ class Program:
                                                                  sizes_at_run_time=self._sizes_at_run_time))
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
-    def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
-        """`entry(*args)`, stopped between kernels by Ctrl-C (raising KeyboardInterrupt) instead of running to the
-        end first. Only where Python's own SIGINT handling would raise it: on the main thread, with the default
-        handler (a handler of the user's runs after the call, as before)."""
-        # _signal's getsignal: signal.getsignal converts a handler to an enum through a raised ValueError (~15 us)
-        if threading.current_thread() is not threading.main_thread() or (
-                _signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-            return entry(*args)
-        self._watch_interrupts()
-        try:
-            status = entry(*args)
-        finally:
-            interrupted = self._unwatch_interrupts()
-        if interrupted:
+    def _interruptible(self, launch: Callable[..., int], *args: Any) -> int:
+        """`launch(*args, watch)` of `tg_run` or `tg_run_steps`, which with `watch` stop between kernels on Ctrl-C,
+        raising KeyboardInterrupt here, instead of running to the end first. Only where Python's own SIGINT handling
+        would raise it: on the main thread, with the default handler (a handler of the user's runs after the call,
+        as before). `_signal.getsignal`: `signal.getsignal` converts the handler to an enum through a raised
+        ValueError (~15 us a call)."""
+        watch = threading.current_thread() is threading.main_thread() and (
+            _signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        status = launch(*args, watch)
+        if status == TG_INTERRUPTED:
             raise KeyboardInterrupt
         return status
 
