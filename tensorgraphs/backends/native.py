@@ -5,7 +5,7 @@ constants and wiring; not which arrays feed it), compiling it on first sight:
 schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
 in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
 on every compile). Running it binds the input arrays, takes output memory from
-a pool shared by all programs and calls `tg_program` once (`tg_steps` for K
+a pool shared by all programs and calls `tg_run` once (`tg_run_steps` for K
 steps), through the target's runtime (`runtime.device`); one call at a time per
 program. Inputs a caller donates (a compiled
 training step's parameters) may be overwritten by their new values when the
@@ -237,7 +237,7 @@ class Program:
         # per input slot, in order: the array the last run passed as it was given (held weakly), see `_arrays`
         self._passed: list[weakref.ref] = [DEAD_REFERENCE] * len(self._input_slot_indices)
         self._converted: frozenset[int] = frozenset()  # input positions the last `_arrays` passed a copy of
-        # the caller's binding whose arrays `tg_program`'s address table holds, and the positions it holds copies of
+        # the caller's binding whose arrays `tg_run`'s address table holds, and the positions it holds copies of
         self._bound: tuple[weakref.ref, frozenset[int]] | None = None
         # outputs a run given `Changes` can return: none is an input's array, unless one updated in place
         self._takes_changes = all(i in self._output_slots or i in self._in_place_slots or self._slots[i].role ==
@@ -304,7 +304,7 @@ class Program:
     def run(self, inputs: list[np.ndarray] | Changes, caller: Binding | None = None) -> list[np.ndarray]:
         """The roots' values for the inputs' host arrays (the runtime moves both across). A `caller` gives the
         binding its arrays are; given as `Changes` since the last run of that binding, when no other run of
-        `tg_program` came between (its address table holds that binding's arrays), only the fresh inputs and the
+        `tg_run` came between (its address table holds that binding's arrays), only the fresh inputs and the
         outputs are bound."""
         with self._running:
             if memory.poison_enabled():
@@ -325,7 +325,7 @@ class Program:
             return [self.runtime.to_host(arrays[i]) for i in self._outputs]
 
     def _holds(self, caller: Binding | None, fresh: Collection[int]) -> bool:
-        """Whether `tg_program`'s address table holds `caller`'s arrays, except at most the `fresh` positions, and
+        """Whether `tg_run`'s address table holds `caller`'s arrays, except at most the `fresh` positions, and
         a run can bind those alone: the inputs it holds copies of are fresh, and so are those updated in place."""
         bound = self._bound
         return (caller is not None and bound is not None and bound[0]() is caller and self._takes_changes
@@ -393,7 +393,7 @@ class Program:
 
     def run_steps(self, inputs: list[np.ndarray], steps: int, fed: set[int],
                   carried: dict[int, int]) -> list[np.ndarray]:
-        """`steps` (>= 1) runs in one native call (`tg_steps`). The inputs at positions in `fed` have a leading
+        """`steps` (>= 1) runs in one native call (`tg_run_steps`). The inputs at positions in `fed` have a leading
         axis of `steps`, one slice per run. Output `j` in `carried` becomes input `carried[j]` of the next run
         and comes back as its last value; the other outputs come back stacked along a new first axis."""
         with self._running:
