@@ -35,6 +35,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
+import operator
 import sys
 import time
 import weakref
@@ -45,7 +47,7 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.backends.native import Binder, NativeBackend, Program, run_explained
+from tensorgraphs.backends.native import Binder, Binding, Changes, NativeBackend, Program, run_explained
 from tensorgraphs.dynamic import DynamicShapes, DynamicSpec, NotAnInstance, RenderedSource, parameter_names
 from tensorgraphs.errors import ArgumentError, TGError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
@@ -57,6 +59,7 @@ from tensorgraphs.graph.ops import Op
 from tensorgraphs.plan.choices import planning_for
 from tensorgraphs.rewrite import optimize
 from tensorgraphs.runtime import differentiable, tracing
+from tensorgraphs.runtime.buffer import DEAD_REFERENCE
 from tensorgraphs.runtime.realize import BACKENDS, default_device, graph_without_data, realized_values
 
 Reader = Callable[[list[Any]], np.ndarray]
@@ -97,24 +100,42 @@ class _Trace:
     autocast: AutocastState = AutocastState()  # the autocast region traced in (it decides which ops cast)
     backend: NativeBackend = CPU  # what the program was compiled for
     # `tracing.values_replaced` after the last call's reads, and then (from the second call at that count on) a
-    # weak reference to each array a `_CurrentValue` read again, None where the input is read at every call
-    last_read: tuple[int, list[weakref.ref | None] | None] | None = None
+    # weak reference per input to the array a `_CurrentValue` read again (`DEAD_REFERENCE` where the input is read at
+    # every call), the (position, reader) of those read at every call, and the token of the program's runs with
+    # those arrays (`Program.run`'s caller)
+    last_read: tuple[int, list[weakref.ref] | None, list[tuple[int, Reader]], Binding | None] | None = None
 
-    def read_inputs(self, values: list[Any]) -> list[Any]:
-        """The arrays the program reads for a call with these argument values, in order (no live inputs). While no
-        tensor has been given another node since the last call, every tensor it reads holds the array it held then:
-        those are bound again from weak references, without touching the tensors (a model reads hundreds)."""
-        last, replaced = self.last_read, tracing.values_replaced
-        if last is not None and last[0] == replaced and last[1] is not None and not tracing.traces_recording:
-            inputs = [read(values) if ref is None else ref() for read, ref in zip(self.readers, last[1])]
-            if not any(array is None for array in inputs):
-                return inputs
+    def read_inputs(self, values: list[Any]) -> tuple[list[Any] | Changes, Binding | None]:
+        """The arrays the program reads for a call with these argument values, in order (no live inputs), and the
+        token to run it with. While no tensor has been given another node since the last call, every tensor it
+        reads holds the array it held then (alive: the trace holds the tensor, the tensor its node, the node its
+        array): only the inputs read at every call are read, given as `Changes` to the program, which binds only
+        those when it ran this trace's arrays last (a model reads hundreds of parameters)."""
+        last = self.last_read
+        if (last is not None and last[0] == tracing.values_replaced and last[1] is not None
+                and not tracing.traces_recording):
+            fresh = {position: read(values) for position, read in last[2]}
+            return Changes(fresh, functools.partial(self._everything, last[1], fresh, values)), last[3]
         inputs = [read(values) for read in self.readers]
-        again = last is not None and last[0] == tracing.values_replaced  # a second call with nothing replaced
-        self.last_read = tracing.values_replaced, [
-            weakref.ref(array) if isinstance(read, _CurrentValue) and read.array is array else None
-            for read, array in zip(self.readers, inputs)] if again else None
-        return inputs
+        if last is None or last[0] != tracing.values_replaced:
+            self.last_read = tracing.values_replaced, None, [], None
+            return inputs, None
+        refs = [weakref.ref(array) if isinstance(read, _CurrentValue) and read.array is array else DEAD_REFERENCE
+                for read, array in zip(self.readers, inputs)]  # a second call with nothing replaced
+        unread = [(position, read) for position, (read, ref) in enumerate(zip(self.readers, refs))
+                  if ref is DEAD_REFERENCE]
+        self.last_read = tracing.values_replaced, refs, unread, Binding()
+        return inputs, self.last_read[3]
+
+    def _everything(self, refs: list[weakref.ref], fresh: dict[int, Any], values: list[Any]) -> list[Any]:
+        """Every input of a call given as `Changes`, in order: the arrays read last time (by a loop that runs in
+        C), the fresh ones in their places."""
+        inputs = list(map(operator.call, refs))
+        for position, array in fresh.items():
+            inputs[position] = array
+        if all(map(operator.is_not, inputs, itertools.repeat(None))):
+            return inputs
+        return [fresh[position] if position in fresh else read(values) for position, read in enumerate(self.readers)]
 
     def stats(self) -> CompileStats:
         memory = self.program.memory
@@ -131,12 +152,14 @@ class _Trace:
         as it was, and so must autocast and the backend compiled for, a number argument the function used as a
         value (a shape, a branch) must have that value, and every other choice the trace made must still hold
         (`tracing.note_condition`)."""
-        return (self.grad_enabled == is_grad_enabled() and self.autocast == autocast_state()
+        autocast = autocast_state()  # the same object while autocast is not entered or left
+        return (self.grad_enabled == is_grad_enabled() and (self.autocast is autocast or self.autocast == autocast)
                 and self.backend is compile_backend()
-                and all((leaf.grad is not None) == present for leaf, present in self.grads_present)
-                and all(module.training == training for module, training in self.modes)
-                and all(args[position] == value for position, value in self.fixed_numbers)
-                and all(holds() for holds in self.conditions))
+                and (not self.grads_present
+                     or all((leaf.grad is not None) == present for leaf, present in self.grads_present))
+                and (not self.modes or all(module.training == training for module, training in self.modes))
+                and (not self.fixed_numbers or all(args[position] == value for position, value in self.fixed_numbers))
+                and (not self.conditions or all(holds() for holds in self.conditions)))
 
 
 @dataclass(frozen=True)
@@ -196,29 +219,32 @@ class CompiledFunction:
         return own + (self.dynamic.programs if self.dynamic else 0)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        trace, inputs = self._bound(args, kwargs)
+        trace, inputs, caller = self._bound(args, kwargs)
         graphs = None
         if trace.results_graph is not None and is_grad_enabled():
+            inputs = inputs.everything() if isinstance(inputs, Changes) else inputs
             graphs = trace.results_graph.bind((*args, *kwargs.values()), inputs)
-        outputs = run_explained(trace.program, trace.roots, trace.inputs, inputs)
+        outputs = run_explained(trace.program, trace.roots, trace.inputs, inputs, caller)
         return self._finish(trace, outputs, graphs, (*args, *kwargs.values()))
 
     def kernel_times(self, *args: Any, repeat: int = 5, **kwargs: Any) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
-        trace, inputs = self._bound(args, kwargs)
-        return trace.program.kernel_seconds(inputs, repeat)
+        trace, inputs, _ = self._bound(args, kwargs)
+        return trace.program.kernel_seconds(inputs.everything() if isinstance(inputs, Changes) else inputs, repeat)
 
-    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Trace, list[np.ndarray]]:
-        """The trace for the call and the arrays its program reads, in order."""
+    def _bound(self, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> tuple[_Trace, list[np.ndarray] | Changes, Binding | None]:
+        """The trace for the call, the arrays its program reads (in order, or as `Changes`) and the token to run
+        them with (`_Trace.read_inputs`)."""
         trace = self._trace_for(args, kwargs)
         values = _argument_values((*args, *kwargs.values()))
         if not trace.live_order:
-            return trace, trace.read_inputs(values)
+            return trace, *trace.read_inputs(values)
         live = set(trace.live_order)
         inputs: list[Any] = [None if i in live else read(values) for i, read in enumerate(trace.readers)]
         for i in trace.live_order:  # random keys drawn in eager code's order
             inputs[i] = trace.readers[i](values)
-        return trace, inputs
+        return trace, inputs, None
 
     def steps(self, *args: Any) -> Any:
         """Run `fn` K times in one native call: every tensor argument has a leading axis of K (one slice per
@@ -255,9 +281,16 @@ class CompiledFunction:
 
     def _trace_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Trace:
         keywords = tuple(kwargs)
-        labels = [f"argument {i}" for i in range(len(args))] + [f"keyword argument {k!r}" for k in keywords]
+        positional = len(args)
         args = (*args, *kwargs.values())  # keyword arguments follow the positional ones, as program inputs
-        signature = (keywords, *(_argument_key(label, a) for label, a in zip(labels, args)))
+        signature = (keywords, *map(_argument_key, args))
+        if None in signature:
+            position = signature.index(None) - 1
+            label = (f"argument {position}" if position < positional
+                     else f"keyword argument {keywords[position - positional]!r}")
+            fail("compile", f"{label} is a {type(args[position]).__name__}, which a compiled function cannot take: "
+                 "pass Tensors, numpy arrays, numbers, bools, strings, None, tuples of those, or objects such as "
+                 "modules (tensors in a list or dict: pass each one as an argument)", kind=ArgumentError)
         candidates = self.traces.setdefault(signature, [])
         trace = next((t for t in candidates if t.holds(args)), None)
         if trace is None:
@@ -338,9 +371,11 @@ class CompiledFunction:
                 _write_argument(args[state.argument], array, state.tensor.dtype)
             else:
                 _rebind(state, array)
-        graphs = graphs or [None] * len(trace.result_dtypes)
-        results = [_wrap(array, dtype) if graph is None else differentiable.differentiable_result(graph, array)
-                   for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
+        if graphs is None:
+            results = list(map(_wrap, outputs, trace.result_dtypes))
+        else:
+            results = [_wrap(array, dtype) if graph is None else differentiable.differentiable_result(graph, array)
+                       for array, dtype, graph in zip(outputs, trace.result_dtypes, graphs)]
         return results[0] if trace.single else tuple(results)
 
     def _trace(self, args: tuple[Any, ...], keywords: tuple[str, ...], numbers_as_inputs: bool,
@@ -693,10 +728,10 @@ def _argument_values(args: tuple[Any, ...]) -> list[Any]:
 _VALUE_TYPES = (type(None), bool, int, float, str, np.generic, dtypes.DType)
 
 
-def _argument_key(label: str, value: Any) -> tuple:
+def _argument_key(value: Any) -> tuple | None:
     """What calls with the same trace have in common in one argument: a tensor's dtype, shape and whether it
     requires grad, a number's type, another value itself (compared by value, or for an object such as a module by
-    identity)."""
+    identity); None for a value a compiled function cannot take."""
     if isinstance(value, Tensor):
         return ("tensor", value.dtype.name, value.shape, value.requires_grad)
     if isinstance(value, np.ndarray):
@@ -707,9 +742,7 @@ def _argument_key(label: str, value: Any) -> tuple:
         return ("value", repr(value))
     if type(value).__hash__ is object.__hash__ and type(value).__eq__ is object.__eq__:
         return ("object", value)
-    fail("compile", f"{label} is a {type(value).__name__}, which a compiled function cannot take: pass "
-         "Tensors, numpy arrays, numbers, bools, strings, None, tuples of those, or objects such as modules (tensors "
-         "in a list or dict: pass each one as an argument)", kind=ArgumentError)
+    return None
 
 
 def _describe_key(key: tuple) -> str:

@@ -7,6 +7,7 @@ are rounded to bfloat16 after every operation (see `round_to_storage`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,7 +88,14 @@ def to_dtype(value: object) -> DType:
 
 
 def from_numpy_dtype(dt: np.dtype) -> DType:
-    return to_dtype(np.dtype(dt).name)
+    return _from_numpy_dtype(np.dtype(dt))
+
+
+@functools.cache
+def _from_numpy_dtype(dt: np.dtype) -> DType:
+    """Cached: a numpy dtype's `name` is computed in Python (tens of microseconds), and every array made a tensor
+    asks it."""
+    return to_dtype(dt.name)
 
 
 _PYTHON_DATA_DTYPES = {"f": default_float, "i": default_int, "u": default_int, "b": bool_}

@@ -13,7 +13,7 @@ import torch
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs import compiled
-from tensorgraphs.runtime import tracing
+from tensorgraphs.runtime import host, tracing
 
 
 def data(*shape: int, seed: int = 0) -> np.ndarray:
@@ -162,3 +162,56 @@ def test_giving_a_tensor_another_node_counts_as_a_replacement() -> None:
     before = tracing.values_replaced
     tensor.data = tg.tensor(data(2, seed=1))
     assert tracing.values_replaced > before
+
+
+def test_once_the_parameters_are_known_a_call_binds_only_its_argument_and_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layers = [tg.nn.Linear(8, 8).requires_grad_(False) for _ in range(3)]
+    forward = tg.compile(lambda x: layers[2](F.relu(layers[1](F.relu(layers[0](x))))))
+    bound: list[int] = []
+    set_address = host.AddressTable.set
+    monkeypatch.setattr(host.AddressTable, "set", lambda table, i, buffer: bound.append(i) or set_address(table, i,
+                                                                                                          buffer))
+    x = data(4, 8, seed=7)
+    with tg.no_grad():
+        for call in range(5):
+            bound.clear()
+            x = x + 1
+            got = forward(tg.tensor(x)).numpy()
+            expected = x
+            for index, layer in enumerate(layers):
+                expected = expected @ layer.weight.numpy().T + layer.bias.numpy()
+                expected = np.maximum(expected, 0) if index < 2 else expected
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+            if call >= 2:  # the first call traces, the second reads the six parameters and remembers them
+                assert len(bound) == 2  # the argument and the output, not the parameters
+
+
+def test_compiled_functions_sharing_one_program_each_run_it_with_their_own_weights() -> None:
+    first, second = (tg.nn.Conv2d(3, 4, 3, padding=1).requires_grad_(False) for _ in range(2))
+    forwards = [tg.compile(lambda x, conv=conv: F.relu(conv(x))) for conv in (first, second)]
+    x = data(1, 3, 6, 6, seed=8)
+    assert forwards[0].traced(tg.tensor(x)).program is forwards[1].traced(tg.tensor(x)).program
+    for call in range(4):
+        for forward, conv in zip(forwards, (first, second)):
+            y = x + call
+            np.testing.assert_allclose(forward(tg.tensor(y)).numpy(), torch_conv(y, conv.weight.numpy(),
+                                                                                 conv.bias.numpy()),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_a_timed_run_between_calls_leaves_the_next_call_right() -> None:
+    conv = tg.nn.Conv2d(3, 4, 3, padding=1).requires_grad_(False)
+    forward = tg.compile(lambda x: F.relu(conv(x)))
+    x = data(1, 3, 6, 6, seed=9)
+    for call in range(3):
+        forward(tg.tensor(x + call))
+    forward.kernel_times(tg.tensor(x), repeat=1)
+    with tg.profile():
+        np.testing.assert_allclose(forward(tg.tensor(x + 5)).numpy(), torch_conv(x + 5, conv.weight.numpy(),
+                                                                                  conv.bias.numpy()),
+                                   rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(forward(tg.tensor(x + 6)).numpy(), torch_conv(x + 6, conv.weight.numpy(),
+                                                                              conv.bias.numpy()),
+                               rtol=1e-5, atol=1e-5)

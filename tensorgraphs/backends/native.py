@@ -5,7 +5,7 @@ constants and wiring; not which arrays feed it), compiling it on first sight:
 schedule -> loop IR -> C -> shared library (cached on disk). Temporaries live
 in one arena per program (`tensorgraphs.memory`: offsets by liveness, verified
 on every compile). Running it binds the input arrays, takes output memory from
-a pool shared by all programs and calls `tg_program` once (`tg_steps` for K
+a pool shared by all programs and calls `tg_run` once (`tg_run_steps` for K
 steps), through the target's runtime (`runtime.device`); one call at a time per
 program. Inputs a caller donates (a compiled
 training step's parameters) may be overwritten by their new values when the
@@ -21,8 +21,11 @@ TG_DEBUG=memory its arena plan; TG_POISON=1 fills the arena with NaN before each
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import functools
+import itertools
+import operator
 import os
 import signal
 import sys
@@ -37,7 +40,7 @@ import numpy as np
 
 from tensorgraphs import memory
 from tensorgraphs.backends.numpy_backend import REFERENCE
-from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, CStyleRenderer, uses_host_calls
+from tensorgraphs.codegen.c_renderer import TG_HOST_FAILED, TG_INTERRUPTED, CStyleRenderer, uses_host_calls
 from tensorgraphs.codegen.compiler import CompilerDriver, link_library, load
 from tensorgraphs.codegen.loop_ir import AttentionCall, ConvCall, GemmCall, Kernel, walk
 from tensorgraphs.codegen.size_template import SIZES_ARRAY
@@ -57,6 +60,7 @@ from tensorgraphs.plan.choices import (
 from tensorgraphs.plan.kernel_search import kernel_search
 from tensorgraphs.plan.step_check import step_check
 from tensorgraphs.runtime import host_calls
+from tensorgraphs.runtime.buffer import DEAD_REFERENCE
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
 
@@ -132,6 +136,23 @@ class ProgramLayout:
     arena_bytes: int
 
 
+class Binding:
+    """A token for one set of input arrays a caller runs a program with (`Program.run`'s `caller`): new whenever
+    the set may change, so the program knows whether its address table holds that set."""
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A call's inputs as what changed since the caller's last run (`Program.run`): `fresh` maps positions to
+    this call's arrays; every other input is the array the run of the same `Binding` was given, alive since (the
+    caller's promise). `everything()` gives the whole list, for a run that needs it."""
+
+    fresh: dict[int, Any]
+    everything: Callable[[], list[Any]]
+
+
 Binder = Callable[[str], tuple[str, tuple[int, ...]]]
 """Given a program's rendered source, the source of the library to run instead and the values of its size
 array (`codegen.size_template`): one library serves many sizes. It may raise to refuse the source."""
@@ -180,16 +201,13 @@ class Program:
         library = self._load(library_source)
         self._set_sizes = self._size_setter(library)
         self.arena = self.runtime.arena(self.memory.arena_bytes)
-        self._entry = library.tg_program
-        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._entry = library.tg_run
+        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
         self._entry.restype = ctypes.c_int
-        self._steps_entry = library.tg_steps
+        self._steps_entry = library.tg_run_steps
         self._steps_entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long, ctypes.POINTER(ctypes.c_long),
-                                      ctypes.POINTER(ctypes.c_long)]
+                                      ctypes.POINTER(ctypes.c_long), ctypes.c_int]
         self._steps_entry.restype = ctypes.c_int
-        self._watch_interrupts = library.tg_watch_interrupts
-        self._unwatch_interrupts = library.tg_unwatch_interrupts
-        self._watch_interrupts.restype, self._unwatch_interrupts.restype = None, ctypes.c_int
         position = {node: i for i, node in enumerate(inputs)}
         self._slots: list[_Slot] = []
         for spec in schedule.buffers:
@@ -210,13 +228,21 @@ class Program:
         self._input_slot = {slot.position: i for i, slot in enumerate(self._slots) if slot.role == "input"}
         self._in_place_slots = {self._outputs[output]: self._input_slot[position]
                                 for output, position in self.updated_in_place.items()}
-        self._input_slots = [(i, slot) for i, slot in enumerate(self._slots) if slot.role == "input"]
+        self._input_slot_indices = [i for i, slot in enumerate(self._slots) if slot.role == "input"]
+        self._input_positions = [self._slots[i].position for i in self._input_slot_indices]
         self._output_slots = [i for i, slot in enumerate(self._slots)
                               if slot.role not in ("input", "captured") and i not in self._in_place_slots]
-        self._output_specs = [(self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots]
+        self._output_specs = tuple((self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots)
         self._slot_arrays = [slot.array for slot in self._slots]
-        # per input slot: the array the last run passed as it was given (held weakly), see `_arrays`
-        self._passed: list[weakref.ref | None] = [None] * len(self._slots)
+        # per input slot, in order: the array the last run passed as it was given (held weakly), see `_arrays`
+        self._passed: list[weakref.ref] = [DEAD_REFERENCE] * len(self._input_slot_indices)
+        self._converted: frozenset[int] = frozenset()  # input positions the last `_arrays` passed a copy of
+        # the caller's binding whose arrays `tg_run`'s address table holds, and the positions it holds copies of
+        self._bound: tuple[weakref.ref, frozenset[int]] | None = None
+        # outputs a run given `Changes` can return: none is an input's array, unless one updated in place
+        self._takes_changes = all(i in self._output_slots or i in self._in_place_slots or self._slots[i].role ==
+                                  "captured" for i in self._outputs)
+        self._in_place_positions = frozenset(self._slots[i].position for i in self._in_place_slots.values())
         # one run at a time: runs share the arena, the slots and the pool (and a template library its sizes)
         self._running = _library_lock(library_source) if self.sizes else threading.Lock()
         self.routes: tuple = ()  # how the planner ran each composite (`plan.choices.routes_taken`)
@@ -275,18 +301,53 @@ class Program:
     def kernel_count(self) -> int:
         return len(self.kernels)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """The roots' values for the inputs' host arrays (the runtime moves both across)."""
+    def run(self, inputs: list[np.ndarray] | Changes, caller: Binding | None = None) -> list[np.ndarray]:
+        """The roots' values for the inputs' host arrays (the runtime moves both across). A `caller` gives the
+        binding its arrays are; given as `Changes` since the last run of that binding, when no other run of
+        `tg_run` came between (its address table holds that binding's arrays), only the fresh inputs and the
+        outputs are bound."""
         with self._running:
             if memory.poison_enabled():
                 self.arena.poison()
+            if isinstance(inputs, Changes):
+                if self._holds(caller, inputs.fresh.keys()) and not KERNEL_OBSERVERS:
+                    return self._run_changes(inputs.fresh)
+                inputs = inputs.everything()
             arrays = self._arrays(inputs)
             if KERNEL_OBSERVERS:
                 self._run_timed(arrays)
             else:
                 self._set_sizes()
-                _check_status(self._interruptible(self.runtime.launch, self._entry, arrays))
+                self._bound = None  # until the launch has rewritten the address table
+                status = self._interruptible(self.runtime.launch, self._entry, arrays)
+                self._bound = None if caller is None else (weakref.ref(caller), self._converted)
+                _check_status(status)
             return [self.runtime.to_host(arrays[i]) for i in self._outputs]
+
+    def _holds(self, caller: Binding | None, fresh: Collection[int]) -> bool:
+        """Whether `tg_run`'s address table holds `caller`'s arrays, except at most the `fresh` positions, and
+        a run can bind those alone: the inputs it holds copies of are fresh, and so are those updated in place."""
+        bound = self._bound
+        return (caller is not None and bound is not None and bound[0]() is caller and self._takes_changes
+                and bound[1] <= fresh and self._in_place_positions <= fresh)
+
+    def _run_changes(self, fresh: dict[int, Any]) -> list[np.ndarray]:
+        """A run binding only the `fresh` inputs (position -> array) and the outputs (see `run`)."""
+        changed = {}
+        for position, array in fresh.items():
+            slot = self._input_slot.get(position)
+            if slot is not None:  # else the schedule reads nothing of it
+                changed[slot] = self.runtime.to_device(array, self._slots[slot].dtype)
+        for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
+            changed[i] = buffer
+        for output_slot, input_slot in self._in_place_slots.items():
+            changed[output_slot] = changed[input_slot]
+        self._set_sizes()
+        bound, self._bound = self._bound, None
+        status = self._interruptible(self.runtime.launch_again, self._entry, changed)
+        self._bound = bound
+        _check_status(status)
+        return [self.runtime.to_host(changed[i] if i in changed else self._slot_arrays[i]) for i in self._outputs]
 
     def _run_timed(self, arrays: list[DeviceBuffer]) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
@@ -305,19 +366,16 @@ class Program:
                                                                  sizes_at_run_time=self._sizes_at_run_time))
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
-    def _interruptible(self, entry: Callable[..., int], *args: Any) -> int:
-        """`entry(*args)`, stopped between kernels by Ctrl-C (raising KeyboardInterrupt) instead of running to the
-        end first. Only where Python's own SIGINT handling would raise it: on the main thread, with the default
-        handler (a handler of the user's runs after the call, as before)."""
-        if threading.current_thread() is not threading.main_thread() or (
-                signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-            return entry(*args)
-        self._watch_interrupts()
-        try:
-            status = entry(*args)
-        finally:
-            interrupted = self._unwatch_interrupts()
-        if interrupted:
+    def _interruptible(self, launch: Callable[..., int], *args: Any) -> int:
+        """`launch(*args, watch)` of `tg_run` or `tg_run_steps`, which with `watch` stop between kernels on Ctrl-C,
+        raising KeyboardInterrupt here, instead of running to the end first. Only where Python's own SIGINT handling
+        would raise it: on the main thread, with the default handler (a handler of the user's runs after the call,
+        as before). `_signal.getsignal`: `signal.getsignal` converts the handler to an enum through a raised
+        ValueError (~15 us a call)."""
+        watch = threading.current_thread() is threading.main_thread() and (
+            _signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        status = launch(*args, watch)
+        if status == TG_INTERRUPTED:
             raise KeyboardInterrupt
         return status
 
@@ -335,7 +393,7 @@ class Program:
 
     def run_steps(self, inputs: list[np.ndarray], steps: int, fed: set[int],
                   carried: dict[int, int]) -> list[np.ndarray]:
-        """`steps` (>= 1) runs in one native call (`tg_steps`). The inputs at positions in `fed` have a leading
+        """`steps` (>= 1) runs in one native call (`tg_run_steps`). The inputs at positions in `fed` have a leading
         axis of `steps`, one slice per run. Output `j` in `carried` becomes input `carried[j]` of the next run
         and comes back as its last value; the other outputs come back stacked along a new first axis."""
         with self._running:
@@ -381,17 +439,23 @@ class Program:
     def _arrays(self, inputs: list[np.ndarray]) -> list[DeviceBuffer]:
         """One buffer per slot: inputs moved to the device, captured buffers, and the run's outputs allocated
         together (`DeviceRuntime.outputs`); an output updated in place is its input's buffer (the caller's to
-        overwrite)."""
+        overwrite). An input given as it was last time is passed without converting it (its dtype and layout hold),
+        found by loops that run in C: a model passes hundreds of parameters."""
         arrays: list[DeviceBuffer] = list(self._slot_arrays)
-        to_device, passed = self.runtime.to_device, self._passed
-        for i, slot in self._input_slots:
-            given = inputs[slot.position]
-            known = passed[i]
-            if known is not None and known() is given:  # passed as it is last time: its dtype and layout hold
-                arrays[i] = given
-                continue
-            array = arrays[i] = to_device(given, slot.dtype)
-            passed[i] = weakref.ref(array) if array is given else None
+        given = list(map(inputs.__getitem__, self._input_positions))
+        passed = map(operator.call, self._passed)
+        converted = []
+        for k in itertools.compress(range(len(given)), map(operator.is_not, passed, given)):
+            dtype = self._slots[self._input_slot_indices[k]].dtype
+            array = given[k] = self.runtime.to_device(given[k], dtype)
+            if array is inputs[self._input_positions[k]]:
+                self._passed[k] = weakref.ref(array)
+            else:
+                self._passed[k] = DEAD_REFERENCE
+                converted.append(self._input_positions[k])
+        self._converted = frozenset(converted)
+        for i, array in zip(self._input_slot_indices, given):
+            arrays[i] = array
         for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
             arrays[i] = buffer
         for output_slot, input_slot in self._in_place_slots.items():
@@ -503,12 +567,13 @@ class Prepared:
         return run_explained(self._program, self.roots, self._order, bound)
 
 
-def run_explained(program: Program, roots: list[Node], inputs: list[Node],
-                  arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """`program.run(arrays)`; when it reports an index out of bounds, the reference interpreter runs the graph
-    (`roots` over `inputs` holding `arrays`) to raise the error that names the op, the index and the user's line."""
+def run_explained(program: Program, roots: list[Node], inputs: list[Node], arrays: list[np.ndarray] | Changes,
+                  caller: Binding | None = None) -> list[np.ndarray]:
+    """`program.run(arrays, caller)`; when it reports an index out of bounds, the reference interpreter runs the
+    graph (`roots` over `inputs` holding `arrays`) to raise the error that names the op, the index and the user's
+    line."""
     try:
-        return program.run(arrays)
+        return program.run(arrays, caller)
     except IndexError:
-        REFERENCE.evaluate(roots, dict(zip(inputs, arrays)))
+        REFERENCE.evaluate(roots, dict(zip(inputs, arrays.everything() if isinstance(arrays, Changes) else arrays)))
         raise

@@ -462,8 +462,7 @@ class CStyleRenderer:
     def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False,
                        sizes_at_run_time: bool = False) -> str:
         """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
-        (stopping early with TG_INTERRUPTED when Ctrl-C comes between `tg_watch_interrupts` and
-        `tg_unwatch_interrupts`, see INTERRUPTS).
+        (stopping early with TG_INTERRUPTED when Ctrl-C comes while `tg_run` watches for it, see INTERRUPTS).
 
         Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
         one function called several times: the C compiler's time grows with the distinct code only. Functions
@@ -496,7 +495,7 @@ class CStyleRenderer:
         host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
                 ] if host_calls else []
         entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
-                 *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers))]
+                 *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers)), WATCHED_ENTRIES]
         return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
 
 
@@ -552,7 +551,7 @@ INTERRUPTS = f"""
 static volatile sig_atomic_t tg_interrupted;
 static struct sigaction tg_previous_handler;
 static void tg_on_interrupt(int signal) {{ (void)signal; tg_interrupted = 1; }}
-void tg_watch_interrupts(void) {{
+static void tg_watch_interrupts(void) {{
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_handler = tg_on_interrupt;
@@ -560,11 +559,25 @@ void tg_watch_interrupts(void) {{
     tg_interrupted = 0;
     sigaction(SIGINT, &action, &tg_previous_handler);
 }}
-int tg_unwatch_interrupts(void) {{
+static int tg_unwatch_interrupts(void) {{
     sigaction(SIGINT, &tg_previous_handler, NULL);
     return tg_interrupted;
 }}
 """
+
+WATCHED_ENTRIES = """
+/* The entries Python calls: tg_program (tg_steps) in one native call, with `watch` (Python's own SIGINT handling
+   would raise) a Ctrl-C during it stops it before its next kernel and makes it return TG_INTERRUPTED. */
+int tg_run(void **buffers, int watch) {
+    if (watch) tg_watch_interrupts(); else tg_interrupted = 0;
+    int status = tg_program(buffers);
+    return watch && tg_unwatch_interrupts() ? TG_INTERRUPTED : status;
+}
+int tg_run_steps(void **buffers, long steps, const long *advance, const long *swap_with, int watch) {
+    if (watch) tg_watch_interrupts(); else tg_interrupted = 0;
+    int status = tg_steps(buffers, steps, advance, swap_with);
+    return watch && tg_unwatch_interrupts() ? TG_INTERRUPTED : status;
+}"""
 
 TIMER = """#include <time.h>
 static double tg_now(void) {{

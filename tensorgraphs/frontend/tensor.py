@@ -169,7 +169,10 @@ class Tensor:
         return self._value().copy()
 
     def _value(self) -> np.ndarray:
-        return values_of([self])[0]
+        node = self.node
+        if node.op is Op.BUFFER and not tracing.traces_recording and not node.arg.placeholder:
+            return _held_value(node)  # what `node_values` reads, without its bookkeeping for many nodes
+        return node_values([node])[0]
 
     def item(self) -> Scalar:
         if self.numel() != 1:
@@ -328,8 +331,13 @@ def node_values(nodes: Sequence[Node]) -> list[np.ndarray]:
     tracing.refuse_placeholders("realize", [n for n, held in zip(nodes, direct) if held])
     pending = list(dict.fromkeys(n for n, held in zip(nodes, direct) if not held))
     computed = dict(zip(pending, realize(pending))) if pending else {}
-    return [(n.arg.data if held else computed[n]).astype(n.dtype.storage, copy=False)
+    return [_held_value(n) if held else computed[n].astype(n.dtype.storage, copy=False)
             for n, held in zip(nodes, direct)]
+
+
+def _held_value(node: Node) -> np.ndarray:
+    """A BUFFER node's array, as its storage type."""
+    return node.arg.data.astype(node.dtype.storage, copy=False)
 
 
 def held(array: np.ndarray, dtype: DType) -> Tensor:

@@ -15,6 +15,15 @@ HOST = "host"
 """The device of buffers in the Python process's memory."""
 
 
+class _Gone:
+    pass
+
+
+DEAD_REFERENCE = weakref.ref(_Gone())
+"""A weak reference whose object is gone: a slot in a table of weak references that matches no array (calling
+it gives None, as a reference to a freed array does), so one loop in C can compare the whole table."""
+
+
 def data_address(array: np.ndarray) -> int:
     """The address of a C-contiguous array's data, through the buffer protocol (a fraction of `.ctypes`'s cost,
     which matters for hundreds of arrays per call); read-only and empty arrays, which it refuses, take `.ctypes`."""

@@ -11,7 +11,7 @@ devices runs on the process's memory, so its buffers are numpy arrays and crossi
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -50,4 +50,9 @@ class DeviceRuntime(Protocol):
 
     def launch(self, entry: Callable[..., int], buffers: Sequence[DeviceBuffer], *args: Any) -> int:
         """`entry(buffers, *args)` of a loaded program; its status (0: success)."""
+        ...
+
+    def launch_again(self, entry: Callable[..., int], changed: Mapping[int, DeviceBuffer], *args: Any) -> int:
+        """`entry` over the buffers its last `launch` passed, but for the `changed` ones (slot -> buffer), which the
+        caller knows to be the same and alive; its status."""
         ...

@@ -5,17 +5,21 @@ function of a library loaded with ctypes."""
 from __future__ import annotations
 
 import ctypes
+import functools
+import itertools
 import math
+import operator
 import sys
 import threading
 import weakref
 from collections import Counter
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from tensorgraphs import memory
-from tensorgraphs.runtime.buffer import data_address
+from tensorgraphs.runtime.buffer import DEAD_REFERENCE, data_address
 
 POOLED_BYTES = 1 << 20
 """Outputs at least this large are recycled once the caller drops them: fresh pages cost page faults
@@ -68,22 +72,25 @@ OUTPUT_BLOCKS = BlockPool()
 class AddressTable:
     """The C array of buffer addresses an entry point takes, rewritten only where a buffer is not the one the last
     launch passed (held weakly: a freed buffer is never mistaken for a new one). An address costs a buffer-protocol
-    call, and most of a program's buffers (parameters, captured and in-place state) are the same at every call."""
+    call, and most of a program's buffers (parameters, captured and in-place state) are the same at every call:
+    the buffers are compared with the last launch's in one loop that runs in C."""
 
     def __init__(self, size: int) -> None:
         self.addresses = (ctypes.c_void_p * max(size, 1))()
-        self._buffers: list[weakref.ref | None] = [None] * size
+        self._buffers: list[weakref.ref] = [DEAD_REFERENCE] * size
 
     def __len__(self) -> int:
         return len(self._buffers)
 
     def update(self, buffers: Sequence[np.ndarray]) -> Any:
-        for i, buffer in enumerate(buffers):
-            known = self._buffers[i]
-            if known is None or known() is not buffer:
-                self.addresses[i] = data_address(buffer)
-                self._buffers[i] = weakref.ref(buffer)
+        known = map(operator.call, self._buffers)
+        for i in itertools.compress(range(len(buffers)), map(operator.is_not, known, buffers)):
+            self.set(i, buffers[i])
         return self.addresses
+
+    def set(self, i: int, buffer: np.ndarray) -> None:
+        self.addresses[i] = data_address(buffer)
+        self._buffers[i] = weakref.ref(buffer)
 
 
 class HostRuntime:
@@ -116,25 +123,17 @@ class HostRuntime:
         """A run's outputs. Binding is per-call work on hundreds of buffers in a training step, so the small ones
         (64 bytes up to the pooled and aligned sizes) share one allocation; an output below `OWN_ALLOCATION_BYTES`
         (a loss, a step count) gets its own, so keeping it keeps no run's block (`realize.owned` treats disjoint
-        parts of one allocation as distinct memory)."""
-        buffers: list[np.ndarray | None] = [None] * len(specs)
-        shared: list[tuple[int, int]] = []
-        total = 0
-        own = Counter(math.prod(shape) * dtype.itemsize + self.alignment for shape, dtype in specs
-                      if not self._small(math.prod(shape) * dtype.itemsize))
-        for size, count in own.items():
+        parts of one allocation as distinct memory). Given `specs` as a tuple, where each goes is worked out once."""
+        layout = _output_layout(tuple(specs), self.alignment, self.aligned_from, self.OWN_ALLOCATION_BYTES)
+        for size, count in layout.kept:
             OUTPUT_BLOCKS.keep(size, count)
-        for position, (shape, dtype) in enumerate(specs):
-            nbytes = math.prod(shape) * dtype.itemsize
-            if self.OWN_ALLOCATION_BYTES <= nbytes and self._small(nbytes):
-                shared.append((position, total))
-                total += -(-nbytes // self.alignment) * self.alignment
-            else:
-                buffers[position] = self.empty(shape, dtype)
-        if shared:
-            block = OUTPUT_BLOCKS.take(total + self.alignment, POOLED_SHARED_BYTES)
+        buffers: list[np.ndarray | None] = [None] * len(specs)
+        for position in layout.own:
+            buffers[position] = self.empty(*specs[position])
+        if layout.shared:
+            block = OUTPUT_BLOCKS.take(layout.shared_bytes + self.alignment, POOLED_SHARED_BYTES)
             start = -data_address(block) % self.alignment
-            for position, offset in shared:
+            for position, offset in layout.shared:
                 shape, dtype = specs[position]
                 buffers[position] = np.ndarray(shape, dtype, block, start + offset)
         return buffers  # type: ignore[return-value]
@@ -150,6 +149,46 @@ class HostRuntime:
             table = entry.tg_addresses = AddressTable(len(buffers))  # type: ignore[attr-defined]
         return entry(table.update(buffers), *args)
 
+    def launch_again(self, entry: Callable[..., int], changed: Mapping[int, np.ndarray], *args: Any) -> int:
+        """`entry(addresses, *args)` over the buffers its last `launch` passed, but for the `changed` ones (slot ->
+        buffer): the caller knows the others to be the same and alive."""
+        table = entry.tg_addresses  # type: ignore[attr-defined]
+        for i, buffer in changed.items():
+            table.set(i, buffer)
+        return entry(table.addresses, *args)
+
     def _small(self, nbytes: int) -> bool:
-        """Below both the pooled and the aligned sizes: a plain allocation."""
-        return nbytes + self.alignment < min(POOLED_BYTES, self.aligned_from)
+        return _plain_allocation(nbytes, self.alignment, self.aligned_from)
+
+
+def _plain_allocation(nbytes: int, alignment: int, aligned_from: int) -> bool:
+    """Below both the pooled and the aligned sizes: a plain allocation."""
+    return nbytes + alignment < min(POOLED_BYTES, aligned_from)
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where `HostRuntime.outputs` puts a run's outputs: the positions allocated on their own (pooled, aligned or
+    tiny), those sharing one block at a byte offset, the block's size, and how many pooled blocks of each size the
+    run takes at once (`BlockPool.keep`)."""
+
+    own: tuple[int, ...]
+    shared: tuple[tuple[int, int], ...]
+    shared_bytes: int
+    kept: tuple[tuple[int, int], ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_layout(specs: tuple[tuple[tuple[int, ...], np.dtype], ...], alignment: int, aligned_from: int,
+                   own_below: int) -> OutputLayout:
+    own, shared, total = [], [], 0
+    for position, (shape, dtype) in enumerate(specs):
+        nbytes = math.prod(shape) * dtype.itemsize
+        if own_below <= nbytes and _plain_allocation(nbytes, alignment, aligned_from):
+            shared.append((position, total))
+            total += -(-nbytes // alignment) * alignment
+        else:
+            own.append(position)
+    pooled = Counter(math.prod(shape) * dtype.itemsize + alignment for shape, dtype in specs
+                     if not _plain_allocation(math.prod(shape) * dtype.itemsize, alignment, aligned_from))
+    return OutputLayout(tuple(own), tuple(shared), total, tuple(pooled.items()))
