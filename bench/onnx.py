@@ -19,7 +19,9 @@ one, through a batch norm or not; then a global average pool, so the output is s
 two interleaved; the table is sorted by the time tg loses against ORT over all of a model's convs of that shape, net
 of each framework's cost of a call (a whole model pays it once). ORT's session also converts to and from its
 blocked layout (NCHWc) around the conv, which the whole model does once; tg may fuse the pool into the loops of a
-conv it does not run by a kernel (depthwise, grouped), which the whole model does not.
+conv it does not run by a kernel (depthwise, grouped), which the whole model does not. `--layers --conv winograd`
+runs tg's convs by that candidate of the planner (`plan.choices.forced`; `schedule.convolution.CONV_CANDIDATES`)
+and times only the layers it applies to.
 """
 
 from __future__ import annotations
@@ -146,40 +148,65 @@ def conv_model(layer: tuple):
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
 
 
-def time_layer(layer: tuple, repeat: int, clock: str, threads: int) -> tuple[float, float, float]:
-    """(tg ms, ORT ms, max error relative to ORT's largest output) of conv_model(layer), interleaved rounds."""
+def conv_nodes(layer: tuple) -> list:
+    """The conv2d composites of conv_model(layer)'s lazy graph (not run)."""
+    import tensorgraphs as tg
+    from tensorgraphs.graph.node import toposort
+
+    out = tg.onnx.load(conv_model(layer)).requires_grad_(False).forward(tg.tensor(np.zeros(layer[0], np.float32)))
+    return [n for n in toposort([out.node]) if n.op.name == "conv2d"]
+
+
+def candidate_applies(layer: tuple, candidate: str) -> bool:
+    """Whether the planner's `candidate` can run the conv of conv_model(layer)."""
+    from tensorgraphs.plan.choices import candidates_of
+
+    return all(candidate in (c.name for c in candidates_of(n)) for n in conv_nodes(layer))
+
+
+def time_layer(layer: tuple, repeat: int, clock: str, threads: int,
+               candidate: str | None = None) -> tuple[float, float, float]:
+    """(tg ms, ORT ms, max error relative to ORT's largest output) of conv_model(layer), interleaved rounds; tg runs
+    the conv by `candidate` where given, else by the planner's choice."""
     import onnxruntime as ort
 
     import tensorgraphs as tg
+    from tensorgraphs.plan.choices import forced
+    from tensorgraphs.plan.signature import signature_of
 
     model = conv_model(layer)
     x = np.random.default_rng(1).standard_normal(layer[0]).astype(np.float32)
+    routes = {signature_of(n): candidate for n in conv_nodes(layer)} if candidate else {}
     forward = tg.compile(tg.onnx.load(model).requires_grad_(False).forward)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    ours, theirs = forward(tg.tensor(x)).numpy(), session.run(None, {"x": x})[0]
-    error = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-6))
-    tg_ms, ort_ms = [], []
-    for _ in range(3):  # interleaved rounds: load that comes and goes hits both
-        tg_ms.append(median_ms(lambda: forward(tg.tensor(x)).numpy(), repeat, clock))
-        ort_ms.append(median_ms(lambda: session.run(None, {"x": x}), repeat, clock))
+    with forced(routes):  # around every call: a program built with other routes is rebuilt
+        ours, theirs = forward(tg.tensor(x)).numpy(), session.run(None, {"x": x})[0]
+        error = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-6))
+        tg_ms, ort_ms = [], []
+        for _ in range(3):  # interleaved rounds: load that comes and goes hits both
+            tg_ms.append(median_ms(lambda: forward(tg.tensor(x)).numpy(), repeat, clock))
+            ort_ms.append(median_ms(lambda: session.run(None, {"x": x}), repeat, clock))
     return statistics.median(tg_ms), statistics.median(ort_ms), error
 
 
-def compare_layers(names: list[str], batch: int, repeat: int, threads: int, clock: str) -> None:
+def compare_layers(names: list[str], batch: int, repeat: int, threads: int, clock: str,
+                   candidate: str | None = None) -> None:
     """Print each distinct conv of `names` timed on tg and ORT (conv_model), by time lost over the models. The time
-    lost is net of each framework's cost of a call (a 1x1x1x1 conv's time), which a whole model pays once."""
+    lost is net of each framework's cost of a call (a 1x1x1x1 conv's time), which a whole model pays once. With a
+    `candidate`, tg runs the convs by it, and only those it applies to are timed."""
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before tensorgraphs starts OpenMP
     counts: dict[tuple, dict[str, int]] = {}
     for name in names:
         for layer, count in conv_layers(name, batch).items():
-            counts.setdefault(layer, {})[name] = count
+            if candidate is None or candidate_applies(layer, candidate):
+                counts.setdefault(layer, {})[name] = count
     tg_call, ort_call, _ = time_layer(((1, 1, 1, 1), (1, 1, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, False), repeat,
                                       clock, threads)
     rows, lost = [], dict.fromkeys(names, 0.0)
     for layer, used in counts.items():
-        tg_t, ort_t, error = time_layer(layer, repeat, clock, threads)
+        tg_t, ort_t, error = time_layer(layer, repeat, clock, threads, candidate)
         net = (tg_t - tg_call) - (ort_t - ort_call)
         for name, count in used.items():
             lost[name] += count * net
@@ -187,7 +214,8 @@ def compare_layers(names: list[str], batch: int, repeat: int, threads: int, cloc
         flops = 2 * int(np.prod(w_shape)) * batch * int(np.prod(out_size(layer)))
         rows.append((sum(used.values()) * net, layer, used, tg_t, ort_t, flops / (tg_t - tg_call) / 1e6, error))
         print(f"  measured {layer}", file=sys.stderr, flush=True)
-    print(f"clock {clock}, threads {threads}, batch {batch}, load average {os.getloadavg()[0]:.1f}; a call of a "
+    print(f"clock {clock}, threads {threads}, batch {batch}, convs by {candidate or 'the planner'}, load average "
+          f"{os.getloadavg()[0]:.1f}; a call of a "
           f"1x1x1x1 conv: tg {tg_call:.3f} ms, ORT {ort_call:.3f} ms")
     print("| x | weight | stride | pad | group | relu | count | tg ms | ORT ms | ORT / tg | tg GFLOP/s (net) |"
           " lost ms (net) | max rel. error |")
@@ -268,6 +296,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
     parser.add_argument("--layers", action="store_true", help="time each distinct conv against ORT's")
+    parser.add_argument("--conv", help="with --layers: the conv candidate tg runs (e.g. winograd, implicit_gemm)")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -278,7 +307,8 @@ def main() -> None:
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: add --threads 1")
     if args.layers:
-        compare_layers(args.models.split(","), int(args.batches.split(",")[0]), args.repeat, args.threads, args.clock)
+        compare_layers(args.models.split(","), int(args.batches.split(",")[0]), args.repeat, args.threads, args.clock,
+                       args.conv)
         return
     print(f"clock {args.clock}, threads {args.threads}, load average {os.getloadavg()[0]:.1f}")
     print("| model | batch | tg ms | ORT ms | ORT / tg | tg compile s | ORT session s | tg RSS MiB | ORT RSS MiB |"

@@ -10,7 +10,8 @@ planned once), the candidate with the smallest
 1. measured time: its row in the kernel database (kernel id `compiled.<composite>.<candidate>`, the signature with
    its consumers, `Use.measured_as`), else
 2. predicted time (`CostModel.predict`): a regression over the candidate's other measured shapes, or, with
-   none, the roofline times the candidate's `prior` (so a machine with no measurements gets the table's order).
+   none, the roofline times the candidate's `prior` (so a machine with no measurements gets the table's order; a
+   prior may depend on the node's shape class, e.g. Winograd's on the tiles and channels of a conv).
 
 Measuring happens only under `tg tune` or with TG_TUNE=1 (then on first need, at most `MEASURE_LIMIT`
 uses per process), so compiling stays fast by default: a measurement compiles the composite with the elementwise
@@ -64,12 +65,16 @@ T = TypeVar("T")
 class Candidate:
     """One way a compiled program can run a composite: `applies(node)` says whether it can run this node on a
     target with the features it `needs`; `prior` is its time as a multiple of the roofline, assumed until it is
-    measured."""
+    measured: one figure, or a function of the node (like `applies`, of its signature only)."""
 
     name: str
     applies: Callable[[Node], bool]
-    prior: float = 1.0
+    prior: float | Callable[[Node], float] = 1.0
     needs: frozenset[str] = frozenset({KERNEL_LIBRARIES})
+
+    def prior_of(self, node: Node) -> float:
+        """The prior on `node`."""
+        return self.prior(node) if callable(self.prior) else self.prior
 
 
 def _always(node: Node) -> bool:
@@ -292,7 +297,7 @@ class CompiledPlanner:
             if len(self._chosen) >= CHOICE_CACHE_SIZE:
                 self._chosen.clear()
             if _UNTUNED.get():  # every candidate has the signature's roofline: the prior alone orders them
-                self._chosen[key] = min(candidates, key=lambda c: c.prior).name
+                self._chosen[key] = min(candidates, key=lambda c: c.prior_of(use.composite)).name
             else:
                 self._chosen[key] = min(self.options(use), key=lambda o: o.seconds).candidate
         return self._chosen[key]
@@ -305,7 +310,7 @@ class CompiledPlanner:
             name = kernel_id(sig, candidate.name)
             predicted = model.predict(name, code_hash(), sig)
             if predicted.source == "roofline":
-                predicted = Estimate(predicted.seconds * candidate.prior, "prior")
+                predicted = Estimate(predicted.seconds * candidate.prior_of(use.composite), "prior")
             row = model.measured(name, code_hash(), sig)
             options.append(Option(candidate.name, predicted, None if row is None else row.median))
         return options

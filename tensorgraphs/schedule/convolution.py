@@ -1,20 +1,20 @@
 """Convolutions run by a conv2d kernel of the GEMM library instead of their decomposition (patches and a matmul).
 
 A float32 `conv2d` composite with one group, NCHW, and the same padding before and after each spatial dim has up to
-four candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`): on
-a machine with AVX-512 (or AVX2 and FMA), "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from
+four candidates besides its decomposition (`CONV_CANDIDATES`, chosen per shape by the planner, `plan.choices`): on a
+machine with AVX-512 (or AVX2 and FMA), "implicit_gemm" (tg_conv2d_f32: the GEMM packing its panels straight from
 the image; on AVX2 a strided conv's from explicit columns), for few input channels "direct" (tg_conv2d_direct_f32:
-the GEMM's register tile over vectors read in place from a padded copy of the image, no im2col, `_direct_fits`)
-and, for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer
-multiplies but about ten times the rounding error, so it has to measure faster to be chosen); with OpenBLAS
-installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm, portable C, for strided convs where the
-implicit packing's gathers cost most, and the conv kernel of machines without AVX-512; chosen only where measured
-faster than the decomposition, `IM2COL_PRIOR`). A grouped pointwise conv (ShuffleNet's 1x1s) has "grouped_gemm"
-(`_grouped_fits`). Run by a kernel, the composite is kept whole by the scheduler: one `ConvCall` (for
-"grouped_gemm" a `GemmCall` per image, batched over the groups) reading x and the weight where their buffers
-hold them in NCHW order (through reshapes and slices of the leading dim: `extern.contiguous_storage`; anything else
-is materialized first) and writing a buffer of its own, or its images into their slice of a concatenation's
-(`fusion.write_slices_in_place`: the kernels take the output's image stride).
+the GEMM's register tile over vectors read in place from a padded copy of the image, no im2col, `_direct_fits`) and,
+for 3x3 kernels at stride 1 without dilation, "winograd" (tg_conv2d_winograd_f32: F(4x4, 3x3), fewer multiplies but
+about ten times the rounding error, chosen unmeasured only in the shape class where it wins clearly:
+`_winograd_prior`); with OpenBLAS installed, "im2col" (tg_conv2d_im2col_f32: explicit im2col blocks and sgemm,
+portable C, for strided convs where the implicit packing's gathers cost most, and the conv kernel of machines
+without AVX-512; chosen only where measured faster than the decomposition, `IM2COL_PRIOR`). A grouped pointwise conv
+(ShuffleNet's 1x1s) has "grouped_gemm" (`_grouped_fits`). Run by a kernel, the composite is kept whole by the
+scheduler: one `ConvCall` (for "grouped_gemm" a `GemmCall` per image, batched over the groups) reading x and the
+weight where their buffers hold them in NCHW order (through reshapes and slices of the leading dim:
+`extern.contiguous_storage`; anything else is materialized first) and writing a buffer of its own, or its images
+into their slice of a concatenation's (`fusion.write_slices_in_place`: the kernels take the output's image stride).
 
 Its elementwise consumers that the kernel applies before storing (a scale, a bias per output channel: the
 frontend adds conv's bias after the composite, an activation, a residual; gemm.h's epilogue) are fused into the
@@ -110,6 +110,27 @@ few taps (3-channel stems: 1.2-1.5x faster on AVX2, bench/NOTES.md) and its tile
 a vector); 1x1 kernels pack cheaply (plain rows) and ran alike."""
 
 
+WINOGRAD_MIN_TILES, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_COVERAGE = 48, 64, 0.75
+"""Where Winograd runs unmeasured (`_winograd_prior`). Its call transforms the weights (per weight, whatever the
+image), each input channel of a tile and each output channel of a tile, then multiplies tiles x channels x
+channels at a quarter of the direct product's multiplies: it pays where the 36 products have rows enough (4x4
+output tiles over all images) for the weights' transform, channels enough on both sides for the tiles', and where
+the tiles cover mostly real outputs (13x13: 16x16 computed for 169). ResNet-50, VGG-19, Inception v1, SqueezeNet
+and DenseNet-121's 3x3 stride-1 convs at batch 1 and 8 (bench/NOTES.md) gained 1.2-2.2x in this class and lost
+up to 5x outside it (7x7 at batch 1: 4 tiles)."""
+WINOGRAD_PRIOR = (0.8, 1.1)
+"""Winograd's prior in its class (ahead of the implicit GEMM) and outside it (behind)."""
+
+
+def _winograd_prior(node: Node) -> float:
+    """WINOGRAD_PRIOR by the shape class of `node` (see WINOGRAD_MIN_TILES)."""
+    (batch, channels, *_), (out_channels, height, width) = node.src[0].shape, node.shape[1:]
+    tiles = -(-height // 4) * -(-width // 4)
+    in_class = (batch * tiles >= WINOGRAD_MIN_TILES and min(channels, out_channels) >= WINOGRAD_MIN_CHANNELS
+                and height * width >= WINOGRAD_MIN_COVERAGE * 16 * tiles)
+    return WINOGRAD_PRIOR[0] if in_class else WINOGRAD_PRIOR[1]
+
+
 def _direct_fits(node: Node) -> bool:
     """`_kernel_fits`, with few input channels, a window larger than 1x1 and wide output rows."""
     if not _kernel_fits(node):
@@ -144,7 +165,8 @@ and what runs stays what `tg.export` writes, which cannot link OpenBLAS."""
 DIRECT_PRIOR = 0.9
 """Ahead of the implicit GEMM where it applies (`_direct_fits`): what a machine with no measurements runs."""
 CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0),
-                   Candidate(DIRECT, _direct_fits, prior=DIRECT_PRIOR), Candidate(WINOGRAD, _winograd_fits, prior=1.1),
+                   Candidate(DIRECT, _direct_fits, prior=DIRECT_PRIOR),
+                   Candidate(WINOGRAD, _winograd_fits, prior=_winograd_prior),
                    Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})),
                    Candidate(GROUPED, _grouped_fits, prior=1.0))
 register_candidates(CONV2D, *CONV_CANDIDATES)

@@ -21,6 +21,7 @@ from tensorgraphs.plan.choices import (
     forced,
     kernel_id,
     route_of,
+    untuned,
 )
 from tensorgraphs.plan.signature import signature_of
 from tensorgraphs.schedule import convolution as conv
@@ -179,6 +180,32 @@ def test_winograd_matches_float64_torch_when_chosen() -> None:
     expected = torch.relu(torch.nn.functional.conv2d(*(torch.from_numpy(a).double() for a in (x, weight, bias)),
                                                      padding=1)).numpy()
     assert np.abs(got - expected).max() < 3e-5 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize(("x_shape", "out_channels", "expected"), [
+    ((1, 64, 28, 28), 64, conv.WINOGRAD),  # 49 tiles
+    ((1, 64, 14, 14), 64, conv.IMPLICIT_GEMM),  # 16 tiles: the weights' transform outweighs the products' saving
+    ((4, 64, 14, 14), 64, conv.WINOGRAD),  # 64 tiles over the batch, 196 of 256 computed outputs real
+    ((4, 64, 13, 13), 64, conv.IMPLICIT_GEMM),  # 169 of 256 real
+    ((1, 32, 28, 28), 64, conv.IMPLICIT_GEMM),  # few input channels: the tiles' transforms weigh
+    ((1, 64, 28, 28), 32, conv.IMPLICIT_GEMM),  # few output channels
+])
+def test_unmeasured_winograd_runs_in_its_shape_class(x_shape: tuple[int, ...], out_channels: int, expected: str,
+                                                     tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing measured, the priors decide by shape class (`conv._winograd_prior`), untuned or not; a
+    measurement (`tg tune`) still overrides them."""
+    monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))  # a kernel database of its own
+    x, weight = tg.tensor(_floats(x_shape, 0)), tg.tensor(_floats((out_channels, x_shape[1], 3, 3), 1))
+    (node,) = _conv_nodes(F.conv2d(x, weight, padding=1))
+    assert route_of(node) == expected
+    with untuned():
+        assert route_of(node) == expected
+    sig, planner = signature_of(node), compiled_planner()
+    for candidate in (c.name for c in candidates_of(node)):
+        planner.cost_model.db.record(planner.cost_model.fingerprint, kernel_id(sig, candidate), code_hash(),
+                                     sig.dtype_key, sig.shape_key, sig.flops, sig.bytes,
+                                     [1e-6 if candidate != expected and candidate != DECOMPOSE else 1.0])
+    assert route_of(node) not in (expected, DECOMPOSE)
 
 
 def _conv_nodes(out: tg.Tensor) -> list:
