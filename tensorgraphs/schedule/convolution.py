@@ -108,6 +108,11 @@ DIRECT_MAX_CHANNELS, DIRECT_MIN_WIDTH = 16, 16
 under each of the cin x kh x kw taps, so it pays where the implicit GEMM's per-panel packing weighs most against
 few taps (3-channel stems: 1.2-1.5x faster on AVX2, bench/NOTES.md) and its tiles are filled (rows of at least
 a vector); 1x1 kernels pack cheaply (plain rows) and ran alike."""
+DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS = 32, 28
+"""The direct conv also applies to few output channels on rows of 28 or more, whatever the input channels: each
+packed panel of the implicit GEMM then serves at most 6 row tiles, so its packing weighs as much as against few
+taps (DenseNet-121's 3x3 layers, 128 -> 32: 1.05-1.14x faster at 28 and 56 columns, at batch 1 and 8; slower at
+14, bench/NOTES.md)."""
 
 
 WINOGRAD_MIN_TILES, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_COVERAGE = 48, 64, 0.75
@@ -132,12 +137,14 @@ def _winograd_prior(node: Node) -> float:
 
 
 def _direct_fits(node: Node) -> bool:
-    """`_kernel_fits`, with few input channels, a window larger than 1x1 and wide output rows."""
+    """`_kernel_fits`, with a window larger than 1x1 and few input channels on wide output rows, or few output
+    channels on wider ones."""
     if not _kernel_fits(node):
         return False
     x, weight = node.src
-    return (x.shape[1] <= DIRECT_MAX_CHANNELS and weight.shape[2] * weight.shape[3] > 1
-            and node.shape[3] >= DIRECT_MIN_WIDTH)
+    few_inputs = x.shape[1] <= DIRECT_MAX_CHANNELS and node.shape[3] >= DIRECT_MIN_WIDTH
+    few_outputs = weight.shape[0] <= DIRECT_MAX_OUT_CHANNELS and node.shape[3] >= DIRECT_MIN_WIDTH_FEW_OUTPUTS
+    return weight.shape[2] * weight.shape[3] > 1 and (few_inputs or few_outputs)
 
 
 def _grouped_fits(node: Node) -> bool:

@@ -71,6 +71,12 @@ def test_candidates_by_geometry() -> None:
     many = tg.tensor(_floats((1, 17, 5, 17), 7))
     assert _candidate_names(F.conv2d(many, tg.tensor(_floats((6, 17, 3, 3), 8)), padding=1)) == [
         "implicit_gemm", "winograd", *im2col, DECOMPOSE]
+    # many input channels, few output channels on rows of 28 or more (DenseNet's 3x3 layers): the direct conv too
+    many_wide = tg.tensor(_floats((1, 40, 3, 28), 9))
+    assert _candidate_names(F.conv2d(many_wide, tg.tensor(_floats((32, 40, 3, 3), 10)), padding=1)) == [
+        *direct, "winograd", *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(many_wide, tg.tensor(_floats((33, 40, 3, 3), 10)), padding=1)) == [
+        "implicit_gemm", "winograd", *im2col, DECOMPOSE]
 
 
 def test_bias_and_relu_fuse_into_one_call_per_conv() -> None:
@@ -188,7 +194,7 @@ def test_winograd_matches_float64_torch_when_chosen() -> None:
     ((4, 64, 14, 14), 64, conv.WINOGRAD),  # 64 tiles over the batch, 196 of 256 computed outputs real
     ((4, 64, 13, 13), 64, conv.IMPLICIT_GEMM),  # 169 of 256 real
     ((1, 32, 28, 28), 64, conv.IMPLICIT_GEMM),  # few input channels: the tiles' transforms weigh
-    ((1, 64, 28, 28), 32, conv.IMPLICIT_GEMM),  # few output channels
+    ((1, 64, 28, 28), 32, conv.DIRECT),  # few output channels on rows of 28: the direct conv, not Winograd
 ])
 def test_unmeasured_winograd_runs_in_its_shape_class(x_shape: tuple[int, ...], out_channels: int, expected: str,
                                                      tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
