@@ -47,7 +47,15 @@ import numpy as np
 
 from tensorgraphs import dtypes
 from tensorgraphs.backends.cpu import CPU
-from tensorgraphs.backends.native import Binder, Binding, Changes, NativeBackend, Program, run_explained
+from tensorgraphs.backends.native import (
+    Binder,
+    Binding,
+    Changes,
+    NativeBackend,
+    Program,
+    every_input,
+    run_explained,
+)
 from tensorgraphs.dynamic import DynamicShapes, DynamicSpec, NotAnInstance, RenderedSource, parameter_names
 from tensorgraphs.errors import ArgumentError, TGError, UnsupportedError, fail
 from tensorgraphs.frontend.autocast import AutocastState, autocast_state
@@ -222,7 +230,7 @@ class CompiledFunction:
         trace, inputs, caller = self._bound(args, kwargs)
         graphs = None
         if trace.results_graph is not None and is_grad_enabled():
-            inputs = inputs.everything() if isinstance(inputs, Changes) else inputs
+            inputs = every_input(inputs)
             graphs = trace.results_graph.bind((*args, *kwargs.values()), inputs)
         outputs = run_explained(trace.program, trace.roots, trace.inputs, inputs, caller)
         return self._finish(trace, outputs, graphs, (*args, *kwargs.values()))
@@ -230,7 +238,7 @@ class CompiledFunction:
     def kernel_times(self, *args: Any, repeat: int = 5, **kwargs: Any) -> list[tuple[str, float]]:
         """(kernel, median seconds) of each kernel the call would run, in order; the call's effects are not kept."""
         trace, inputs, _ = self._bound(args, kwargs)
-        return trace.program.kernel_seconds(inputs.everything() if isinstance(inputs, Changes) else inputs, repeat)
+        return trace.program.kernel_seconds(every_input(inputs), repeat)
 
     def _bound(self, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> tuple[_Trace, list[np.ndarray] | Changes, Binding | None]:

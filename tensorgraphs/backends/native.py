@@ -34,7 +34,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
@@ -151,6 +151,11 @@ class Changes:
 
     fresh: dict[int, Any]
     everything: Callable[[], list[Any]]
+
+
+def every_input(inputs: list[Any] | Changes) -> list[Any]:
+    """A call's inputs in order, given whole or as `Changes`."""
+    return inputs.everything() if isinstance(inputs, Changes) else inputs
 
 
 Binder = Callable[[str], tuple[str, tuple[int, ...]]]
@@ -338,10 +343,7 @@ class Program:
             slot = self._input_slot.get(position)
             if slot is not None:  # else the schedule reads nothing of it
                 changed[slot] = self.runtime.to_device(array, self._slots[slot].dtype)
-        for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
-            changed[i] = buffer
-        for output_slot, input_slot in self._in_place_slots.items():
-            changed[output_slot] = changed[input_slot]
+        self._bind_outputs(changed)
         self._set_sizes()
         bound, self._bound = self._bound, None
         status = self._interruptible(self.runtime.launch_again, self._entry, changed)
@@ -456,11 +458,16 @@ class Program:
         self._converted = frozenset(converted)
         for i, array in zip(self._input_slot_indices, given):
             arrays[i] = array
-        for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
-            arrays[i] = buffer
-        for output_slot, input_slot in self._in_place_slots.items():
-            arrays[output_slot] = arrays[input_slot]
+        self._bind_outputs(arrays)
         return arrays
+
+    def _bind_outputs(self, buffers: MutableMapping[int, Any] | list[Any]) -> None:
+        """The run's outputs into `buffers` (by slot), allocated together (`DeviceRuntime.outputs`); an output updated
+        in place is its input's buffer (the caller's to overwrite), which `buffers` holds already."""
+        for i, buffer in zip(self._output_slots, self.runtime.outputs(self._output_specs)):
+            buffers[i] = buffer
+        for output_slot, input_slot in self._in_place_slots.items():
+            buffers[output_slot] = buffers[input_slot]
 
 
 def _elements_touched(roots: list[Node], known: Collection[Node]) -> int:
@@ -575,5 +582,5 @@ def run_explained(program: Program, roots: list[Node], inputs: list[Node], array
     try:
         return program.run(arrays, caller)
     except IndexError:
-        REFERENCE.evaluate(roots, dict(zip(inputs, arrays.everything() if isinstance(arrays, Changes) else arrays)))
+        REFERENCE.evaluate(roots, dict(zip(inputs, every_input(arrays))))
         raise
