@@ -165,6 +165,24 @@ def test_row_major_a_read_in_place_by_few_panels(m, n, k):
 
 
 @needs_gemm
+@pytest.mark.parametrize("m", [12, 13, 250])
+@pytest.mark.parametrize("n", [17, 18, 19, 20, 21, 49, 196])
+@pytest.mark.parametrize("k", [7, 40, 385, 1000])
+@pytest.mark.parametrize("epilogue", ["affine", "residual", "general"])
+def test_last_few_columns_as_dot_products(m, n, k, epilogue):
+    """The last N % 16 columns of a product whose A rows are read in place, when at most 4 (gemm.c's dot_tail; 5
+    take a vector tile), with each kind of epilogue: a bias per row and relu, that and a residual, a bias per
+    column; K within one block and across K blocks (KC), not a multiple of 16; the rows past the last full micro-panel
+    (m = 13) take a vector tile."""
+    a = random((m, k + 5), 20)[:, 2 : 2 + k]
+    b = random((k, n), 21)
+    arguments = {"affine": dict(bias=random((m, 1), 22), activation="relu", alpha=0.5),
+                 "residual": dict(bias=random((m, 1), 22), residual=random((m, n), 23), activation="relu"),
+                 "general": dict(bias=random((n,), 24), alpha=-2.0)}[epilogue]
+    assert_close(gemm.matmul(a, b, **arguments), reference(a, b, **arguments), k, f"{m}x{n}x{k} {epilogue}")
+
+
+@needs_gemm
 @pytest.mark.parametrize(("m", "n"), [(7, 40), (300, 200), (521, 1000), (1000, 37)])
 @pytest.mark.parametrize("k", [1, 10, 31, 32])
 @pytest.mark.parametrize("layout", ["plain", "transposed"])

@@ -196,13 +196,13 @@ typedef void tile_kernel(const tile_job *job, const float *restrict a, const flo
  * its rows are read in place, C's row stride, where the next tile in the walk lies from this one in C and in the
  * residual (a prefetch never faults, so past the last one too), whether the tiles add to partial sums in C, the
  * epilogue (`ep` for TILE_GENERAL, NULL for none; `affine` for the others) and the kernels for packed and in-place
- * micro-panels of A. */
+ * micro-panels of A, and for a few last columns by dot products (in_place_dot, NULL where the job has none). */
 struct tile_job {
     int64_t kc, a_rs, c_rs, next_c, next_residual;
     int accumulate;
     const tg_epilogue *ep;
     tg_affine_epilogue affine;
-    tile_kernel *packed, *in_place;
+    tile_kernel *packed, *in_place, *in_place_dot;
 };
 
 /* A load or store of 16 lanes, all of them where `full` (a compile-time constant: no mask for AVX2 to test). */
@@ -326,6 +326,63 @@ TG_TILE_KERNEL(in_place_general, 0, 0, 1, TILE_GENERAL)
 TG_TILE_KERNEL(in_place_relu, 0, 1, 1, TILE_GENERAL)
 #undef TG_TILE_KERNEL
 
+/* At most this many last columns (N % 16 of them) are computed by dot products along the reduction rather than by a
+ * 16-column vector tile (dot_tail): with AVX-512's 64-column tiles an image of 7x7 output positions (49 = 3 * 16 + 1
+ * columns) multiplied 64 columns for 49. On AVX2 a narrow last panel takes half a vector (HALF_TILES) instead. */
+enum { DOT_TAIL_COLUMNS = HALF_TILES ? 0 : 4 };
+
+/* c[0:TG_MR, 0:n] (+)= the epilogue `kind` of the rows of A read in place (a_rs apart, kc floats each) dotted with
+ * each of the n (<= DOT_TAIL_COLUMNS) columns of `columns` (kc floats each, contiguous: dot_tail_columns). A tile
+ * of TG_MR rows costs TG_MR * n vectors of products per 16 elements of the reduction, where a vector tile costs
+ * TG_MR; the sums are put together as one vector per row, stored by store_tile with the vector tiles' epilogue. */
+TG_ALWAYS_INLINE void dot_tail(const int n, const int kind, const tile_job *t, const float *restrict a,
+                               const float *restrict columns, float *c, int64_t row0, int64_t col0) {
+    const int64_t kc = t->kc, a_rs = t->a_rs;
+    __m512 sums[TG_MR][DOT_TAIL_COLUMNS > 0 ? DOT_TAIL_COLUMNS : 1];
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++)
+        _Pragma("GCC unroll 8") for (int j = 0; j < n; j++) sums[i][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k += 16) {
+        __mmask16 mask = tg_tail_mask(kc - k);
+        __m512 b[DOT_TAIL_COLUMNS > 0 ? DOT_TAIL_COLUMNS : 1];
+        _Pragma("GCC unroll 8") for (int j = 0; j < n; j++) b[j] = _mm512_maskz_loadu_ps(mask, columns + j * kc + k);
+        _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+            __m512 ai = _mm512_maskz_loadu_ps(mask, a + i * a_rs + k);
+            _Pragma("GCC unroll 8") for (int j = 0; j < n; j++) sums[i][j] = _mm512_fmadd_ps(ai, b[j], sums[i][j]);
+        }
+    }
+    __m512 acc[TG_MR][TG_NV];
+    _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
+        float row[16] = {0};
+        _Pragma("GCC unroll 8") for (int j = 0; j < n; j++) row[j] = _mm512_reduce_add_ps(sums[i][j]);
+        acc[i][0] = _mm512_loadu_ps(row);
+    }
+    store_tile(1, 0, kind, acc, t, c, TG_MR, n, row0, col0);
+}
+
+/* dot_tail for n_valid columns, each count its own kernel (constant loop bounds keep the sums in registers). */
+TG_ALWAYS_INLINE void dot_tail_of_width(const int kind, const tile_job *t, const float *restrict a,
+                                        const float *restrict columns, float *c, int64_t n_valid, int64_t row0,
+                                        int64_t col0) {
+    switch (n_valid) {
+    case 1: dot_tail(1, kind, t, a, columns, c, row0, col0); break;
+    case 2: dot_tail(2, kind, t, a, columns, c, row0, col0); break;
+    case 3: dot_tail(3, kind, t, a, columns, c, row0, col0); break;
+    default: dot_tail(4, kind, t, a, columns, c, row0, col0); break;
+    }
+}
+
+/* The dot-product kernels a job picks from (tile_kernel's signature: m_valid is TG_MR, b the contiguous columns). */
+#define TG_DOT_KERNEL(name, kind)                                                                                \
+    static void name(const tile_job *t, const float *restrict a, const float *restrict b, float *c,             \
+                     int64_t m_valid, int64_t n_valid, int64_t row0, int64_t col0) {                            \
+        (void)m_valid;                                                                                          \
+        dot_tail_of_width(kind, t, a, b, c, n_valid, row0, col0);                                               \
+    }
+TG_DOT_KERNEL(dot_affine, TILE_AFFINE)
+TG_DOT_KERNEL(dot_affine_residual, TILE_AFFINE_RESIDUAL)
+TG_DOT_KERNEL(dot_general, TILE_GENERAL)
+#undef TG_DOT_KERNEL
+
 /* ---------------------------------------------------------------- blocked driver */
 
 typedef struct {
@@ -370,6 +427,7 @@ static void finish_a_block(const gemm_problem *p, float *block, int64_t mc, int6
 static tile_job tile_job_of(const gemm_problem *p, int64_t kc, int accumulate, const tg_epilogue *ep, int along_rows) {
     static tile_kernel *const packed[] = {packed_affine, packed_affine_residual, packed_general};
     static tile_kernel *const in_place[] = {in_place_affine, in_place_affine_residual, in_place_general};
+    static tile_kernel *const in_place_dot[] = {dot_affine, dot_affine_residual, dot_general};
     int64_t rows = along_rows ? 0 : TG_MR, columns = along_rows ? TG_NR : 0;
     tile_job t = {.kc = kc, .a_rs = p->a_rs, .c_rs = p->c_rs, .next_c = rows * p->c_rs + columns,
                   .next_residual = ep ? rows * ep->residual_rs + columns : 0, .accumulate = accumulate, .ep = ep};
@@ -378,6 +436,7 @@ static tile_job tile_job_of(const gemm_problem *p, int64_t kc, int accumulate, c
                                                                       : TILE_AFFINE;
     t.packed = p->bf16 ? packed_bf16 : packed[kind];
     t.in_place = p->a_prologue ? in_place_relu : in_place[kind];
+    t.in_place_dot = DOT_TAIL_COLUMNS && !p->a_prologue && !p->bf16 ? in_place_dot[kind] : NULL;
     return t;
 }
 
@@ -429,6 +488,19 @@ static void pack_b_panel(const gemm_problem *p, int64_t pc, int64_t kc, int64_t 
     finish_b_panel(p, dst, kc);
 }
 
+/* `p` with its last N % 16 columns as the tail that dot_tail computes, where they are few (DOT_TAIL_COLUMNS) and
+ * its full micro-panels of A would be read in place (a_read_in_place, counting the tail's panel); else `p`. */
+static gemm_problem with_dot_tail(const gemm_problem *p) {
+    gemm_problem split = *p;
+    int64_t columns = p->n % 16, panels = ceil_div(min_i64(TG_NC, p->n), TG_NR);
+    if (p->tail_n || p->n < 16 || columns == 0 || columns > DOT_TAIL_COLUMNS || p->a_prologue ||
+        !a_read_in_place(p, panels))
+        return split;
+    split.n = p->n - columns, split.tail_col = split.n, split.tail_n = columns;
+    split.tail_row_lo = 0, split.tail_row_hi = p->m;
+    return split;
+}
+
 /* Below this K a tile stores C about as fast as it computes it, so the tiles walk C along its rows (each row's
  * lines in order, which the prefetcher follows) rather than down a column of panels (a new line of a new row for
  * every tile, waiting for it). */
@@ -440,8 +512,9 @@ enum { SHORT_REDUCTION = 32 };
  * micro-kernels find it in L1 instead of coming back for it after the whole block was written (to L3, for a
  * wide block), and with a single row block every panel takes the same place in one buffer; but along C's rows
  * (a short reduction) each row of tiles needs every panel, so it packs them first as a team does. */
-static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int tid, int nthreads, work_counters *work,
-                        int64_t *step) {
+static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pack, int tid, int nthreads,
+                        work_counters *work, int64_t *step) {
+    const gemm_problem split = with_dot_tail(problem), *p = &split;
     int64_t mc = row_block(p->m, nthreads), m_blocks = ceil_div(p->m, mc);
     int64_t k_blocks = p->k > 0 ? ceil_div(p->k, TG_KC) : 1, k_step = ceil_div(ceil_div(p->k, k_blocks), 8) * 8;
     int64_t n_split = m_blocks % nthreads == 0 ? 1 : nthreads, units = m_blocks * n_split;
@@ -452,11 +525,13 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
             int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
             for (int64_t panel; !lazy && (panel = claim(&work->next[0][parity], nthreads)) < panels;)
                 pack_b_panel(p, pc, kc, jc, nc, panel, b_pack + panel * TG_NR * kc);
-            float *tail_pack = b_pack + (one_slot ? 1 : panels) * TG_NR * kc;
-            int tail = jc == 0 && p->tail_n > 0;
+            float *tail_pack = b_pack + (one_slot ? 1 : panels) * TG_NR * kc, *tail_columns = tail_pack + TG_NR * kc;
+            int tail = jc == 0 && p->tail_n > 0, dot = tail && p->tail_n <= DOT_TAIL_COLUMNS;
             if (tail) {
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + p->tail_col, p->tail_n, tail_pack);
                 finish_b_panel(p, tail_pack, kc);
+                for (int64_t j = 0; dot && j < p->tail_n; j++)
+                    for (int64_t k = 0; k < kc; k++) tail_columns[j * kc + k] = tail_pack[k * TG_NR + j];
             }
             if (nthreads > 1) {
 #pragma omp barrier
@@ -487,10 +562,16 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
                         prefetch_rows(a_block + (ir + TG_MR) * p->a_rs, p->a_rs, kc);
                     TG_TILE_AT(ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir, jr);
                 }
-                for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR)
-                    if (ic + ir >= p->tail_row_lo && ic + ir < p->tail_row_hi)
-                        TG_TILE_AT(ir, tail_pack, p->c + (ic + ir) * p->c_rs + p->tail_col,
-                                   min_i64(mcur - ir, p->tail_row_hi - ic - ir), p->tail_n, ic + ir, p->tail_col);
+                for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR) {
+                    int64_t rows = min_i64(mcur - ir, p->tail_row_hi - ic - ir);
+                    float *c_tail = p->c + (ic + ir) * p->c_rs + p->tail_col;
+                    if (ic + ir < p->tail_row_lo || rows <= 0) continue;
+                    if (dot && job.in_place_dot && ir < packed && rows >= TG_MR)
+                        job.in_place_dot(&job, a_block + ir * p->a_rs, tail_columns, c_tail, TG_MR, p->tail_n,
+                                         ic + ir, p->tail_col);
+                    else
+                        TG_TILE_AT(ir, tail_pack, c_tail, rows, p->tail_n, ic + ir, p->tail_col);
+                }
 #undef TG_TILE_AT
             }
             if (nthreads > 1) {
@@ -500,9 +581,10 @@ static void gemm_blocks(const gemm_problem *p, float *b_pack, float *a_pack, int
     }
 }
 
-/* B panels for one block, and one more for a column band's tail (see run_band). */
+/* B panels for one block, one more for the last partial vector's columns (see run_band, with_dot_tail), and those
+ * columns one after another (dot_tail). */
 static size_t b_pack_count(const gemm_batch *g) {
-    return (size_t)TG_KC * (ceil_div(min_i64(TG_NC, g->n), TG_NR) + (g->n % 16 != 0)) * TG_NR;
+    return (size_t)TG_KC * ((ceil_div(min_i64(TG_NC, g->n), TG_NR) + (g->n % 16 != 0)) * TG_NR + DOT_TAIL_COLUMNS);
 }
 
 static const size_t a_pack_count = (size_t)A_BLOCK_ROWS * TG_KC;
