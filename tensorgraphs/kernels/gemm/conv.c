@@ -52,12 +52,12 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
         __m512i contiguous = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first), lanes);
         __m512 values;
         if (stride == 1) {
-            values = _mm512_maskz_loadu_ps(store & inside(contiguous, first, first + 15, width), row + first);
+            values = tg_load_lanes_ps(store & inside(contiguous, first, first + 15, width), row + first);
         } else if (stride == 2) {
             __m512i upper = _mm512_add_epi32(contiguous, _mm512_set1_epi32(16));
             values = tg_even_lanes_ps(
-                _mm512_maskz_loadu_ps(inside(contiguous, first, first + 15, width), row + first),
-                _mm512_maskz_loadu_ps(inside(upper, first + 16, first + 31, width), row + first + 16));
+                tg_load_lanes_ps(inside(contiguous, first, first + 15, width), row + first),
+                tg_load_lanes_ps(inside(upper, first + 16, first + 31, width), row + first + 16));
         } else {
             __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
                                               _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
@@ -158,9 +158,10 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
         _mm_prefetch((const char *)(first[0] + shift + TG_NR), _MM_HINT_T1);
         _mm_prefetch((const char *)(first[0] + shift + 2 * TG_NR - 1), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++) {
-            __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v];
-            __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
-            x = _mm512_mask_loadu_ps(x, inside_image & ~in_first[v], second[v] + shift);
+            __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v], from_second = inside_image & ~in_first[v];
+            __m512 x = tg_load_lanes_ps(inside_image & in_first[v], first[v] + shift);
+            if (from_second) /* the next image's lanes: none past the last image (tg_load_lanes_ps) */
+                x = _mm512_mask_loadu_ps(x, from_second, second[v] + shift);
             _mm512_store_ps(dst + k * TG_NR + 16 * v, x);
         }
         if (++kj == g->kw) {

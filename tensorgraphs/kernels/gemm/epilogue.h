@@ -186,6 +186,13 @@ static inline __mmask16 tg_tail_mask(int64_t remaining) {
     return remaining >= 16 ? (__mmask16)0xFFFF : remaining <= 0 ? (__mmask16)0 : (__mmask16)((1u << remaining) - 1);
 }
 
+/* The lanes `mask` of p, zero elsewhere, touching no memory when the mask is empty. Masked-off lanes never fault,
+ * but on Zen 4 a load with every lane off at an address outside any mapping (packing addresses lanes past the end
+ * of an image or a matrix) took a slow path: an implicit im2col's packing ran 3x slower (bench/NOTES.md). */
+static inline __attribute__((always_inline)) __m512 tg_load_lanes_ps(__mmask16 mask, const float *p) {
+    return mask ? _mm512_maskz_loadu_ps(mask, p) : _mm512_setzero_ps();
+}
+
 /* dst[0:width] = lanes 0..width-1 of x, where the `room` floats from dst may also take junk that a later store
  * overwrites: then all 16 lanes are stored (a plain store; AVX2 emulates masked stores, slowly on AMD). */
 static inline __attribute__((always_inline)) void tg_store_prefix(float *dst, int64_t width, int64_t room, __m512 x) {

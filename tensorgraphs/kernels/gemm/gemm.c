@@ -86,7 +86,7 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
             _mm_prefetch((const char *)(row + TG_NR), _MM_HINT_T1);
             for (int v = 0; v < TG_NV; v++) {
                 __mmask16 mask = tg_tail_mask(nr - v * 16);
-                _mm512_store_ps(d + v * 16, _mm512_maskz_loadu_ps(mask, row + v * 16));
+                _mm512_store_ps(d + v * 16, tg_load_lanes_ps(mask, row + v * 16));
             }
         }
         return;
