@@ -455,7 +455,11 @@ static int a_read_in_place(const gemm_problem *p, int64_t panels) {
 
 /* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L1: the next row tile's rows of A read in
  * place, fetched while the current tile multiplies, when the first panel of a block is the first to read them (a
- * layer's weights in a whole model come from L3 or memory; each later panel finds them in L2). */
+ * layer's weights in a whole model come from L3 or memory; each later panel finds them in L2). Only for narrow
+ * panels (AVX2's 16 columns): a 64-column tile multiplies long enough for the hardware to fetch the rows, and the
+ * prefetches only crowded its own misses (AVX-512: 7x7 layers 3-4% slower with them; bench/NOTES.md). */
+enum { PREFETCH_NEXT_ROWS = TG_NR <= 16 };
+
 static void prefetch_rows(const float *a, int64_t rs, int64_t kc) {
     for (int64_t i = 0; i < TG_MR; i++)
         for (int64_t k = 0; k < kc; k += 16) _mm_prefetch((const char *)(a + i * rs + k), _MM_HINT_T0);
@@ -558,7 +562,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                     int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
                     if (lazy && block == 0 && ir == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
-                    if (panel == first && ir + 2 * TG_MR <= packed)
+                    if (PREFETCH_NEXT_ROWS && panel == first && ir + 2 * TG_MR <= packed)
                         prefetch_rows(a_block + (ir + TG_MR) * p->a_rs, p->a_rs, kc);
                     TG_TILE_AT(ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir, jr);
                 }
