@@ -212,11 +212,10 @@ static int run_merged(gemm_batch g, int64_t images) {
     return status;
 }
 
-#ifndef __AVX512F__
-/* On AVX2 a conv whose output rows are not its input rows shifted (strided, or "valid") multiplies explicit
- * columns (columns.h) instead: the implicit packing gathers each panel from one input row per channel in turn,
- * more streams than the prefetcher follows, and there cost more than the product for a 1x1/2 downsample, where
- * writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). The work is
+/* A conv whose output rows are not its input rows shifted (strided, or "valid") multiplies explicit columns
+ * (columns.h) where explicit_columns says: the implicit packing gathers each panel from one input row per channel in
+ * turn, more streams than the prefetcher follows, and on AVX2 cost more than the product for a 1x1/2 downsample,
+ * where writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). The work is
  * tasks that each fill their columns and multiply them alone, handed to the threads one at a time with no barrier
  * (a descheduled thread holds back no one): an image's block of output rows, COLUMN_BYTES of columns (cached when
  * the GEMM packs them) and at least a few columns per output channel; or, for small images, a group of them merged
@@ -259,7 +258,22 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
     }
     return failed ? TG_GEMM_NO_MEMORY : TG_GEMM_OK;
 }
+
+/* Below this many output positions per image AVX-512's implicit packing copies rows of a few columns each, 7 for a
+ * 7x7 output (ResNet-50's last stride-2 convs ran 7-12% faster on explicit columns); above it, where it copies
+ * long rows, it stays ahead (3x3/2 to 28x28 outputs: 6% faster than explicit columns; bench/NOTES.md). */
+enum { EXPLICIT_COLUMNS_BELOW = 256 };
+
+/* Whether a conv whose output rows are not shifted input rows multiplies explicit columns (convolve_columns): on
+ * AVX2 all of them, on AVX-512 those with few output positions per image. */
+static int explicit_columns(const conv_geometry *g) {
+#ifdef __AVX512F__
+    return g->oh * g->ow < EXPLICIT_COLUMNS_BELOW;
+#else
+    (void)g;
+    return 1;
 #endif
+}
 
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
@@ -288,8 +302,6 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1};
         return tg_run_gemm_batch(&g);
     }
-#ifndef __AVX512F__
-    if (!shifted_im2col(&geometry)) return convolve_columns(&g, &geometry, n, x);
-#endif
+    if (!shifted_im2col(&geometry) && explicit_columns(&geometry)) return convolve_columns(&g, &geometry, n, x);
     return merged ? run_merged(g, n) : tg_run_gemm_batch(&g);
 }
