@@ -39,6 +39,15 @@ static inline __mmask16 inside(__m512i column, int64_t first, int64_t last, int6
            _mm512_cmplt_epi32_mask(column, _mm512_set1_epi32((int32_t)width));
 }
 
+/* x with `lanes` loaded from p; none loaded where there are none. A load with no lane to read points anywhere (a
+ * vector's second image under a channel's shift lies up to an image past the last one), and a masked load whose
+ * masked-off lanes fall in a page not present (unmapped, or never touched) costs a fault-suppression assist: on
+ * Zen 4, one per vector made a 3x3 64->64 conv at 56x56 ten times slower whenever the memory after its input was
+ * such (bench/NOTES.md). */
+static inline __m512 load_if_any(__m512 x, __mmask16 lanes, const float *p) {
+    return lanes ? _mm512_mask_loadu_ps(x, lanes, p) : x;
+}
+
 /* dst[t] = row[iw0 + t*stride] where that column lies in [0, width), else 0, for t < length; the `room` floats
  * from dst may take junk past length (stores after this one overwrite it). Masked loads never touch out-of-image
  * lanes, so padding costs no branches: stride 1 is one load, stride 2 two loads and a permute, larger strides a
@@ -56,8 +65,8 @@ static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int6
         } else if (stride == 2) {
             __m512i upper = _mm512_add_epi32(contiguous, _mm512_set1_epi32(16));
             values = tg_even_lanes_ps(
-                _mm512_maskz_loadu_ps(inside(contiguous, first, first + 15, width), row + first),
-                _mm512_maskz_loadu_ps(inside(upper, first + 16, first + 31, width), row + first + 16));
+                load_if_any(_mm512_setzero_ps(), inside(contiguous, first, first + 15, width), row + first),
+                load_if_any(_mm512_setzero_ps(), inside(upper, first + 16, first + 31, width), row + first + 16));
         } else {
             __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
                                               _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
@@ -159,8 +168,8 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
         _mm_prefetch((const char *)(first[0] + shift + 2 * TG_NR - 1), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++) {
             __mmask16 inside_image = rows_in[ki][v] & columns_in[kj][v];
-            __m512 x = _mm512_maskz_loadu_ps(inside_image & in_first[v], first[v] + shift);
-            x = _mm512_mask_loadu_ps(x, inside_image & ~in_first[v], second[v] + shift);
+            __m512 x = load_if_any(_mm512_setzero_ps(), inside_image & in_first[v], first[v] + shift);
+            x = load_if_any(x, inside_image & ~in_first[v], second[v] + shift);
             _mm512_store_ps(dst + k * TG_NR + 16 * v, x);
         }
         if (++kj == g->kw) {
