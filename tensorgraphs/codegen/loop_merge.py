@@ -9,11 +9,13 @@ import dataclasses
 from typing import Callable, Iterator
 
 from tensorgraphs.codegen.index import Const, Expr, Var, stride, substitute
-from tensorgraphs.codegen.loop_ir import IndexValue, Let, Load, Loop, Operand, Reduce, Stmt, Store
+from tensorgraphs.codegen.loop_ir import Accumulate, IndexValue, Let, Load, Loop, Operand, Reduce, Stmt, Store
 
-FLAT_STATEMENTS = (Let, Load, Store)
+FLAT_STATEMENTS = (Let, Load, Store, Accumulate)
 """What a merged inner loop may hold: straight-line code whose indices are all in view (no nested loop, reduction,
-local tile or library call, whose own structure depends on the loop)."""
+local tile or library call, whose own structure depends on the loop). A reduction's accumulation keeps its order
+(rows, then columns, as one run), and a run long enough gets the renderer's partial results per lane: a global
+average pool over 13x13 planes added 169 values one after another, latency-bound, in rows too short for lanes."""
 
 
 def merge_contiguous_loops(body: list[Stmt]) -> list[Stmt]:
@@ -60,7 +62,8 @@ def _indices(body: list[Stmt]) -> Iterator[Expr]:
     for stmt in body:
         if isinstance(stmt, (Load, Store)):
             yield stmt.index
-        operands = stmt.args if isinstance(stmt, Let) else (stmt.value,) if isinstance(stmt, Store) else ()
+        valued = isinstance(stmt, (Store, Accumulate))
+        operands = stmt.args if isinstance(stmt, Let) else (stmt.value,) if valued else ()
         yield from (operand.expr for operand in operands if isinstance(operand, IndexValue))
 
 
@@ -72,4 +75,6 @@ def _reindex(stmt: Stmt, reindexed: Callable[[Expr], Expr]) -> Stmt:
         return dataclasses.replace(stmt, index=reindexed(stmt.index))
     if isinstance(stmt, Store):
         return dataclasses.replace(stmt, index=reindexed(stmt.index), value=operand(stmt.value))
+    if isinstance(stmt, Accumulate):
+        return dataclasses.replace(stmt, value=operand(stmt.value))
     return dataclasses.replace(stmt, args=tuple(operand(arg) for arg in stmt.args))

@@ -115,24 +115,35 @@ taps (DenseNet-121's 3x3 layers, 128 -> 32: 1.05-1.14x faster at 28 and 56 colum
 14, bench/NOTES.md)."""
 
 
-WINOGRAD_MIN_TILES, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_COVERAGE = 48, 64, 0.75
-"""Where Winograd runs unmeasured (`_winograd_prior`). Its call transforms the weights (per weight, whatever the
-image), each input channel of a tile and each output channel of a tile, then multiplies tiles x channels x
-channels at a quarter of the direct product's multiplies: it pays where the 36 products have rows enough (4x4
-output tiles over all images) for the weights' transform, channels enough on both sides for the tiles', and where
-the tiles cover mostly real outputs (13x13: 16x16 computed for 169). ResNet-50, VGG-19, Inception v1, SqueezeNet
-and DenseNet-121's 3x3 stride-1 convs at batch 1 and 8 (bench/NOTES.md) gained 1.2-2.2x in this class and lost
-up to 5x outside it (7x7 at batch 1: 4 tiles)."""
+@dataclasses.dataclass(frozen=True)
+class WinogradClass:
+    """Where Winograd runs unmeasured (`_winograd_prior`). Its call transforms the weights (per weight, whatever the
+    image), each input channel of a tile and each output channel of a tile, then multiplies tiles x channels x
+    channels at a quarter of the direct product's multiplies: it pays where the 36 products have rows enough (4x4
+    output tiles over all images, `tiles`) for the weights' transform, channels enough on both sides (`channels`)
+    for the tiles', and where the tiles cover mostly real outputs (`coverage`; 13x13 computes 16x16)."""
+
+    tiles: int
+    channels: int
+    coverage: float
+
+
+WINOGRAD_CLASS = {"avx2": WinogradClass(48, 64, 0.75), "avx512": WinogradClass(48, 16, 0.6)}
+"""The class by instruction set. On AVX2, ResNet-50, VGG-19, Inception v1, SqueezeNet and DenseNet-121's 3x3
+stride-1 convs at batch 1 and 8 gained 1.2-2.2x in it and lost up to 5x outside it (7x7 at batch 1: 4 tiles). On
+AVX-512 (the products' 6 x 64 register tile) Winograd also won with 16 and 32 channels on a side (SqueezeNet's 16->64
+at 55x55, 32->128 at 27x27, DenseNet's 128->32: 1.3-1.7x the implicit GEMM's and the direct conv's speed at batch 1)
+and 13x13 images at batch 8 (1.3-1.5x); it still lost at 4 and 16 tiles (7x7, 13x13 at batch 1; bench/NOTES.md)."""
 WINOGRAD_PRIOR = (0.8, 1.1)
 """Winograd's prior in its class (ahead of the implicit GEMM) and outside it (behind)."""
 
 
 def _winograd_prior(node: Node) -> float:
-    """WINOGRAD_PRIOR by the shape class of `node` (see WINOGRAD_MIN_TILES)."""
+    """WINOGRAD_PRIOR by the shape class of `node` (WINOGRAD_CLASS of this machine's instruction set)."""
     (batch, channels, *_), (out_channels, height, width) = node.src[0].shape, node.shape[1:]
-    tiles = -(-height // 4) * -(-width // 4)
-    in_class = (batch * tiles >= WINOGRAD_MIN_TILES and min(channels, out_channels) >= WINOGRAD_MIN_CHANNELS
-                and height * width >= WINOGRAD_MIN_COVERAGE * 16 * tiles)
+    tiles, bounds = -(-height // 4) * -(-width // 4), WINOGRAD_CLASS["avx512" if gemm.avx512() else "avx2"]
+    in_class = (batch * tiles >= bounds.tiles and min(channels, out_channels) >= bounds.channels
+                and height * width >= bounds.coverage * 16 * tiles)
     return WINOGRAD_PRIOR[0] if in_class else WINOGRAD_PRIOR[1]
 
 

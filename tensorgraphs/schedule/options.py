@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 from tensorgraphs.codegen.loop_ir import (
     Accumulate,
@@ -22,6 +21,7 @@ from tensorgraphs.codegen.loop_ir import (
     Stmt,
     walk,
 )
+from tensorgraphs.kernels import gemm
 
 UNROLLS = (2, 4, 8)
 LANES = (8, 32)
@@ -74,7 +74,7 @@ def option_space(kernel: Kernel) -> dict[str, tuple[int, ...]]:
         if any(_collapsible(loop) for loop in loops):
             space["collapse"] = (2,)
     space["unroll"] = UNROLLS
-    space["vector_bits"] = (128, 256, 512) if _has_avx512() else (128, 256)
+    space["vector_bits"] = (128, 256, 512) if gemm.avx512() else (128, 256)
     if any(isinstance(s, Accumulate) for s in walk(kernel.body)):
         space["lanes"] = LANES
     return space
@@ -90,7 +90,3 @@ def program_threads() -> int:
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-
-def _has_avx512() -> bool:
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and " avx512f" in cpuinfo.read_text()

@@ -56,3 +56,12 @@ def test_an_image_slice_merges_only_the_contiguous_columns() -> None:
     out = tg.tensor(x)[:, :, 1:5, 2:8].exp()  # rows 9 apart, 6 columns each: not one run
     assert [6] == [extents[-1] for extents in loop_extents(out)]
     np.testing.assert_allclose(out.numpy(), np.exp(x[:, :, 1:5, 2:8]), rtol=1e-6)
+
+
+def test_a_sum_over_image_planes_walks_each_plane_as_one_loop() -> None:
+    """A global average pool's reduction over 13x13 planes: one run of 169, long enough for partial results per
+    lane (rows of 13 were not), the values torch's."""
+    x = random(2, 40, 13, 13)
+    out = tg.tensor(x).mean((2, 3))
+    assert loop_extents(out) == [[2, 40, 13 * 13]]
+    np.testing.assert_allclose(out.numpy(), x.mean((2, 3)), rtol=1e-5, atol=1e-6)

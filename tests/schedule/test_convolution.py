@@ -11,7 +11,7 @@ import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.backends.cpu import CPU
 from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, walk
-from tensorgraphs.kernels import blas
+from tensorgraphs.kernels import blas, gemm
 from tensorgraphs.plan.choices import (
     DECOMPOSE,
     candidates_of,
@@ -188,19 +188,24 @@ def test_winograd_matches_float64_torch_when_chosen() -> None:
     assert np.abs(got - expected).max() < 3e-5 * np.abs(expected).max()
 
 
-@pytest.mark.parametrize(("x_shape", "out_channels", "expected"), [
-    ((1, 64, 28, 28), 64, conv.WINOGRAD),  # 49 tiles
-    ((1, 64, 14, 14), 64, conv.IMPLICIT_GEMM),  # 16 tiles: the weights' transform outweighs the products' saving
-    ((4, 64, 14, 14), 64, conv.WINOGRAD),  # 64 tiles over the batch, 196 of 256 computed outputs real
-    ((4, 64, 13, 13), 64, conv.IMPLICIT_GEMM),  # 169 of 256 real
-    ((1, 32, 28, 28), 64, conv.IMPLICIT_GEMM),  # few input channels: the tiles' transforms weigh
-    ((1, 64, 28, 28), 32, conv.DIRECT),  # few output channels on rows of 28: the direct conv, not Winograd
+@pytest.mark.parametrize(("x_shape", "out_channels", "by_isa"), [
+    ((1, 64, 28, 28), 64, (conv.WINOGRAD, conv.WINOGRAD)),  # 49 tiles
+    ((1, 64, 14, 14), 64, (conv.IMPLICIT_GEMM, conv.IMPLICIT_GEMM)),  # 16 tiles: the weights' transform outweighs
+    ((4, 64, 14, 14), 64, (conv.WINOGRAD, conv.WINOGRAD)),  # 64 tiles over the batch, 196 of 256 outputs real
+    ((4, 64, 13, 13), 64, (conv.IMPLICIT_GEMM, conv.WINOGRAD)),  # 169 of 256 real
+    ((16, 64, 6, 6), 64, (conv.IMPLICIT_GEMM, conv.IMPLICIT_GEMM)),  # 36 of 64 real
+    ((1, 32, 28, 28), 64, (conv.IMPLICIT_GEMM, conv.WINOGRAD)),  # 32 input channels: the tiles' transforms weigh
+    ((1, 16, 28, 28), 64, (conv.DIRECT, conv.WINOGRAD)),  # ...16 (the direct conv's few input channels)
+    ((1, 8, 28, 28), 64, (conv.DIRECT, conv.DIRECT)),  # ...8
+    ((1, 64, 28, 28), 32, (conv.DIRECT, conv.WINOGRAD)),  # few output channels on rows of 28
 ])
-def test_unmeasured_winograd_runs_in_its_shape_class(x_shape: tuple[int, ...], out_channels: int, expected: str,
-                                                     tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With nothing measured, the priors decide by shape class (`conv._winograd_prior`), untuned or not; a
-    measurement (`tg tune`) still overrides them."""
+def test_unmeasured_winograd_runs_in_its_shape_class(x_shape: tuple[int, ...], out_channels: int,
+                                                     by_isa: tuple[str, str], tmp_path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing measured, the priors decide by shape class (`conv._winograd_prior`, by instruction set: AVX2,
+    AVX-512), untuned or not; a measurement (`tg tune`) still overrides them."""
     monkeypatch.setenv("TG_CACHE_DIR", str(tmp_path / "cache"))  # a kernel database of its own
+    expected = by_isa[gemm.avx512()]
     x, weight = tg.tensor(_floats(x_shape, 0)), tg.tensor(_floats((out_channels, x_shape[1], 3, 3), 1))
     (node,) = _conv_nodes(F.conv2d(x, weight, padding=1))
     assert route_of(node) == expected

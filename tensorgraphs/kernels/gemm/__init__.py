@@ -73,14 +73,26 @@ CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_i64, _f32, _ptr, _i32]
 
 
 @functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return frozenset(next((line.split() for line in cpuinfo if line.startswith("flags")), ()))
+    except OSError:
+        return frozenset()
+
+
+def avx512() -> bool:
+    """Whether these kernels run on AVX-512F itself (else on AVX2 and FMA standing in for it)."""
+    return "avx512f" in _cpu_flags()
+
+
+@functools.cache
 def available() -> bool:
     """Whether this machine can run these kernels: AVX-512F (they use its intrinsics), or AVX2 and FMA (which stand
     in for it: avx512_on_avx2.h), and a C compiler."""
     try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((set(line.split()) for line in cpuinfo if line.startswith("flags")), set())
-        return ("avx512f" in flags or {"avx2", "fma"} <= flags) and bool(compiler_version())
-    except (OSError, KernelBuildError):
+        return (avx512() or {"avx2", "fma"} <= _cpu_flags()) and bool(compiler_version())
+    except KernelBuildError:
         return False
 
 
