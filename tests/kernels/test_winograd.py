@@ -26,6 +26,10 @@ CASES = [
     (2, 3, 5, 68, 4, 1),
     (1, 2, 10, 40, 17, 0),
     (3, 2, 4, 30, 3, (2, 1)),
+    # images taken in groups (winograd.c, GROUP_TILES): one image of 256 tiles a group, and groups of 16 images of
+    # 16 tiles with a shorter last one
+    (3, 4, 62, 62, 5, 1),
+    (20, 3, 13, 13, 4, 1),
 ]
 TOLERANCE = 3e-5
 """Largest error relative to the largest |output| (F(4x4, 3x3) in float32 loses about 10x the precision of the

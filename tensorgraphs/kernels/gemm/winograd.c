@@ -308,6 +308,32 @@ static float *scratch_floats(size_t count) {
     return kept;
 }
 
+/* At most about this many tiles (4x4 outputs) are transformed and multiplied at a time, in groups of whole images
+ * (at least one): V and M grow with the tiles (36 x (cin + cout) floats each), and at batch 8 of 55x55 images
+ * (1568 tiles, 14 MB of M for 64 output channels) the products and the output transform waited on memory, 1.9x
+ * slower per image than at batch 1. Each group transforms its rows of U again from T (36 x cin x cout floats), a
+ * small share of its products at this many tiles (bench/NOTES.md). */
+enum { GROUP_TILES = 256 };
+
+/* The conv of images first..first+g->n of the call (x, out and residual already offset to them) with the weights'
+ * T: V, M and the rows of U in `scratch`. */
+static int winograd_group(const geometry *g, const float *x, const float *t, float *scratch, const float *bias,
+                          float alpha, const float *residual, int32_t activation, float *out, int64_t out_bs) {
+    size_t weights = (size_t)g->cin * g->cout, rows = (size_t)POINTS * g->tiles;
+    float *u = scratch, *v = u + PATCH * weights, *m = v + rows * g->cin;
+    if (!transform_input(g, x, v)) return 0;
+    int status = TG_GEMM_OK;
+    for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
+        transform_weight_row(g, t, xi, u);
+        status = tg_gemm_f32(PATCH, g->tiles, g->cout, g->cin, v + xi * PATCH * g->cin * g->tiles, g->cin * g->tiles,
+                             1, g->tiles, u, g->cin * g->cout, g->cout, 1, m + xi * PATCH * g->tiles * g->cout,
+                             g->tiles * g->cout, g->cout, 1.0f, NULL, 0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE,
+                             TG_ACT_NONE);
+    }
+    if (status == TG_GEMM_OK) transform_output(g, m, bias, alpha, residual, activation, out, out_bs);
+    return status == TG_GEMM_OK;
+}
+
 int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
@@ -315,25 +341,26 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     int winograd = kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 &&
                    pad_h >= 0 && pad_w >= 0 && tg_conv_activation_known(activation);
     geometry g = {n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
-    g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE, g.tiles = n * g.tiles_h * g.tiles_w;
+    g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE;
+    int64_t per_image = g.tiles_h * g.tiles_w, group = per_image >= GROUP_TILES ? 1 : GROUP_TILES / per_image;
+    g.n = group < n ? group : n, g.tiles = g.n * per_image;
     winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
-               n * cin * h * w < INT32_MAX / 2 && /* gather offsets are int32 */
+               g.n * cin * h * w < INT32_MAX / 2 && /* gather offsets are int32 */
                (n == 1 || out_bs >= cout * g.oh * g.ow); /* else refused by tg_conv2d_f32 */
-    /* T (twice the weights), U for one row of points at a time (so it is read while still cached), V and M */
+    /* T (twice the weights); U for one row of points at a time (so it is read while still cached), V and M */
     size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
     size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
     float *t = winograd ? scratch_floats(scratch) : NULL;
-    float *u = t + 3 * PATCH * weights, *v = u + PATCH * weights, *m = v + rows * cin;
-    if (!t || !transform_weight_columns(&g, weight, t) || !transform_input(&g, x, v))
-        return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
-                             weight, bias, out, out_bs, alpha, residual, activation);
-    int status = TG_GEMM_OK;
-    for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
-        transform_weight_row(&g, t, xi, u);
-        status = tg_gemm_f32(PATCH, g.tiles, cout, cin, v + xi * PATCH * cin * g.tiles, cin * g.tiles, 1, g.tiles, u,
-                             cin * cout, cout, 1, m + xi * PATCH * g.tiles * cout, g.tiles * cout, cout, 1.0f, NULL,
-                             0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
+    int done = t && transform_weight_columns(&g, weight, t);
+    int64_t image_size = cin * h * w, positions = g.oh * g.ow;
+    for (int64_t first = 0; done && first < n; first += g.n) {
+        geometry part = g;
+        part.n = n - first < g.n ? n - first : g.n, part.tiles = part.n * per_image;
+        done = winograd_group(&part, x + first * image_size, t, t + 3 * PATCH * weights, bias, alpha,
+                              residual ? residual + first * cout * positions : NULL, activation, out + first * out_bs,
+                              out_bs);
     }
-    if (status == TG_GEMM_OK) transform_output(&g, m, bias, alpha, residual, activation, out, out_bs);
-    return status;
+    if (done) return TG_GEMM_OK;
+    return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
+                         weight, bias, out, out_bs, alpha, residual, activation);
 }
