@@ -108,21 +108,24 @@ DIRECT_MAX_CHANNELS, DIRECT_MIN_WIDTH = 16, 16
 under each of the cin x kh x kw taps, so it pays where the implicit GEMM's per-panel packing weighs most against
 few taps (3-channel stems: 1.2-1.5x faster on AVX2, bench/NOTES.md) and its tiles are filled (rows of at least
 a vector); 1x1 kernels pack cheaply (plain rows) and ran alike."""
-DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS = 32, 28
+DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS, DIRECT_MIN_WIDTH_FEW_OUTPUTS_STRIDE_1 = 32, 28, 14
 """The direct conv also applies to few output channels on rows of 28 or more, whatever the input channels: each
 packed panel of the implicit GEMM then serves at most 6 row tiles, so its packing weighs as much as against few
 taps (DenseNet-121's 3x3 layers, 128 -> 32: 1.05-1.14x faster at 28 and 56 columns, at batch 1 and 8; slower at
-14, bench/NOTES.md)."""
+14, bench/NOTES.md). At stride 1 its tiles run across rows, so rows of 14 no longer end in partial tiles: 1.15x
+the implicit GEMM at 14x14 (batch 1 and 8); at 7x7 it loses at batch 8, where the GEMM's columns span images."""
 
 
-WINOGRAD_MIN_TILES, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_COVERAGE = 48, 64, 0.75
+WINOGRAD_MIN_TILES, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_OUT_CHANNELS, WINOGRAD_MIN_COVERAGE = 48, 64, 32, 0.75
 """Where Winograd runs unmeasured (`_winograd_prior`). Its call transforms the weights (per weight, whatever the
 image), each input channel of a tile and each output channel of a tile, then multiplies tiles x channels x
 channels at a quarter of the direct product's multiplies: it pays where the 36 products have rows enough (4x4
 output tiles over all images) for the weights' transform, channels enough on both sides for the tiles', and where
 the tiles cover mostly real outputs (13x13: 16x16 computed for 169). ResNet-50, VGG-19, Inception v1, SqueezeNet
 and DenseNet-121's 3x3 stride-1 convs at batch 1 and 8 (bench/NOTES.md) gained 1.2-2.2x in this class and lost
-up to 5x outside it (7x7 at batch 1: 4 tiles)."""
+up to 5x outside it (7x7 at batch 1: 4 tiles). 32 output channels suffice with 64 input channels or more
+(DenseNet's 128 -> 32 on AVX-512: 1.25-1.3x the direct conv at 56x56 and 28x28, batch 1 and 8; 32 input channels
+lost on AVX2)."""
 WINOGRAD_PRIOR = (0.8, 1.1)
 """Winograd's prior in its class (ahead of the implicit GEMM) and outside it (behind)."""
 
@@ -131,19 +134,21 @@ def _winograd_prior(node: Node) -> float:
     """WINOGRAD_PRIOR by the shape class of `node` (see WINOGRAD_MIN_TILES)."""
     (batch, channels, *_), (out_channels, height, width) = node.src[0].shape, node.shape[1:]
     tiles = -(-height // 4) * -(-width // 4)
-    in_class = (batch * tiles >= WINOGRAD_MIN_TILES and min(channels, out_channels) >= WINOGRAD_MIN_CHANNELS
-                and height * width >= WINOGRAD_MIN_COVERAGE * 16 * tiles)
+    in_class = (batch * tiles >= WINOGRAD_MIN_TILES and channels >= WINOGRAD_MIN_CHANNELS
+                and out_channels >= WINOGRAD_MIN_OUT_CHANNELS and height * width >= WINOGRAD_MIN_COVERAGE * 16 * tiles)
     return WINOGRAD_PRIOR[0] if in_class else WINOGRAD_PRIOR[1]
 
 
 def _direct_fits(node: Node) -> bool:
     """`_kernel_fits`, with a window larger than 1x1 and few input channels on wide output rows, or few output
-    channels on wider ones."""
+    channels on wider ones (at stride 1, wide ones)."""
     if not _kernel_fits(node):
         return False
     x, weight = node.src
     few_inputs = x.shape[1] <= DIRECT_MAX_CHANNELS and node.shape[3] >= DIRECT_MIN_WIDTH
-    few_outputs = weight.shape[0] <= DIRECT_MAX_OUT_CHANNELS and node.shape[3] >= DIRECT_MIN_WIDTH_FEW_OUTPUTS
+    stride_1 = _conv_params(node)["stride"] == (1, 1)
+    min_width = DIRECT_MIN_WIDTH_FEW_OUTPUTS_STRIDE_1 if stride_1 else DIRECT_MIN_WIDTH_FEW_OUTPUTS
+    few_outputs = weight.shape[0] <= DIRECT_MAX_OUT_CHANNELS and node.shape[3] >= min_width
     return weight.shape[2] * weight.shape[3] > 1 and (few_inputs or few_outputs)
 
 
