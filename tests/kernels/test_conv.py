@@ -62,10 +62,11 @@ CASES = [
     (1, 16, 29, 40, 20, (3, 3), 1, 1, 1),
     # at stride 1 its tiles run across rows (through the padded rows' edges): vectors over three rows of 7 (4
     # panels of 8 output channels), bands of 29 and 28 rows with a last panel of 5 channels, a dilated 3x2 kernel
-    # on rows of 4 (7 apart in the padded copy)
+    # on rows of 4 (7 apart in the padded copy), padded rows whose first vectors are all padding
     (1, 128, 7, 7, 32, (3, 3), 1, 1, 1),
     (2, 40, 57, 30, 13, (3, 3), 1, 1, 1),
     (1, 3, 6, 5, 9, (3, 2), 1, (2, 1), (2, 3)),
+    (2, 2, 3, 4, 3, (3, 3), 1, (1, 18), 1),
 ]
 
 
