@@ -67,6 +67,11 @@ CASES = [
     (2, 40, 57, 30, 13, (3, 3), 1, 1, 1),
     (1, 3, 6, 5, 9, (3, 2), 1, (2, 1), (2, 3)),
     (2, 2, 3, 4, 3, (3, 3), 1, (1, 18), 1),
+    # 16 or 32 output channels on rows of at most 14 (AVX-512): channels in the lanes, rows of 11 in tiles of 14,
+    # of 3 in tiles of 7 with 45 taps (a partial block of the weights' transpose), a dilated kernel
+    (2, 20, 12, 11, 16, (3, 3), 1, 1, 1),
+    (1, 5, 4, 3, 32, (3, 3), 1, 1, 1),
+    (1, 6, 9, 10, 16, (3, 3), 1, 2, 2),
 ]
 
 

@@ -162,7 +162,77 @@ static void run_tiles(int64_t taps, int64_t cout, const float *weight, const flo
     }
 }
 
-static _Thread_local tg_scratch offset_scratch, band_scratch;
+/* 16 or 32 output channels on rows of at most LANES_MAX_WIDTH (at stride 1, AVX-512): the output channels are the
+ * vectors' lanes and each tap's input under one output row is broadcast, position by position, so no lane computes
+ * a padded row's edge (2 of 9 lanes at 7x7, 2 of 16 at 14x14). The weights are transposed once a call (wt[k * cout
+ * + o]), the tile transposed back in registers before its epilogue. */
+#ifdef __AVX512F__
+enum { LANES = 1 };
+#else
+enum { LANES = 0 }; /* its 28 accumulators would be 56 of AVX2's 16 registers */
+#endif
+enum { LANES_MAX_WIDTH = 14 };
+
+static int lanes_fit(int64_t cout, int64_t ow, int flat) {
+    return LANES && flat && (cout == 16 || cout == 32) && ow <= LANES_MAX_WIDTH;
+}
+
+static void transpose_weights(const float *weight, int64_t taps, int64_t cout, float *restrict wt) {
+    for (int64_t o0 = 0; o0 < cout; o0 += 16)
+        for (int64_t k0 = 0; k0 < taps; k0 += 16) {
+            __m512 r[16];
+            __mmask16 inside = tg_tail_mask(taps - k0);
+            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(inside, weight + (o0 + i) * taps + k0);
+            tg_transpose_16x16(r);
+            for (int64_t kk = 0; kk < 16 && k0 + kk < taps; kk++) _mm512_store_ps(wt + (k0 + kk) * cout + o0, r[kk]);
+        }
+}
+
+/* Output row at index col0 (its `valid` positions; `width` computed, the others discarded) of all `vectors` * 16
+ * output channels, tap k reading the row's inputs from b + offset[k] on. */
+static inline __attribute__((always_inline)) void lanes_tile(const int width, const int vectors, int64_t taps,
+                                                              const float *wt, const float *b,
+                                                              const int64_t *restrict offset, float *c, int64_t c_rs,
+                                                              int64_t col0, int64_t valid, const tg_epilogue *ep) {
+    __m512 acc[LANES_MAX_WIDTH][2];
+    _Pragma("GCC unroll 16") for (int j = 0; j < width; j++)
+        _Pragma("GCC unroll 2") for (int v = 0; v < vectors; v++) acc[j][v] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 2") for (int64_t k = 0; k < taps; k++) {
+        const float *bk = b + offset[k];
+        __m512 wv[2];
+        _Pragma("GCC unroll 2") for (int v = 0; v < vectors; v++) wv[v] = _mm512_load_ps(wt + (k * vectors + v) * 16);
+        _Pragma("GCC unroll 16") for (int j = 0; j < width; j++) {
+            __m512 xj = _mm512_set1_ps(bk[j]);
+            _Pragma("GCC unroll 2") for (int v = 0; v < vectors; v++)
+                acc[j][v] = _mm512_fmadd_ps(wv[v], xj, acc[j][v]);
+        }
+    }
+    __mmask16 mask = tg_tail_mask(valid);
+    _Pragma("GCC unroll 2") for (int v = 0; v < vectors; v++) {
+        __m512 r[16];
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] = i < width ? acc[i][v] : _mm512_setzero_ps();
+        tg_transpose_16x16(r);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) {
+            int64_t row = v * 16 + i;
+            _mm512_mask_storeu_ps(c + row * c_rs + col0, mask, tg_epilogue_apply(r[i], ep, row, col0, mask));
+        }
+    }
+}
+
+static void lanes_row(int64_t taps, int64_t cout, const float *wt, const float *b, const int64_t *offset, float *c,
+                      int64_t c_rs, int64_t col0, int64_t ow, const tg_epilogue *ep) {
+#define TG_LANES_TILE(width, vectors) lanes_tile(width, vectors, taps, wt, b, offset, c, c_rs, col0, ow, ep)
+    if (cout == 16) {
+        if (ow <= 7) TG_LANES_TILE(7, 1);
+        else TG_LANES_TILE(LANES_MAX_WIDTH, 1);
+    } else {
+        if (ow <= 7) TG_LANES_TILE(7, 2);
+        else TG_LANES_TILE(LANES_MAX_WIDTH, 2);
+    }
+#undef TG_LANES_TILE
+}
+
+static _Thread_local tg_scratch offset_scratch, band_scratch, weight_scratch;
 
 /* A task's band of padded rows is about this many floats (or one output row's, if more). At stride 1 its tiles run
  * along all its rows at once (the padded rows' edges computed, then discarded), so that rows end in no partial
@@ -188,7 +258,10 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
     padded_band band = band_of(&g, rows);
     int64_t taps = cin * kh * kw, positions = g.oh * g.ow, tasks = n * per_image;
     int64_t *offset = (int64_t *)tg_scratch_reserve(&offset_scratch, 2 * (size_t)taps);
-    if (!offset) return TG_GEMM_NO_MEMORY;
+    int lanes = lanes_fit(cout, g.ow, flat);
+    float *wt = lanes ? tg_scratch_reserve(&weight_scratch, (size_t)(taps * cout)) : NULL;
+    if (!offset || (lanes && !wt)) return TG_GEMM_NO_MEMORY;
+    if (lanes) transpose_weights(weight, taps, cout, wt);
     for (int64_t k = 0, channel = 0; channel < cin; channel++)
         for (int64_t ki = 0; ki < kh; ki++)
             for (int64_t kj = 0; kj < kw; kj++, k++)
@@ -209,6 +282,10 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
         tg_epilogue ep = tg_epilogue_of(alpha, activation, bias, 1, 0,
                                         residual ? residual + image * cout * positions : NULL, positions);
         tile_output to = {out + image * out_bs, positions, band.phase_width, g.ow, oy0};
+        for (int64_t oy = oy0; lanes && oy < oy1; oy++)
+            lanes_row(taps, cout, wt, padded + (oy - oy0) * band.phase_width, offset, to.c, positions, oy * g.ow, g.ow,
+                      &ep);
+        if (lanes) continue;
         if (flat) {
             run_tiles(taps, cout, weight, padded, offset, to, (oy1 - oy0 - 1) * band.phase_width + g.ow, &ep);
             continue;
