@@ -202,7 +202,9 @@ def test_winograd_matches_float64_torch_when_chosen() -> None:
     ((1, 32, 28, 28), 64, conv.IMPLICIT_GEMM),  # few input channels: the tiles' transforms weigh
     ((1, 64, 28, 28), 32, conv.WINOGRAD),  # 32 output channels of 64 input ones
     ((1, 64, 14, 14), 32, conv.DIRECT),  # ...on 16 tiles: the direct conv (few output channels, stride 1)
-    ((1, 64, 7, 7), 32, conv.IMPLICIT_GEMM),  # ...on rows of 7
+    ((1, 64, 7, 7), 32, conv.DIRECT),  # ...on rows of 7
+    ((1, 64, 6, 6), 32, conv.IMPLICIT_GEMM),  # ...on rows of 6
+    ((1, 64, 7, 7), 24, conv.IMPLICIT_GEMM),  # 24 output channels on rows of 7: not the direct conv's lanes
     ((1, 64, 56, 56), 16, conv.DIRECT),  # 16 output channels
 ])
 def test_unmeasured_winograd_runs_in_its_shape_class(x_shape: tuple[int, ...], out_channels: int, expected: str,
