@@ -3,8 +3,9 @@
  * loaded straight from a zero-padded copy of the image, one per tap, so no im2col column is ever written or
  * packed. Strided convs copy each padded input row as `stride_w` phase rows (columns x, x + stride, ...), so that
  * under every tap the output row's consecutive positions read consecutive floats; at stride 1 consecutive padded
- * rows do too, so tiles run across rows. With K = 27 (3 channels, 3x3) filling and packing the columns cost 40% of
- * the implicit GEMM's time (bench/NOTES.md). */
+ * rows do too, so tiles run across rows; there, 16 or 32 output channels on short rows are the vectors' lanes
+ * instead (lanes_tile). With K = 27 (3 channels, 3x3) filling and packing the columns cost 40% of the implicit
+ * GEMM's time (bench/NOTES.md). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
