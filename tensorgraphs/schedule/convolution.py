@@ -108,11 +108,15 @@ DIRECT_MAX_CHANNELS, DIRECT_MIN_WIDTH = 16, 16
 under each of the cin x kh x kw taps, so it pays where the implicit GEMM's per-panel packing weighs most against
 few taps (3-channel stems: 1.2-1.5x faster on AVX2, bench/NOTES.md) and its tiles are filled (rows of at least
 a vector); 1x1 kernels pack cheaply (plain rows) and ran alike."""
-DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS = 32, 28
+DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS, DIRECT_MIN_WIDTH_FEW_OUTPUTS_STRIDE_1 = 32, 28, 14
+DIRECT_LANES_CHANNELS, DIRECT_MIN_WIDTH_LANES = (16, 32), 7
 """The direct conv also applies to few output channels on rows of 28 or more, whatever the input channels: each
 packed panel of the implicit GEMM then serves at most 6 row tiles, so its packing weighs as much as against few
 taps (DenseNet-121's 3x3 layers, 128 -> 32: 1.05-1.14x faster at 28 and 56 columns, at batch 1 and 8; slower at
-14, bench/NOTES.md)."""
+14, bench/NOTES.md). At stride 1 its tiles run across rows, so rows of 14 no longer end in partial tiles: 1.15x
+the implicit GEMM at 14x14 (batch 1 and 8); and on AVX-512 16 or 32 output channels on rows of at most 14 are the
+vectors' lanes, so those run down to rows of 7: 1.2x the implicit GEMM at 7x7 (batch 1 and 8; AVX2 has no lanes
+path: 0.9x at batch 8 there)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,12 +153,17 @@ def _winograd_prior(node: Node) -> float:
 
 def _direct_fits(node: Node) -> bool:
     """`_kernel_fits`, with a window larger than 1x1 and few input channels on wide output rows, or few output
-    channels on wider ones."""
+    channels on wider ones (at stride 1, wide ones)."""
     if not _kernel_fits(node):
         return False
     x, weight = node.src
-    few_inputs = x.shape[1] <= DIRECT_MAX_CHANNELS and node.shape[3] >= DIRECT_MIN_WIDTH
-    few_outputs = weight.shape[0] <= DIRECT_MAX_OUT_CHANNELS and node.shape[3] >= DIRECT_MIN_WIDTH_FEW_OUTPUTS
+    out_channels, width = weight.shape[0], node.shape[3]
+    few_inputs = x.shape[1] <= DIRECT_MAX_CHANNELS and width >= DIRECT_MIN_WIDTH
+    min_width = DIRECT_MIN_WIDTH_FEW_OUTPUTS
+    if _conv_params(node)["stride"] == (1, 1):
+        lanes = out_channels in DIRECT_LANES_CHANNELS and gemm.avx512()
+        min_width = DIRECT_MIN_WIDTH_LANES if lanes else DIRECT_MIN_WIDTH_FEW_OUTPUTS_STRIDE_1
+    few_outputs = out_channels <= DIRECT_MAX_OUT_CHANNELS and width >= min_width
     return weight.shape[2] * weight.shape[3] > 1 and (few_inputs or few_outputs)
 
 

@@ -63,6 +63,18 @@ CASES = [
     (3, 3, 45, 71, 13, (3, 3), 2, 0, 1),
     (2, 1, 30, 52, 7, (5, 3), (1, 3), (2, 1), (2, 2)),
     (1, 16, 29, 40, 20, (3, 3), 1, 1, 1),
+    # at stride 1 its tiles run across rows (through the padded rows' edges): vectors over three rows of 7 (4
+    # panels of 8 output channels), bands of 29 and 28 rows with a last panel of 5 channels, a dilated 3x2 kernel
+    # on rows of 4 (7 apart in the padded copy), padded rows whose first vectors are all padding
+    (1, 128, 7, 7, 32, (3, 3), 1, 1, 1),
+    (2, 40, 57, 30, 13, (3, 3), 1, 1, 1),
+    (1, 3, 6, 5, 9, (3, 2), 1, (2, 1), (2, 3)),
+    (2, 2, 3, 4, 3, (3, 3), 1, (1, 18), 1),
+    # 16 or 32 output channels on rows of at most 14 (AVX-512): channels in the lanes, rows of 11 in tiles of 14,
+    # of 3 in tiles of 7 with 45 taps (a partial block of the weights' transpose), a dilated kernel
+    (2, 20, 12, 11, 16, (3, 3), 1, 1, 1),
+    (1, 5, 4, 3, 32, (3, 3), 1, 1, 1),
+    (1, 6, 9, 10, 16, (3, 3), 1, 2, 2),
 ]
 
 

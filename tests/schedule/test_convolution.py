@@ -67,9 +67,9 @@ def test_candidates_by_geometry() -> None:
     assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 1, 1), 6)))) == [
         "implicit_gemm", *im2col, DECOMPOSE]  # 1x1
     assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 3, 3), 6)))) == [
-        "implicit_gemm", "winograd", *im2col, DECOMPOSE]  # output rows of 15
+        *direct, "winograd", *im2col, DECOMPOSE]  # output rows of 15: as few output channels at stride 1
     many = tg.tensor(_floats((1, 17, 5, 17), 7))
-    assert _candidate_names(F.conv2d(many, tg.tensor(_floats((6, 17, 3, 3), 8)), padding=1)) == [
+    assert _candidate_names(F.conv2d(many, tg.tensor(_floats((33, 17, 3, 3), 8)), padding=1)) == [
         "implicit_gemm", "winograd", *im2col, DECOMPOSE]
     # many input channels, few output channels on rows of 28 or more (DenseNet's 3x3 layers): the direct conv too
     many_wide = tg.tensor(_floats((1, 40, 3, 28), 9))
@@ -77,6 +77,12 @@ def test_candidates_by_geometry() -> None:
         *direct, "winograd", *im2col, DECOMPOSE]
     assert _candidate_names(F.conv2d(many_wide, tg.tensor(_floats((33, 40, 3, 3), 10)), padding=1)) == [
         "implicit_gemm", "winograd", *im2col, DECOMPOSE]
+    # ...on rows of 14 at stride 1 (its tiles run across rows), not strided
+    many_narrow = tg.tensor(_floats((1, 40, 4, 14), 11))
+    assert _candidate_names(F.conv2d(many_narrow, tg.tensor(_floats((32, 40, 3, 3), 10)), padding=1)) == [
+        *direct, "winograd", *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(many_wide, tg.tensor(_floats((32, 40, 3, 3), 10)), stride=2, padding=1)) == [
+        "implicit_gemm", *im2col, DECOMPOSE]
 
 
 def test_bias_and_relu_fuse_into_one_call_per_conv() -> None:
@@ -198,6 +204,11 @@ def test_winograd_matches_float64_torch_when_chosen() -> None:
     ((1, 16, 28, 28), 64, (conv.DIRECT, conv.WINOGRAD)),  # ...16 (the direct conv's few input channels)
     ((1, 8, 28, 28), 64, (conv.DIRECT, conv.DIRECT)),  # ...8
     ((1, 64, 28, 28), 32, (conv.DIRECT, conv.WINOGRAD)),  # few output channels on rows of 28
+    ((1, 64, 14, 14), 32, (conv.DIRECT, conv.DIRECT)),  # ...on 16 tiles: the direct conv (stride 1, rows of 14)
+    ((1, 64, 7, 7), 32, (conv.IMPLICIT_GEMM, conv.DIRECT)),  # ...on rows of 7: the direct conv's lanes (AVX-512)
+    ((1, 64, 6, 6), 32, (conv.IMPLICIT_GEMM, conv.IMPLICIT_GEMM)),  # ...on rows of 6
+    ((1, 64, 7, 7), 24, (conv.IMPLICIT_GEMM, conv.IMPLICIT_GEMM)),  # 24 output channels: not the lanes' counts
+    ((1, 64, 56, 56), 16, (conv.DIRECT, conv.WINOGRAD)),  # 16 output channels
 ])
 def test_unmeasured_winograd_runs_in_its_shape_class(x_shape: tuple[int, ...], out_channels: int,
                                                      by_isa: tuple[str, str], tmp_path,

@@ -1,4 +1,4 @@
-/* conv2d by direct convolution for few input channels (direct.c): tg_conv2d_fn's contract (gemm.h). */
+/* conv2d by direct convolution for few input or output channels (direct.c): tg_conv2d_fn's contract (gemm.h). */
 #ifndef TG_DIRECT_H
 #define TG_DIRECT_H
 #include "gemm.h"
