@@ -81,9 +81,10 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
         for (int64_t k = 0; k < kc; k++) {
             const float *row = s + k * rs;
             float *restrict d = dst + k * TG_NR;
-            /* the next panel's part of the row, into L2: kc rows far apart are more streams than the prefetcher
-             * follows (a prefetch never faults, past the matrix included) */
-            _mm_prefetch((const char *)(row + TG_NR), _MM_HINT_T1);
+            /* the part of the row two panels on, every line of it, into L2: kc rows far apart are more streams than
+             * the prefetcher follows, and one panel ahead (its first line) left few-row products waiting on the
+             * rest (a prefetch never faults, past the matrix included) */
+            for (int v = 0; v < TG_NV; v++) _mm_prefetch((const char *)(row + 2 * TG_NR + 16 * v), _MM_HINT_T1);
             for (int v = 0; v < TG_NV; v++) {
                 __mmask16 mask = tg_tail_mask(nr - v * 16);
                 _mm512_store_ps(d + v * 16, tg_load_lanes_ps(mask, row + v * 16));
