@@ -191,8 +191,11 @@ static void scatter_images(const float *temp, int64_t images, int64_t cout, int6
  * so a narrow image does not leave most of each register tile empty; the result is scattered back to NCHW. The
  * threads split its columns (gemm.c's column bands: each packs only its own images, and the last partial vector
  * is shared by rows), which beats one GEMM per thread over half the images each (bench/NOTES.md): ResNet-18's
- * layer4 has 4 images of 7x7, 196 columns: 13 vectors, where the column bands run 12.5. */
-enum { MERGE_IMAGES_BELOW = 1024 };
+ * layer4 has 4 images of 7x7, 196 columns: 13 vectors, where the column bands run 12.5. Wider images multiply
+ * faster unmerged (no scatter, no scratch to fault in): batch 8 of 28x28 and 27x27 1x1 and 3x3 layers 2-19% on
+ * AVX-512's 64-column tiles (bench/NOTES.md). A 1x1 kernel's image is a plain matrix only unmerged (below), so it
+ * merges narrower images only: 14x14 1x1s ran 3-10% faster unmerged, 7x7 ones still merge. */
+enum { MERGE_IMAGES_BELOW = 256, MERGE_POINTWISE_BELOW = 128 };
 
 /* `g` (a batch of `images` problems, one per image, whose B columns continue from one image to the next) as one
  * wider GEMM into scratch, then scattered to its C (NCHW, at its batch stride): its epilogue up to the residual in
@@ -294,11 +297,12 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = tg_epilogue_of(alpha, activation, bias, 1, 0, residual, positions),
     };
-    int merged = n > 1 && positions < MERGE_IMAGES_BELOW;
     /* A 1x1 kernel with stride 1 and no padding multiplies each image itself (cin rows of h*w): packed as any
      * strided matrix, a load per vector, cheaper than the shifted im2col's pair of masked loads. Merged images
      * (run_merged) are columns of several images, which only the im2col's view spans. */
-    if (kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0 && !merged) {
+    int pointwise = kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
+    int merged = n > 1 && positions < (pointwise ? MERGE_POINTWISE_BELOW : MERGE_IMAGES_BELOW);
+    if (pointwise && !merged) {
         g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1};
         return tg_run_gemm_batch(&g);
     }
