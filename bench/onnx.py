@@ -288,6 +288,19 @@ def measure(framework: str, name: str, batch: int, repeat: int, threads: int, cl
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def measure_rounds(name: str, batch: int, args: argparse.Namespace) -> tuple[dict, dict]:
+    """tg's and ORT's measurements of a row: `args.rounds` alternating pairs of processes (load that comes and goes
+    hits both), each framework's first with the median of its rounds' times."""
+    frameworks = ("tg", "ort")
+    rounds = [tuple(measure(framework, name, batch, args.repeat, args.threads, args.clock) for framework in frameworks)
+              for _ in range(args.rounds)]
+    failed = [r for pair in rounds for r in pair if "error" in r]
+    if failed:
+        return failed[0], failed[0]
+    return tuple({**first, "ms": statistics.median(r[i]["ms"] for r in rounds)}
+                 for i, first in enumerate(rounds[0]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -295,6 +308,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of one tg and one ORT process per row, alternating; their median times shown")
     parser.add_argument("--layers", action="store_true", help="time each distinct conv against ORT's")
     parser.add_argument("--conv", help="with --layers: the conv candidate tg runs (e.g. winograd, implicit_gemm)")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -316,8 +331,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            ours = measure("tg", name, batch, args.repeat, args.threads, args.clock)
-            theirs = measure("ort", name, batch, args.repeat, args.threads, args.clock)
+            ours, theirs = measure_rounds(name, batch, args)
             if "error" in ours or "error" in theirs:
                 print(f"| {name} | {batch} | {ours.get('error', '')} | {theirs.get('error', '')} |", flush=True)
                 continue
