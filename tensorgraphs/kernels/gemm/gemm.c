@@ -530,8 +530,9 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
             int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
             for (int64_t panel; !lazy && (panel = claim(&work->next[0][parity], nthreads)) < panels;)
                 pack_b_panel(p, pc, kc, jc, nc, panel, b_pack + panel * TG_NR * kc);
+            tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
             float *tail_pack = b_pack + (one_slot ? 1 : panels) * TG_NR * kc, *tail_columns = tail_pack + TG_NR * kc;
-            int tail = jc == 0 && p->tail_n > 0, dot = tail && p->tail_n <= DOT_TAIL_COLUMNS;
+            int tail = jc == 0 && p->tail_n > 0, dot = tail && p->tail_n <= DOT_TAIL_COLUMNS && job.in_place_dot;
             if (tail) {
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + p->tail_col, p->tail_n, tail_pack);
                 finish_b_panel(p, tail_pack, kc);
@@ -542,7 +543,6 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
 #pragma omp barrier
             }
             if (tid == 0 || nthreads == 1) work->next[0][!parity] = work->next[1][!parity] = 0;
-            tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
             int64_t packed_block = -1, in_place = a_read_in_place(p, panels / n_split + tail);
             for (int64_t unit; (unit = claim(&work->next[1][parity], nthreads)) < units;) {
                 int64_t block = unit / n_split, part = unit % n_split;
@@ -571,7 +571,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                     int64_t rows = min_i64(mcur - ir, p->tail_row_hi - ic - ir);
                     float *c_tail = p->c + (ic + ir) * p->c_rs + p->tail_col;
                     if (ic + ir < p->tail_row_lo || rows <= 0) continue;
-                    if (dot && job.in_place_dot && ir < packed && rows >= TG_MR)
+                    if (dot && ir < packed && rows >= TG_MR)
                         job.in_place_dot(&job, a_block + ir * p->a_rs, tail_columns, c_tail, TG_MR, p->tail_n,
                                          ic + ir, p->tail_col);
                     else
