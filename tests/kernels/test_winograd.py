@@ -94,3 +94,19 @@ def test_nan_and_inf_propagate_as_in_torch(where, width):
     np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
     finite = np.isfinite(expected)
     np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_images_from_a_group_with_a_non_finite_input_run_the_implicit_gemm():
+    """Images are taken in groups (winograd.c, GROUP_TILES: 16 images of 13x13); an infinity in the second group
+    sends that group and the ones after it to the implicit GEMM (the direct sum's infinities), each image with its
+    own input, output and residual, while the first group stays Winograd's."""
+    x, weight, bias = random((36, 3, 13, 13), 1), random((4, 3, 3, 3), 2), random((4,), 3)
+    x[20, 1, 6, 6] = np.inf
+    expected = reference(x, weight, bias, 1)
+    residual = random(tuple(expected.shape), 4)
+    expected = torch.relu(expected + torch.from_numpy(residual)).numpy()
+    actual = gemm.conv2d(x, weight, bias, padding=1, residual=residual, activation="relu",
+                         activation_after_residual=True, algorithm="winograd")
+    np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
+    finite = np.isfinite(expected)
+    assert np.abs(actual[finite] - expected[finite]).max() < TOLERANCE * np.abs(expected[finite]).max()

@@ -351,16 +351,21 @@ int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t
     size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
     size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
     float *t = winograd ? scratch_floats(scratch) : NULL;
-    int done = t && transform_weight_columns(&g, weight, t);
-    int64_t image_size = cin * h * w, positions = g.oh * g.ow;
-    for (int64_t first = 0; done && first < n; first += g.n) {
-        geometry part = g;
-        part.n = n - first < g.n ? n - first : g.n, part.tiles = part.n * per_image;
-        done = winograd_group(&part, x + first * image_size, t, t + 3 * PATCH * weights, bias, alpha,
-                              residual ? residual + first * cout * positions : NULL, activation, out + first * out_bs,
-                              out_bs);
-    }
-    if (done) return TG_GEMM_OK;
-    return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
-                         weight, bias, out, out_bs, alpha, residual, activation);
+    int64_t image_size = cin * h * w, positions = g.oh * g.ow, first = 0;
+    const float *residual_at = residual;
+    if (t && transform_weight_columns(&g, weight, t))
+        for (; first < n; first += g.n) {
+            geometry part = g;
+            part.n = n - first < g.n ? n - first : g.n, part.tiles = part.n * per_image;
+            residual_at = residual ? residual + first * cout * positions : NULL;
+            if (!winograd_group(&part, x + first * image_size, t, t + 3 * PATCH * weights, bias, alpha, residual_at,
+                                activation, out + first * out_bs, out_bs))
+                break;
+        }
+    if (first >= n) return TG_GEMM_OK;
+    /* the images from the first group it could not take (a non-finite weight or input: the direct sum's NaN and
+     * infinities; or no memory) by the implicit GEMM; the groups before it are done */
+    return tg_conv2d_f32(n - first, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                         dilation_w, x + first * image_size, weight, bias, out + first * out_bs, out_bs, alpha,
+                         residual_at, activation);
 }
