@@ -180,13 +180,9 @@ static int lanes_fit(int64_t cout, int64_t ow, int flat) {
 
 static void transpose_weights(const float *weight, int64_t taps, int64_t cout, float *restrict wt) {
     for (int64_t o0 = 0; o0 < cout; o0 += 16)
-        for (int64_t k0 = 0; k0 < taps; k0 += 16) {
-            __m512 r[16];
-            __mmask16 inside = tg_tail_mask(taps - k0);
-            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_ps(inside, weight + (o0 + i) * taps + k0);
-            tg_transpose_16x16(r);
-            for (int64_t kk = 0; kk < 16 && k0 + kk < taps; kk++) _mm512_store_ps(wt + (k0 + kk) * cout + o0, r[kk]);
-        }
+        for (int64_t k0 = 0; k0 < taps; k0 += 16)
+            tg_transpose_block(weight + o0 * taps + k0, taps, 16, min_i64(16, taps - k0), wt + k0 * cout + o0, cout,
+                               16);
 }
 
 /* Output row at index col0 (its `valid` positions; `width` computed, the others discarded) of all `vectors` * 16

@@ -27,11 +27,9 @@ static _Thread_local tg_scratch pack_scratch;
 
 /* ---------------------------------------------------------------- packing */
 
-/* dst[c*dst_ld + r] = src[r*src_ld + c] for r < rows <= 16, c < cols <= 16, writing `width` <= 16 floats per
- * column (rows past `rows` as zeros): a 16x16 in-register transpose, the fast way to pack an operand whose
- * contiguous dimension is the reduction (row-major A, column-major B). */
-static void transpose_16x16(const float *src, int64_t src_ld, int64_t rows, int64_t cols, float *dst, int64_t dst_ld,
-                            int64_t width) {
+/* The fast way to pack an operand whose contiguous dimension is the reduction (row-major A, column-major B). */
+void tg_transpose_block(const float *src, int64_t src_ld, int64_t rows, int64_t cols, float *dst, int64_t dst_ld,
+                        int64_t width) {
     __m512 r[16];
     __mmask16 col_mask = tg_tail_mask(cols);
     for (int i = 0; i < 16; i++) {
@@ -65,7 +63,7 @@ void tg_pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, f
         const float *s = a + ir * rs;
         if (cs == 1 && TG_MR <= 16) {
             for (int64_t k = 0; k < kc; k += 16)
-                transpose_16x16(s + k, rs, mr, min_i64(16, kc - k), d + k * TG_MR, TG_MR, TG_MR);
+                tg_transpose_block(s + k, rs, mr, min_i64(16, kc - k), d + k * TG_MR, TG_MR, TG_MR);
             continue;
         }
         for (int64_t k = 0; k < kc; k++)
@@ -99,7 +97,7 @@ void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64
                 _mm_prefetch((const char *)(s + (TG_NR + jj) * cs + k), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++)
             for (int64_t k = 0; k < kc; k += 16)
-                transpose_16x16(s + v * 16 * cs + k, cs, min_i64(16, nr - v * 16), min_i64(16, kc - k),
+                tg_transpose_block(s + v * 16 * cs + k, cs, min_i64(16, nr - v * 16), min_i64(16, kc - k),
                                 dst + k * TG_NR + v * 16, TG_NR, 16);
         return;
     }

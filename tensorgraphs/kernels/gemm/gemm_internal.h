@@ -109,6 +109,10 @@ int tg_describe_gemm(gemm_batch *g, pack_b_fn pack, TG_GEMM_PARAMS);
 /* A (mc x kc, element (i, k) at a[i*rs + k*cs]) as micro-panels dst[ir*kc + k*TG_MR + ii], rows past mc zero-padded
  * to a whole panel (gemm.c). */
 void tg_pack_a(const float *a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float *restrict dst);
+/* dst[c*dst_ld + r] = src[r*src_ld + c] for r < rows <= 16, c < cols <= 16, writing `width` <= 16 floats per
+ * column (rows past `rows` as zeros): a 16x16 in-register transpose (gemm.c). */
+void tg_transpose_block(const float *src, int64_t src_ld, int64_t rows, int64_t cols, float *dst, int64_t dst_ld,
+                        int64_t width);
 void tg_pack_b_strided(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                        float *dst);
 int tg_run_gemm_batch(const gemm_batch *g);
