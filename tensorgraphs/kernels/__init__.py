@@ -33,11 +33,12 @@ class NativeLibrary:
 
 _GEMM_SOURCES = KernelSources("gemm", gemm.SOURCE_DIR, gemm.SOURCES)
 _GEMM = NativeLibrary(gemm.HEADER, gemm.library_path, _GEMM_SOURCES)
+_WINOGRAD = NativeLibrary(gemm.WINOGRAD_HEADER, gemm.library_path, _GEMM_SOURCES)
 _ATTENTION = NativeLibrary(attention.HEADER, attention.library_path,
                            KernelSources("attention", attention.SOURCE_DIR, attention.SOURCES))
 LIBRARIES: dict[str, NativeLibrary] = {
     **dict.fromkeys(gemm.C_FUNCTIONS.values(), _GEMM),
-    gemm.C_FUNCTIONS["conv2d_winograd"]: NativeLibrary(gemm.WINOGRAD_HEADER, gemm.library_path, _GEMM_SOURCES),
+    **dict.fromkeys((gemm.C_FUNCTIONS[name] for name in gemm.WINOGRAD_FUNCTIONS), _WINOGRAD),
     gemm.C_FUNCTIONS["conv2d_direct"]: NativeLibrary(gemm.DIRECT_HEADER, gemm.library_path, _GEMM_SOURCES),
     blas.C_FUNCTION: NativeLibrary(gemm.HEADER, blas.library_path, None),
     blas.CONV_FUNCTION: NativeLibrary(blas.CONV_HEADER, blas.conv_library_path, None),

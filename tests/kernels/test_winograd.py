@@ -1,4 +1,5 @@
-"""conv2d by Winograd F(4x4, 3x3) (winograd.c) against torch.nn.functional.conv2d in float64."""
+"""conv2d by Winograd F(4x4, 3x3) (winograd.c) against torch.nn.functional.conv2d in float64, with the weights'
+transform made in the call or once (`gemm.winograd_weights`, passed as `prepared`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tensorgraphs.errors import ArgumentError
+from tensorgraphs.errors import ArgumentError, ShapeError
 from tensorgraphs.kernels import gemm
 
 pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
@@ -36,6 +37,11 @@ TOLERANCE = 3e-5
 direct sum: its transforms scale by up to 8 and cancel)."""
 
 
+G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+              [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+"""F(4x4, 3x3)'s weight transform: U = G g G^T for each 3x3 kernel g."""
+
+
 def random(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
 
@@ -45,9 +51,16 @@ def reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, paddin
                                       None if bias is None else torch.from_numpy(bias).double(), padding=padding)
 
 
+def winograd(x: np.ndarray, weight: np.ndarray, *args, prepared: bool, **kwargs) -> np.ndarray:
+    """The Winograd conv, with the weights' transform made in the call or beforehand."""
+    u = gemm.winograd_weights(weight) if prepared else None
+    return gemm.conv2d(x, weight, *args, algorithm="winograd", prepared=u, **kwargs)
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["in_call", "prepared"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "residual", "residual_then_relu"])
-def test_winograd_agrees_with_float64_torch(case, epilogue):
+def test_winograd_agrees_with_float64_torch(case, epilogue, prepared):
     batch, cin, h, w, cout, padding = case
     x, weight, bias = random((batch, cin, h, w), 1), random((cout, cin, 3, 3), 2), random((cout,), 3)
     arguments: dict = {}
@@ -62,9 +75,35 @@ def test_winograd_agrees_with_float64_torch(case, epilogue):
         residual = random(tuple(expected.shape), 4)
         expected = torch.relu(reference(x, weight, bias, padding) + torch.from_numpy(residual))
         arguments = dict(bias=bias, residual=residual, activation="relu", activation_after_residual=True)
-    actual = gemm.conv2d(x, weight, padding=padding, algorithm="winograd", **arguments)
+    actual = winograd(x, weight, padding=padding, prepared=prepared, **arguments)
     error = np.abs(actual - expected.numpy()).max() / np.abs(expected.numpy()).max()
-    assert error < TOLERANCE, f"{case} {epilogue}: relative error {error}"
+    assert error < TOLERANCE, f"{case} {epilogue} prepared={prepared}: relative error {error}"
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (19, 17), (32, 48)], ids=str)
+def test_weights_transform_is_g_g_gt(shape):
+    """tg_winograd_weights_f32 lays out G g G^T point-major, each point a (cout, cin) matrix, then the flag 1."""
+    weight = random((*shape, 3, 3), 2)
+    u = gemm.winograd_weights(weight)
+    expected = np.einsum("xk,oikl,nl->xnoi", G, weight.astype(np.float64), G).reshape(36, *shape)
+    assert u.shape == (36 * shape[0] * shape[1] + 1,) and u[-1] == 1
+    error = np.abs(u[:-1].reshape(36, *shape) - expected).max() / np.abs(expected).max()
+    assert error < 1e-6, f"weight {shape}: relative error {error}"
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_weights_transform_flags_a_non_finite_weight(value):
+    weight = random((20, 18, 3, 3), 2)
+    weight[17, 3, 2, 1] = value  # in the second vector of input channels
+    assert gemm.winograd_weights(weight)[-1] == 0
+
+
+def test_prepared_weights_are_checked():
+    x, weight = random((1, 3, 8, 8), 1), random((4, 3, 3, 3), 2)
+    with pytest.raises(ShapeError, match="prepared"):
+        gemm.conv2d(x, weight, algorithm="winograd", prepared=gemm.winograd_weights(weight[:, :2]))
+    with pytest.raises(ArgumentError, match="prepared"):
+        gemm.conv2d(x, weight, prepared=gemm.winograd_weights(weight))
 
 
 def test_other_geometries_run_the_implicit_gemm():
@@ -78,9 +117,10 @@ def test_other_geometries_run_the_implicit_gemm():
         gemm.conv2d(x, weight, algorithm="fft")
 
 
+@pytest.mark.parametrize("prepared", [False, True], ids=["in_call", "prepared"])
 @pytest.mark.parametrize("width", [9, 40])
 @pytest.mark.parametrize("where", ["input", "weight"])
-def test_nan_and_inf_propagate_as_in_torch(where, width):
+def test_nan_and_inf_propagate_as_in_torch(where, width, prepared):
     """A NaN or infinity reaches exactly the outputs whose windows hold it, as in the direct sum (the transforms
     alone would spread it over the whole tile: inf - inf); in short and long tile rows."""
     x, weight = random((2, 4, 10, width), 1), random((6, 4, 3, 3), 2)
@@ -89,14 +129,15 @@ def test_nan_and_inf_propagate_as_in_torch(where, width):
     else:
         weight[2, 1, 0, 0], weight[4, 3, 2, 1] = np.nan, np.inf
     expected = reference(x, weight, None, 1).numpy()
-    actual = gemm.conv2d(x, weight, padding=1, algorithm="winograd")
+    actual = winograd(x, weight, padding=1, prepared=prepared)
     np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
     np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
     finite = np.isfinite(expected)
     np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-4, atol=1e-4)
 
 
-def test_images_from_a_group_with_a_non_finite_input_run_the_implicit_gemm():
+@pytest.mark.parametrize("prepared", [False, True], ids=["in_call", "prepared"])
+def test_images_from_a_group_with_a_non_finite_input_run_the_implicit_gemm(prepared):
     """Images are taken in groups (winograd.c, GROUP_TILES: 16 images of 13x13); an infinity in the second group
     sends that group and the ones after it to the implicit GEMM (the direct sum's infinities), each image with its
     own input, output and residual, while the first group stays Winograd's."""
@@ -105,8 +146,8 @@ def test_images_from_a_group_with_a_non_finite_input_run_the_implicit_gemm():
     expected = reference(x, weight, bias, 1)
     residual = random(tuple(expected.shape), 4)
     expected = torch.relu(expected + torch.from_numpy(residual)).numpy()
-    actual = gemm.conv2d(x, weight, bias, padding=1, residual=residual, activation="relu",
-                         activation_after_residual=True, algorithm="winograd")
+    actual = winograd(x, weight, bias, padding=1, residual=residual, activation="relu",
+                      activation_after_residual=True, prepared=prepared)
     np.testing.assert_array_equal(np.isinf(actual), np.isinf(expected))
     finite = np.isfinite(expected)
     assert np.abs(actual[finite] - expected[finite]).max() < TOLERANCE * np.abs(expected[finite]).max()

@@ -23,7 +23,8 @@ LIBRARY = "tg_gemm"
 SOURCES = ("describe.c", "gemm.c", "gemv.c", "conv.c", "columns.c", "winograd.c", "direct.c")
 HEADER = SOURCE_DIR / "gemm.h"
 WINOGRAD_HEADER = SOURCE_DIR / "winograd.h"
-"""Declares tg_conv2d_winograd_f32 (tg_conv2d_f32's contract)."""
+"""Declares tg_conv2d_winograd_f32 (tg_conv2d_f32's contract), the weights' transform tg_winograd_weights_f32, and
+tg_conv2d_winograd_prepared_f32 (the conv given that transform)."""
 DIRECT_HEADER = SOURCE_DIR / "direct.h"
 """Declares tg_conv2d_direct_f32 (tg_conv2d_f32's contract)."""
 C_FUNCTIONS = {
@@ -32,11 +33,15 @@ C_FUNCTIONS = {
     "matmul_bf16_f32": "tg_gemm_bf16_f32",
     "conv2d": "tg_conv2d_f32",
     "conv2d_winograd": "tg_conv2d_winograd_f32",
+    "winograd_weights": "tg_winograd_weights_f32",
+    "conv2d_winograd_prepared": "tg_conv2d_winograd_prepared_f32",
     "conv2d_direct": "tg_conv2d_direct_f32",
 }
 CONV_ALGORITHMS = {"implicit_gemm": "conv2d", "winograd": "conv2d_winograd", "direct": "conv2d_direct"}
 """conv2d's kernels (keys of C_FUNCTIONS) by algorithm; all are tg_conv2d_fn (gemm.h). (The im2col kernel, which
 links OpenBLAS, is `blas.conv2d`.)"""
+WINOGRAD_FUNCTIONS = ("conv2d_winograd", "winograd_weights", "conv2d_winograd_prepared")
+"""The keys of C_FUNCTIONS that winograd.h declares."""
 GEMM_FUNCTIONS = {
     ("float32", "float32"): "matmul",
     ("bfloat16", "bfloat16"): "matmul_bf16",
@@ -70,6 +75,10 @@ GEMM_ARGTYPES = (
     + [_i32] * 3  # activation, a_prologue, b_prologue
 )
 CONV_ARGTYPES = [_i64] * 13 + [_ptr] * 4 + [_i64, _f32, _ptr, _i32]
+OTHER_ARGTYPES = {
+    "winograd_weights": [_i64, _i64, _ptr, _ptr],
+    "conv2d_winograd_prepared": [*CONV_ARGTYPES, _ptr],  # the weights' transform last
+}
 
 
 @functools.cache
@@ -106,7 +115,8 @@ def _functions() -> dict[str, Callable[..., int]]:
     library = load_library(LIBRARY, SOURCES)
     functions = {}
     conv = ((name, CONV_ARGTYPES) for name in CONV_ALGORITHMS.values())
-    for name, argtypes in (*((name, GEMM_ARGTYPES) for name in GEMM_FUNCTIONS.values()), *conv):
+    gemms = ((name, GEMM_ARGTYPES) for name in GEMM_FUNCTIONS.values())
+    for name, argtypes in (*gemms, *conv, *OTHER_ARGTYPES.items()):
         function = getattr(library, C_FUNCTIONS[name])
         function.argtypes, function.restype = argtypes, ctypes.c_int
         functions[name] = function
@@ -365,14 +375,41 @@ def _conv_out(out: np.ndarray | None, shape: tuple[int, ...], *inputs: np.ndarra
 
 
 def conv2d(
-    x: np.ndarray, weight: np.ndarray, *args: Any, algorithm: str = "implicit_gemm", **kwargs: Any
+    x: np.ndarray,
+    weight: np.ndarray,
+    *args: Any,
+    algorithm: str = "implicit_gemm",
+    prepared: np.ndarray | None = None,
+    **kwargs: Any,
 ) -> np.ndarray:
     """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue (arguments as `call_conv`), by `algorithm`
     (`CONV_ALGORITHMS`): an implicit-im2col GEMM, a direct conv (any geometry; fast for few input channels), or
-    Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM)."""
+    Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM), which takes the weights'
+    transform as `prepared` (`winograd_weights(weight)`) instead of making it."""
     if algorithm not in CONV_ALGORITHMS:
         fail("conv2d", f"algorithm must be one of {sorted(CONV_ALGORITHMS)}, got {algorithm!r}", ArgumentError)
-    return call_conv(_functions()[CONV_ALGORITHMS[algorithm]], x, weight, *args, **kwargs)
+    if prepared is None:
+        return call_conv(_functions()[CONV_ALGORITHMS[algorithm]], x, weight, *args, **kwargs)
+    if algorithm != "winograd":
+        fail("conv2d", f"only winograd takes prepared weights, not {algorithm!r}", ArgumentError)
+    cout, cin = np.shape(weight)[:2]
+    if prepared.dtype != np.float32 or prepared.shape != (36 * cout * cin + 1,) or not prepared.flags.c_contiguous:
+        fail("conv2d", f"prepared must be winograd_weights of a {(cout, cin)} weight, got {prepared.shape}")
+    prepared_conv, u = _functions()["conv2d_winograd_prepared"], _address(prepared)
+    return call_conv(lambda *arguments: prepared_conv(*arguments, u), x, weight, *args, **kwargs)
+
+
+def winograd_weights(weight: np.ndarray) -> np.ndarray:
+    """The Winograd F(4x4, 3x3) transform of `weight` (cout, cin, 3, 3) that `conv2d(..., prepared=)` takes:
+    tg_winograd_weights_f32's 36 * cout * cin floats (point-major, each point a cout x cin matrix) and a last one,
+    1 where every weight is finite, else 0."""
+    weight = np.ascontiguousarray(_float32("winograd_weights", "weight", weight))
+    if weight.ndim != 4 or weight.shape[2:] != (3, 3):
+        fail("winograd_weights", f"weight must be (cout, cin, 3, 3), got {weight.shape}", ArgumentError)
+    cout, cin = weight.shape[:2]
+    u = np.empty(36 * cout * cin + 1, np.float32)
+    _check_status("winograd_weights", _functions()["winograd_weights"](cout, cin, _address(weight), _address(u)))
+    return u
 
 
 def conv1d(

@@ -2,16 +2,17 @@
  * A^T [(G g G^T) . (B^T d B)] A for the tile's 6x6 input patch d and the 3x3 kernel g, so the products over input
  * channels become 36 independent GEMMs (one per point of the 6x6 transformed tile) with 2.25 multiplies per output
  * and channel instead of 9. In the transformed domain, with P tiles over all images:
- *   U[point][ci][co]  = G g G^T          (the weights)
- *   V[point][ci][p]   = B^T d B          (the input patches, zero outside the image)
- *   M[point][p][co]   = V[point]^T @ U[point]   (tg_gemm_f32: rows are tiles, columns channels)
- *   out tile (p, co)  = epilogue(A^T M A)
- * U is four times the size of the weights (38 MB for ResNet-18's last layer): it is made one row of 6 points at a
- * time from G g (twice their size), just before the batch of 6 GEMMs that reads it, while it is still cached.
+ *   U[point][co][ci] = G g G^T          (the weights: tg_winograd_weights_f32, once per weights where kept)
+ *   V[point][ci][p]  = B^T d B          (the input patches, zero outside the image)
+ *   M[point][co][p]  = U[point] @ V[point]   (tg_gemm_f32: rows are output channels, columns tiles)
+ *   out tile (p, co) = epilogue(A^T M A)
+ * U is the GEMMs' A, not their B: U is four times the size of the weights (9.4 MB for 256 channels each side) and
+ * the tiles few (16 for a 14x14 image), and the GEMM reads a row-major A in place where the tiles fit its panels
+ * (gemm.c, a_read_in_place) while it packs every B panel per call, a second pass over U (bench/NOTES.md).
  * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding; on AVX2
- * plain loads along tile rows where they are long) or 16 output channels (weights; output, whose tiles are then transposed in registers and stored row by row).
- * T, U, V and M live in scratch the calling thread keeps for its next call (29 MB for ResNet-18's layer1 at batch 8:
- * `scratch_floats`). */
+ * plain loads along tile rows where they are long; output, whose tiles are then transposed in registers and stored
+ * row by row) or 16 input channels (weights). V and M live in scratch the calling thread keeps for its next call
+ * (`work_scratch`), and so does U where the call transforms the weights itself (tg_conv2d_winograd_f32). */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -57,48 +58,38 @@ static inline __attribute__((always_inline)) void output_transform(const v16 m[P
 /* Lanes holding a NaN or an infinity. */
 static inline __mmask16 not_finite(v16 x) { return _mm512_fpclass_ps_mask(x, 0x99); }
 
-typedef struct {
-    int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
-} geometry;
-
-/* T[xi][l][ci][co] = (G g)[xi][l], G applied to each kernel column; whether every weight is finite. */
-static int transform_weight_columns(const geometry *g, const float *weight, float *t) {
+int tg_winograd_weights_f32(int64_t cout, int64_t cin, const float *weight, float *u) {
+    size_t matrix = (size_t)cout * cin;
     int bad = 0;
     const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32((int32_t)(g->cin * 9)));
+                                             _mm512_set1_epi32(9));
 #pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
-    for (int64_t ci = 0; ci < g->cin; ci++)
-        for (int64_t co = 0; co < g->cout; co += 16) {
-            __mmask16 valid = tg_tail_mask(g->cout - co);
-            const float *kernel = weight + (co * g->cin + ci) * 9;
-            v16 column[3], transformed[PATCH];
-            for (int l = 0; l < 3; l++) {
+    for (int64_t co = 0; co < cout; co++)
+        for (int64_t ci = 0; ci < cin; ci += 16) { /* 16 input channels' kernels, 9 floats apart */
+            __mmask16 valid = tg_tail_mask(cin - ci);
+            const float *kernels = weight + (co * cin + ci) * 9;
+            v16 column[3], transformed[PATCH], rows[PATCH][3];
+            for (int l = 0; l < 3; l++) { /* G applied to each kernel column */
                 for (int k = 0; k < 3; k++) {
-                    column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernel + 3 * k + l, 4);
+                    column[k] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, lanes, kernels + 3 * k + l, 4);
                     bad |= not_finite(column[k]) != 0;
                 }
                 weight_transform(column, transformed);
-                for (int xi = 0; xi < PATCH; xi++)
-                    _mm512_mask_storeu_ps(t + ((xi * 3 + l) * g->cin + ci) * g->cout + co, valid, transformed[xi]);
+                for (int xi = 0; xi < PATCH; xi++) rows[xi][l] = transformed[xi];
+            }
+            for (int xi = 0; xi < PATCH; xi++) { /* then to each row */
+                weight_transform(rows[xi], transformed);
+                for (int nu = 0; nu < PATCH; nu++)
+                    _mm512_mask_storeu_ps(u + (xi * PATCH + nu) * matrix + co * cin + ci, valid, transformed[nu]);
             }
         }
-    return !bad;
+    u[POINTS * matrix] = bad ? 0.0f : 1.0f;
+    return TG_GEMM_OK;
 }
 
-/* U[nu][ci][co] = (G g G^T)[xi][nu] for one row xi of the transformed kernels, from T. */
-static void transform_weight_row(const geometry *g, const float *t, int xi, float *u) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t ci = 0; ci < g->cin; ci++)
-        for (int64_t co = 0; co < g->cout; co += 16) {
-            __mmask16 valid = tg_tail_mask(g->cout - co);
-            v16 row[3], transformed[PATCH];
-            for (int l = 0; l < 3; l++)
-                row[l] = _mm512_maskz_loadu_ps(valid, t + ((xi * 3 + l) * g->cin + ci) * g->cout + co);
-            weight_transform(row, transformed);
-            for (int nu = 0; nu < PATCH; nu++)
-                _mm512_mask_storeu_ps(u + (nu * g->cin + ci) * g->cout + co, valid, transformed[nu]);
-        }
-}
+typedef struct {
+    int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
+} geometry;
 
 /* For the 16 tiles from p0: the image offset of each patch's corner, and its row and column (negative in the
  * padding), stepping through tiles without dividing. */
@@ -252,21 +243,19 @@ static int transform_input(const geometry *g, const float *x, float *v) {
     return !bad;
 }
 
-/* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 output
- * channels of a tile at a time, transposed in registers so each channel's tile is four short row stores. */
+/* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 tiles of
+ * an output channel at a time, transposed in registers so each tile is four short row stores. */
 static void transform_output(const geometry *g, const float *m, const float *bias, float alpha,
                              const float *residual, int32_t activation, float *out, int64_t out_bs) {
     int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t p = 0; p < g->tiles; p++)
-        for (int64_t co = 0; co < g->cout; co += 16) {
-            __mmask16 valid = tg_tail_mask(g->cout - co);
-            int64_t image = p / per_image, tile = p % per_image;
-            int64_t top = tile / g->tiles_w * TILE, left = tile % g->tiles_w * TILE;
+    for (int64_t co = 0; co < g->cout; co++)
+        for (int64_t p0 = 0; p0 < g->tiles; p0 += 16) {
+            __mmask16 valid = tg_tail_mask(g->tiles - p0);
             v16 rows[PATCH][TILE], column[PATCH], y[TILE], tile_values[16];
-            for (int xi = 0; xi < PATCH; xi++) { /* A^T applied to each row of the transformed tile */
+            for (int xi = 0; xi < PATCH; xi++) { /* A^T applied to each row of the transformed tiles */
                 for (int nu = 0; nu < PATCH; nu++)
-                    column[nu] = _mm512_maskz_loadu_ps(valid, m + ((xi * PATCH + nu) * g->tiles + p) * g->cout + co);
+                    column[nu] = _mm512_maskz_loadu_ps(valid, m + ((xi * PATCH + nu) * g->cout + co) * g->tiles + p0);
                 output_transform(column, rows[xi]);
             }
             for (int j = 0; j < TILE; j++) { /* then A to each column */
@@ -274,98 +263,109 @@ static void transform_output(const geometry *g, const float *m, const float *bia
                 output_transform(column, y);
                 for (int i = 0; i < TILE; i++) tile_values[i * TILE + j] = y[i];
             }
-            tg_transpose_16x16(tile_values); /* tile_values[channel], lane i * 4 + j */
-            int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
-            __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
-            for (int64_t c = 0; c < 16 && co + c < g->cout; c++) {
-                int64_t at = (co + c) * positions + top * g->ow + left;
+            tg_transpose_16x16(tile_values); /* tile_values[tile], lane i * 4 + j */
+            float values[16] __attribute__((aligned(64))), residual_tile[16] __attribute__((aligned(64)));
+            tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co : NULL, 0, 0,
+                                            residual ? residual_tile : NULL, 0);
+            int64_t image = p0 / per_image, tile = p0 % per_image;
+            for (int64_t t = 0; t < 16 && p0 + t < g->tiles; t++) {
+                int64_t top = tile / g->tiles_w * TILE, left = tile % g->tiles_w * TILE;
+                int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
+                __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
+                int64_t at = co * positions + top * g->ow + left;
                 const float *add = residual ? residual + image * g->cout * positions + at : NULL;
-                float values[16] __attribute__((aligned(64))), residual_tile[16] __attribute__((aligned(64)));
-                for (int64_t i = 0; add && i < TILE; i++) /* the tile's residual, laid out as tile_values[c] */
+                for (int64_t i = 0; add && i < TILE; i++) /* the tile's residual, laid out as tile_values[t] */
                     _mm_store_ps(residual_tile + TILE * i,
                                  i < height ? _mm_maskz_loadu_ps(width, add + i * g->ow) : _mm_setzero_ps());
-                tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co + c : NULL, 0, 0,
-                                                add ? residual_tile : NULL, 0);
-                _mm512_store_ps(values, tg_epilogue_apply(tile_values[c], &ep, 0, 0, (__mmask16)0xFFFF));
+                _mm512_store_ps(values, tg_epilogue_apply(tile_values[t], &ep, 0, 0, (__mmask16)0xFFFF));
                 for (int64_t i = 0; i < height; i++)
                     _mm_mask_storeu_ps(out + image * out_bs + at + i * g->ow, width, _mm_load_ps(values + TILE * i));
+                if (++tile == per_image) tile = 0, image++;
             }
         }
 }
 
-/* `count` floats of scratch for T, U, V and M, kept by the calling thread for its next call (grown when too small):
- * freed after each call, glibc handed the next call's block fresh pages (faulted in again: 29 MB for ResNet-18's
- * layer1 at batch 8) whenever other allocations had taken the freed one, which made calls interleaved with other
- * programs 2.5x slower (bench/NOTES.md). */
-static float *scratch_floats(size_t count) {
-    static __thread float *kept;
-    static __thread size_t capacity;
-    if (count > capacity) {
-        free(kept);
-        kept = aligned_alloc(64, (count * sizeof(float) + 63) & ~(size_t)63);
-        capacity = kept ? count : 0;
-    }
-    return kept;
-}
+/* Scratch kept by the calling thread for its next call (tg_scratch_reserve: grown when too small): V and M, and U
+ * where a call transforms the weights itself. Freed after each call, glibc handed the next call's block fresh pages
+ * (faulted in again: 29 MB for ResNet-18's layer1 at batch 8) whenever other allocations had taken the freed one,
+ * which made calls interleaved with other programs 2.5x slower (bench/NOTES.md). */
+static _Thread_local tg_scratch work_scratch, weights_scratch;
 
 /* At most about this many tiles (4x4 outputs) are transformed and multiplied at a time, in groups of whole images
  * (at least one): V and M grow with the tiles (36 x (cin + cout) floats each), and at batch 8 of 55x55 images
  * (1568 tiles, 14 MB of M for 64 output channels) the products and the output transform waited on memory, 1.9x
- * slower per image than at batch 1. Each group transforms its rows of U again from T (36 x cin x cout floats), a
- * small share of its products at this many tiles (bench/NOTES.md). */
+ * slower per image than at batch 1. Each group reads U again (36 x cin x cout floats), a small share of its
+ * products at this many tiles, and the GEMM reads it in place up to 256 tiles (gemm.c, A_IN_PLACE_COLUMNS). */
 enum { GROUP_TILES = 256 };
 
+/* Whether Winograd takes this conv (a 3x3 kernel at stride 1 and dilation 1, a known activation, offsets within
+ * int32), and its geometry for a group of images (g->n of them, g->tiles tiles). */
+static int winograd_geometry(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
+                             int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                             int64_t dilation_w, int64_t out_bs, int32_t activation, geometry *g) {
+    *g = (geometry){n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
+    g->tiles_h = (g->oh + TILE - 1) / TILE, g->tiles_w = (g->ow + TILE - 1) / TILE;
+    int64_t per_image = g->tiles_h * g->tiles_w, group = per_image >= GROUP_TILES ? 1 : GROUP_TILES / per_image;
+    g->n = group < n ? group : n, g->tiles = g->n * per_image;
+    return kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 && pad_h >= 0 &&
+           pad_w >= 0 && tg_conv_activation_known(activation) && g->oh > 0 && g->ow > 0 && n > 0 && cin > 0 &&
+           cout > 0 && g->n * cin * h * w < INT32_MAX / 2 && /* gather offsets are int32 */
+           (n == 1 || out_bs >= cout * g->oh * g->ow);      /* else refused by tg_conv2d_f32 */
+}
+
 /* The conv of images first..first+g->n of the call (x, out and residual already offset to them) with the weights'
- * T: V, M and the rows of U in `scratch`. */
-static int winograd_group(const geometry *g, const float *x, const float *t, float *scratch, const float *bias,
+ * transform u: V and M in `scratch`. */
+static int winograd_group(const geometry *g, const float *x, const float *u, float *scratch, const float *bias,
                           float alpha, const float *residual, int32_t activation, float *out, int64_t out_bs) {
-    size_t weights = (size_t)g->cin * g->cout, rows = (size_t)POINTS * g->tiles;
-    float *u = scratch, *v = u + PATCH * weights, *m = v + rows * g->cin;
+    float *v = scratch, *m = v + (size_t)POINTS * g->tiles * g->cin;
     if (!transform_input(g, x, v)) return 0;
-    int status = TG_GEMM_OK;
-    for (int xi = 0; xi < PATCH && status == TG_GEMM_OK; xi++) {
-        transform_weight_row(g, t, xi, u);
-        status = tg_gemm_f32(PATCH, g->tiles, g->cout, g->cin, v + xi * PATCH * g->cin * g->tiles, g->cin * g->tiles,
-                             1, g->tiles, u, g->cin * g->cout, g->cout, 1, m + xi * PATCH * g->tiles * g->cout,
-                             g->tiles * g->cout, g->cout, 1.0f, NULL, 0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE,
-                             TG_ACT_NONE);
-    }
+    int status = tg_gemm_f32(POINTS, g->cout, g->tiles, g->cin, u, g->cout * g->cin, g->cin, 1, v,
+                             g->cin * g->tiles, g->tiles, 1, m, g->cout * g->tiles, g->tiles, 1.0f, NULL, 0, 0, 0,
+                             NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
     if (status == TG_GEMM_OK) transform_output(g, m, bias, alpha, residual, activation, out, out_bs);
     return status == TG_GEMM_OK;
+}
+
+int tg_conv2d_winograd_prepared_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh,
+                                    int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                                    int64_t dilation_h, int64_t dilation_w, const float *x, const float *weight,
+                                    const float *bias, float *out, int64_t out_bs, float alpha, const float *residual,
+                                    int32_t activation, const float *u) {
+    geometry g;
+    int winograd = winograd_geometry(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                     dilation_w, out_bs, activation, &g);
+    int weights_finite = winograd && u[POINTS * (size_t)cin * cout] != 0.0f;
+    float *scratch = weights_finite ? tg_scratch_reserve(&work_scratch, (size_t)POINTS * g.tiles * (cin + cout)) : NULL;
+    int64_t image_size = cin * h * w, positions = g.oh * g.ow, per_image = g.tiles_h * g.tiles_w, first = 0;
+    const float *residual_at = residual;
+    for (; scratch && first < n; first += g.n) {
+        geometry part = g;
+        part.n = n - first < g.n ? n - first : g.n, part.tiles = part.n * per_image;
+        residual_at = residual ? residual + first * cout * positions : NULL;
+        if (!winograd_group(&part, x + first * image_size, u, scratch, bias, alpha, residual_at, activation,
+                            out + first * out_bs, out_bs))
+            break;
+    }
+    if (scratch && first >= n) return TG_GEMM_OK;
+    /* the images from the first group it could not take (a non-finite weight or input: the direct sum's NaN and
+     * infinities; or no memory) by the implicit GEMM; the groups before it are done */
+    return tg_conv2d_f32(n - first, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                         dilation_w, x + first * image_size, weight, bias, out + first * out_bs, out_bs, alpha,
+                         residual_at, activation);
 }
 
 int tg_conv2d_winograd_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                            int64_t dilation_w, const float *x, const float *weight, const float *bias, float *out,
                            int64_t out_bs, float alpha, const float *residual, int32_t activation) {
-    int winograd = kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 &&
-                   pad_h >= 0 && pad_w >= 0 && tg_conv_activation_known(activation);
-    geometry g = {n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
-    g.tiles_h = (g.oh + TILE - 1) / TILE, g.tiles_w = (g.ow + TILE - 1) / TILE;
-    int64_t per_image = g.tiles_h * g.tiles_w, group = per_image >= GROUP_TILES ? 1 : GROUP_TILES / per_image;
-    g.n = group < n ? group : n, g.tiles = g.n * per_image;
-    winograd = winograd && g.oh > 0 && g.ow > 0 && n > 0 && cin > 0 && cout > 0 &&
-               g.n * cin * h * w < INT32_MAX / 2 && /* gather offsets are int32 */
-               (n == 1 || out_bs >= cout * g.oh * g.ow); /* else refused by tg_conv2d_f32 */
-    /* T (twice the weights); U for one row of points at a time (so it is read while still cached), V and M */
-    size_t weights = (size_t)cin * cout, rows = (size_t)POINTS * g.tiles;
-    size_t scratch = 3 * PATCH * weights + PATCH * weights + rows * (cin + cout);
-    float *t = winograd ? scratch_floats(scratch) : NULL;
-    int64_t image_size = cin * h * w, positions = g.oh * g.ow, first = 0;
-    const float *residual_at = residual;
-    if (t && transform_weight_columns(&g, weight, t))
-        for (; first < n; first += g.n) {
-            geometry part = g;
-            part.n = n - first < g.n ? n - first : g.n, part.tiles = part.n * per_image;
-            residual_at = residual ? residual + first * cout * positions : NULL;
-            if (!winograd_group(&part, x + first * image_size, t, t + 3 * PATCH * weights, bias, alpha, residual_at,
-                                activation, out + first * out_bs, out_bs))
-                break;
-        }
-    if (first >= n) return TG_GEMM_OK;
-    /* the images from the first group it could not take (a non-finite weight or input: the direct sum's NaN and
-     * infinities; or no memory) by the implicit GEMM; the groups before it are done */
-    return tg_conv2d_f32(n - first, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                         dilation_w, x + first * image_size, weight, bias, out + first * out_bs, out_bs, alpha,
-                         residual_at, activation);
+    geometry g;
+    int winograd = winograd_geometry(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                     dilation_w, out_bs, activation, &g);
+    float *u = winograd ? tg_scratch_reserve(&weights_scratch, (size_t)POINTS * cin * cout + 1) : NULL;
+    if (!u)
+        return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
+                             weight, bias, out, out_bs, alpha, residual, activation);
+    tg_winograd_weights_f32(cout, cin, weight, u);
+    return tg_conv2d_winograd_prepared_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                           dilation_w, x, weight, bias, out, out_bs, alpha, residual, activation, u);
 }
