@@ -436,8 +436,9 @@ class CompiledFunction:
         graphed = self.differentiable and not effects.grads  # no backward inside: results can be differentiated
         # a differentiable result's graph reads state as it was before the call, so it is never updated in place
         donate = {} if graphed else {n: s.output_index for n, s in state_inputs.items() if s.kind == "value"}
+        read_anew = {*placeholders, *numbers, *state_inputs}  # at every call; and live buffers (random keys)
         program, inputs = backend.program(roots, {**known, **dict.fromkeys([*state_inputs, *captured])}, donate,
-                                          binder)
+                                          binder, lambda n: n in read_anew or (n.op is Op.BUFFER and n.arg.live))
         _refuse_earlier_placeholders(inputs, captured, {*placeholders, *numbers})
         readers: list[Reader] = []
         sources: dict[int, tracing.Captured] = {}
@@ -636,6 +637,7 @@ def _overwritable_value(state: _State) -> Reader:
         if node is state.written and sys.getrefcount(node) <= _PRIVATE_NODE_REFS:
             array = node.arg.data
             if sys.getrefcount(array) <= _PRIVATE_ARRAY_REFS:
+                tracing.note_value_written()
                 return array
         return np.array(_stored_value(state.tensor), order="C")
 

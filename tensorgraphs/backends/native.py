@@ -59,10 +59,11 @@ from tensorgraphs.plan.choices import (
 )
 from tensorgraphs.plan.kernel_search import kernel_search
 from tensorgraphs.plan.step_check import step_check
-from tensorgraphs.runtime import host_calls
+from tensorgraphs.runtime import host_calls, tracing
 from tensorgraphs.runtime.buffer import DEAD_REFERENCE
 from tensorgraphs.runtime.device import DeviceBuffer, DeviceRuntime
 from tensorgraphs.schedule.fusion import Schedule, schedule_kernels
+from tensorgraphs.schedule.prepared import preparations
 
 PROGRAM_CACHE_SIZE = 512
 
@@ -179,11 +180,13 @@ class Program:
     """
 
     def __init__(self, schedule: Schedule, inputs: list[Node], target: CTarget, reuse_memory: bool = True,
-                 donated: Sequence[tuple[int, int]] = (), binder: Binder | None = None, search: bool = False) -> None:
+                 donated: Sequence[tuple[int, int]] = (), binder: Binder | None = None, search: bool = False,
+                 varying: Collection[int] = ()) -> None:
         self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
-        self.memory = memory.plan_memory(schedule, reuse=reuse_memory)
-        memory.verify_plan(schedule, self.memory)
+        self.preparations = preparations(schedule, inputs, varying)
+        self.memory = memory.plan_memory(schedule, reuse=reuse_memory, kept=self.preparations.kept)
+        memory.verify_plan(schedule, self.memory, self.preparations.kept)
         if _debug("memory"):
             print(self.memory, file=sys.stderr)
         # loop IR only: a cached program keeps no graph (or its arrays) alive
@@ -193,7 +196,8 @@ class Program:
             self.kernels = kernel_search().schedule(self.kernels, target, search)
         self._sizes_at_run_time = binder is not None
         source = target.renderer.render_program(self.kernels, [b.name for b in schedule.buffers],
-                                                sizes_at_run_time=self._sizes_at_run_time)
+                                                sizes_at_run_time=self._sizes_at_run_time,
+                                                skippable=self.preparations.kernels)
         if _debug("schedule"):
             print(schedule, file=sys.stderr)
         if _debug("codegen"):
@@ -207,7 +211,7 @@ class Program:
         self._set_sizes = self._size_setter(library)
         self.arena = self.runtime.arena(self.memory.arena_bytes)
         self._entry = library.tg_run
-        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self._entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
         self._entry.restype = ctypes.c_int
         self._steps_entry = library.tg_run_steps
         self._steps_entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_long, ctypes.POINTER(ctypes.c_long),
@@ -235,6 +239,7 @@ class Program:
                                 for output, position in self.updated_in_place.items()}
         self._input_slot_indices = [i for i, slot in enumerate(self._slots) if slot.role == "input"]
         self._input_positions = [self._slots[i].position for i in self._input_slot_indices]
+        self._input_index = {position: k for k, position in enumerate(self._input_positions)}
         self._output_slots = [i for i, slot in enumerate(self._slots)
                               if slot.role not in ("input", "captured") and i not in self._in_place_slots]
         self._output_specs = tuple((self._slots[i].shape, self._slots[i].dtype) for i in self._output_slots)
@@ -242,8 +247,12 @@ class Program:
         # per input slot, in order: the array the last run passed as it was given (held weakly), see `_arrays`
         self._passed: list[weakref.ref] = [DEAD_REFERENCE] * len(self._input_slot_indices)
         self._converted: frozenset[int] = frozenset()  # input positions the last `_arrays` passed a copy of
+        self._given_anew: frozenset[int] = frozenset()  # and those it passed another array than the run before
         # the caller's binding whose arrays `tg_run`'s address table holds, and the positions it holds copies of
         self._bound: tuple[weakref.ref, frozenset[int]] | None = None
+        # `tracing.values_written` when the last run of `tg_run` made the preparations' results for the arrays
+        # bound: while it stands, a run binding none of their inputs anew skips them (None: made by no such run)
+        self._prepared_at: int | None = None
         # outputs a run given `Changes` can return: none is an input's array, unless one updated in place
         self._takes_changes = all(i in self._output_slots or i in self._in_place_slots or self._slots[i].role ==
                                   "captured" for i in self._outputs)
@@ -323,9 +332,11 @@ class Program:
                 self._run_timed(arrays)
             else:
                 self._set_sizes()
-                self._bound = None  # until the launch has rewritten the address table
-                status = self._interruptible(self.runtime.launch, self._entry, arrays)
+                prepared = self._still_prepared(self._given_anew)
+                self._bound = self._prepared_at = None  # until the launch has rewritten the address table
+                status = self._interruptible(self.runtime.launch, self._entry, arrays, int(prepared))
                 self._bound = None if caller is None else (weakref.ref(caller), self._converted)
+                self._prepared_at = tracing.values_written if status == 0 else None
                 _check_status(status)
             return [self.runtime.to_host(arrays[i]) for i in self._outputs]
 
@@ -343,20 +354,33 @@ class Program:
             slot = self._input_slot.get(position)
             if slot is not None:  # else the schedule reads nothing of it
                 changed[slot] = self.runtime.to_device(array, self._slots[slot].dtype)
+                self._passed[self._input_index[position]] = DEAD_REFERENCE  # what `_arrays` compares stays true
         self._bind_outputs(changed)
         self._set_sizes()
-        bound, self._bound = self._bound, None
-        status = self._interruptible(self.runtime.launch_again, self._entry, changed)
-        self._bound = bound
+        prepared = self._still_prepared(fresh)
+        bound, self._bound, self._prepared_at = self._bound, None, None
+        status = self._interruptible(self.runtime.launch_again, self._entry, changed, int(prepared))
+        self._bound, self._prepared_at = bound, tracing.values_written if status == 0 else None
         _check_status(status)
         return [self.runtime.to_host(changed[i] if i in changed else self._slot_arrays[i]) for i in self._outputs]
+
+    def _still_prepared(self, given_anew: Collection[int]) -> bool:
+        """Whether the arena holds what the preparations (`schedule.prepared`) would make in a run given new arrays
+        at the positions `given_anew` (the others: those of the last run): the last run of `tg_run` (of either
+        build) made or kept it, no array was written in place since, and none of their inputs is given anew."""
+        return (bool(self.preparations.kernels) and self._prepared_at == tracing.values_written
+                and self.preparations.inputs.isdisjoint(given_anew) and not memory.poison_enabled())
 
     def _run_timed(self, arrays: list[DeviceBuffer]) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
         library, seconds = self._timed
         ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
+        prepared = self._still_prepared(self._given_anew)  # the builds share the arena
+        self._bound = self._prepared_at = None  # its arrays are in the timed build's table, not `tg_run`'s
         start = time.perf_counter()
-        _check_status(self.runtime.launch(library.tg_program, arrays))
+        status = self.runtime.launch(library.tg_run, arrays, int(prepared), 0)
+        self._prepared_at = tracing.values_written if status == 0 else None
+        _check_status(status)
         for kernel, spent in zip(self.kernels, seconds):
             _report(kernel.name, start, spent, *kernel_work(kernel))
             start += spent
@@ -386,6 +410,7 @@ class Program:
         with self._running:
             library, seconds = self._timed
             arrays = self._arrays(inputs)
+            self._bound = self._prepared_at = None  # another entry ran: `tg_run` binds and prepares anew
             runs = []
             for _ in range(repeat):
                 ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
@@ -431,6 +456,7 @@ class Program:
             for output_slot, input_slot in self._in_place_slots.items():
                 arrays[output_slot] = arrays[input_slot]
             self._set_sizes()
+            self._bound = self._prepared_at = None  # another entry ran: `tg_run` binds and prepares anew
             _check_status(self._interruptible(self.runtime.launch, self._steps_entry, arrays, steps, advance,
                                               swap_with))
             # every run ends with a swap: after an even number the newest state is back in the input's array
@@ -446,8 +472,9 @@ class Program:
         arrays: list[DeviceBuffer] = list(self._slot_arrays)
         given = list(map(inputs.__getitem__, self._input_positions))
         passed = map(operator.call, self._passed)
-        converted = []
+        converted, anew = [], []
         for k in itertools.compress(range(len(given)), map(operator.is_not, passed, given)):
+            anew.append(self._input_positions[k])
             dtype = self._slots[self._input_slot_indices[k]].dtype
             array = given[k] = self.runtime.to_device(given[k], dtype)
             if array is inputs[self._input_positions[k]]:
@@ -455,7 +482,7 @@ class Program:
             else:
                 self._passed[k] = DEAD_REFERENCE
                 converted.append(self._input_positions[k])
-        self._converted = frozenset(converted)
+        self._converted, self._given_anew = frozenset(converted), frozenset(anew)
         for i, array in zip(self._input_slot_indices, given):
             arrays[i] = array
         self._bind_outputs(arrays)
@@ -498,16 +525,19 @@ class NativeBackend:
         self.interpret_below = interpret_below
 
     def program(self, roots: list[Node], known: Mapping[Node, Any] | None = None,
-                donate: Mapping[Node, int] | None = None, binder: Binder | None = None) -> tuple[Program, list[Node]]:
+                donate: Mapping[Node, int] | None = None, binder: Binder | None = None,
+                varying: Callable[[Node], bool] | None = None) -> tuple[Program, list[Node]]:
         """The compiled program for `roots` and the nodes whose arrays it takes, in order. `donate` maps input
         nodes to the root each may be overwritten with (see `Program.updated_in_place`); `binder` (see
-        `Program`) makes a program of its own, never cached here."""
+        `Program`) makes a program of its own, never cached here. `varying` tells the inputs that change from call to
+        call, where the caller knows (the others keep preparations: `schedule.prepared`)."""
         known = {} if known is None else known
         is_input = lambda n: n.op is Op.BUFFER or n in known  # noqa: E731
         key, inputs = structure(roots, is_input)
         position = {node: i for i, node in enumerate(inputs)}
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
-        key = (key, donated)
+        changing = frozenset(i for i, node in enumerate(inputs) if varying is not None and varying(node))
+        key = (key, donated, changing)
         # the planner offers only what this target can run, and what the caller allows (tg.export: no OpenBLAS)
         with targeting(self.target.features & target_features()):
             found = None if binder else self._programs.get(key)
@@ -515,11 +545,12 @@ class NativeBackend:
                 given = set(inputs)  # not `known`: a node a decomposition builds may be realized elsewhere
                 with collecting() as planned:
                     schedule = schedule_kernels(roots, given.__contains__)
-                found = Program(schedule, inputs, self.target, donated=donated, binder=binder, search=True)
+                found = Program(schedule, inputs, self.target, donated=donated, binder=binder, search=True,
+                                varying=changing)
                 found.routes = routes_taken(planned)
                 if binder:
                     return found, inputs
-                found = step_check().choose(found, functools.partial(self._untuned, roots, inputs, donated,
+                found = step_check().choose(found, functools.partial(self._untuned, roots, inputs, donated, changing,
                                                                      found.routes), inputs)
                 self._programs[key] = found
                 if len(self._programs) > PROGRAM_CACHE_SIZE:
@@ -529,11 +560,12 @@ class NativeBackend:
         return found, inputs
 
     def _untuned(self, roots: list[Node], inputs: list[Node], donated: tuple[tuple[int, int], ...],
-                 routes: tuple) -> Program:
+                 varying: frozenset[int], routes: tuple) -> Program:
         """The program for `roots` with the defaults (`plan.choices.untuned`), for `plan.step_check`. It keeps the
         tuned program's `routes`: while the planner's choices hold, so does the step check's verdict."""
         with untuned():
-            program = Program(schedule_kernels(roots, set(inputs).__contains__), inputs, self.target, donated=donated)
+            program = Program(schedule_kernels(roots, set(inputs).__contains__), inputs, self.target, donated=donated,
+                              varying=varying)
         program.routes = routes
         return program
 

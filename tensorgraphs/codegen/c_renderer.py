@@ -21,7 +21,7 @@ import os
 import re
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 
@@ -460,9 +460,11 @@ class CStyleRenderer:
 
     @classmethod
     def render_program(cls, kernels: list[Kernel], buffers: list[str], timed: bool = False,
-                       sizes_at_run_time: bool = False) -> str:
+                       sizes_at_run_time: bool = False, skippable: Collection[int] = ()) -> str:
         """The translation unit: preamble, kernels, and `int tg_program(void **buffers)` calling each in order
         (stopping early with TG_INTERRUPTED when Ctrl-C comes while `tg_run` watches for it, see INTERRUPTS).
+        `tg_run(buffers, prepared, watch)` leaves out the `skippable` kernels (positions) when `prepared` says
+        their results are still in their buffers (`schedule.prepared`).
 
         Kernels that render the same apart from their name (the same layer repeated, on other buffers) become
         one function called several times: the C compiler's time grows with the distinct code only. Functions
@@ -487,6 +489,8 @@ class CStyleRenderer:
             if renderer.uses_status:
                 args.append("&status")
             call = f"    {name}({', '.join(args)});"
+            if index in skippable:
+                call = f"    if (!prepared) {call.strip()}"
             calls.extend(_timed(call, index) if timed else [call])
             calls.append("    if (tg_interrupted) return TG_INTERRUPTED;")
             if any(isinstance(stmt, HostCall) for stmt in kernel.body):
@@ -494,8 +498,9 @@ class CStyleRenderer:
         clock = [f"double tg_kernel_seconds[{max(len(kernels), 1)}];", timer()] if timed else []
         host = ["int (*tg_host)(const char *, const char *, int64_t, const void *const *, const int64_t *, void *);"
                 ] if host_calls else []
-        entry = [*declarations, *clock, *host, INTERRUPTS, "int tg_program(void **buffers) {", "    int status = 0;",
-                 *calls, "    return status;", "}", STEPS_ENTRY.format(slots=len(buffers)), WATCHED_ENTRIES]
+        entry = [*declarations, *clock, *host, INTERRUPTS, "static int tg_program_runs(void **buffers, int prepared) {",
+                 "    int status = 0;", *calls, "    return status;", "}", PROGRAM_ENTRY,
+                 STEPS_ENTRY.format(slots=len(buffers)), WATCHED_ENTRIES]
         return f"\n{UNIT_BREAK}\n".join(parts + ["\n".join(entry)]) + "\n"
 
 
@@ -565,12 +570,17 @@ static int tg_unwatch_interrupts(void) {{
 }}
 """
 
+PROGRAM_ENTRY = """
+/* Every kernel, in order. */
+int tg_program(void **buffers) { return tg_program_runs(buffers, 0); }"""
+
 WATCHED_ENTRIES = """
 /* The entries Python calls: tg_program (tg_steps) in one native call, with `watch` (Python's own SIGINT handling
-   would raise) a Ctrl-C during it stops it before its next kernel and makes it return TG_INTERRUPTED. */
-int tg_run(void **buffers, int watch) {
+   would raise) a Ctrl-C during it stops it before its next kernel and makes it return TG_INTERRUPTED; with
+   `prepared`, without the kernels whose results the last run left (render_program's `skippable`). */
+int tg_run(void **buffers, int prepared, int watch) {
     if (watch) tg_watch_interrupts(); else tg_interrupted = 0;
-    int status = tg_program(buffers);
+    int status = tg_program_runs(buffers, prepared);
     return watch && tg_unwatch_interrupts() ? TG_INTERRUPTED : status;
 }
 int tg_run_steps(void **buffers, long steps, const long *advance, const long *swap_with, int watch) {

@@ -297,6 +297,7 @@ class ConvCall:
     out_offset: int = 0  # elements of `out`'s buffer before the result starts (its slice of a concatenation)
     activation_after_residual: bool = False
     out_image_stride: int = 0
+    prepared: str | None = None  # the Winograd kernel's weights transformed (tg_winograd_weights_f32)
 
     @property
     def out_stride(self) -> int:
@@ -514,13 +515,17 @@ class ScheduleOptions:
 @dataclass
 class Kernel:
     """One kernel: its parameters and body; `serial` when its iterations must run in order (a scatter-add's
-    accumulating stores, a scan), and the `options` it is rendered with."""
+    accumulating stores, a scan), and the `options` it is rendered with. A kernel that `prepares` computes another
+    kernel's operand in a form of its own (the Winograd transform of conv weights): where what it reads stays the
+    same from call to call (parameters), a compiled function keeps its result and runs it again only when that
+    changes (`schedule.prepared`)."""
 
     name: str
     buffers: list[KernelParam]
     body: list[Stmt]
     serial: bool = False
     options: ScheduleOptions = ScheduleOptions()
+    prepares: bool = False
 
     def __str__(self) -> str:
         params = ", ".join(f"{'out ' if b.writes else ''}{b.name}: {b.dtype.name}[{b.size}]" for b in self.buffers)
@@ -560,7 +565,7 @@ BUFFER_FIELDS: dict[type, tuple[str, ...]] = {
     Store: ("buffer",),
     GemmCall: ("a", "b", "c"),
     GemmEpilogue: ("bias", "residual"),
-    ConvCall: ("x", "weight", "out", "bias", "residual"),
+    ConvCall: ("x", "weight", "out", "bias", "residual", "prepared"),
     StridedOperand: ("buffer",),
     AttentionCall: ("out", "lse", "dq", "dk", "dv"),
     HostCall: ("output", "after"),

@@ -21,6 +21,7 @@ from tensorgraphs.errors import ArgumentError, DTypeError, TGError, UnsupportedE
 from tensorgraphs.frontend.grad_mode import no_grad
 from tensorgraphs.frontend.tensor import Tensor, host_buffer
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.runtime import tracing
 
 REDUCIBLE = (dtypes.uint8, dtypes.int8, dtypes.int32, dtypes.int64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
              dtypes.float64)
@@ -221,6 +222,7 @@ def _writable_array(tensor: Tensor) -> tuple[np.ndarray, bool]:
         if (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable
                 and array.flags.owndata and array.dtype == np.dtype(tensor.dtype.storage)
                 and sys.getrefcount(array) <= _PRIVATE_ARRAY_REFS):
+            tracing.note_value_written()
             return array, True
     return np.array(tensor._value(), dtype=tensor.dtype.storage, order="C"), False
 

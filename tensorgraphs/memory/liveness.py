@@ -11,6 +11,7 @@ copy: the naive count, every value in bytes of its own, counts it once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Collection
 
 import numpy as np
 
@@ -34,14 +35,18 @@ class Lifetime:
         return self.start <= other.end and other.start <= self.end
 
 
-def temporaries(schedule: Schedule) -> list[Lifetime]:
-    """Every temporary buffer of `schedule` with its live interval (a buffer no kernel touches lives nowhere)."""
+def temporaries(schedule: Schedule, kept: Collection[str] = ()) -> list[Lifetime]:
+    """Every temporary buffer of `schedule` with its live interval (a buffer no kernel touches lives nowhere); the
+    `kept` ones live over every kernel, so that what one run left in them is still there at the next
+    (`schedule.prepared`)."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for position, kernel in enumerate(schedule.kernels):
         for buffer in kernel.buffers:
             first.setdefault(buffer.name, position)
             last[buffer.name] = position
+    for name in kept:
+        first[name], last[name] = 0, len(schedule.kernels) - 1
     lifetimes = []
     first_holder: dict[int, str] = {}  # id of the node (nodes are hash-consed) -> the temporary holding it first
     storage: dict[DType, np.dtype] = {}

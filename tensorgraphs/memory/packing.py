@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 
@@ -185,10 +185,11 @@ def place(groups: list[_Group], order: Callable[[_Group], tuple],
     return arena
 
 
-def plan_memory(schedule: Schedule, reuse: bool = True) -> ArenaPlan:
+def plan_memory(schedule: Schedule, reuse: bool = True, kept: Collection[str] = ()) -> ArenaPlan:
     """Arena offsets for `schedule`'s temporaries, with in-place handoffs where a kernel allows them
-    (`reuse=False`: the naive plan, every temporary in bytes of its own)."""
-    lifetimes = temporaries(schedule)
+    (`reuse=False`: the naive plan, every temporary in bytes of its own); the `kept` ones share bytes with none
+    (`temporaries`)."""
+    lifetimes = temporaries(schedule, kept)
     return pack(lifetimes, in_place_pairs(schedule, lifetimes)) if reuse else naive_plan(lifetimes)
 
 

@@ -9,6 +9,8 @@ the donor dies in the kernel that creates the output, and that kernel passes
 
 from __future__ import annotations
 
+from typing import Collection
+
 from tensorgraphs.errors import TGError
 from tensorgraphs.memory.inplace import writes_in_place_safely
 from tensorgraphs.memory.liveness import Lifetime, temporaries
@@ -20,11 +22,16 @@ class MemoryPlanError(TGError, AssertionError):
     """A memory plan would let one buffer overwrite another that is still needed (a bug in tensorgraphs)."""
 
 
-def verify_plan(schedule: Schedule, plan: ArenaPlan) -> None:
-    """Raise `MemoryPlanError` naming the buffers and kernels if `plan` is unsafe for `schedule`."""
-    lifetimes = [life for life in temporaries(schedule) if life.nbytes > 0]
+def verify_plan(schedule: Schedule, plan: ArenaPlan, kept: Collection[str] = ()) -> None:
+    """Raise `MemoryPlanError` naming the buffers and kernels if `plan` is unsafe for `schedule` (whose `kept`
+    buffers must hold their values from one run to the next: `temporaries`)."""
+    lifetimes = [life for life in temporaries(schedule, kept) if life.nbytes > 0]
+    first_touch: dict[str, int] = {}
+    for position, kernel in enumerate(schedule.kernels):
+        for buffer in kernel.buffers:
+            first_touch.setdefault(buffer.name, position)
     for life in lifetimes:
-        _check_placement(schedule, plan, life)
+        _check_placement(schedule, plan, life, first_touch.get(life.name, life.start))
     handoffs = set(plan.in_place)
     by_offset = sorted(lifetimes, key=lambda life: plan.offsets[life.name])
     for i, first in enumerate(by_offset):
@@ -37,12 +44,12 @@ def verify_plan(schedule: Schedule, plan: ArenaPlan) -> None:
                                       f"(kernels {first.start}..{first.end} and {second.start}..{second.end})")
 
 
-def _check_placement(schedule: Schedule, plan: ArenaPlan, life: Lifetime) -> None:
+def _check_placement(schedule: Schedule, plan: ArenaPlan, life: Lifetime, first_touch: int) -> None:
     offset = plan.offsets.get(life.name)
     if offset is None or offset % ALIGNMENT or offset < 0 or offset + life.nbytes > plan.arena_bytes:
         raise MemoryPlanError(f"memory plan: {life.name} ({life.nbytes} bytes) placed at {offset}, "
                               f"not {ALIGNMENT}-aligned inside the {plan.arena_bytes}-byte arena")
-    first_kernel = schedule.kernels[life.start]
+    first_kernel = schedule.kernels[first_touch]
     if not any(b.name == life.name and b.writes for b in first_kernel.buffers):
         raise MemoryPlanError(f"memory plan: {life.name} is read by kernel {first_kernel.name} before any kernel "
                               "writes it")

@@ -34,9 +34,20 @@ stands still, every tensor holds the node it held, so a compiled call binds the 
 (`compiled._Trace.read_inputs`) instead of reading each tensor."""
 
 
+values_written = 0
+"""Counts the times an array a tensor holds was written in place (a compiled step updating state it alone holds, a
+collective writing into a private buffer): a program's kept preparations of such arrays are then made again
+(`schedule.prepared`)."""
+
+
 def note_value_replaced() -> None:
     global values_replaced
     values_replaced += 1
+
+
+def note_value_written() -> None:
+    global values_written
+    values_written += 1
 
 
 def placeholder(node: Node) -> Node:

@@ -27,11 +27,14 @@ decomposition and the gradients are matmuls (planned as such).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from tensorgraphs import dtypes
-from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, GemmEpilogue, Kernel, KernelParam
+from tensorgraphs.codegen.loop_ir import ConvCall, GemmCall, GemmEpilogue, Kernel, KernelParam, NativeCall
 from tensorgraphs.graph import node as g
 from tensorgraphs.graph.composite import REGISTRY, Composite, as_node, as_value, is_composite, make_node
 from tensorgraphs.graph.node import Node, rebuild, toposort, with_sources
@@ -200,12 +203,16 @@ register_candidates(CONV2D, *CONV_CANDIDATES)
 C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, DIRECT, WINOGRAD)},
                IM2COL: blas.CONV_FUNCTION, GROUPED: gemm.C_FUNCTIONS["matmul"]}
 """The kernel's C function by candidate."""
+PREPARED_WINOGRAD_FUNCTION, WINOGRAD_WEIGHTS_FUNCTION = (gemm.C_FUNCTIONS["conv2d_winograd_prepared"],
+                                                         gemm.C_FUNCTIONS["winograd_weights"])
+"""The Winograd kernel given its weights' transform, and the transform's."""
 
 
 def _epilogue_decomposition(x: Any, weight: Any, *operands: Any, alpha: float, bias: bool, bias_offset: int,
                             activation: str, residual: bool, activation_after_residual: bool, algorithm: str,
-                            **conv: Any) -> Any:
-    """What the fused call computes, in gemm.h's order (the reference for the kernel)."""
+                            prepared: bool = False, **conv: Any) -> Any:
+    """What the fused call computes, in gemm.h's order (the reference for the kernel; the weights' transform, the
+    last operand where `prepared`, is only another form of the weights)."""
     given = iter(operands)
     out = as_value(make_node(REGISTRY[CONV2D], (as_node(x), as_node(weight)), conv, x.dtype,
                              _out_shape(x.shape, weight.shape, conv))) * alpha
@@ -222,11 +229,62 @@ def _out_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], conv: di
     return (x_shape[0], weight_shape[0], *sizes)
 
 
-CONV_EPILOGUE = Composite("conv2d_epilogue", lambda x, w, *_, **params: (x.dtype, _out_shape(x.shape, w.shape, params)),
-                          _epilogue_decomposition)
-"""A conv2d with its epilogue: sources (x, weight, bias?, residual?), the bias a vector over the output channels
-(starting `bias_offset` elements into its buffer), the residual shaped like the result, both contiguous buffers;
-`algorithm` is the candidate that runs it. Made by `fuse_epilogues` only, so it is not registered."""
+def _conv_out_type(x: Any, w: Any, *_: Any, prepared: bool = False, **params: Any) -> tuple[dtypes.DType, tuple]:
+    return x.dtype, _out_shape(x.shape, w.shape, params)
+
+
+CONV_EPILOGUE = Composite("conv2d_epilogue", _conv_out_type, _epilogue_decomposition)
+"""A conv2d with its epilogue: sources (x, weight, bias?, residual?, the weights' transform where `prepared`), the
+bias a vector over the output channels (starting `bias_offset` elements into its buffer), the residual shaped like
+the result, both contiguous buffers; `algorithm` is the candidate that runs it. Made by `fuse_epilogues` only (and
+`prepare_winograd_weights`), so it is not registered."""
+
+WINOGRAD_G = ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
+              (1 / 24, -1 / 12, 1 / 6), (0, 0, 1))
+"""G of Winograd's F(4x4, 3x3): a 3x3 kernel g becomes the 6x6 G g G^T."""
+
+
+def _winograd_weights_decomposition(weight: Any) -> Any:
+    """tg_winograd_weights_f32's result: G g G^T of each kernel, point-major (36 matrices of out x in channels),
+    then 1 where every weight is finite, else 0."""
+    import tensorgraphs as tg  # the front end, which decompositions are written in (`graph.composite`)
+
+    g = tg.tensor(np.array(WINOGRAD_G, dtype=np.float32))
+    transformed = (g @ weight @ g.T).permute(2, 3, 0, 1).reshape(-1)
+    return tg.cat([transformed, weight.isfinite().all().float().reshape(1)])
+
+
+def _transform_shape(weight_shape: tuple[int, ...]) -> tuple[int]:
+    """36 matrices of out x in channels, and the flag."""
+    return (36 * weight_shape[0] * weight_shape[1] + 1,)
+
+
+WINOGRAD_WEIGHTS = Composite("winograd_weights", lambda w: (dtypes.float32, _transform_shape(w.shape)),
+                             _winograd_weights_decomposition)
+"""The Winograd kernel's form of conv weights (out, in, 3, 3), made by its own kernel, which `prepares`: kept
+across calls while the weights stay (`schedule.prepared`). Made by `prepare_winograd_weights` only."""
+
+
+def prepare_winograd_weights(roots: list[Node], materialized: set[Node],
+                             is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
+    """Each conv the Winograd kernel runs with an epilogue reads its weights' transform (`WINOGRAD_WEIGHTS`) instead
+    of making it at every call, where the weights start their buffer (the transform's call takes no offset); the
+    transforms get buffers."""
+    order = toposort(roots, stop=is_leaf)
+    replaced = {conv: functools.partial(_prepared_conv, conv) for conv in order
+                if conv.op is CONV_EPILOGUE and dict(conv.arg)["algorithm"] == WINOGRAD
+                and contiguous_storage(conv.src[1])[1] == 0}
+    rebuilt = rebuild(order, replaced, is_leaf)
+    transforms = {rebuilt[conv].src[-1] for conv in replaced}
+    return [rebuilt[r] for r in roots], {rebuilt.get(n, n) for n in materialized} | transforms
+
+
+def _prepared_conv(conv: Node, rebuilt: dict[Node, Node]) -> Node:
+    sources = tuple(rebuilt[s] for s in conv.src)
+    weight = sources[1]
+    transform = make_node(WINOGRAD_WEIGHTS, (weight,), {}, dtypes.float32, _transform_shape(weight.shape))
+    return make_node(CONV_EPILOGUE, (*sources, transform), {**dict(conv.arg), "prepared": True}, conv.dtype,
+                     conv.shape)
 
 
 def _channel_vector(node: Node) -> bool:
@@ -343,6 +401,7 @@ class ConvLowering(LibraryCallLowering):
         fused = self.node.op is CONV_EPILOGUE
         bias = next(given) if fused and params["bias"] else None
         residual = next(given) if fused and params["residual"] else None
+        prepared = next(given) if fused and params.get("prepared") else None
         algorithm = params["algorithm"] if fused else route_of(self.node)
         epilogue = GemmEpilogue(params["alpha"] if fused else 1.0, bias, activation=params["activation"] if fused
                                 else "none", residual=residual, bias_offset=params["bias_offset"] if bias else 0,
@@ -353,9 +412,9 @@ class ConvLowering(LibraryCallLowering):
         call = ConvCall(
             *x.shape, weight.shape[0], tuple(weight.shape[2:]), params["stride"],
             tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
-            self.buffers[w_base], out, C_FUNCTIONS[algorithm], x_offset, w_offset, bias, epilogue.bias_offset,
-            residual, epilogue.alpha, epilogue.activation,
-            activation_after_residual=epilogue.activation_after_residual)
+            self.buffers[w_base], out, C_FUNCTIONS[algorithm] if prepared is None else PREPARED_WINOGRAD_FUNCTION,
+            x_offset, w_offset, bias, epilogue.bias_offset, residual, epilogue.alpha, epilogue.activation,
+            activation_after_residual=epilogue.activation_after_residual, prepared=prepared)
         assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
         return Kernel(self.name, buffers, [call])
 
@@ -376,3 +435,16 @@ class ConvLowering(LibraryCallLowering):
                          dataclasses.replace(epilogue, residual_offset=image * image_out) if epilogue.residual
                          else epilogue, w_offset, x_offset + image * image_in, c_offset=image * image_out)
                 for image in range(batch)]
+
+
+class WinogradWeightsLowering(LibraryCallLowering):
+    """The kernel making one conv's `WINOGRAD_WEIGHTS`: a preparation (`Kernel.prepares`)."""
+
+    def kernel(self) -> Kernel:
+        (weight,) = self.node.src
+        base, _ = contiguous_storage(weight)  # at offset 0 (`prepare_winograd_weights`)
+        weights, transform = self.buffers[base], self.buffers[self.node]
+        call = NativeCall(WINOGRAD_WEIGHTS_FUNCTION, (weight.shape[0], weight.shape[1], weights, transform))
+        return Kernel(self.name, [KernelParam(weights, base.dtype, base.size, False),
+                                  KernelParam(transform, self.node.dtype, self.node.size, True)], [call], prepares=True)
+

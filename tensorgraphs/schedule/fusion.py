@@ -86,9 +86,12 @@ from tensorgraphs.plan.choices import DECOMPOSE, route_of
 from tensorgraphs.plan.consumers import uses_in, using
 from tensorgraphs.schedule.attention import AttentionLowering, operand_bases, runs_as_fused_attention
 from tensorgraphs.schedule.convolution import (
+    WINOGRAD_WEIGHTS,
     ConvLowering,
+    WinogradWeightsLowering,
     conv_operand_bases,
     fold_channel_scales,
+    prepare_winograd_weights,
     runs_as_conv_kernel,
 )
 from tensorgraphs.schedule.extern import (
@@ -208,13 +211,14 @@ def _schedule(roots: list[Node], leaf: IsInput) -> Schedule:
     primitive_roots, materialized = to_primitive(roots, leaf)
     primitive_roots, materialized = fold_channel_scales(primitive_roots, materialized, leaf)
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots), leaf)
+    primitive_roots, materialized = prepare_winograd_weights(primitive_roots, materialized, leaf)
     order = toposort(primitive_roots, stop=leaf)
     materialized |= too_deep_to_inline(order, materialized, leaf)
     materialized |= chains_shared_before_lowering(order, materialized, leaf)
     inputs = [n for n in order if leaf(n)]
     position = {n: i for i, n in enumerate(order)}
-    lowered: dict[Node, Lowering | GemmLowering | ConvLowering | AttentionLowering | HostCallLowering
-                        | FftLowering] = {}
+    lowered: dict[Node, Lowering | GemmLowering | ConvLowering | WinogradWeightsLowering | AttentionLowering
+                        | HostCallLowering | FftLowering] = {}
     added = set(materialized)
     while True:
         buffers = _name_buffers(order, inputs, materialized, primitive_roots, position)
@@ -225,6 +229,7 @@ def _schedule(roots: list[Node], leaf: IsInput) -> Schedule:
             if previous is None or not added.isdisjoint(previous.inlined) or not added.isdisjoint(previous.recomputed):
                 lower = (AttentionLowering if runs_as_fused_attention(n) else
                          ConvLowering if runs_as_conv_kernel(n) else
+                         WinogradWeightsLowering if n.op is WINOGRAD_WEIGHTS else
                          HostCallLowering if runs_as_host_call(n) else
                          QuantizedLinearLowering if runs_as_int8_gemm(n) else
                          FftLowering if runs_as_fft(n) else

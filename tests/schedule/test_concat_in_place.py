@@ -346,12 +346,15 @@ def test_every_conv_algorithm_writes_its_images_into_the_slice(path: tuple[str, 
         got = out.numpy()
     calls = [s for k in program.kernels for s in walk(k.body) if isinstance(s, ConvCall)]
     positions = out_size[2] * out_size[3]
-    assert [c.function for c in calls] == [conv.C_FUNCTIONS[algorithm]] * 2 and calls[1].residual, calls
+    # Winograd's calls take their weights' transform (`schedule.prepared`)
+    function = conv.PREPARED_WINOGRAD_FUNCTION if algorithm == conv.WINOGRAD else conv.C_FUNCTIONS[algorithm]
+    assert [c.function for c in calls] == [function] * 2 and calls[1].residual, calls
     assert [(c.out, c.out_offset) for c in calls] == [(calls[0].out, 0), (calls[0].out, 7 * positions)], calls
     assert batch == 1 or {c.out_stride for c in calls} == {10 * positions}, calls
     assert "cat" not in [k.name.split("_", 1)[1] for k in program.kernels]
-    expected = _conv_pair(*map(torch.tensor, arrays), stride, torch.conv2d, torch.relu, torch.cat)
-    np.testing.assert_allclose(got, (expected * 2).numpy(), rtol=1e-4, atol=1e-4)
+    expected = (_conv_pair(*map(torch.tensor, arrays), stride, torch.conv2d, torch.relu, torch.cat) * 2).numpy()
+    # Winograd's rounding error grows with the largest outputs (about ten times the direct sum's)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
 
 
 @needs_gemm

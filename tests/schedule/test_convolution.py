@@ -187,7 +187,8 @@ def test_winograd_matches_float64_torch_when_chosen() -> None:
     with forced({signature_of(node): conv.WINOGRAD}):
         assert route_of(node) == conv.WINOGRAD
         calls = _calls([out], ConvCall)
-        assert [(call.function, call.activation) for call in calls] == [("tg_conv2d_winograd_f32", "relu")]
+        # with the weights' transform made by a kernel of its own (`schedule.prepared`)
+        assert [(call.function, call.activation) for call in calls] == [("tg_conv2d_winograd_prepared_f32", "relu")]
         got = out.numpy()
     expected = torch.relu(torch.nn.functional.conv2d(*(torch.from_numpy(a).double() for a in (x, weight, bias)),
                                                      padding=1)).numpy()

@@ -233,6 +233,8 @@ def conv_call(call: ConvCall, array: dict[str, str]) -> str:
             pointer(call.bias, call.bias_offset), pointer(call.out, call.out_offset), call.out_stride,
             literal(call.alpha, dtypes.float32), pointer(call.residual),
             gemm.epilogue_code(call.activation, call.activation_after_residual)]
+    if call.prepared is not None:
+        args.append(pointer(call.prepared))
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 
