@@ -115,6 +115,9 @@ def test_other_geometries_run_the_implicit_gemm():
         expected = gemm.conv2d(x, w, stride=stride, padding=1, dilation=dilation)
         actual = gemm.conv2d(x, w, stride=stride, padding=1, dilation=dilation, algorithm="winograd")
         np.testing.assert_array_equal(actual, expected)
+        if kernel == 3:  # the prepared conv reads the weights themselves there
+            actual = winograd(x, w, stride=stride, padding=1, dilation=dilation, prepared=True)
+            np.testing.assert_array_equal(actual, expected)
     with pytest.raises(ArgumentError, match="algorithm"):
         gemm.conv2d(x, weight, algorithm="fft")
 
