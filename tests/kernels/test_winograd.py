@@ -31,6 +31,8 @@ CASES = [
     # 16 tiles with a shorter last one
     (3, 4, 62, 62, 5, 1),
     (20, 3, 13, 13, 4, 1),
+    # at most 4 tiles in all (winograd.c, FEW_TILES: M's rows are tiles), 7x7 as ResNet's last stage at batch 1
+    (1, 40, 7, 7, 35, 1),
 ]
 TOLERANCE = 3e-5
 """Largest error relative to the largest |output| (F(4x4, 3x3) in float32 loses about 10x the precision of the
@@ -113,6 +115,9 @@ def test_other_geometries_run_the_implicit_gemm():
         expected = gemm.conv2d(x, w, stride=stride, padding=1, dilation=dilation)
         actual = gemm.conv2d(x, w, stride=stride, padding=1, dilation=dilation, algorithm="winograd")
         np.testing.assert_array_equal(actual, expected)
+        if kernel == 3:  # the prepared conv reads the weights themselves there
+            actual = winograd(x, w, stride=stride, padding=1, dilation=dilation, prepared=True)
+            np.testing.assert_array_equal(actual, expected)
     with pytest.raises(ArgumentError, match="algorithm"):
         gemm.conv2d(x, weight, algorithm="fft")
 

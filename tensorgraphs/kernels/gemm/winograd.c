@@ -244,18 +244,26 @@ static int transform_input(const geometry *g, const float *x, float *v) {
 }
 
 /* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 tiles of
- * an output channel at a time, transposed in registers so each tile is four short row stores. */
-static void transform_output(const geometry *g, const float *m, const float *bias, float alpha,
-                             const float *residual, int32_t activation, float *out, int64_t out_bs) {
+ * an output channel at a time, transposed in registers so each tile is four short row stores. M[point][co][p] is at
+ * m[point * cout * tiles + co * co_stride + p * tile_stride] (tile_stride 1, or a few tiles' rows: gathers). */
+static void transform_output(const geometry *g, const float *m, int64_t co_stride, int64_t tile_stride,
+                             const float *bias, float alpha, const float *residual, int32_t activation, float *out,
+                             int64_t out_bs) {
     int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
+    const __m512i tiles_apart = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32((int32_t)tile_stride));
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t co = 0; co < g->cout; co++)
         for (int64_t p0 = 0; p0 < g->tiles; p0 += 16) {
             __mmask16 valid = tg_tail_mask(g->tiles - p0);
             v16 rows[PATCH][TILE], column[PATCH], y[TILE], tile_values[16];
             for (int xi = 0; xi < PATCH; xi++) { /* A^T applied to each row of the transformed tiles */
-                for (int nu = 0; nu < PATCH; nu++)
-                    column[nu] = _mm512_maskz_loadu_ps(valid, m + ((xi * PATCH + nu) * g->cout + co) * g->tiles + p0);
+                for (int nu = 0; nu < PATCH; nu++) {
+                    const float *at = m + (xi * PATCH + nu) * g->cout * g->tiles + co * co_stride + p0 * tile_stride;
+                    column[nu] = tile_stride == 1
+                                     ? _mm512_maskz_loadu_ps(valid, at)
+                                     : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, tiles_apart, at, 4);
+                }
                 output_transform(column, rows[xi]);
             }
             for (int j = 0; j < TILE; j++) { /* then A to each column */
@@ -313,16 +321,28 @@ static int winograd_geometry(int64_t n, int64_t cin, int64_t h, int64_t w, int64
            (n == 1 || out_bs >= cout * g->oh * g->ow);      /* else refused by tg_conv2d_f32 */
 }
 
+/* At most this many tiles (the GEMM's few-row kernel, gemv.c's TG_GEMV_ROWS) are the rows of M's GEMMs, which then
+ * stream each point's U once where it lies, dot products along its rows: as a 16-column register tile for so few
+ * columns the blocked GEMM took 2.3x as long (7x7 images at batch 1, 512 channels each side: bench/NOTES.md). */
+enum { FEW_TILES = 4 };
+
 /* The conv of images first..first+g->n of the call (x, out and residual already offset to them) with the weights'
  * transform u: V and M in `scratch`. */
 static int winograd_group(const geometry *g, const float *x, const float *u, float *scratch, const float *bias,
                           float alpha, const float *residual, int32_t activation, float *out, int64_t out_bs) {
     float *v = scratch, *m = v + (size_t)POINTS * g->tiles * g->cin;
     if (!transform_input(g, x, v)) return 0;
-    int status = tg_gemm_f32(POINTS, g->cout, g->tiles, g->cin, u, g->cout * g->cin, g->cin, 1, v,
+    int few = g->tiles <= FEW_TILES, status;
+    if (few) /* M[point]^T = V[point]^T @ U[point]^T */
+        status = tg_gemm_f32(POINTS, g->tiles, g->cout, g->cin, v, g->cin * g->tiles, 1, g->tiles, u,
+                             g->cout * g->cin, 1, g->cin, m, g->tiles * g->cout, g->cout, 1.0f, NULL, 0, 0, 0, NULL,
+                             0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
+    else
+        status = tg_gemm_f32(POINTS, g->cout, g->tiles, g->cin, u, g->cout * g->cin, g->cin, 1, v,
                              g->cin * g->tiles, g->tiles, 1, m, g->cout * g->tiles, g->tiles, 1.0f, NULL, 0, 0, 0,
                              NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
-    if (status == TG_GEMM_OK) transform_output(g, m, bias, alpha, residual, activation, out, out_bs);
+    if (status == TG_GEMM_OK)
+        transform_output(g, m, few ? 1 : g->tiles, few ? g->cout : 1, bias, alpha, residual, activation, out, out_bs);
     return status == TG_GEMM_OK;
 }
 
