@@ -389,7 +389,8 @@ class Program:
     def _timed(self) -> tuple[Any, Any]:
         """The timed build of this program (`render_program(timed=True)`) and its per-kernel seconds."""
         library = self._load(self.target.renderer.render_program(self.kernels, self._buffer_names, timed=True,
-                                                                 sizes_at_run_time=self._sizes_at_run_time))
+                                                                 sizes_at_run_time=self._sizes_at_run_time,
+                                                                 skippable=self.preparations.kernels))
         return library, (ctypes.c_double * max(len(self.kernels), 1)).in_dll(library, "tg_kernel_seconds")
 
     def _interruptible(self, launch: Callable[..., int], *args: Any) -> int:

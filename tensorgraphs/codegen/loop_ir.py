@@ -424,14 +424,18 @@ class HostCall:
 @dataclass(frozen=True)
 class NativeCall:
     """A call of a kernel library's C function `function` (`tensorgraphs.kernels.LIBRARIES`) whose arguments are
-    `args` in order: a str is a buffer (passed as its array), None a NULL pointer, a number a literal (a float as
-    float32). What it reads and writes is its kernel's parameters."""
+    `args` in order: a str is a buffer (passed as its array, from the element `offsets` gives for its position, if
+    any), None a NULL pointer, a number a literal (a float as float32). What it reads and writes is its kernel's
+    parameters."""
 
     function: str
     args: tuple[str | int | float | None, ...]
+    offsets: tuple[tuple[int, int], ...] = ()  # (argument position, elements)
 
     def __repr__(self) -> str:
-        return f"{self.function}({', '.join(map(repr, self.args))})"
+        offset = dict(self.offsets)
+        args = [f"{arg!r} + {offset[i]}" if offset.get(i) else repr(arg) for i, arg in enumerate(self.args)]
+        return f"{self.function}({', '.join(args)})"
 
 
 @dataclass(frozen=True)

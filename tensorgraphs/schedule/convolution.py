@@ -124,23 +124,28 @@ path: 0.9x at batch 8 there)."""
 
 @dataclasses.dataclass(frozen=True)
 class WinogradClass:
-    """Where Winograd runs unmeasured (`_winograd_prior`). Its call transforms the weights (per weight, whatever the
-    image), each input channel of a tile and each output channel of a tile, then multiplies tiles x channels x
-    channels at a quarter of the direct product's multiplies: it pays where the 36 products have rows enough (4x4
-    output tiles over all images, `tiles`) for the weights' transform, channels enough on both sides (`channels`)
-    for the tiles', and where the tiles cover mostly real outputs (`coverage`; 13x13 computes 16x16)."""
+    """Where Winograd runs unmeasured (`_winograd_prior`). It transforms the weights (once while they stay, a
+    preparation: `schedule.prepared`), each input channel of a tile and each output channel of a tile, then
+    multiplies tiles x channels x channels at a quarter of the direct product's multiplies: it pays where the 36
+    products have tiles enough (4x4 output tiles over all images, `tiles`) to stream the transformed weights (four
+    times the weights) for, channels enough on both sides (`channels`) for the tiles' transforms, and where the tiles
+    cover mostly real outputs (`coverage`; 13x13 computes 16x16)."""
 
     tiles: int
     channels: int
     coverage: float
 
 
-WINOGRAD_CLASS = {"avx2": WinogradClass(48, 64, 0.75), "avx512": WinogradClass(48, 16, 0.6)}
+WINOGRAD_CLASS = {"avx2": WinogradClass(48, 64, 0.75), "avx512": WinogradClass(16, 16, 0.6)}
 """The class by instruction set. On AVX2, ResNet-50, VGG-19, Inception v1, SqueezeNet and DenseNet-121's 3x3
-stride-1 convs at batch 1 and 8 gained 1.2-2.2x in it and lost up to 5x outside it (7x7 at batch 1: 4 tiles). On
-AVX-512 (the products' 6 x 64 register tile) Winograd also won with 16 and 32 channels on a side (SqueezeNet's 16->64
-at 55x55, 32->128 at 27x27, DenseNet's 128->32: 1.3-1.7x the implicit GEMM's and the direct conv's speed at batch 1)
-and 13x13 images at batch 8 (1.3-1.5x); it still lost at 4 and 16 tiles (7x7, 13x13 at batch 1; bench/NOTES.md)."""
+stride-1 convs at batch 1 and 8 gained 1.2-2.2x in it and lost up to 5x outside it (7x7 at batch 1: 4 tiles; the
+weights transformed at every call then). On AVX-512 (the products' 6 x 64 register tile) Winograd also won with 16
+and 32 channels on a side (SqueezeNet's 16->64 at 55x55, 32->128 at 27x27, DenseNet's 128->32: 1.3-1.7x the implicit
+GEMM's and the direct conv's speed at batch 1) and, with its weights' transform kept, at 16 tiles (14x14 and 13x13
+at batch 1: ResNet-50's 256->256 1.3x, SqueezeNet's 48->192 and 64->256 1.7-1.9x, DenseNet's 128->32 1.5x the
+direct conv); it still lost at 4 tiles (7x7 at batch 1: 2.8 against the implicit GEMM's 2.6 ms at 512 channels;
+bench/NOTES.md). A training step transforms its weights at every step, a tenth slower than the implicit GEMM at 16
+tiles."""
 WINOGRAD_PRIOR = (0.8, 1.1)
 """Winograd's prior in its class (ahead of the implicit GEMM) and outside it (behind)."""
 
@@ -267,24 +272,34 @@ across calls while the weights stay (`schedule.prepared`). Made by `prepare_wino
 
 def prepare_winograd_weights(roots: list[Node], materialized: set[Node],
                              is_leaf: Callable[[Node], bool]) -> tuple[list[Node], set[Node]]:
-    """Each conv the Winograd kernel runs with an epilogue reads its weights' transform (`WINOGRAD_WEIGHTS`) instead
-    of making it at every call, where the weights start their buffer (the transform's call takes no offset); the
-    transforms get buffers."""
+    """Each conv the Winograd kernel runs reads its weights' transform (`WINOGRAD_WEIGHTS`) instead of making it at
+    every call; the transforms get buffers."""
     order = toposort(roots, stop=is_leaf)
     replaced = {conv: functools.partial(_prepared_conv, conv) for conv in order
-                if conv.op is CONV_EPILOGUE and dict(conv.arg)["algorithm"] == WINOGRAD
-                and contiguous_storage(conv.src[1])[1] == 0}
+                if not is_leaf(conv) and runs_as_conv_kernel(conv) and _algorithm(conv) == WINOGRAD}
     rebuilt = rebuild(order, replaced, is_leaf)
     transforms = {rebuilt[conv].src[-1] for conv in replaced}
     return [rebuilt[r] for r in roots], {rebuilt.get(n, n) for n in materialized} | transforms
 
 
+def _algorithm(conv: Node) -> str:
+    """The candidate running a conv kernel's node (`runs_as_conv_kernel`)."""
+    return dict(conv.arg)["algorithm"] if conv.op is CONV_EPILOGUE else route_of(conv)
+
+
+NO_EPILOGUE = {"alpha": 1.0, "bias": False, "bias_offset": 0, "activation": "none", "residual": False,
+               "activation_after_residual": False}
+"""`CONV_EPILOGUE`'s parameters of a conv whose result is stored as it is."""
+
+
 def _prepared_conv(conv: Node, rebuilt: dict[Node, Node]) -> Node:
+    """`conv` (a fused one, or a conv2d without epilogue) reading its weights' transform."""
     sources = tuple(rebuilt[s] for s in conv.src)
     weight = sources[1]
     transform = make_node(WINOGRAD_WEIGHTS, (weight,), {}, dtypes.float32, _transform_shape(weight.shape))
-    return make_node(CONV_EPILOGUE, (*sources, transform), {**dict(conv.arg), "prepared": True}, conv.dtype,
-                     conv.shape)
+    params = dict(conv.arg) if conv.op is CONV_EPILOGUE else {**_conv_params(conv), **NO_EPILOGUE,
+                                                                "algorithm": WINOGRAD}
+    return make_node(CONV_EPILOGUE, (*sources, transform), {**params, "prepared": True}, conv.dtype, conv.shape)
 
 
 def _channel_vector(node: Node) -> bool:
@@ -442,9 +457,10 @@ class WinogradWeightsLowering(LibraryCallLowering):
 
     def kernel(self) -> Kernel:
         (weight,) = self.node.src
-        base, _ = contiguous_storage(weight)  # at offset 0 (`prepare_winograd_weights`)
+        base, offset = contiguous_storage(weight)
         weights, transform = self.buffers[base], self.buffers[self.node]
-        call = NativeCall(WINOGRAD_WEIGHTS_FUNCTION, (weight.shape[0], weight.shape[1], weights, transform))
+        call = NativeCall(WINOGRAD_WEIGHTS_FUNCTION, (weight.shape[0], weight.shape[1], weights, transform),
+                          ((2, offset),))
         return Kernel(self.name, [KernelParam(weights, base.dtype, base.size, False),
                                   KernelParam(transform, self.node.dtype, self.node.size, True)], [call], prepares=True)
 

@@ -11,6 +11,7 @@ go to memory with streaming stores, a whole cache line at a time
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -262,14 +263,16 @@ def _attention_function(call: AttentionCall) -> str:
 def native_call(call: NativeCall, array: dict[str, str]) -> str:
     """A library function called with buffers, NULLs and literals (its status is 0 unless memory ran out)."""
 
-    def argument(arg: str | int | float | None) -> str:
+    offset = dict(call.offsets)
+
+    def argument(position: int, arg: str | int | float | None) -> str:
         if arg is None:
             return "NULL"
         if isinstance(arg, str):
-            return array[arg]
+            return f"{array[arg]} + {offset[position]}" if offset.get(position) else array[arg]
         return literal(arg, dtypes.float32) if isinstance(arg, float) else str(arg)
 
-    return f"(void){call.function}({', '.join(map(argument, call.args))});"
+    return f"(void){call.function}({', '.join(itertools.starmap(argument, enumerate(call.args)))});"
 
 
 def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
