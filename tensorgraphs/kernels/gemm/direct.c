@@ -1,11 +1,12 @@
 /* conv2d by direct convolution, for convs with few input channels (3-channel stems) or few output channels: a
- * register tile (output channels x consecutive output positions) multiplies the weights, read in place, by vectors
- * loaded straight from a zero-padded copy of the image, one per tap, so no im2col column is ever written or
- * packed. Strided convs copy the padded input as stride_h x stride_w phase planes (rows y, y + stride_h, ... and
- * columns x, x + stride_w, ...), so that under every tap consecutive output positions read consecutive floats, also
- * from one output row to the next, as the padded rows themselves do at stride 1: tiles run across rows. At stride 1,
- * 16 or 32 output channels on short rows are the vectors' lanes instead (lanes_tile). With K = 27 (3 channels, 3x3) filling and packing the columns cost 40% of the implicit
- * GEMM's time (bench/NOTES.md). */
+ * register tile (output channels x consecutive output positions) multiplies the weights (packed per panel of output
+ * channels) by vectors loaded straight from a zero-padded copy of the image, one per tap, so no im2col column is
+ * ever written or packed. Strided convs copy the padded input as stride_h x stride_w phase planes (rows y, y +
+ * stride_h, ... and columns x, x + stride_w, ...), so that under every tap consecutive output positions read
+ * consecutive floats, also from one output row to the next, as the padded rows themselves do at stride 1: tiles run
+ * across rows. At stride 1, 16 or 32 output channels on short rows are the vectors' lanes instead (lanes_tile).
+ * With K = 27 (3 channels, 3x3) filling and packing the columns cost 40% of the implicit GEMM's time on AVX2
+ * (bench/NOTES.md). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +29,8 @@ typedef struct {
 } padded_band;
 
 static padded_band band_of(const conv_geometry *g, int64_t output_rows) {
-    int64_t rows = (output_rows - 1) * g->stride_h + (g->kh - 1) * g->dilation_h + 1, phase_rows = ceil_div(rows,
-                                                                                                          g->stride_h);
-    int64_t phase_width = g->ow + (g->kw - 1) * g->dilation_w / g->stride_w;
+    int64_t rows = (output_rows - 1) * g->stride_h + (g->kh - 1) * g->dilation_h + 1;
+    int64_t phase_rows = ceil_div(rows, g->stride_h), phase_width = g->ow + (g->kw - 1) * g->dilation_w / g->stride_w;
     return (padded_band){rows, phase_rows, phase_width,
                          g->cin * g->stride_h * g->stride_w * phase_rows * phase_width};
 }
