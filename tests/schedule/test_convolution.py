@@ -66,10 +66,14 @@ def test_candidates_by_geometry() -> None:
         *direct, *im2col, DECOMPOSE]
     assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 1, 1), 6)))) == [
         "implicit_gemm", *im2col, DECOMPOSE]  # 1x1
-    # ...on AVX-512 with 32 taps or more: a 3-channel 3x3 stem's 27 run the implicit GEMM, a 7x7 stem's 147 not
+    # ...on AVX-512 with 32 taps or more: a 3-channel 3x3 stem's 27 run the implicit GEMM (of many output channels
+    # or of few), a 7x7 stem's 147 not
     stem = tg.tensor(_floats((1, 3, 9, 40), 12))
+    short = ["implicit_gemm"] if gemm.avx512() else direct
     assert _candidate_names(F.conv2d(stem, tg.tensor(_floats((64, 3, 3, 3), 13)), stride=2)) == [
-        *(["implicit_gemm"] if gemm.avx512() else direct), *im2col, DECOMPOSE]
+        *short, *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(stem, tg.tensor(_floats((24, 3, 3, 3), 13)), stride=2)) == [
+        *short, *im2col, DECOMPOSE]
     assert _candidate_names(F.conv2d(stem, tg.tensor(_floats((64, 3, 7, 7), 13)), stride=2, padding=3)) == [
         *direct, *im2col, DECOMPOSE]
     assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 3, 3), 6)))) == [
