@@ -112,8 +112,8 @@ DIRECT_MIN_TAPS_AVX512 = 32
 """On AVX-512 the direct conv applies only with at least this many taps (cin x kh x kw): below it the implicit
 GEMM's tiles walk C along its rows (gemm.c's SHORT_REDUCTION), which wrote the 3x3 stems (27 taps) faster than the
 direct conv's tiles in the models: SqueezeNet's 3 -> 64 0.60 against 0.65 ms at batch 1, 5.1 against 7.2 at batch 8,
-ShuffleNet's 3 -> 24 0.29 against 0.32; ResNet-50's 7x7 stem (147 taps) stays 1.2x faster direct
-(bench/NOTES.md)."""
+ShuffleNet's 3 -> 24 0.29 against 0.32, VGG-19's 3 -> 64 at stride 1 2.1 against 2.7; ResNet-50's 7x7 stem (147
+taps) stays 1.2x faster direct (bench/NOTES.md)."""
 DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS, DIRECT_MIN_WIDTH_FEW_OUTPUTS_STRIDE_1 = 32, 28, 14
 DIRECT_LANES_CHANNELS, DIRECT_MIN_WIDTH_LANES = (16, 32), 7
 """The direct conv also applies to few output channels on rows of 28 or more, whatever the input channels: each
