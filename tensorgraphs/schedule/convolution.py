@@ -111,6 +111,12 @@ DIRECT_MAX_CHANNELS, DIRECT_MIN_WIDTH = 16, 16
 under each of the cin x kh x kw taps, so it pays where the implicit GEMM's per-panel packing weighs most against
 few taps (3-channel stems: 1.2-1.5x faster on AVX2, bench/NOTES.md) and its tiles are filled (rows of at least
 a vector); 1x1 kernels pack cheaply (plain rows) and ran alike."""
+DIRECT_MIN_TAPS_AVX512 = 32
+"""On AVX-512 the direct conv applies only with at least this many taps (cin x kh x kw): below it the implicit
+GEMM's tiles walk C along its rows (gemm.c's SHORT_REDUCTION), which wrote the 3x3 stems (27 taps) faster than the
+direct conv's tiles in the models: SqueezeNet's 3 -> 64 0.60 against 0.65 ms at batch 1, 5.1 against 7.2 at batch 8,
+ShuffleNet's 3 -> 24 0.29 against 0.32, VGG-19's 3 -> 64 at stride 1 2.1 against 2.7; ResNet-50's 7x7 stem (147
+taps) stays 1.2x faster direct (bench/NOTES.md)."""
 DIRECT_MAX_OUT_CHANNELS, DIRECT_MIN_WIDTH_FEW_OUTPUTS, DIRECT_MIN_WIDTH_FEW_OUTPUTS_STRIDE_1 = 32, 28, 14
 DIRECT_LANES_CHANNELS, DIRECT_MIN_WIDTH_LANES = (16, 32), 7
 """The direct conv also applies to few output channels on rows of 28 or more, whatever the input channels: each
@@ -161,10 +167,12 @@ def _winograd_prior(node: Node) -> float:
 
 def _direct_fits(node: Node) -> bool:
     """`_kernel_fits`, with a window larger than 1x1 and few input channels on wide output rows, or few output
-    channels on wider ones (at stride 1, wide ones)."""
+    channels on wider ones (at stride 1, wide ones); on AVX-512 with taps enough."""
     if not _kernel_fits(node):
         return False
     x, weight = node.src
+    if gemm.avx512() and math.prod(weight.shape[1:]) < DIRECT_MIN_TAPS_AVX512:
+        return False
     out_channels, width = weight.shape[0], node.shape[3]
     few_inputs = x.shape[1] <= DIRECT_MAX_CHANNELS and width >= DIRECT_MIN_WIDTH
     min_width = DIRECT_MIN_WIDTH_FEW_OUTPUTS

@@ -66,6 +66,9 @@ CASES = [
     (3, 3, 45, 71, 13, (3, 3), 2, 0, 1),
     (2, 1, 30, 52, 7, (5, 3), (1, 3), (2, 1), (2, 2)),
     (1, 16, 29, 40, 20, (3, 3), 1, 1, 1),
+    # strided bands of 64K floats (4 of 8, 8, 8, 7 output rows, whatever the threads), each panel of output
+    # channels over a whole band before the next, the last panel of 1 channel
+    (1, 16, 61, 230, 9, (3, 3), 2, 1, 1),
     # at stride 1 its tiles run across rows (through the padded rows' edges): vectors over three rows of 7 (4
     # panels of 8 output channels), bands of 29 and 28 rows with a last panel of 5 channels, a dilated 3x2 kernel
     # on rows of 4 (7 apart in the padded copy), padded rows whose first vectors are all padding

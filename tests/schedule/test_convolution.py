@@ -66,6 +66,16 @@ def test_candidates_by_geometry() -> None:
         *direct, *im2col, DECOMPOSE]
     assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 1, 1), 6)))) == [
         "implicit_gemm", *im2col, DECOMPOSE]  # 1x1
+    # ...on AVX-512 with 32 taps or more: a 3-channel 3x3 stem's 27 run the implicit GEMM (of many output channels
+    # or of few), a 7x7 stem's 147 not
+    stem = tg.tensor(_floats((1, 3, 9, 40), 12))
+    short = ["implicit_gemm"] if gemm.avx512() else direct
+    assert _candidate_names(F.conv2d(stem, tg.tensor(_floats((64, 3, 3, 3), 13)), stride=2)) == [
+        *short, *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(stem, tg.tensor(_floats((24, 3, 3, 3), 13)), stride=2)) == [
+        *short, *im2col, DECOMPOSE]
+    assert _candidate_names(F.conv2d(stem, tg.tensor(_floats((64, 3, 7, 7), 13)), stride=2, padding=3)) == [
+        *direct, *im2col, DECOMPOSE]
     assert _candidate_names(F.conv2d(wide, tg.tensor(_floats((6, 16, 3, 3), 6)))) == [
         *direct, "winograd", *im2col, DECOMPOSE]  # output rows of 15: as few output channels at stride 1
     many = tg.tensor(_floats((1, 17, 5, 17), 7))
@@ -137,8 +147,10 @@ def _tg_block(reference: _Block) -> tg.nn.Module:
 
 SHAPES = {"narrow": (2, 3, 17, 15), "wide": (2, 3, 40, 34)}
 """Inputs of `_Block`: on narrow images its convs run the implicit GEMM; on wide ones those of few input channels
-and a 3x3 window run the direct conv (`conv._direct_fits`: output rows of 20 and 17)."""
-FUNCTIONS = {"narrow": ["tg_conv2d_f32"] * 4, "wide": ["tg_conv2d_direct_f32"] * 3 + ["tg_conv2d_f32"]}
+and a 3x3 window run the direct conv (`conv._direct_fits`: output rows of 20 and 17), but for the stem's 27 taps on
+AVX-512 (`conv.DIRECT_MIN_TAPS_AVX512`)."""
+_STEM = "tg_conv2d_f32" if gemm.avx512() else "tg_conv2d_direct_f32"
+FUNCTIONS = {"narrow": ["tg_conv2d_f32"] * 4, "wide": [_STEM] + ["tg_conv2d_direct_f32"] * 2 + ["tg_conv2d_f32"]}
 
 
 @pytest.mark.parametrize("shape", SHAPES)

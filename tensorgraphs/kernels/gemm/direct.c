@@ -1,11 +1,12 @@
 /* conv2d by direct convolution, for convs with few input channels (3-channel stems) or few output channels: a
- * register tile (output channels x consecutive output positions) multiplies the weights, read in place, by vectors
- * loaded straight from a zero-padded copy of the image, one per tap, so no im2col column is ever written or
- * packed. Strided convs copy each padded input row as `stride_w` phase rows (columns x, x + stride, ...), so that
- * under every tap the output row's consecutive positions read consecutive floats; at stride 1 consecutive padded
- * rows do too, so tiles run across rows; there, 16 or 32 output channels on short rows are the vectors' lanes
- * instead (lanes_tile). With K = 27 (3 channels, 3x3) filling and packing the columns cost 40% of the implicit
- * GEMM's time (bench/NOTES.md). */
+ * register tile (output channels x consecutive output positions) multiplies the weights (packed per panel of output
+ * channels) by vectors loaded straight from a zero-padded copy of the image, one per tap, so no im2col column is
+ * ever written or packed. Strided convs copy the padded input as stride_h x stride_w phase planes (rows y, y +
+ * stride_h, ... and columns x, x + stride_w, ...), so that under every tap consecutive output positions read
+ * consecutive floats, also from one output row to the next, as the padded rows themselves do at stride 1: tiles run
+ * across rows. At stride 1, 16 or 32 output channels on short rows are the vectors' lanes instead (lanes_tile).
+ * With K = 27 (3 channels, 3x3) filling and packing the columns cost 40% of the implicit GEMM's time on AVX2
+ * (bench/NOTES.md). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,18 +18,27 @@
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* The zero-padded copy of the input rows a task reads (a band of output rows of one image): `rows` padded rows per
- * channel, each as `stride_w` phase rows of `phase_width` floats, so that padded row Y (input row Y - pad_h),
- * column X (input column X - pad_w) lies at ((channel * rows + Y - Y0) * stride_w + X % stride_w) * phase_width +
- * X / stride_w, for the band's first padded row Y0. */
+/* The zero-padded copy of the input rows a task reads (a band of output rows of one image), `rows` padded rows per
+ * channel split into stride_h x stride_w phase planes of `phase_rows` rows of `phase_width` floats: padded row y of
+ * the band (input row Y0 + y - pad_h, for its first padded row Y0, a multiple of stride_h), column X (input column
+ * X - pad_w) lies in plane (y % stride_h, X % stride_w) at row y / stride_h, column X / stride_w. Under every tap
+ * the output positions of consecutive rows then read consecutive floats of one plane, phase_width a row, as at
+ * stride 1 (one plane: the padded rows). */
 typedef struct {
-    int64_t rows, phase_width, row_floats, floats;
+    int64_t rows, phase_rows, phase_width, floats;
 } padded_band;
 
 static padded_band band_of(const conv_geometry *g, int64_t output_rows) {
     int64_t rows = (output_rows - 1) * g->stride_h + (g->kh - 1) * g->dilation_h + 1;
-    int64_t phase_width = g->ow + (g->kw - 1) * g->dilation_w / g->stride_w;
-    return (padded_band){rows, phase_width, g->stride_w * phase_width, g->cin * rows * g->stride_w * phase_width};
+    int64_t phase_rows = ceil_div(rows, g->stride_h), phase_width = g->ow + (g->kw - 1) * g->dilation_w / g->stride_w;
+    return (padded_band){rows, phase_rows, phase_width,
+                         g->cin * g->stride_h * g->stride_w * phase_rows * phase_width};
+}
+
+/* Where plane (phase_y, phase_x) of `channel` starts in the band. */
+static int64_t plane_offset(const conv_geometry *g, const padded_band *p, int64_t channel, int64_t phase_y,
+                            int64_t phase_x) {
+    return ((channel * g->stride_h + phase_y) * g->stride_w + phase_x) * p->phase_rows * p->phase_width;
 }
 
 /* dst[t] = row[t - pad] where that lies in [0, width), else 0, for t < count, by 16-float vectors, the last one
@@ -41,25 +51,28 @@ static void pad_row(const float *row, int64_t width, int64_t pad, int64_t count,
     }
 }
 
-/* dst = the band of `image` that starts at padded row y0 (zero where it reads the padding). */
+/* dst = the band of `image` that starts at padded row y0 (zero where it reads the padding), written in its order
+ * (pad_row's last vector lands on rows written after it); a plane's row past the band (when stride_h does not divide
+ * its rows) is zero too, read only by discarded lanes. */
 static void pad_band(const conv_geometry *g, const padded_band *p, const float *image, int64_t y0,
                      float *restrict dst) {
     for (int64_t channel = 0; channel < g->cin; channel++)
-        for (int64_t y = 0; y < p->rows; y++) {
-            int64_t iy = y0 + y - g->pad_h;
-            float *d = dst + (channel * p->rows + y) * p->row_floats;
-            if (iy < 0 || iy >= g->h) {
-                memset(d, 0, sizeof(float) * (size_t)p->row_floats);
-                continue;
-            }
-            if (g->stride_w == 1) {
-                pad_row(image + (channel * g->h + iy) * g->w, g->w, g->pad_w, p->phase_width, d);
-                continue;
-            }
-            for (int64_t phase = 0; phase < g->stride_w; phase++) /* column q: input q * stride_w + phase - pad_w */
-                copy_row(image + (channel * g->h + iy) * g->w, columns_inside(phase - g->pad_w, g->stride_w, g->w,
-                         p->phase_width), g->stride_w, p->phase_width, d + phase * p->phase_width);
-        }
+        for (int64_t phase_y = 0; phase_y < g->stride_h; phase_y++)
+            for (int64_t phase_x = 0; phase_x < g->stride_w; phase_x++)
+                for (int64_t r = 0; r < p->phase_rows; r++) {
+                    int64_t y = r * g->stride_h + phase_y, iy = y0 + y - g->pad_h;
+                    float *d = dst + plane_offset(g, p, channel, phase_y, phase_x) + r * p->phase_width;
+                    if (y >= p->rows || iy < 0 || iy >= g->h) {
+                        memset(d, 0, sizeof(float) * (size_t)p->phase_width);
+                        continue;
+                    }
+                    const float *row = image + (channel * g->h + iy) * g->w;
+                    if (g->stride_w == 1)
+                        pad_row(row, g->w, g->pad_w, p->phase_width, d);
+                    else /* column q: input q * stride_w + phase_x - pad_w */
+                        copy_row(row, columns_inside(phase_x - g->pad_w, g->stride_w, g->w, p->phase_width),
+                                 g->stride_w, p->phase_width, d);
+                }
 }
 
 /* A tile is DIRECT_MR output channels by DIRECT_NV vectors of output positions: on AVX-512, 24 of the 32 registers
@@ -71,6 +84,10 @@ enum { DIRECT_MR = 8, DIRECT_NV = 3 };
 enum { DIRECT_MR = TG_MR, DIRECT_NV = TG_NV };
 #endif
 enum { DIRECT_NR = 16 * DIRECT_NV };
+
+/* A tile also prefetches the C lines of the tile after the next one of its panel (the output positions that far on:
+ * a panel's tiles walk its channels' rows in order), so their misses have two tiles' reductions to complete. */
+enum { C_PREFETCH_AHEAD = 2 * DIRECT_NR };
 
 /* Where a tile's output positions go: positions q, q + 1, ... of a run of rows `pitch` apart, whose first `ow` are
  * output columns of rows oy0, oy0 + 1, ... (the others are discarded: the padded rows' edges, which a run along
@@ -104,7 +121,7 @@ static inline __attribute__((always_inline)) void store_vectors(__m512 acc[][DIR
 }
 
 /* Output channels row0.. (DIRECT_MR, the first m_valid real) by `nv` vectors of positions q.. (n_valid real) that
- * tap k reads from b + offset[k] on; weights read in place (w[channel * taps + k]); with `half`, the first 8
+ * tap k reads from b + offset[k] on; weights packed (pack_weights: w[k * DIRECT_MR + i]); with `half`, the first 8
  * positions of one vector only (AVX2). */
 static inline __attribute__((always_inline)) void direct_tile(const int nv, const int half, int64_t taps,
                                                                const float *w, const float *b,
@@ -112,25 +129,27 @@ static inline __attribute__((always_inline)) void direct_tile(const int nv, cons
                                                                const tile_output *out, int64_t m_valid, int64_t q,
                                                                int64_t n_valid, const tg_epilogue *ep, int64_t row0) {
     __m512 acc[DIRECT_MR][DIRECT_NV];
-    const float *rows[DIRECT_MR]; /* rows past the last output channel repeat it: their results are discarded */
-    int64_t first = output_index(out, q / out->pitch, q), ending = output_index(out, (q + n_valid - 1) / out->pitch,
-                                                                                q + n_valid - 1);
-    _Pragma("GCC unroll 64") for (int i = 0; i < DIRECT_MR; i++) {
-        rows[i] = w + (i < m_valid ? i : m_valid - 1) * taps;
+    _Pragma("GCC unroll 64") for (int i = 0; i < DIRECT_MR; i++)
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
-        /* The tile of C is written only after the reduction: fetched now, its misses overlap it (as the GEMM's
-         * micro-kernel does). Without it, a stem's stores stalled on them: 1.7-2.2x slower (bench/NOTES.md). */
-        if (i < m_valid) {
-            _mm_prefetch((const char *)(out->c + i * out->c_rs + first), _MM_HINT_T0);
-            _mm_prefetch((const char *)(out->c + i * out->c_rs + ending), _MM_HINT_T0);
-        }
+    /* The tile of C is written only after the reduction: fetched before it, its misses overlap it (as the GEMM's
+     * micro-kernel does). Without it, a stem's stores stalled on them: 1.7-2.2x slower (bench/NOTES.md). A reduction
+     * of K = 27 is too short to hide a miss from memory, so each tile fetches the lines C_PREFETCH_AHEAD positions on
+     * (the tile after the next), and only a run's first tiles their own (a prefetch never faults: rows past m_valid,
+     * past the output, included). */
+    const float *c = out->c + output_index(out, q / out->pitch, q);
+    int own = q < C_PREFETCH_AHEAD;
+    _Pragma("GCC unroll 64") for (int i = 0; i < DIRECT_MR; i++, c += out->c_rs) {
+        _Pragma("GCC unroll 8") for (int v = 0; own && v <= nv; v++) _mm_prefetch((const char *)(c + 16 * v),
+                                                                                 _MM_HINT_T0);
+        _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
+            _mm_prefetch((const char *)(c + C_PREFETCH_AHEAD + 16 * v), _MM_HINT_T0);
     }
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < taps; k++) {
         const float *bk = b + offset[k];
         __m512 bv[DIRECT_NV];
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) bv[v] = _mm512_loadu_ps(bk + v * 16);
         _Pragma("GCC unroll 64") for (int i = 0; i < DIRECT_MR; i++) {
-            __m512 ai = _mm512_set1_ps(rows[i][k]);
+            __m512 ai = _mm512_set1_ps(w[k * DIRECT_MR + i]);
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
                 acc[i][v] = half ? tg_fmadd_low_ps(ai, bv[v], acc[i][v]) : _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
         }
@@ -150,17 +169,23 @@ static void tile(int64_t taps, const float *w, const float *b, const int64_t *of
 #undef TG_DIRECT_TILE
 }
 
-/* Tiles at positions q < span of a run of rows (tile_output) that tap k reads from b + offset[k] + q on: each
- * panel of output channels over the whole run. */
-static void run_tiles(int64_t taps, int64_t cout, const float *weight, const float *b, const int64_t *offset,
-                      tile_output out, int64_t span, const tg_epilogue *ep) {
-    float *c = out.c;
-    for (int64_t row0 = 0; row0 < cout; row0 += DIRECT_MR) {
-        out.c = c + row0 * out.c_rs;
-        for (int64_t q = 0; q < span; q += DIRECT_NR)
-            tile(taps, weight + row0 * taps, b + q, offset, &out, cout - row0, q, min_i64(DIRECT_NR, span - q), ep,
-                 row0);
-    }
+/* packed[row0 * taps + k * DIRECT_MR + i] = weight[row0 + i][k], panel by panel of DIRECT_MR output channels (rows
+ * past the last one repeat it: their results are discarded), so that a tile reads its weights from one pointer (the
+ * rows' own pointers took 8 registers, spilled around the tile). */
+static void pack_weights(const float *weight, int64_t taps, int64_t cout, float *restrict packed) {
+    for (int64_t row0 = 0; row0 < cout; row0 += DIRECT_MR)
+        for (int64_t k = 0; k < taps; k++)
+            for (int64_t i = 0; i < DIRECT_MR; i++)
+                packed[row0 * taps + k * DIRECT_MR + i] = weight[min_i64(row0 + i, cout - 1) * taps + k];
+}
+
+/* Tiles at positions q < span of a run of rows (tile_output) that tap k reads from b + offset[k] + q on, for the
+ * panel of output channels from row0. */
+static void run_panel(int64_t taps, int64_t cout, int64_t row0, const float *packed, const float *b,
+                      const int64_t *offset, tile_output out, int64_t span, const tg_epilogue *ep) {
+    out.c += row0 * out.c_rs;
+    for (int64_t q = 0; q < span; q += DIRECT_NR)
+        tile(taps, packed + row0 * taps, b + q, offset, &out, cout - row0, q, min_i64(DIRECT_NR, span - q), ep, row0);
 }
 
 /* 16 or 32 output channels on rows of at most LANES_MAX_WIDTH (at stride 1, AVX-512): the output channels are the
@@ -231,11 +256,12 @@ static void lanes_row(int64_t taps, int64_t cout, const float *wt, const float *
 
 static _Thread_local tg_scratch offset_scratch, band_scratch, weight_scratch;
 
-/* A task's band of padded rows is about this many floats (or one output row's, if more). At stride 1 its tiles run
- * along all its rows at once (the padded rows' edges computed, then discarded), so that rows end in no partial
- * tile, over FLAT_BAND_FLOATS (L2); strided convs run tiles along each output row, over BAND_FLOATS (L1: every
- * panel of weights multiplies it). */
-enum { BAND_FLOATS = 4096, FLAT_BAND_FLOATS = 1 << 16 };
+/* A task's band of padded rows is about this many floats (or one output row's, if more; L2). Its tiles run along all
+ * its output rows at once (the phase planes' edges computed, then discarded), so that rows end in no partial tile,
+ * and each panel of output channels runs over the whole band before the next, so it writes its channels' rows in
+ * order, a few streams that the prefetcher follows. With several threads strided convs take smaller bands, at least
+ * TASKS_PER_THREAD a thread, to even out the work. */
+enum { BAND_FLOATS = 1 << 16, TASKS_PER_THREAD = 4 };
 
 int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
@@ -248,22 +274,26 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
     if (g.oh <= 0 || g.ow <= 0 || n <= 0 || cout <= 0) return TG_GEMM_OK;
     int flat = stride_h == 1 && stride_w == 1;
     padded_band one_row = band_of(&g, 1);
-    int64_t budget = flat ? FLAT_BAND_FLOATS : BAND_FLOATS;
-    int64_t rows = tg_clamp(1 + (budget - one_row.floats) / (cin * stride_h * one_row.row_floats), 1, g.oh);
-    int64_t per_image = ceil_div(g.oh, rows);
+    int64_t row_floats = cin * stride_h * stride_w * one_row.phase_width; /* a band's floats per output row */
+    int64_t rows = tg_clamp(1 + (BAND_FLOATS - one_row.floats) / row_floats, 1, g.oh);
+    int64_t per_image = ceil_div(g.oh, rows), threads = omp_get_max_threads();
+    if (!flat && threads > 1) per_image = tg_clamp(ceil_div(TASKS_PER_THREAD * threads, n), per_image, g.oh);
     rows = ceil_div(g.oh, per_image); /* bands of about even heights */
     padded_band band = band_of(&g, rows);
     int64_t taps = cin * kh * kw, positions = g.oh * g.ow, tasks = n * per_image;
     int64_t *offset = (int64_t *)tg_scratch_reserve(&offset_scratch, 2 * (size_t)taps);
     int lanes = lanes_fit(cout, g.ow, flat);
-    float *wt = lanes ? tg_scratch_reserve(&weight_scratch, (size_t)(taps * cout)) : NULL;
-    if (!offset || (lanes && !wt)) return TG_GEMM_NO_MEMORY;
-    if (lanes) transpose_weights(weight, taps, cout, wt);
+    float *wt = tg_scratch_reserve(&weight_scratch, (size_t)(taps * ceil_div(cout, DIRECT_MR) * DIRECT_MR));
+    if (!offset || !wt) return TG_GEMM_NO_MEMORY;
+    if (lanes)
+        transpose_weights(weight, taps, cout, wt);
+    else
+        pack_weights(weight, taps, cout, wt);
     for (int64_t k = 0, channel = 0; channel < cin; channel++)
         for (int64_t ki = 0; ki < kh; ki++)
             for (int64_t kj = 0; kj < kw; kj++, k++)
-                offset[k] = ((channel * band.rows + ki * dilation_h) * stride_w + kj * dilation_w % stride_w) *
-                                band.phase_width + kj * dilation_w / stride_w;
+                offset[k] = plane_offset(&g, &band, channel, ki * dilation_h % stride_h, kj * dilation_w % stride_w) +
+                            ki * dilation_h / stride_h * band.phase_width + kj * dilation_w / stride_w;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed) \
     if (omp_get_max_threads() > 1 && tasks > 1 && n * positions * cout * taps >= 1 << 18)
@@ -282,14 +312,8 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
         for (int64_t oy = oy0; lanes && oy < oy1; oy++)
             lanes_row(taps, cout, wt, padded + (oy - oy0) * band.phase_width, offset, to.c, positions, oy * g.ow, g.ow,
                       &ep);
-        if (lanes) continue;
-        if (flat) {
-            run_tiles(taps, cout, weight, padded, offset, to, (oy1 - oy0 - 1) * band.phase_width + g.ow, &ep);
-            continue;
-        }
-        to.pitch = g.ow;
-        for (to.oy0 = oy0; to.oy0 < oy1; to.oy0++)
-            run_tiles(taps, cout, weight, padded + (to.oy0 - oy0) * stride_h * band.row_floats, offset, to, g.ow, &ep);
+        for (int64_t row0 = 0; !lanes && row0 < cout; row0 += DIRECT_MR)
+            run_panel(taps, cout, row0, wt, padded, offset, to, (oy1 - oy0 - 1) * band.phase_width + g.ow, &ep);
     }
     return failed ? TG_GEMM_NO_MEMORY : TG_GEMM_OK;
 }
