@@ -59,7 +59,7 @@ def preparations(schedule: Schedule, inputs: list[Node], varying: Collection[int
         read = [b.name for b in kernel.buffers if not b.writes]
         if uses_host_calls([kernel]) or any(name not in made_from for name in read):
             continue
-        if any(roles[name] != "temp" or writers[name] != [index] for name in written):
+        if any(roles.get(name) != "temp" or writers[name] != [index] for name in written):
             continue
         sources = frozenset().union(*(made_from[name] for name in read))
         for name in written:
