@@ -213,12 +213,12 @@ CONV_CANDIDATES = (Candidate(IMPLICIT_GEMM, _kernel_fits, prior=1.0),
                    Candidate(IM2COL, _im2col_fits, prior=IM2COL_PRIOR, needs=frozenset({KERNEL_LIBRARIES, OPENBLAS})),
                    Candidate(GROUPED, _grouped_fits, prior=1.0))
 register_candidates(CONV2D, *CONV_CANDIDATES)
-C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, DIRECT, WINOGRAD)},
-               IM2COL: blas.CONV_FUNCTION, GROUPED: gemm.C_FUNCTIONS["matmul"]}
-"""The kernel's C function by candidate."""
-PREPARED_WINOGRAD_FUNCTION, WINOGRAD_WEIGHTS_FUNCTION = (gemm.C_FUNCTIONS["conv2d_winograd_prepared"],
-                                                         gemm.C_FUNCTIONS["winograd_weights"])
-"""The Winograd kernel given its weights' transform, and the transform's."""
+C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in (IMPLICIT_GEMM, DIRECT)},
+               WINOGRAD: gemm.C_FUNCTIONS["conv2d_winograd_prepared"], IM2COL: blas.CONV_FUNCTION,
+               GROUPED: gemm.C_FUNCTIONS["matmul"]}
+"""The kernel's C function by candidate (Winograd's reads its weights' transform: `prepare_winograd_weights`)."""
+WINOGRAD_WEIGHTS_FUNCTION = gemm.C_FUNCTIONS["winograd_weights"]
+"""The kernel making the transform."""
 
 
 def _epilogue_decomposition(x: Any, weight: Any, *operands: Any, alpha: float, bias: bool, bias_offset: int,
@@ -426,6 +426,7 @@ class ConvLowering(LibraryCallLowering):
         residual = next(given) if fused and params["residual"] else None
         prepared = next(given) if fused and params.get("prepared") else None
         algorithm = params["algorithm"] if fused else route_of(self.node)
+        assert (algorithm == WINOGRAD) == (prepared is not None), self.node  # `prepare_winograd_weights`
         epilogue = GemmEpilogue(params["alpha"] if fused else 1.0, bias, activation=params["activation"] if fused
                                 else "none", residual=residual, bias_offset=params["bias_offset"] if bias else 0,
                                 activation_after_residual=fused and params["activation_after_residual"])
@@ -435,8 +436,8 @@ class ConvLowering(LibraryCallLowering):
         call = ConvCall(
             *x.shape, weight.shape[0], tuple(weight.shape[2:]), params["stride"],
             tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
-            self.buffers[w_base], out, C_FUNCTIONS[algorithm] if prepared is None else PREPARED_WINOGRAD_FUNCTION,
-            x_offset, w_offset, bias, epilogue.bias_offset, residual, epilogue.alpha, epilogue.activation,
+            self.buffers[w_base], out, C_FUNCTIONS[algorithm], x_offset, w_offset, bias, epilogue.bias_offset,
+            residual, epilogue.alpha, epilogue.activation,
             activation_after_residual=epilogue.activation_after_residual, prepared=prepared)
         assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
         return Kernel(self.name, buffers, [call])

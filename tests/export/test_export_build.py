@@ -153,9 +153,7 @@ def test_a_conv_kernel_with_a_header_of_its_own_exports_without_paths_of_this_ma
     with choices.forced({signature_of(conv): algorithm}):
         exported = tg.export(model, (x,), tmp_path, name="net")
     source = (tmp_path / "net.c").read_text()
-    function = (convolution.PREPARED_WINOGRAD_FUNCTION if algorithm == convolution.WINOGRAD
-                else convolution.C_FUNCTIONS[algorithm])  # Winograd's call takes its weights' transform
-    assert f"{function}(" in source and '#include "/' not in source
+    assert f"{convolution.C_FUNCTIONS[algorithm]}(" in source and '#include "/' not in source
     got = run_c(exported, [[x.numpy()]])[0][0][0]
     expected = torch.nn.functional.conv2d(*(torch.from_numpy(t.detach().numpy()) for t in (x, model.weight,
                                                                                           model.bias)), padding=1)

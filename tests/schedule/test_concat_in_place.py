@@ -346,9 +346,7 @@ def test_every_conv_algorithm_writes_its_images_into_the_slice(path: tuple[str, 
         got = out.numpy()
     calls = [s for k in program.kernels for s in walk(k.body) if isinstance(s, ConvCall)]
     positions = out_size[2] * out_size[3]
-    # Winograd's calls take their weights' transform (`schedule.prepared`)
-    function = conv.PREPARED_WINOGRAD_FUNCTION if algorithm == conv.WINOGRAD else conv.C_FUNCTIONS[algorithm]
-    assert [c.function for c in calls] == [function] * 2 and calls[1].residual, calls
+    assert [c.function for c in calls] == [conv.C_FUNCTIONS[algorithm]] * 2 and calls[1].residual, calls
     assert [(c.out, c.out_offset) for c in calls] == [(calls[0].out, 0), (calls[0].out, 7 * positions)], calls
     assert batch == 1 or {c.out_stride for c in calls} == {10 * positions}, calls
     assert "cat" not in [k.name.split("_", 1)[1] for k in program.kernels]

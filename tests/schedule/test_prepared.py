@@ -88,7 +88,7 @@ def test_the_transform_is_a_kept_preparation(net: _Net) -> None:
         kernel = program.kernels[prepared]
         assert kernel.prepares and [type(s) for s in walk(kernel.body)] == [NativeCall]
         convs = [s for k in program.kernels for s in walk(k.body) if isinstance(s, ConvCall)]
-        assert [c.function for c in convs] == [conv.PREPARED_WINOGRAD_FUNCTION]
+        assert [c.function for c in convs] == ["tg_conv2d_winograd_prepared_f32"]
         (kept,) = program.preparations.kept
         assert convs[0].prepared == kept
         # it keeps bytes of its own in the arena: live over every kernel
