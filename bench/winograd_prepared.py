@@ -29,13 +29,19 @@ import numpy as np  # noqa: E402
 from tensorgraphs.kernels import gemm  # noqa: E402
 from tensorgraphs.kernels.gemm.build import load_library  # noqa: E402
 
-SHAPES = [  # (x, weight): ResNet's 3x3 stride-1 layers
+SHAPES = [  # (x, weight): ResNet's 3x3 stride-1 layers, then DenseNet's, SqueezeNet's and VGG's first
     ((1, 256, 14, 14), (256, 256, 3, 3)),
     ((1, 512, 7, 7), (512, 512, 3, 3)),
     ((1, 128, 28, 28), (128, 128, 3, 3)),
     ((1, 64, 56, 56), (64, 64, 3, 3)),
     ((8, 256, 14, 14), (256, 256, 3, 3)),
     ((8, 512, 7, 7), (512, 512, 3, 3)),
+    ((8, 128, 28, 28), (128, 128, 3, 3)),
+    ((8, 64, 56, 56), (64, 64, 3, 3)),
+    ((1, 128, 56, 56), (32, 128, 3, 3)),
+    ((1, 16, 55, 55), (64, 16, 3, 3)),
+    ((8, 16, 55, 55), (64, 16, 3, 3)),
+    ((1, 64, 224, 224), (64, 64, 3, 3)),
 ]
 
 

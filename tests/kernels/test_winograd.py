@@ -33,6 +33,12 @@ CASES = [
     (20, 3, 13, 13, 4, 1),
     # at most 4 tiles in all (winograd.c, FEW_TILES: M's rows are tiles), 7x7 as ResNet's last stage at batch 1
     (1, 40, 7, 7, 35, 1),
+    # either side of winograd.c's tiles_as_rows: 98 tiles (two 7x7-tile images) as rows of 31 channels' columns (a
+    # partial vector of channels); the same with 31 input channels (a short reduction), and 16 tiles against 48
+    # channels, as columns
+    (2, 33, 26, 26, 31, 1),
+    (2, 31, 26, 26, 31, 1),
+    (1, 32, 14, 14, 48, 1),
 ]
 TOLERANCE = 3e-5
 """Largest error relative to the largest |output| (F(4x4, 3x3) in float32 loses about 10x the precision of the

@@ -4,15 +4,18 @@
  * and channel instead of 9. In the transformed domain, with P tiles over all images:
  *   U[point][co][ci] = G g G^T          (the weights: tg_winograd_weights_f32, once per weights where kept)
  *   V[point][ci][p]  = B^T d B          (the input patches, zero outside the image)
- *   M[point][co][p]  = U[point] @ V[point]   (tg_gemm_f32: rows are output channels, columns tiles)
+ *   M[point][co][p]  = U[point] @ V[point]   (tg_gemm_f32: rows are output channels, columns tiles;
+ *                                             or M[point]^T = V[point]^T @ U[point]^T: tiles_as_rows)
  *   out tile (p, co) = epilogue(A^T M A)
- * U is the GEMMs' A, not their B: U is four times the size of the weights (9.4 MB for 256 channels each side) and
- * the tiles few (16 for a 14x14 image), and the GEMM reads a row-major A in place where the tiles fit its panels
- * (gemm.c, a_read_in_place) while it packs every B panel per call, a second pass over U (bench/NOTES.md).
+ * U is the GEMMs' A where the tiles are few against the channels: U is four times the size of the weights (9.4 MB
+ * for 256 channels each side) and the tiles few (16 for a 14x14 image), and the GEMM reads a row-major A in place
+ * where the tiles fit its panels (gemm.c, a_read_in_place) while it packs every B panel per call, a second pass
+ * over U (bench/NOTES.md). Where the tiles are many, taking them as rows pads the register tiles less.
  * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding; on AVX2
- * plain loads along tile rows where they are long; output, whose tiles are then transposed in registers and stored
- * row by row) or 16 input channels (weights). V and M live in scratch the calling thread keeps for its next call
- * (`work_scratch`), and so does U where the call transforms the weights itself (tg_conv2d_winograd_f32). */
+ * plain loads along tile rows where they are long), 16 of M's columns (output: tiles or channels, then transposed
+ * in registers and stored row by row) or 16 input channels (weights). V and M live in scratch the calling thread
+ * keeps for its next call (`work_scratch`), and so does U where the call transforms the weights itself
+ * (tg_conv2d_winograd_f32). */
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -243,52 +246,50 @@ static int transform_input(const geometry *g, const float *x, float *v) {
     return !bad;
 }
 
-/* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 tiles of
- * an output channel at a time, transposed in registers so each tile is four short row stores. M[point][co][p] is at
- * m[point * cout * tiles + co * co_stride + p * tile_stride] (tile_stride 1, or a few tiles' rows: gathers). */
-static void transform_output(const geometry *g, const float *m, int64_t co_stride, int64_t tile_stride,
-                             const float *bias, float alpha, const float *residual, int32_t activation, float *out,
-                             int64_t out_bs) {
+/* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 values
+ * of M's rows at a time (16 tiles of an output channel, or 16 output channels of a tile where M's rows are tiles),
+ * transposed in registers so each tile is four short row stores. */
+static void transform_output(const geometry *g, const float *m, int tiles_as_rows, const float *bias, float alpha,
+                             const float *residual, int32_t activation, float *out, int64_t out_bs) {
     int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
-    const __m512i tiles_apart = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32((int32_t)tile_stride));
+    int64_t rows = tiles_as_rows ? g->tiles : g->cout, columns = tiles_as_rows ? g->cout : g->tiles;
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t co = 0; co < g->cout; co++)
-        for (int64_t p0 = 0; p0 < g->tiles; p0 += 16) {
-            __mmask16 valid = tg_tail_mask(g->tiles - p0);
-            v16 rows[PATCH][TILE], column[PATCH], y[TILE], tile_values[16];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c0 = 0; c0 < columns; c0 += 16) {
+            __mmask16 valid = tg_tail_mask(columns - c0);
+            v16 rows_t[PATCH][TILE], column[PATCH], y[TILE], tile_values[16];
             for (int xi = 0; xi < PATCH; xi++) { /* A^T applied to each row of the transformed tiles */
-                for (int nu = 0; nu < PATCH; nu++) {
-                    const float *at = m + (xi * PATCH + nu) * g->cout * g->tiles + co * co_stride + p0 * tile_stride;
-                    column[nu] = tile_stride == 1
-                                     ? _mm512_maskz_loadu_ps(valid, at)
-                                     : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, tiles_apart, at, 4);
-                }
-                output_transform(column, rows[xi]);
+                for (int nu = 0; nu < PATCH; nu++)
+                    column[nu] = _mm512_maskz_loadu_ps(valid, m + ((xi * PATCH + nu) * rows + r) * columns + c0);
+                output_transform(column, rows_t[xi]);
             }
             for (int j = 0; j < TILE; j++) { /* then A to each column */
-                for (int xi = 0; xi < PATCH; xi++) column[xi] = rows[xi][j];
+                for (int xi = 0; xi < PATCH; xi++) column[xi] = rows_t[xi][j];
                 output_transform(column, y);
                 for (int i = 0; i < TILE; i++) tile_values[i * TILE + j] = y[i];
             }
-            tg_transpose_16x16(tile_values); /* tile_values[tile], lane i * 4 + j */
+            tg_transpose_16x16(tile_values); /* tile_values[lane], lane i * 4 + j of its tile */
             float values[16] __attribute__((aligned(64))), residual_tile[16] __attribute__((aligned(64)));
-            tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co : NULL, 0, 0,
-                                            residual ? residual_tile : NULL, 0);
-            int64_t image = p0 / per_image, tile = p0 % per_image;
-            for (int64_t t = 0; t < 16 && p0 + t < g->tiles; t++) {
+            int64_t p = tiles_as_rows ? r : c0, co = tiles_as_rows ? c0 : r;
+            int64_t image = p / per_image, tile = p % per_image;
+            for (int64_t l = 0; l < 16 && c0 + l < columns; l++) { /* lane l: the next tile, or the next channel */
                 int64_t top = tile / g->tiles_w * TILE, left = tile % g->tiles_w * TILE;
                 int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
                 __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
                 int64_t at = co * positions + top * g->ow + left;
                 const float *add = residual ? residual + image * g->cout * positions + at : NULL;
-                for (int64_t i = 0; add && i < TILE; i++) /* the tile's residual, laid out as tile_values[t] */
+                for (int64_t i = 0; add && i < TILE; i++) /* the tile's residual, laid out as tile_values[l] */
                     _mm_store_ps(residual_tile + TILE * i,
                                  i < height ? _mm_maskz_loadu_ps(width, add + i * g->ow) : _mm_setzero_ps());
-                _mm512_store_ps(values, tg_epilogue_apply(tile_values[t], &ep, 0, 0, (__mmask16)0xFFFF));
+                tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co : NULL, 0, 0,
+                                                residual ? residual_tile : NULL, 0);
+                _mm512_store_ps(values, tg_epilogue_apply(tile_values[l], &ep, 0, 0, (__mmask16)0xFFFF));
                 for (int64_t i = 0; i < height; i++)
                     _mm_mask_storeu_ps(out + image * out_bs + at + i * g->ow, width, _mm_load_ps(values + TILE * i));
-                if (++tile == per_image) tile = 0, image++;
+                if (tiles_as_rows)
+                    co++;
+                else if (++tile == per_image)
+                    tile = 0, image++;
             }
         }
 }
@@ -326,23 +327,38 @@ static int winograd_geometry(int64_t n, int64_t cin, int64_t h, int64_t w, int64
  * columns the blocked GEMM took 2.3x as long (7x7 images at batch 1, 512 channels each side: bench/NOTES.md). */
 enum { FEW_TILES = 4 };
 
+/* Multiply-adds of the GEMM's register tiles (TG_MR rows by 16-column vectors) for M's rows by its columns. */
+static int64_t padded_work(int64_t rows, int64_t columns) {
+    return (rows + TG_MR - 1) / TG_MR * TG_MR * ((columns + 15) / 16 * 16);
+}
+
+/* Whether M's GEMMs take the group's tiles as rows (M[point]^T = V[point]^T @ U[point]^T, U packed as B down its
+ * rows: tg_pack_b_strided's transposes) rather than output channels (U read in place as A): at most FEW_TILES
+ * tiles, or where the register tiles would pad the tiles' columns at least 5% more than they pad the tiles' rows
+ * (ResNet's 56x56 and 28x28 layers, 196 and 49 tiles an image: 3-7% faster as rows; 14x14 at batch 1, 16 tiles
+ * of 256 channels, 17% slower), and the reduction is not short (16 input channels, SqueezeNet's 55x55 at batch 8:
+ * 5% slower as rows). bench/NOTES.md, 2026-11-29. */
+static int tiles_as_rows(const geometry *g) {
+    if (g->tiles <= FEW_TILES) return 1;
+    return g->cin >= 32 && 20 * padded_work(g->tiles, g->cout) <= 19 * padded_work(g->cout, g->tiles);
+}
+
 /* The conv of images first..first+g->n of the call (x, out and residual already offset to them) with the weights'
  * transform u: V and M in `scratch`. */
 static int winograd_group(const geometry *g, const float *x, const float *u, float *scratch, const float *bias,
                           float alpha, const float *residual, int32_t activation, float *out, int64_t out_bs) {
     float *v = scratch, *m = v + (size_t)POINTS * g->tiles * g->cin;
     if (!transform_input(g, x, v)) return 0;
-    int few = g->tiles <= FEW_TILES, status;
-    if (few) /* M[point]^T = V[point]^T @ U[point]^T */
-        status = tg_gemm_f32(POINTS, g->tiles, g->cout, g->cin, v, g->cin * g->tiles, 1, g->tiles, u,
-                             g->cout * g->cin, 1, g->cin, m, g->tiles * g->cout, g->cout, 1.0f, NULL, 0, 0, 0, NULL,
-                             0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
-    else
-        status = tg_gemm_f32(POINTS, g->cout, g->tiles, g->cin, u, g->cout * g->cin, g->cin, 1, v,
-                             g->cin * g->tiles, g->tiles, 1, m, g->cout * g->tiles, g->tiles, 1.0f, NULL, 0, 0, 0,
-                             NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
-    if (status == TG_GEMM_OK)
-        transform_output(g, m, few ? 1 : g->tiles, few ? g->cout : 1, bias, alpha, residual, activation, out, out_bs);
+    int by_tiles = tiles_as_rows(g);
+    int64_t rows = by_tiles ? g->tiles : g->cout, columns = by_tiles ? g->cout : g->tiles;
+    /* M[point]^T = V[point]^T @ U[point]^T (U's rows B's columns), or M[point] = U[point] @ V[point] */
+    const float *a = by_tiles ? v : u, *b = by_tiles ? u : v;
+    int64_t u_size = g->cout * g->cin, v_size = g->cin * g->tiles;
+    int64_t a_size = by_tiles ? v_size : u_size, b_size = by_tiles ? u_size : v_size;
+    int status = tg_gemm_f32(POINTS, rows, columns, g->cin, a, a_size, by_tiles ? 1 : g->cin, by_tiles ? g->tiles : 1,
+                             b, b_size, by_tiles ? 1 : g->tiles, by_tiles ? g->cin : 1, m, rows * columns, columns,
+                             1.0f, NULL, 0, 0, 0, NULL, 0, 0, TG_ACT_NONE, TG_ACT_NONE, TG_ACT_NONE);
+    if (status == TG_GEMM_OK) transform_output(g, m, by_tiles, bias, alpha, residual, activation, out, out_bs);
     return status == TG_GEMM_OK;
 }
 
