@@ -259,12 +259,12 @@ WINOGRAD_G = ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), 
 
 def _winograd_weights_decomposition(weight: Any) -> Any:
     """tg_winograd_weights_f32's result: G g G^T of each kernel, point-major (36 matrices of out x in channels),
-    then 1 where every weight is finite, else 0."""
-    import tensorgraphs as tg  # the front end, which decompositions are written in (`graph.composite`)
-
-    g = tg.tensor(np.array(WINOGRAD_G, dtype=np.float32))
-    transformed = (g @ weight @ g.T).permute(2, 3, 0, 1).reshape(-1)
-    return tg.cat([transformed, weight.isfinite().all().float().reshape(1)])
+    then 1 where every weight is finite, else 0 (the two joined as the sum of their zero-padded selves)."""
+    g_matrix = weight.new_tensor(np.array(WINOGRAD_G, dtype=np.float32))
+    transformed = as_node((g_matrix @ weight @ g_matrix.T).permute(2, 3, 0, 1).reshape(-1))
+    finite = as_node(weight.isfinite().all().float().reshape(1))
+    return as_value(g.binary(Op.ADD, g.movement(Op.PAD, transformed, ((0, 1),)),
+                             g.movement(Op.PAD, finite, ((transformed.size, 0),))))
 
 
 def _transform_shape(weight_shape: tuple[int, ...]) -> tuple[int]:
