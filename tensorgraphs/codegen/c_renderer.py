@@ -568,6 +568,14 @@ static int tg_unwatch_interrupts(void) {{
     sigaction(SIGINT, &tg_previous_handler, NULL);
     return tg_interrupted;
 }}
+/* Around one entry's run: with `watch`, the handler in place during it, and its status TG_INTERRUPTED if a SIGINT
+   came. */
+static void tg_start_run(int watch) {{
+    if (watch) tg_watch_interrupts(); else tg_interrupted = 0;
+}}
+static int tg_end_run(int watch, int status) {{
+    return watch && tg_unwatch_interrupts() ? TG_INTERRUPTED : status;
+}}
 """
 
 PROGRAM_ENTRY = """
@@ -579,14 +587,12 @@ WATCHED_ENTRIES = """
    would raise) a Ctrl-C during it stops it before its next kernel and makes it return TG_INTERRUPTED; with
    `prepared`, without the kernels whose results the last run left (render_program's `skippable`). */
 int tg_run(void **buffers, int prepared, int watch) {
-    if (watch) tg_watch_interrupts(); else tg_interrupted = 0;
-    int status = tg_program_runs(buffers, prepared);
-    return watch && tg_unwatch_interrupts() ? TG_INTERRUPTED : status;
+    tg_start_run(watch);
+    return tg_end_run(watch, tg_program_runs(buffers, prepared));
 }
 int tg_run_steps(void **buffers, long steps, const long *advance, const long *swap_with, int watch) {
-    if (watch) tg_watch_interrupts(); else tg_interrupted = 0;
-    int status = tg_steps(buffers, steps, advance, swap_with);
-    return watch && tg_unwatch_interrupts() ? TG_INTERRUPTED : status;
+    tg_start_run(watch);
+    return tg_end_run(watch, tg_steps(buffers, steps, advance, swap_with));
 }"""
 
 TIMER = """#include <time.h>
