@@ -11,6 +11,7 @@ go to memory with streaming stores, a whole cache line at a time
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import Counter
 from pathlib import Path
@@ -206,10 +207,7 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     status it returns is always 0."""
     sizes = [call.batch, call.m, call.n, call.k]
     epilogue = call.epilogue
-
-    def pointer(name: str, offset: int) -> str:
-        return f"{array[name]} + {offset}" if offset else array[name]
-
+    pointer = functools.partial(c_pointer, array)
     no_bias = ["NULL", 0, 0, 0]
     bias = [pointer(epilogue.bias, epilogue.bias_offset), *epilogue.bias_strides] if epilogue.bias else no_bias
     residual = ([pointer(epilogue.residual, epilogue.residual_offset), *epilogue.residual_strides]
@@ -222,13 +220,16 @@ def gemm_call(call: GemmCall, array: dict[str, str]) -> str:
     return f"(void){call.function}({', '.join(map(str, args))});"
 
 
+def c_pointer(array: dict[str, str], name: str | None, offset: int = 0) -> str:
+    """A library call's pointer argument: buffer `name`'s array from element `offset` on (NULL for None)."""
+    return "NULL" if name is None else f"{array[name]} + {offset}" if offset else array[name]
+
+
 def conv_call(call: ConvCall, array: dict[str, str]) -> str:
     """A conv2d kernel's call with its fused epilogue (tg_conv2d_f32's arguments, gemm.h); arguments are checked when
     the schedule is built, so its status is 0 unless scratch memory ran out."""
 
-    def pointer(name: str | None, offset: int = 0) -> str:
-        return "NULL" if name is None else f"{array[name]} + {offset}" if offset else array[name]
-
+    pointer = functools.partial(c_pointer, array)
     args = [call.batch, call.channels, call.height, call.width, call.out_channels, *call.kernel, *call.stride,
             *call.padding, *call.dilation, pointer(call.x, call.x_offset), pointer(call.weight, call.weight_offset),
             pointer(call.bias, call.bias_offset), pointer(call.out, call.out_offset), call.out_stride,
@@ -266,10 +267,8 @@ def native_call(call: NativeCall, array: dict[str, str]) -> str:
     offset = dict(call.offsets)
 
     def argument(position: int, arg: str | int | float | None) -> str:
-        if arg is None:
-            return "NULL"
-        if isinstance(arg, str):
-            return f"{array[arg]} + {offset[position]}" if offset.get(position) else array[arg]
+        if arg is None or isinstance(arg, str):
+            return c_pointer(array, arg, offset.get(position, 0))
         return literal(arg, dtypes.float32) if isinstance(arg, float) else str(arg)
 
     return f"(void){call.function}({', '.join(itertools.starmap(argument, enumerate(call.args)))});"
@@ -279,10 +278,9 @@ def attention_call(call: AttentionCall, array: dict[str, str]) -> str:
     """The fused attention library call (attention.h); its status is 0 unless scratch memory ran out."""
 
     def operand(given: StridedOperand) -> list[object]:
-        return [f"{array[given.buffer]} + {given.offset}" if given.offset else array[given.buffer], *given.strides]
+        return [c_pointer(array, given.buffer, given.offset), *given.strides]
 
-    def output(name: str | None) -> str:
-        return array[name] if name else "NULL"
+    output = functools.partial(c_pointer, array)
 
     mask = operand(call.mask) if call.mask else ["NULL", 0, 0, 0, 0]
     mask_struct = f"(tg_attention_mask){{{', '.join(map(str, mask))}, {attention.MASK_KINDS[call.mask_kind]}}}"
