@@ -332,11 +332,10 @@ class Program:
                 self._run_timed(arrays)
             else:
                 self._set_sizes()
-                prepared = self._still_prepared(self._given_anew)
-                self._bound = self._prepared_at = None  # until the launch has rewritten the address table
-                status = self._interruptible(self.runtime.launch, self._entry, arrays, int(prepared))
+                self._bound = None  # until the launch has rewritten the address table
+                status = self._launch_preparing(self._given_anew, lambda prepared: self._interruptible(
+                    self.runtime.launch, self._entry, arrays, prepared))
                 self._bound = None if caller is None else (weakref.ref(caller), self._converted)
-                self._prepared_at = tracing.values_written if status == 0 else None
                 _check_status(status)
             return [self.runtime.to_host(arrays[i]) for i in self._outputs]
 
@@ -357,30 +356,33 @@ class Program:
                 self._passed[self._input_index[position]] = DEAD_REFERENCE  # what `_arrays` compares stays true
         self._bind_outputs(changed)
         self._set_sizes()
-        prepared = self._still_prepared(fresh)
-        bound, self._bound, self._prepared_at = self._bound, None, None
-        status = self._interruptible(self.runtime.launch_again, self._entry, changed, int(prepared))
-        self._bound, self._prepared_at = bound, tracing.values_written if status == 0 else None
+        bound, self._bound = self._bound, None
+        status = self._launch_preparing(fresh, lambda prepared: self._interruptible(
+            self.runtime.launch_again, self._entry, changed, prepared))
+        self._bound = bound
         _check_status(status)
         return [self.runtime.to_host(changed[i] if i in changed else self._slot_arrays[i]) for i in self._outputs]
 
-    def _still_prepared(self, given_anew: Collection[int]) -> bool:
-        """Whether the arena holds what the preparations (`schedule.prepared`) would make in a run given new arrays
-        at the positions `given_anew` (the others: those of the last run): the last run of `tg_run` (of either
-        build) made or kept it, no array was written in place since, and none of their inputs is given anew."""
-        return (bool(self.preparations.kernels) and self._prepared_at == tracing.values_written
-                and self.preparations.inputs.isdisjoint(given_anew) and not memory.poison_enabled())
+    def _launch_preparing(self, given_anew: Collection[int], launch: Callable[[int], int]) -> int:
+        """`launch(prepared)` of a `tg_run` given new arrays at the positions `given_anew` (the others: those of the
+        last run), `prepared` 1 where the arena still holds what the preparations (`schedule.prepared`) would make:
+        the last run of `tg_run` (of either build) made or kept it, no array was written in place since, and none of
+        their inputs is given anew. Its status; a run that fails leaves them to be made again."""
+        prepared = (bool(self.preparations.kernels) and self._prepared_at == tracing.values_written
+                    and self.preparations.inputs.isdisjoint(given_anew) and not memory.poison_enabled())
+        self._prepared_at = None
+        status = launch(int(prepared))
+        self._prepared_at = tracing.values_written if status == 0 else None
+        return status
 
     def _run_timed(self, arrays: list[DeviceBuffer]) -> None:
         """One run of the timed build, each kernel reported to `KERNEL_OBSERVERS`."""
         library, seconds = self._timed
         ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
-        prepared = self._still_prepared(self._given_anew)  # the builds share the arena
-        self._bound = self._prepared_at = None  # its arrays are in the timed build's table, not `tg_run`'s
+        self._bound = None  # its arrays are in the timed build's table, not `tg_run`'s (the builds share the arena)
         start = time.perf_counter()
-        status = self.runtime.launch(library.tg_run, arrays, int(prepared), 0)
-        self._prepared_at = tracing.values_written if status == 0 else None
-        _check_status(status)
+        _check_status(self._launch_preparing(self._given_anew, lambda prepared: self.runtime.launch(
+            library.tg_run, arrays, prepared, 0)))
         for kernel, spent in zip(self.kernels, seconds):
             _report(kernel.name, start, spent, *kernel_work(kernel))
             start += spent
