@@ -268,8 +268,7 @@ def _winograd_weights_decomposition(weight: Any) -> Any:
 
 
 def _transform_shape(weight_shape: tuple[int, ...]) -> tuple[int]:
-    """36 matrices of out x in channels, and the flag."""
-    return (36 * weight_shape[0] * weight_shape[1] + 1,)
+    return (gemm.winograd_weights_size(*weight_shape[:2]),)
 
 
 WINOGRAD_WEIGHTS = Composite("winograd_weights", lambda w: (dtypes.float32, _transform_shape(w.shape)),

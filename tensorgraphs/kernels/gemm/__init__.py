@@ -393,10 +393,16 @@ def conv2d(
     if algorithm != "winograd":
         fail("conv2d", f"only winograd takes prepared weights, not {algorithm!r}", ArgumentError)
     cout, cin = np.shape(weight)[:2]
-    if prepared.dtype != np.float32 or prepared.shape != (36 * cout * cin + 1,) or not prepared.flags.c_contiguous:
+    if (prepared.dtype != np.float32 or prepared.shape != (winograd_weights_size(cout, cin),)
+            or not prepared.flags.c_contiguous):
         fail("conv2d", f"prepared must be winograd_weights of a {(cout, cin)} weight, got {prepared.shape}")
     prepared_conv, u = _functions()["conv2d_winograd_prepared"], _address(prepared)
     return call_conv(lambda *arguments: prepared_conv(*arguments, u), x, weight, *args, **kwargs)
+
+
+def winograd_weights_size(cout: int, cin: int) -> int:
+    """The floats of tg_winograd_weights_f32's transform: 36 matrices of cout x cin, then the finite flag."""
+    return 36 * cout * cin + 1
 
 
 def winograd_weights(weight: np.ndarray) -> np.ndarray:
@@ -407,7 +413,7 @@ def winograd_weights(weight: np.ndarray) -> np.ndarray:
     if weight.ndim != 4 or weight.shape[2:] != (3, 3):
         fail("winograd_weights", f"weight must be (cout, cin, 3, 3), got {weight.shape}", ArgumentError)
     cout, cin = weight.shape[:2]
-    u = np.empty(36 * cout * cin + 1, np.float32)
+    u = np.empty(winograd_weights_size(cout, cin), np.float32)
     _check_status("winograd_weights", _functions()["winograd_weights"](cout, cin, _address(weight), _address(u)))
     return u
 
