@@ -165,6 +165,20 @@ def test_row_major_a_read_in_place_by_few_panels(m, n, k):
 
 
 @needs_gemm
+@pytest.mark.parametrize("m", [5, 6])
+@pytest.mark.parametrize("n", [145, 146])
+@pytest.mark.parametrize("k", [385, 770])
+@pytest.mark.parametrize("b_prologue", ["none", "gelu_tanh"])
+def test_a_team_sharing_one_row_block_adds_the_last_columns_once(m, n, k, b_prologue):
+    """A single row block that the team splits by panels, with its last few columns as dot products (gemm.c's
+    with_dot_tail) and more than one K block: the tail is packed (and its prologue applied) by one thread and its
+    partial sums added by one part of the block, not by each (which doubled every K block after the first)."""
+    a, b = random((m, k), 29), random((k, n + 11), 30)[:, 5 : 5 + n]
+    got = gemm.matmul(a, b, b_prologue=b_prologue, activation="relu")
+    assert_close(got, reference(a, b, b_prologue=b_prologue, activation="relu"), k, f"{m}x{n}x{k} {b_prologue}")
+
+
+@needs_gemm
 @pytest.mark.parametrize("m", [12, 13, 250])
 @pytest.mark.parametrize("n", [17, 18, 19, 20, 21, 49, 196])
 @pytest.mark.parametrize("k", [7, 40, 385, 1000])

@@ -531,7 +531,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
             tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
             float *tail_pack = b_pack + (one_slot ? 1 : panels) * TG_NR * kc, *tail_columns = tail_pack + TG_NR * kc;
             int tail = jc == 0 && p->tail_n > 0, dot = tail && p->tail_n <= DOT_TAIL_COLUMNS && job.in_place_dot;
-            if (tail) {
+            if (tail && tid == 0) { /* a team shares it: packed once, before the barrier */
                 p->b_src->pack(p->b_src, p->b, pc, kc, p->b_col0 + p->tail_col, p->tail_n, tail_pack);
                 finish_b_panel(p, tail_pack, kc);
                 for (int64_t j = 0; dot && j < p->tail_n; j++)
@@ -565,7 +565,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                         prefetch_rows(a_block + (ir + TG_MR) * p->a_rs, p->a_rs, kc);
                     TG_TILE_AT(ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir, jr);
                 }
-                for (int64_t ir = 0; tail && ir < mcur; ir += TG_MR) {
+                for (int64_t ir = 0; tail && part == 0 && ir < mcur; ir += TG_MR) { /* once per row block */
                     int64_t rows = min_i64(mcur - ir, p->tail_row_hi - ic - ir);
                     float *c_tail = p->c + (ic + ir) * p->c_rs + p->tail_col;
                     if (ic + ir < p->tail_row_lo || rows <= 0) continue;
