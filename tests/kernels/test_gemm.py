@@ -179,6 +179,21 @@ def test_a_team_sharing_one_row_block_adds_the_last_columns_once(m, n, k, b_prol
 
 
 @needs_gemm
+@pytest.mark.parametrize("m", [5, 6, 16, 31, 32, 33])
+@pytest.mark.parametrize(("n", "k"), [(64, 16), (100, 64), (145, 385), (1000, 385), (3025, 128), (200, 1000)])
+def test_few_rows_read_whole_b_panels_in_place(m, n, k):
+    """With few rows of A (at most gemm.c's B_IN_PLACE_ROWS, and just past it) the whole panels of row-major B are
+    multiplied where B lies (rows a stride apart that no vector load is aligned to: a slice of a wider array) and
+    only a last partial panel is packed: short reductions, K blocks (KC), and the threads' column bands (wide
+    products), with the whole epilogue."""
+    b = random((k, n + 11), 25)[:, 5 : 5 + n]
+    a, bias, residual = random((m, k), 26), random((n,), 27), random((m, n), 28)
+    got = gemm.matmul(a, b, bias=bias, residual=residual, activation="relu", alpha=0.5)
+    expected = reference(a, b, bias=bias, residual=residual, activation="relu", alpha=0.5)
+    assert_close(got, expected, k, f"{m}x{n}x{k}")
+
+
+@needs_gemm
 @pytest.mark.parametrize("m", [12, 13, 250])
 @pytest.mark.parametrize("n", [17, 18, 19, 20, 21, 49, 196])
 @pytest.mark.parametrize("k", [7, 40, 385, 1000])

@@ -143,15 +143,17 @@ static __attribute__((noinline)) void epilogue_by_vector(const float *tile, int 
 }
 
 /* acc += a_panel (TG_MR x kc, element (i, k) at a[i*a_rs + k*a_ks]: a packed micro-panel or rows of A in place,
- * then with `relu` their relu) @ b_panel (kc x 16*nv of TG_NR), float32 operands by FMA; with `half`, only the first
- * 8 columns of one vector. */
+ * then with `relu` their relu) @ b_panel (kc rows of 16*nv columns, b_ks apart: TG_NR for a packed panel, B's row
+ * stride for one read in place), float32 operands by FMA; with `half`, only the first 8 columns of one vector (of a
+ * packed panel). */
 TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, const int relu, int64_t kc, const float *restrict a,
-                                     int64_t a_rs, int64_t a_ks, const float *restrict b, __m512 acc[TG_MR][TG_NV]) {
+                                     int64_t a_rs, int64_t a_ks, const float *restrict b, int64_t b_ks,
+                                     __m512 acc[TG_MR][TG_NV]) {
     /* unrolled: on AVX2 the rolled loop ran 5-10% slower in whole products (2 and 8 ran as 4; bench/NOTES.md) */
     _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++) {
         __m512 bv[TG_NV];
         _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++)
-            bv[v] = half ? tg_load_low_ps(b + v * 16) : _mm512_load_ps(b + v * 16);
+            bv[v] = half ? tg_load_low_ps(b + v * 16) : _mm512_loadu_ps(b + v * 16);
         _Pragma("GCC unroll 64") for (int i = 0; i < TG_MR; i++) {
             __m512 ai = _mm512_set1_ps(a[i * a_rs]);
             if (relu) ai = tg_activate_ps(ai, TG_ACT_RELU);
@@ -159,7 +161,7 @@ TG_ALWAYS_INLINE void accumulate_f32(const int nv, const int half, const int rel
                 acc[i][v] = half ? tg_fmadd_low_ps(ai, bv[v], acc[i][v]) : _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
         }
         a += a_ks;
-        b += TG_NR;
+        b += b_ks;
     }
 }
 
@@ -197,7 +199,7 @@ typedef void tile_kernel(const tile_job *job, const float *restrict a, const flo
  * epilogue (`ep` for TILE_GENERAL, NULL for none; `affine` for the others) and the kernels for packed and in-place
  * micro-panels of A, and for a few last columns by dot products (in_place_dot, NULL where the job has none). */
 struct tile_job {
-    int64_t kc, a_rs, c_rs, next_c, next_residual;
+    int64_t kc, a_rs, b_ks, c_rs, next_c, next_residual;
     int accumulate;
     const tg_epilogue *ep;
     tg_affine_epilogue affine;
@@ -280,7 +282,7 @@ TG_ALWAYS_INLINE void tile(const int nv, const int half, const int bf16, const i
     if (bf16)
         accumulate_bf16(nv, t->kc, a, b, acc);
     else
-        accumulate_f32(nv, half, relu, t->kc, a, in_place ? t->a_rs : 1, in_place ? 1 : TG_MR, b, acc);
+        accumulate_f32(nv, half, relu, t->kc, a, in_place ? t->a_rs : 1, in_place ? 1 : TG_MR, b, t->b_ks, acc);
     if (ep && ep->activation >= TG_ACT_GELU_TANH) {
         float stack_tile[TG_MR * TG_NR];
         __mmask16 masks[TG_NV];
@@ -428,7 +430,7 @@ static tile_job tile_job_of(const gemm_problem *p, int64_t kc, int accumulate, c
     static tile_kernel *const in_place[] = {in_place_affine, in_place_affine_residual, in_place_general};
     static tile_kernel *const in_place_dot[] = {dot_affine, dot_affine_residual, dot_general};
     int64_t rows = along_rows ? 0 : TG_MR, columns = along_rows ? TG_NR : 0;
-    tile_job t = {.kc = kc, .a_rs = p->a_rs, .c_rs = p->c_rs, .next_c = rows * p->c_rs + columns,
+    tile_job t = {.kc = kc, .a_rs = p->a_rs, .b_ks = TG_NR, .c_rs = p->c_rs, .next_c = rows * p->c_rs + columns,
                   .next_residual = ep ? rows * ep->residual_rs + columns : 0, .accumulate = accumulate, .ep = ep};
     enum tile_epilogue kind = p->bf16 || !tg_affine_of(ep, &t.affine) ? TILE_GENERAL
                               : t.affine.residual                     ? TILE_AFFINE_RESIDUAL
@@ -450,6 +452,17 @@ enum { A_IN_PLACE_COLUMNS = 256 };
 static int a_read_in_place(const gemm_problem *p, int64_t panels) {
     int prologue_once = p->a_prologue == TG_ACT_RELU && panels == 1;
     return p->a_cs == 1 && (!p->a_prologue || prologue_once) && !p->bf16 && panels * TG_NR <= A_IN_PLACE_COLUMNS;
+}
+
+/* Whether the whole panels of B are multiplied where B lies rather than packed (a last partial panel is packed
+ * still): for plain rows of B (a pointwise conv's image) that few enough row tiles read. Each row tile reads the
+ * panel's kc rows again, from cache, where packing would have copied them once: with few rows of A (a squeeze
+ * layer's 16 output channels) the copy is a large part of the work. */
+enum { B_IN_PLACE_ROWS = 32 };
+
+static int b_read_in_place(const gemm_problem *p) {
+    return p->b_src->pack == tg_pack_b_strided && p->b_src->cs == 1 && !p->b_prologue && !p->bf16 &&
+           p->m <= B_IN_PLACE_ROWS;
 }
 
 /* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L1: the next row tile's rows of A read in
@@ -522,13 +535,18 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
     int64_t k_blocks = p->k > 0 ? ceil_div(p->k, TG_KC) : 1, k_step = ceil_div(ceil_div(p->k, k_blocks), 8) * 8;
     int64_t n_split = m_blocks % nthreads == 0 ? 1 : nthreads, units = m_blocks * n_split;
     int along_rows = p->k < SHORT_REDUCTION, lazy = nthreads == 1 && !along_rows, one_slot = lazy && m_blocks == 1;
+    int b_in_place = b_read_in_place(p);
     for (int64_t jc = 0; jc < p->n; jc += TG_NC) {
         int64_t nc = min_i64(TG_NC, p->n - jc), panels = ceil_div(nc, TG_NR);
         for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
             int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
             for (int64_t panel; !lazy && (panel = claim(&work->next[0][parity], nthreads)) < panels;)
-                pack_b_panel(p, pc, kc, jc, nc, panel, b_pack + panel * TG_NR * kc);
+                if (!b_in_place || (panel + 1) * TG_NR > nc)
+                    pack_b_panel(p, pc, kc, jc, nc, panel, b_pack + panel * TG_NR * kc);
             tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
+            tile_job b_job = job; /* B's whole panels read in place */
+            b_job.b_ks = p->b_src->rs;
+            const float *b_rows = p->b + pc * p->b_src->rs + p->b_col0 + jc;
             float *tail_pack = b_pack + (one_slot ? 1 : panels) * TG_NR * kc, *tail_columns = tail_pack + TG_NR * kc;
             int tail = jc == 0 && p->tail_n > 0, dot = tail && p->tail_n <= DOT_TAIL_COLUMNS && job.in_place_dot;
             if (tail && tid == 0) { /* a team shares it: packed once, before the barrier */
@@ -551,19 +569,26 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                     finish_a_block(p, a_pack + packed * kc, mcur - packed, kc);
                 }
                 packed_block = block;
-#define TG_TILE_AT(ir, ...)                                                                                       \
-    ((ir) < packed ? job.in_place : job.packed)(&job, (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, \
+#define TG_TILE_AT(j, ir, ...)                                                                                    \
+    ((ir) < packed ? (j).in_place : (j).packed)(&(j), (ir) < packed ? a_block + (ir) * p->a_rs : a_pack + (ir) * kc, \
                                                 __VA_ARGS__)
                 int64_t first = part * panels / n_split, count = (part + 1) * panels / n_split - first;
                 int64_t sweeps = ceil_div(mcur, TG_MR), tiles = count * sweeps;
                 for (int64_t tile = 0; tile < tiles; tile++) {
                     int64_t panel = first + (along_rows ? tile % count : tile / sweeps);
                     int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
+                    int whole_in_place = b_in_place && (panel + 1) * TG_NR <= nc;
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
-                    if (lazy && block == 0 && ir == 0) pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
+                    if (lazy && block == 0 && ir == 0 && !whole_in_place)
+                        pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
                     if (PREFETCH_NEXT_ROWS && panel == first && ir + 2 * TG_MR <= packed)
                         prefetch_rows(a_block + (ir + TG_MR) * p->a_rs, p->a_rs, kc);
-                    TG_TILE_AT(ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir, jr);
+                    if (whole_in_place)
+                        TG_TILE_AT(b_job, ir, b_rows + panel * TG_NR, p->c + (ic + ir) * p->c_rs + jr, mcur - ir,
+                                   p->n - jr, ic + ir, jr);
+                    else
+                        TG_TILE_AT(job, ir, b_panel, p->c + (ic + ir) * p->c_rs + jr, mcur - ir, p->n - jr, ic + ir,
+                                   jr);
                 }
                 for (int64_t ir = 0; tail && part == 0 && ir < mcur; ir += TG_MR) { /* once per row block */
                     int64_t rows = min_i64(mcur - ir, p->tail_row_hi - ic - ir);
@@ -573,7 +598,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                         job.in_place_dot(&job, a_block + ir * p->a_rs, tail_columns, c_tail, TG_MR, p->tail_n,
                                          ic + ir, p->tail_col);
                     else
-                        TG_TILE_AT(ir, tail_pack, c_tail, rows, p->tail_n, ic + ir, p->tail_col);
+                        TG_TILE_AT(job, ir, tail_pack, c_tail, rows, p->tail_n, ic + ir, p->tail_col);
                 }
 #undef TG_TILE_AT
             }
