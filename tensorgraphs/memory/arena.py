@@ -26,10 +26,16 @@ class Arena:
     """`nbytes` of page-aligned memory; `view(offset, dtype, shape)` is a temporary's array inside it."""
 
     def __init__(self, nbytes: int) -> None:
-        self._map = mmap.mmap(-1, max(nbytes, 1))  # anonymous, page-aligned, zero pages until touched
-        if nbytes >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+        huge = nbytes >= HUGE_PAGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
+        # Private: a shared anonymous mapping is shmem, which the kernel backs with huge pages only where
+        # shmem_enabled allows (usually never). Mapped one huge page longer, so the arena can start on one.
+        self._map = mmap.mmap(-1, max(nbytes, 1) + (HUGE_PAGE_BYTES if huge else 0),
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned, zero until touched
+        if huge:
             self._map.madvise(mmap.MADV_HUGEPAGE)
-        self.bytes = np.frombuffer(self._map, np.uint8)[:nbytes]
+        whole = np.frombuffer(self._map, np.uint8)
+        start = -whole.ctypes.data % HUGE_PAGE_BYTES if huge else 0
+        self.bytes = whole[start:start + nbytes]
         self.address = self.bytes.ctypes.data
 
     def view(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
