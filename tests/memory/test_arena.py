@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,7 +13,7 @@ from tensorgraphs.backends.cpu import CPU, CPU_TARGET
 from tensorgraphs.backends.native import Program
 from tensorgraphs.backends.numpy_backend import REFERENCE
 from tensorgraphs.graph.node import Node
-from tensorgraphs.memory.arena import Arena, poison_enabled
+from tensorgraphs.memory.arena import HUGE_PAGE_BYTES, Arena, poison_enabled
 from tensorgraphs.schedule.fusion import schedule_kernels
 
 pytestmark = pytest.mark.device("cpu", compile=True)  # checks generated C, small graphs included
@@ -29,6 +30,23 @@ def test_views_are_aligned_slices_of_one_allocation() -> None:
     a[...] = 1.5
     b[...] = -7
     assert a.base is not None and np.all(a == 1.5) and np.all(b == -7)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings (Linux)")
+def test_a_large_arena_is_private_memory_that_starts_on_a_huge_page() -> None:
+    """Large arenas can be backed by transparent huge pages: a private anonymous mapping (a shared one is shmem,
+    which the kernel gives huge pages only where shmem_enabled allows), starting on a 2 MiB boundary."""
+    arena = Arena(5 << 20)
+    arena.bytes[:] = 1
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, permissions = line.split()[:2]
+        start, end = (int(part, 16) for part in span.split("-"))
+        if start <= arena.address < end:
+            break
+    else:
+        pytest.fail("the arena is in no mapping")
+    assert permissions == "rw-p" and arena.address + len(arena.bytes) <= end
+    assert arena.address % HUGE_PAGE_BYTES == 0
 
 
 def test_poison_reads_nan_in_floats_and_minus_one_in_ints(monkeypatch: pytest.MonkeyPatch) -> None:
