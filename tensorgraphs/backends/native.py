@@ -181,7 +181,7 @@ class Program:
 
     def __init__(self, schedule: Schedule, inputs: list[Node], target: CTarget, reuse_memory: bool = True,
                  donated: Sequence[tuple[int, int]] = (), binder: Binder | None = None, search: bool = False,
-                 varying: Collection[int] = ()) -> None:
+                 varying: Collection[int] | None = None) -> None:
         self.target, self.runtime = target, target.runtime
         schedule = memory.order_for_memory(schedule)
         self.preparations = preparations(schedule, inputs, varying)
@@ -539,7 +539,7 @@ class NativeBackend:
         key, inputs = structure(roots, is_input)
         position = {node: i for i, node in enumerate(inputs)}
         donated = tuple(sorted((position[n], root) for n, root in (donate or {}).items() if n in position))
-        changing = frozenset(i for i, node in enumerate(inputs) if varying is not None and varying(node))
+        changing = None if varying is None else frozenset(i for i, node in enumerate(inputs) if varying(node))
         key = (key, donated, changing)
         # the planner offers only what this target can run, and what the caller allows (tg.export: no OpenBLAS)
         with targeting(self.target.features & target_features()):
@@ -563,7 +563,7 @@ class NativeBackend:
         return found, inputs
 
     def _untuned(self, roots: list[Node], inputs: list[Node], donated: tuple[tuple[int, int], ...],
-                 varying: frozenset[int], routes: tuple) -> Program:
+                 varying: frozenset[int] | None, routes: tuple) -> Program:
         """The program for `roots` with the defaults (`plan.choices.untuned`), for `plan.step_check`. It keeps the
         tuned program's `routes`: while the planner's choices hold, so does the step check's verdict."""
         with untuned():

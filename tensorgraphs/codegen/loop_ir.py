@@ -521,8 +521,9 @@ class Kernel:
     """One kernel: its parameters and body; `serial` when its iterations must run in order (a scatter-add's
     accumulating stores, a scan), and the `options` it is rendered with. A kernel that `prepares` computes another
     kernel's operand in a form of its own (the Winograd transform of conv weights): where what it reads stays the
-    same from call to call (parameters), a compiled function keeps its result and runs it again only when that
-    changes (`schedule.prepared`)."""
+    same from call to call (parameters), a program keeps its result and runs it again only when that changes, however
+    many bytes it writes (`schedule.prepared`, which keeps other such kernels only where they write no more than
+    they read)."""
 
     name: str
     buffers: list[KernelParam]

@@ -1,5 +1,6 @@
-"""Preparations kept across calls (`schedule.prepared`): the Winograd transform of conv weights runs once while the
-weights stay, and again whenever they change, however they change."""
+"""Preparations kept across calls (`schedule.prepared`): the Winograd transform of conv weights, and the batch norm
+folded into them, run once while the weights and statistics stay, and again whenever they change, however they
+change."""
 
 from __future__ import annotations
 
@@ -84,16 +85,49 @@ def test_the_transform_is_a_kept_preparation(net: _Net) -> None:
         f = _compiled(net)
         x = _floats(X_SHAPE, 3)
         program = f.traced(tg.tensor(x)).program
-        (prepared,) = program.preparations.kernels
+        (prepared,) = [i for i in program.preparations.kernels if program.kernels[i].prepares]
         kernel = program.kernels[prepared]
-        assert kernel.prepares and [type(s) for s in walk(kernel.body)] == [NativeCall]
+        assert [type(s) for s in walk(kernel.body)] == [NativeCall]
         convs = [s for k in program.kernels for s in walk(k.body) if isinstance(s, ConvCall)]
         assert [c.function for c in convs] == ["tg_conv2d_winograd_prepared_f32"]
-        (kept,) = program.preparations.kept
-        assert convs[0].prepared == kept
+        (kept,) = [b.name for b in kernel.buffers if b.writes]
+        assert convs[0].prepared == kept and kept in program.preparations.kept
         # it keeps bytes of its own in the arena: live over every kernel
         lifetimes = {life.name: life for life in program.memory.lifetimes}
         assert (lifetimes[kept].start, lifetimes[kept].end) == (0, len(program.kernels) - 1)
+
+
+def _folds(program) -> list:
+    """The kernels of `program` that fold the batch norm into the conv's weights and bias (they read parameters only,
+    and the conv reads what they write)."""
+    (conv_kernel,) = [k for k in program.kernels if any(isinstance(s, ConvCall) for s in walk(k.body))]
+    read_by_conv = {b.name for b in conv_kernel.buffers if not b.writes}
+    return [i for i, k in enumerate(program.kernels)
+            if not k.prepares and any(b.writes and b.name in read_by_conv for b in k.buffers)]
+
+
+@pytest.mark.parametrize("route", [conv.WINOGRAD, conv.IMPLICIT_GEMM])
+def test_the_batch_norm_folded_into_the_weights_is_kept(net: _Net, route: str) -> None:
+    """The folds of a batch norm into the conv's weights and bias read only parameters and write no more than they
+    read: kept like the transform, so a second call skips them (the weights' array written behind every
+    tensorgraphs call leaves the output as it was), and their arena bytes are live over the whole program."""
+    routes = {signature: route for signature in _winograd(net(tg.tensor(_floats(X_SHAPE, 0))))}
+    with forced(routes):
+        f = _compiled(net)
+        x = _floats(X_SHAPE, 3)
+        program = f.traced(tg.tensor(x)).program
+        folds = _folds(program)
+        assert len(folds) == 2 and set(folds) <= program.preparations.kernels
+        lifetimes = {life.name: life for life in program.memory.lifetimes}
+        for index in folds:
+            (written,) = [b.name for b in program.kernels[index].buffers if b.writes]
+            assert written in program.preparations.kept
+            assert (lifetimes[written].start, lifetimes[written].end) == (0, len(program.kernels) - 1)
+        expected = _expected(net, x)
+        _close(f(tg.tensor(x)).numpy(), expected)
+        net.conv.weight.node.arg.data[...] = 0.0
+        net.norm.weight.node.arg.data[...] = 0.0
+        _close(f(tg.tensor(x)).numpy(), expected)
 
 
 def test_a_run_with_the_same_weights_skips_the_transform(net: _Net) -> None:
@@ -128,6 +162,29 @@ def test_new_weights_are_transformed_again(net: _Net, change: str) -> None:
             tg.optim.SGD([net.conv.weight], lr=0.5).step()
         for _ in range(2):
             _close(f(tg.tensor(x)).numpy(), _expected(net, x))
+
+
+@pytest.mark.parametrize("route", [conv.WINOGRAD, conv.IMPLICIT_GEMM])
+@pytest.mark.parametrize("change", ["assign", "copy_", "load_state_dict"])
+def test_new_batch_norm_statistics_are_folded_again(net: _Net, route: str, change: str) -> None:
+    """The kept folds of the batch norm read its statistics and affine parameters: new values of any of them, however
+    given, are folded into the weights and bias again."""
+    routes = {signature: route for signature in _winograd(net(tg.tensor(_floats(X_SHAPE, 0))))}
+    with forced(routes):
+        f = _compiled(net)
+        x = _floats(X_SHAPE, 3)
+        _close(f(tg.tensor(x)).numpy(), _expected(net, x))
+        for seed, name in enumerate(["running_var", "running_mean", "weight", "bias"], 10):
+            new = np.abs(_floats((20,), seed)) + 0.5
+            if change == "assign":
+                getattr(net.norm, name).data = tg.tensor(new)
+            elif change == "copy_":
+                with tg.no_grad():
+                    getattr(net.norm, name).copy_(tg.tensor(new))
+            else:
+                net.load_state_dict({**net.state_dict(), f"norm.{name}": tg.tensor(new)})
+            for _ in range(2):
+                _close(f(tg.tensor(x)).numpy(), _expected(net, x))
 
 
 def test_weights_a_compiled_step_updates_in_place_are_transformed_again() -> None:
