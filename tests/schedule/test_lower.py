@@ -254,3 +254,43 @@ def test_a_concatenation_with_one_nonempty_input_is_not_inlined_into_its_consume
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
     joined = tg.cat([tg.tensor(np.zeros((2, 0), np.float32)), tg.tensor(data)], 1)
     np.testing.assert_allclose((joined * 2).numpy(), data * 2)
+
+
+def _pool_input(seed: int, *shape: int) -> np.ndarray:
+    """Halves (ties), a NaN, infinities and a whole row of -inf."""
+    values = np.round(np.random.default_rng(seed).standard_normal(shape) * 2) / 2
+    flat = values.reshape(-1)
+    flat[7], flat[-3], flat[shape[-1] * 3 + 5] = np.nan, np.inf, -np.inf
+    values[..., 4, :] = -np.inf
+    return values.astype(np.float32)
+
+
+@pytest.mark.parametrize("shape,pool,kwargs,staged", [
+    # (input shape, pool, arguments, sizes of the staged arrays: [] where the column results get a buffer; a row
+    # each for the rows of output windows cut from the others: ceil_mode's last, partial one, a padded border)
+    ((2, 3, 12, 13), "max_pool2d", {"kernel_size": 3, "stride": 2, "padding": 1}, [6 * 15]),  # a plane
+    ((1, 2, 12, 9), "max_pool2d", {"kernel_size": 3, "stride": 2, "ceil_mode": True}, [6 * 9]),
+    ((2, 3, 9, 8), "avg_pool2d", {"kernel_size": 3, "stride": 1, "padding": 1, "count_include_pad": False}, [9 * 10]),
+    ((1, 2, 121, 111), "max_pool2d", {"kernel_size": 3, "stride": 2}, [111]),  # a row
+    ((1, 2, 120, 111), "max_pool2d", {"kernel_size": 3, "stride": 2, "ceil_mode": True}, [111, 111]),  # partial
+    ((1, 2, 120, 113), "max_pool2d", {"kernel_size": 3, "stride": 2, "padding": 1}, [115, 115]),  # padded top
+    ((1, 2, 120, 40), "max_pool2d", {"kernel_size": 3, "stride": 2}, []),  # rows too short, the plane too large
+])
+def test_a_separable_windows_column_results_are_staged_a_plane_or_a_row_at_a_time(
+        shape: tuple, pool: str, kwargs: dict, staged: list) -> None:
+    """A separable window's stored column results (`STORED_WINDOWS`) are computed by the kernel combining them along
+    the rows, into an array of its own per plane where the plane fits STAGED_PLANE_BYTES, else per row where the
+    row fits STAGED_ROW_BYTES (the fill's padded borders in loops of their own: none of the busiest loop's reads
+    checks), else they get a buffer; the values are torch's in each case."""
+    import torch
+
+    values = _pool_input(len(staged), *shape)
+    out = getattr(F, pool)(tg.tensor(values), **kwargs)
+    kernels = schedule_kernels([out.node]).kernels
+    assert len(kernels) == (1 if staged else 2)
+    assert [s.size for s in walk(kernels[-1].body) if isinstance(s, Local)] == staged
+    busiest = max((s for s in walk(kernels[-1].body) if isinstance(s, Loop) and not any(
+        isinstance(t, Loop) for t in walk(s.body))), key=lambda loop: loop.var.extent)
+    assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body))
+    expected = getattr(torch.nn.functional, pool)(torch.tensor(values, dtype=torch.float64), **kwargs).numpy()
+    np.testing.assert_allclose(out.numpy(), expected.astype(np.float32), rtol=1e-6, atol=0)
