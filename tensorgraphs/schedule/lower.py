@@ -1011,7 +1011,7 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         low = Lowering(name, buffers, staged=staged)
         concat_nests(low, node, out, placed)
         low.recomputed |= {r for piece in node.src if (r := _reduction_over_rows(piece, buffers)) is not None}
-        if not low.recomputed and (interiors := concat_interiors(low, node, out, placed)):
+        if not low.recomputed and ((interiors := concat_interiors(low, node, out, placed)) or low.stages):
             low = Lowering(name, buffers, staged=staged, inlined=low.inlined, decided=True)
             concat_nests(low, node, out, placed, interiors)
         return low

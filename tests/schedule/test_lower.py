@@ -294,3 +294,23 @@ def test_a_separable_windows_column_results_are_staged_a_plane_or_a_row_at_a_tim
     assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body))
     expected = getattr(torch.nn.functional, pool)(torch.tensor(values, dtype=torch.float64), **kwargs).numpy()
     np.testing.assert_allclose(out.numpy(), expected.astype(np.float32), rtol=1e-6, atol=0)
+
+
+def test_a_concatenations_staged_windows_fill_their_interiors_without_padding_checks() -> None:
+    """Windows computed by a concatenation's kernel (a ShuffleNet unit's average pool beside a branch) stage their
+    column results too, the fill loops cut where the padding checks stop."""
+    import torch
+    import torch.nn.functional as TF
+
+    values = _pool_input(3, 1, 3, 16, 16)
+    t = tg.tensor(values)
+    out = tg.cat([F.avg_pool2d(t, 3, 2, 1), F.max_pool2d(t, 3, 2, 1) * 2], 1)
+    (kernel,) = [k for k in schedule_kernels([out.node]).kernels if any(isinstance(s, Local) for s in walk(k.body))]
+    columns = 8 * 17  # 8 rows of windows down the padded 18 columns, cropped to the 17 that windows read
+    assert [s.size for s in walk(kernel.body) if isinstance(s, Local)] == [columns, columns]
+    busiest = max((s for s in walk(kernel.body) if isinstance(s, Loop) and not any(
+        isinstance(t, Loop) for t in walk(s.body))), key=lambda loop: loop.var.extent)
+    assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body))
+    v = torch.tensor(values, dtype=torch.float64)
+    expected = torch.cat([TF.avg_pool2d(v, 3, 2, 1), TF.max_pool2d(v, 3, 2, 1) * 2], 1)
+    np.testing.assert_allclose(out.numpy(), expected.numpy().astype(np.float32), rtol=1e-6, atol=0)
