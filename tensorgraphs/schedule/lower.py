@@ -187,6 +187,7 @@ class Lowering:
     _blocks: dict[tuple, str] = field(default_factory=dict)  # staged blocks filled: (node, outer index, body) -> name
     _parent_of: dict[str, Scope] = field(default_factory=dict)  # each loop's enclosing body, by counter
     _interiors: dict[Node, Interiors] = field(default_factory=dict)  # `_unchecked`, by staged node
+    _staged_outer: dict[tuple[Node, int], Index] = field(default_factory=dict)  # the block each body stages
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
@@ -509,7 +510,7 @@ class Lowering:
         innermost walking the last dim: a separable window's next dim reading at a stride). Each element is
         then computed once, not at every tap reading it, and stays in L1 instead of a buffer written and read
         back through memory. A block is a plane where that fits STAGED_PLANE_BYTES, else a row of
-        STAGED_ROW_BYTES."""
+        STAGED_ROW_BYTES; none where an iteration reads more than one."""
         if self._nest_index is None:
             return None
         nest = _index_symbols(self._nest_index)  # (a cut loop's counter in an index with its start)
@@ -526,6 +527,10 @@ class Lowering:
             outer, block = index[:-dims], index[-dims:]
             if (loops[0].name in ix.symbols(block[-1]) and _index_symbols(block) <= inner
                     and _index_symbols(outer) <= nest - inner):
+                parent = self._parent_of[loops[dims - 1].name]
+                if self._staged_outer.setdefault((node, id(parent)), outer) != outer:
+                    return None  # read at several blocks per iteration (a local response norm's channels after a
+                    # pool): each would be computed again for every block
                 return self._block_filled(node, outer, loops[dims - 1]), dims
         return None
 

@@ -314,3 +314,17 @@ def test_a_concatenations_staged_windows_fill_their_interiors_without_padding_ch
     v = torch.tensor(values, dtype=torch.float64)
     expected = torch.cat([TF.avg_pool2d(v, 3, 2, 1), TF.max_pool2d(v, 3, 2, 1) * 2], 1)
     np.testing.assert_allclose(out.numpy(), expected.numpy().astype(np.float32), rtol=1e-6, atol=0)
+
+
+def test_column_results_read_at_several_channels_get_a_buffer_not_a_block_per_channel() -> None:
+    """A local response norm after a max pool reads the pool at five channels per output: staged, each channel's
+    column results would be computed five times, so they get a buffer (one kernel computes them once)."""
+    import torch
+
+    values = _pool_input(4, 1, 8, 41, 70)
+    out = F.local_response_norm(F.max_pool2d(tg.tensor(values), 3, 2), 5)
+    kernels = schedule_kernels([out.node]).kernels
+    assert len(kernels) == 2 and not any(isinstance(s, Local) for k in kernels for s in walk(k.body))
+    v = torch.tensor(values, dtype=torch.float64)
+    expected = torch.nn.functional.local_response_norm(torch.nn.functional.max_pool2d(v, 3, 2), 5)
+    np.testing.assert_allclose(out.numpy(), expected.numpy().astype(np.float32), rtol=1e-5, atol=0)
