@@ -26,8 +26,10 @@ class Composite:
 
     `grad(node_tensor, grad, *inputs, **params)` returns one gradient (or None) per
     input; without it autograd differentiates the decomposition. A `stored` composite's
-    decomposed result gets a buffer of its own (a separable window's row results, which
-    the windows of the next dim would otherwise compute again at each of their taps).
+    decomposed result is computed once per element (a separable window's column results, which
+    the windows of the next dim would otherwise compute again at each of their taps): staged
+    a plane or a row at a time by the kernel reading it, or in a buffer of its own
+    (`schedule.fusion.decompose_stored`).
     """
 
     name: str

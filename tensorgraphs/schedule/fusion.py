@@ -15,6 +15,8 @@ Steps, each a plain function:
    product's (or convolution's) elementwise consumers that the kernel applies itself (bias,
    activation, residual, scale) are then folded into its call (`schedule.extern.fuse_epilogues`), after a
    convolution's per-channel scale went into its weights (`schedule.convolution.fold_channel_scales`).
+   Stored composites (a separable window's partial results) stay whole through those passes, then are
+   decomposed and *staged*: the kernel reading them computes them a block at a time (`decompose_stored`).
 2. `schedule_kernels`: decides which nodes get a buffer ("materialized"):
    inputs, roots and scatter-adds always; everything else is computed inside
    the kernels that consume it (`schedule.lower`). Fusion therefore follows from
@@ -62,10 +64,11 @@ node are lowered again.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 from tensorgraphs.codegen.loop_ir import (
     LIBRARY_CALLS,
@@ -80,7 +83,7 @@ from tensorgraphs.codegen.loop_ir import (
 )
 from tensorgraphs.graph.composite import decompose, is_composite, params_of
 from tensorgraphs.graph.host_call import runs_as_host_call
-from tensorgraphs.graph.node import Node, toposort, with_sources
+from tensorgraphs.graph.node import Node, rebuild, toposort, with_sources
 from tensorgraphs.graph.ops import REDUCE, Op
 from tensorgraphs.plan.choices import DECOMPOSE, route_of
 from tensorgraphs.plan.consumers import uses_in, using
@@ -132,8 +135,9 @@ class Schedule:
         return f"schedule: {len(self.kernels)} kernels\n{listed}\n" + "\n".join(map(str, self.kernels))
 
 
-def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[Node]]:
-    """The roots rebuilt from primitives only, and the nodes that must be materialized (partial sums)."""
+def to_primitive(roots: list[Node], is_input: IsInput, keep_stored: bool = False) -> tuple[list[Node], set[Node]]:
+    """The roots rebuilt from primitives only, and the nodes that must be materialized (partial sums); with
+    `keep_stored`, stored composites whole (`decompose_stored`)."""
     memo: dict[Node, Node] = {}
     forced: set[Node] = set()
     uses = Counter(roots) + Counter(s for n in toposort(roots, stop=is_input) for s in n.src)
@@ -152,6 +156,8 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
             elif runs_as_host_call(node):
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.update(s for s in (memo[node], *memo[node].src) if not is_input(s))
+            elif is_composite(node) and node.op.stored and keep_stored:
+                memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
             elif is_composite(node) and route_of(node) != DECOMPOSE:  # a native library runs it
                 memo[node] = with_sources(node, tuple(memo[s] for s in node.src))
                 forced.add(memo[node])
@@ -170,6 +176,28 @@ def to_primitive(roots: list[Node], is_input: IsInput) -> tuple[list[Node], set[
         return memo[root]
 
     return [convert(r) for r in roots], forced
+
+
+def decompose_stored(roots: list[Node], materialized: set[Node],
+                     is_input: IsInput) -> tuple[list[Node], set[Node], set[Node]]:
+    """The roots with the stored composites `to_primitive` kept whole decomposed, once no pass rebuilds the graph
+    any more; the nodes materialized; and the stored results, *staged*: each kernel reading one along its rows
+    computes them itself, a plane or a row at a time (`lower.Lowering._staged_block`); one reading it otherwise
+    asks it a buffer."""
+    order = toposort(roots, stop=is_input)
+    stored = [n for n in order if is_composite(n) and n.op.stored]
+    forced: set[Node] = set()
+
+    def decomposed(node: Node, rebuilt: dict[Node, Node]) -> Node:
+        whole = with_sources(node, tuple(rebuilt[s] for s in node.src))
+        (result,), inner = to_primitive([whole], lambda n: is_input(n) or n in whole.src)
+        forced.update(inner - {result})
+        return result
+
+    rebuilt = rebuild(order, {n: functools.partial(decomposed, n) for n in stored}, is_input)
+    materialized = {rebuilt.get(n, n) for n in materialized} | forced
+    staged = {rebuilt[n] for n in stored if not is_input(rebuilt[n])} - materialized
+    return [rebuilt[r] for r in roots], materialized, staged
 
 
 def library_operand_bases(node: Node, is_input: IsInput) -> list[Node]:
@@ -208,10 +236,11 @@ def schedule_kernels(roots: list[Node], is_input: IsInput | None = None) -> Sche
 
 
 def _schedule(roots: list[Node], leaf: IsInput) -> Schedule:
-    primitive_roots, materialized = to_primitive(roots, leaf)
+    primitive_roots, materialized = to_primitive(roots, leaf, keep_stored=True)
     primitive_roots, materialized = fold_channel_scales(primitive_roots, materialized, leaf)
     primitive_roots, materialized = fuse_epilogues(primitive_roots, materialized | set(primitive_roots), leaf)
     primitive_roots, materialized = prepare_winograd_weights(primitive_roots, materialized, leaf)
+    primitive_roots, materialized, staged = decompose_stored(primitive_roots, materialized, leaf)
     order = toposort(primitive_roots, stop=leaf)
     materialized |= too_deep_to_inline(order, materialized, leaf)
     materialized |= chains_shared_before_lowering(order, materialized, leaf)
@@ -233,7 +262,8 @@ def _schedule(roots: list[Node], leaf: IsInput) -> Schedule:
                          HostCallLowering if runs_as_host_call(n) else
                          QuantizedLinearLowering if runs_as_int8_gemm(n) else
                          FftLowering if runs_as_fft(n) else
-                         GemmLowering if is_composite(n) and not runs_as_loops(n) else lower_node)
+                         GemmLowering if is_composite(n) and not runs_as_loops(n) else
+                         functools.partial(lower_node, staged=staged))
                 lowered[n] = lower(f"k{position[n]}_{n.op.name.lower()}", n, names)
         lowerings = [lowered[n] for n in computed]
         recomputed = outermost(set().union(*(low.recomputed for low in lowerings)), materialized, leaf)
@@ -244,15 +274,16 @@ def _schedule(roots: list[Node], leaf: IsInput) -> Schedule:
         if not added:  # it is a buffer
             break
         materialized |= added
-    homes = store_in_consumers(computed, lowered, names, order, materialized, leaf, set(primitive_roots))
+    homes = store_in_consumers(computed, lowered, names, order, materialized, leaf, set(primitive_roots), staged)
     written = {n: low.kernel() for n in computed if (low := homes.get(n, lowered[n])) is not None}
-    placed = write_slices_in_place(written, names, set(primitive_roots))
+    placed = write_slices_in_place(written, names, set(primitive_roots), staged)
     # empty: a node another kernel's library call computes, or a concatenation whose pieces all wrote themselves
     kernels = [kernel for kernel in written.values() if kernel.body]
     return Schedule(kernels, [b for b in buffers if b.node not in placed], [names[r] for r in primitive_roots])
 
 
-def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], outputs: set[Node]) -> set[Node]:
+def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], outputs: set[Node],
+                          staged: Collection[Node] = frozenset()) -> set[Node]:
     """The nodes whose buffers become views of their slices of a concatenation's buffer (`BufferView`): the
     kernels writing them write there, those reading them read there (`written`, node -> the kernel computing it,
     is updated), and the concatenation copies only the other pieces. A piece qualifies when its buffer is a
@@ -281,7 +312,7 @@ def write_slices_in_place(written: dict[Node, Kernel], names: dict[Node, str], o
                     placed.add(source)
             start += piece.shape[axis]
         if pieces:  # lowered from the names of the buffers, then through the views made so far
-            kernel = lower_node(written[cat].name, cat, names, placed=pieces).kernel()
+            kernel = lower_node(written[cat].name, cat, names, placed=pieces, staged=staged).kernel()
             for name, view in views:
                 if any(b.name == name for b in kernel.buffers):
                     kernel = written_through(kernel, name, view)
@@ -322,7 +353,7 @@ def outermost(recomputed: set[Node], materialized: set[Node], leaf: IsInput) -> 
 def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | GemmLowering | AttentionLowering],
                        names: dict[Node, str],
                        order: list[Node], materialized: set[Node], leaf: IsInput,
-                       outputs: set[Node]) -> dict[Node, Lowering | None]:
+                       outputs: set[Node], staged: Collection[Node] = frozenset()) -> dict[Node, Lowering | None]:
     """Kernels that also compute and store buffers their own kernels would write: node -> its new lowering, or
     None for a kernel no longer needed (its node *rides* in another kernel).
 
@@ -375,10 +406,10 @@ def store_in_consumers(computed: list[Node], lowered: dict[Node, Lowering | Gemm
                 continue
             key = (destination, frozenset(riders))
             if key not in relowered:
-                relowered[key] = lower_node(lowered[destination].name, destination, names, tuple(riders))
+                relowered[key] = lower_node(lowered[destination].name, destination, names, tuple(riders), staged=staged)
             low = relowered[key]
-            staged = any(isinstance(s, Local) for s in walk(low.kernel().body))
-            dropped |= set(riders) if staged or low.recomputed else set(riders) - low.stored_riders
+            stages = any(isinstance(s, Local) for s in walk(low.kernel().body))
+            dropped |= set(riders) if stages or low.recomputed else set(riders) - low.stored_riders
         if not dropped:
             break
         home = {rider: h for rider, h in home.items() if rider not in dropped}

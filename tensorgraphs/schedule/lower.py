@@ -93,6 +93,16 @@ ROW_STAGE_BYTES = 32 << 10
 """Rows up to this size forward a value through a private row array (stays in L1/L2), longer ones through the
 output buffer."""
 
+STAGED_PLANE_BYTES = 8 << 10
+"""Largest plane (last two dims) of a staged value (`Lowering._staged_block`) filled at once: with the rows of its
+inputs streaming past, it stays in L1 (a 55 x 111 float32 plane of a stem max pool's column results, 24 KiB, did
+not: slower than a row at a time; bench/NOTES.md)."""
+
+STAGED_ROW_BYTES = (256, ROW_STAGE_BYTES)
+"""Sizes of a staged value's row filled at once where its plane is too large. Shorter rows are read back too soon
+after their stores (a 55-float row, the loads straddling the last vector stores and the scalar tail's, took longer
+than a buffer of its own): such a value gets a buffer."""
+
 ROW_BLOCK_MAX = 1024
 """Widest output block of `reduce_into_output`: its accumulators (a float sum's doubles and float chunk sums,
 12 KiB) stay in L1 beside the rows streaming through."""
@@ -173,6 +183,11 @@ class Lowering:
     _misplaced: set[Node] = field(default_factory=set)  # riders read at another index than the store's
     _bounds_checks: list[tuple[Expr, int]] = field(default_factory=list)  # (position, size) a padding checks
     decided: bool = False  # what to materialize is settled: recompute nothing (`lower_node`'s second lowering)
+    staged: Collection[Node] = frozenset()  # nodes computed a block at a time into a `Local` (`_staged_block`)
+    _blocks: dict[tuple, str] = field(default_factory=dict)  # staged blocks filled: (node, outer index, body) -> name
+    _parent_of: dict[str, Scope] = field(default_factory=dict)  # each loop's enclosing body, by counter
+    _interiors: dict[Node, Interiors] = field(default_factory=dict)  # `_unchecked`, by staged node
+    _staged_outer: dict[tuple[Node, int], Index] = field(default_factory=dict)  # the block each body stages
 
     # -- entry points --------------------------------------------------------
     def store_nest(self, node: Node, out: str, shape: tuple[int, ...],
@@ -472,7 +487,100 @@ class Lowering:
         inner = scope.child(var)
         scope.loops.append((var, inner))
         self._scope_of[var.name] = inner
+        self._parent_of[var.name] = scope
         return var, inner
+
+    def _staged(self, node: Node, index: Index) -> Operand:
+        """Staged `node` at `index`, loaded from its block (`_staged_block`); where it has none, the scheduler
+        gives `node` a buffer (a lowering that must not ask computes it inline)."""
+        found = self._staged_block(node, index)
+        if found is not None:
+            name, dims = found
+            return self._load_at(name, node.dtype, ix.flatten(index[-dims:], node.shape[-dims:]))
+        if self.decided:
+            self.inlined.add(node)
+            return self.define(node, index)
+        self.recomputed.add(node)
+        return Lit(0, node.dtype)
+
+    def _staged_block(self, node: Node, index: Index) -> tuple[str, int] | None:
+        """The array private to an iteration of the store nest holding the block of `node` that `index` reads
+        (all of its last one or two dims), and how many dims the block spans: filled by loops of their own
+        before the nest's loops over those dims, where the nest reads the block with those loops alone (the
+        innermost walking the last dim: a separable window's next dim reading at a stride). Each element is
+        then computed once, not at every tap reading it, and stays in L1 instead of a buffer written and read
+        back through memory. A block is a plane where that fits STAGED_PLANE_BYTES, else a row of
+        STAGED_ROW_BYTES; none where an iteration reads more than one."""
+        if self._nest_index is None:
+            return None
+        nest = _index_symbols(self._nest_index)  # (a cut loop's counter in an index with its start)
+        loops, scope = [], self._innermost(nest)
+        while scope.var is not None and scope.var.name in nest:  # the nest's loops, innermost first
+            loops.append(scope.var)
+            scope = self._parent_of[scope.var.name]
+        for dims in (2, 1):
+            size = math.prod(node.shape[-dims:]) * node.dtype.itemsize
+            low, high = STAGED_ROW_BYTES if dims == 1 else (0, STAGED_PLANE_BYTES)
+            if len(loops) < dims or node.ndim < dims or not low <= size <= high:
+                continue
+            inner = {v.name for v in loops[:dims]}
+            outer, block = index[:-dims], index[-dims:]
+            if (loops[0].name in ix.symbols(block[-1]) and _index_symbols(block) <= inner
+                    and _index_symbols(outer) <= nest - inner):
+                parent = self._parent_of[loops[dims - 1].name]
+                if self._staged_outer.setdefault((node, id(parent)), outer) != outer:
+                    return None  # read at several blocks per iteration (a local response norm's channels after a
+                    # pool): each would be computed again for every block
+                return self._block_filled(node, outer, loops[dims - 1]), dims
+        return None
+
+    def _block_filled(self, node: Node, outer: Index, loop: Var) -> str:
+        """The array holding `node` at `outer` (its trailing dims whole), filled before `loop` in the body around
+        it (once per body): a loop over each dim, cut where padding checks stop (`_unchecked`) once what to
+        materialize is `decided`."""
+        parent = self._parent_of[loop.name]
+        key = (node, outer, id(parent))
+        if key in self._blocks:
+            return self._blocks[key]
+        dims = node.ndim - len(outer)
+        name = self._blocks[key] = self._fresh("staged")
+        parent.stmts.insert(0, Local(name, node.dtype, math.prod(node.shape[-dims:])))
+        position = next(k for k, item in enumerate(parent.loops) if isinstance(item, tuple) and item[0] is loop)
+        # uncut while deciding what to materialize: a padded input read at the taps of 9 cut loops is no value
+        # computed again (`_recomputes` counts indices)
+        interiors = self._unchecked(node) if self.decided else {}
+        leaves: list[tuple[Index, Scope]] = [((), parent)]
+        for d in range(len(outer), node.ndim):
+            first, stop = interiors.get(d, (0, node.shape[d]))
+            cut = []
+            for at, scope in leaves:
+                for start, end in ((0, first), (first, stop), (stop, node.shape[d])):
+                    if start < end:  # each part a loop of its own, the interior's without padding checks
+                        var, inner = self._open_loop(scope, "s", end - start)
+                        if scope is parent:
+                            parent.loops.insert(position, parent.loops.pop())
+                            position += 1
+                        cut.append(((*at, var + start), inner))
+            leaves = cut
+        self.inlined.add(node)
+        for at, scope in leaves:
+            self._max_trips = max(self._max_trips, scope.trips)
+            scope.stmts.append(Store(name, ix.flatten(at, node.shape[-dims:]), self.define(node, (*outer, *at))))
+        return name
+
+    @property
+    def stages(self) -> bool:
+        """Whether this kernel fills staged blocks (`_staged_block`)."""
+        return bool(self._blocks)
+
+    def _unchecked(self, node: Node) -> Interiors:
+        """Where `node` reads its padding without bounds checks: the interiors of its own store nest
+        (`interiors_of_padding`)."""
+        if node not in self._interiors:
+            probe = Lowering(self.name, self.buffers, decided=True)
+            probe.store_nest(node, "probe", node.shape, lambda index: (index, probe.define(node, index)))
+            self._interiors[node] = probe.interiors_of_padding()
+        return self._interiors[node]
 
     def kernel(self) -> Kernel:
         body = merge_contiguous_loops(self._root.assemble())
@@ -491,6 +599,8 @@ class Lowering:
         if found is None:
             if node in self.buffers and not self._rides_here(node, index):
                 found = self._load(node, index)
+            elif node in self.staged:
+                found = self._staged(node, index)
             elif not self.decided and self._recomputes(node, index):
                 # The scheduler will give it a buffer and lower this kernel again, so its subgraph is not
                 # walked now (nested reductions would multiply the work): a placeholder value.
@@ -883,7 +993,7 @@ def concat_interiors(low: Lowering, node: Node, out: str, placed: Collection[Nod
     lowered alone with `low`'s decisions; none for a nest with a reduction inside."""
     found = {}
     for piece in set(node.src) - set(placed):
-        alone = Lowering(low.name, low.buffers, inlined=low.inlined, decided=True)
+        alone = Lowering(low.name, low.buffers, inlined=low.inlined, decided=True, staged=low.staged)
         concat_nests(alone, node, out, set(node.src) - {piece})
         if not alone._reduce_vars and (interiors := alone.interiors_of_padding()):
             found[piece] = interiors
@@ -891,25 +1001,27 @@ def concat_interiors(low: Lowering, node: Node, out: str, placed: Collection[Nod
 
 
 def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[Node, ...] = (),
-               placed: Collection[Node] = ()) -> Lowering:
+               placed: Collection[Node] = (), staged: Collection[Node] = frozenset()) -> Lowering:
     """The kernel computing materialized `node` into its buffer, every other materialized node loaded, except
     `riders`: computed and stored too where read at the output's own index (`Lowering.stored_riders` says which;
-    only a plain store nest stores them). A concatenation leaves out its pieces `placed` (`concat_nests`)."""
+    only a plain store nest stores them). A concatenation leaves out its pieces `placed` (`concat_nests`). Nodes
+    `staged` are computed a block at a time where read along rows (`Lowering._staged_block`), else asked a buffer
+    for."""
     out = buffers[node]
     if runs_as_scan(node):
-        low = Lowering(name, buffers)
+        low = Lowering(name, buffers, staged=staged)
         low.scan_nest(node, out, params_of(node)["axis"], SCANS[node.op.name])
         return low
     if runs_as_concat(node):
-        low = Lowering(name, buffers)
+        low = Lowering(name, buffers, staged=staged)
         concat_nests(low, node, out, placed)
         low.recomputed |= {r for piece in node.src if (r := _reduction_over_rows(piece, buffers)) is not None}
-        if not low.recomputed and (interiors := concat_interiors(low, node, out, placed)):
-            low = Lowering(name, buffers, inlined=low.inlined, decided=True)
+        if not low.recomputed and ((interiors := concat_interiors(low, node, out, placed)) or low.stages):
+            low = Lowering(name, buffers, staged=staged, inlined=low.inlined, decided=True)
             concat_nests(low, node, out, placed, interiors)
         return low
     if runs_as_scatter(node):
-        low = Lowering(name, buffers)
+        low = Lowering(name, buffers, staged=staged)
         base, positions, values = node.src
         low.store_nest(node, out, node.shape, lambda index: (index, low.value(base, index)))
 
@@ -924,13 +1036,13 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
         low.store_nest(node, out, values.shape, scatter, accumulate=True)
         low.serial = True
         return low
-    low = Lowering(name, buffers, riders=riders)
+    low = Lowering(name, buffers, staged=staged, riders=riders)
     low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
     low.settle_windows()
     if low.recomputed:  # the scheduler lowers it again once those have buffers
         return low
     if low.reads_transposed() and all(node.shape[d] >= TRANSPOSE_TILE for d in low.tiled_axes()):
-        low = Lowering(name, buffers)
+        low = Lowering(name, buffers, staged=staged)
         low.transposed_nest(node, out)
     elif low.reduces_across_rows():
         reduction, reordered = node, False
@@ -939,15 +1051,18 @@ def lower_node(name: str, node: Node, buffers: dict[Node, str], riders: tuple[No
             reduction = reduction.src[0]
         block = _row_block(reduction)
         if reduction.op in REDUCE and not reordered and block is not None:
-            low = Lowering(name, buffers)
+            low = Lowering(name, buffers, staged=staged)
             low.reduce_into_output(reduction, out, block)
         else:  # consumed transposed or elementwise (a matmul in a backward chain): in its own buffer instead
             low.recomputed |= {n for n in low.inlined if n.op in REDUCE and _row_block(n) is not None
                                and (n is reduction or n.src[0].size // n.size >= TILE)}
     elif interiors := (low.interiors_of_padding() if not riders and not low._reduce_vars else {}):
         # the same values and decisions, the inner loops cut where padding checks stop (vectorized inside)
-        low = Lowering(name, buffers, inlined=low.inlined, decided=True)
+        low = Lowering(name, buffers, staged=staged, inlined=low.inlined, decided=True)
         low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)), interiors=interiors)
+    elif low.stages and not riders:  # the same, its staged blocks' loops cut where padding checks stop
+        low = Lowering(name, buffers, staged=staged, inlined=low.inlined, decided=True)
+        low.store_nest(node, out, node.shape, lambda index: (index, low.define(node, index)))
     else:
         low.forward_through_output(out, node)
     return low

@@ -262,24 +262,30 @@ def _temporaries(out: tg.Tensor) -> tuple[int, list[tuple[str, tuple[int, ...]]]
 
 
 def test_pool_windows_structure() -> None:
-    """A separable window (3 x 3, overlapping along the rows) is two kernels and a buffer of partial results: a plain
-    maximum's or a sum's stored column results (`STORED_WINDOWS`: kh taps down each column at the row stride), which
-    the second kernel combines along the rows at the column stride; `first_maximum`'s row results (its taps in
-    row-major order), given a buffer by the scheduler. A small or non-overlapping window stays one kernel of
-    kh * kw inline taps."""
+    """A separable window (3 x 3, overlapping along the rows) of a plain maximum or a sum is one kernel: its column
+    results (`STORED_WINDOWS`: kh taps down each column at the row stride) staged a plane at a time in an array of
+    the kernel's own, which it combines along the rows at the column stride (`lower.Lowering._staged_block`);
+    `first_maximum`'s row results (its taps in row-major order) are given a buffer by the scheduler. A small or
+    non-overlapping window stays one kernel of kh * kw inline taps."""
     x = tg.tensor(normal(22, 2, 4, 12, 13))
     grad = tg.tensor(normal(22, 2, 4, 12, 13), requires_grad=True)
-    columns = ("float32", (2, 4, 12, 15))  # 12 windows down each of the 13 + 2 padded columns
-    for out in [F.max_pool2d(x, 3, 1, 1), F.avg_pool2d(x, 3, 1, 1)]:
-        assert _temporaries(out) == (2, [columns])
-    assert _temporaries(F.max_pool2d(x, 3, 2)) == (2, [("float32", (2, 4, 5, 13))])
+    for out, columns in [(F.max_pool2d(x, 3, 1, 1), 12 * 15), (F.avg_pool2d(x, 3, 1, 1), 12 * 15),
+                         (F.max_pool2d(x, 3, 2), 5 * 13)]:  # windows down each of the (padded) columns
+        assert _temporaries(out) == (1, []) and _locals(out) == [columns]
     rows = ("float32", (2, 4, 14, 13))  # 13 windows along each of the 12 + 2 padded rows
     assert _temporaries(F.max_pool2d(grad, 3, 1, 1)) == (2, [rows])
     assert _temporaries(F.max_pool2d(grad, 3, 2)) == (2, [("float32", (2, 4, 11, 6))])
     indices = F.max_pool2d(x, 3, 1, 1, return_indices=True)[1]
     assert _temporaries(indices) == (3, [rows, ("int64", (2, 4, 14, 13))])
     for out in [F.max_pool2d(x, 2, 1), F.avg_pool2d(x, (3, 2), (3, 1)), F.max_pool2d(grad, 2, 2)]:
-        assert _temporaries(out) == (1, [])
+        assert _temporaries(out) == (1, []) and _locals(out) == []
+
+
+def _locals(out: tg.Tensor) -> list[int]:
+    from tensorgraphs.codegen.loop_ir import Local, walk
+    from tensorgraphs.schedule import schedule_kernels
+
+    return [s.size for k in schedule_kernels([out.node]).kernels for s in walk(k.body) if isinstance(s, Local)]
 
 
 @pytest.mark.parametrize("x_shape,kwargs", POOL_CASES + [

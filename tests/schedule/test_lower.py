@@ -254,3 +254,77 @@ def test_a_concatenation_with_one_nonempty_input_is_not_inlined_into_its_consume
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
     joined = tg.cat([tg.tensor(np.zeros((2, 0), np.float32)), tg.tensor(data)], 1)
     np.testing.assert_allclose((joined * 2).numpy(), data * 2)
+
+
+def _pool_input(seed: int, *shape: int) -> np.ndarray:
+    """Halves (ties), a NaN, infinities and a whole row of -inf."""
+    values = np.round(np.random.default_rng(seed).standard_normal(shape) * 2) / 2
+    flat = values.reshape(-1)
+    flat[7], flat[-3], flat[shape[-1] * 3 + 5] = np.nan, np.inf, -np.inf
+    values[..., 4, :] = -np.inf
+    return values.astype(np.float32)
+
+
+@pytest.mark.parametrize("shape,pool,kwargs,staged", [
+    # (input shape, pool, arguments, sizes of the staged arrays: [] where the column results get a buffer; a row
+    # each for the rows of output windows cut from the others: ceil_mode's last, partial one, a padded border)
+    ((2, 3, 12, 13), "max_pool2d", {"kernel_size": 3, "stride": 2, "padding": 1}, [6 * 15]),  # a plane
+    ((1, 2, 12, 9), "max_pool2d", {"kernel_size": 3, "stride": 2, "ceil_mode": True}, [6 * 9]),
+    ((2, 3, 9, 8), "avg_pool2d", {"kernel_size": 3, "stride": 1, "padding": 1, "count_include_pad": False}, [9 * 10]),
+    ((1, 2, 121, 111), "max_pool2d", {"kernel_size": 3, "stride": 2}, [111]),  # a row
+    ((1, 2, 120, 111), "max_pool2d", {"kernel_size": 3, "stride": 2, "ceil_mode": True}, [111, 111]),  # partial
+    ((1, 2, 120, 113), "max_pool2d", {"kernel_size": 3, "stride": 2, "padding": 1}, [115, 115]),  # padded top
+    ((1, 2, 120, 40), "max_pool2d", {"kernel_size": 3, "stride": 2}, []),  # rows too short, the plane too large
+])
+def test_a_separable_windows_column_results_are_staged_a_plane_or_a_row_at_a_time(
+        shape: tuple, pool: str, kwargs: dict, staged: list) -> None:
+    """A separable window's stored column results (`STORED_WINDOWS`) are computed by the kernel combining them along
+    the rows, into an array of its own per plane where the plane fits STAGED_PLANE_BYTES, else per row where the
+    row fits STAGED_ROW_BYTES (the fill's padded borders in loops of their own: none of the busiest loop's reads
+    checks), else they get a buffer; the values are torch's in each case."""
+    import torch
+
+    values = _pool_input(len(staged), *shape)
+    out = getattr(F, pool)(tg.tensor(values), **kwargs)
+    kernels = schedule_kernels([out.node]).kernels
+    assert len(kernels) == (1 if staged else 2)
+    assert [s.size for s in walk(kernels[-1].body) if isinstance(s, Local)] == staged
+    busiest = max((s for s in walk(kernels[-1].body) if isinstance(s, Loop) and not any(
+        isinstance(t, Loop) for t in walk(s.body))), key=lambda loop: loop.var.extent)
+    assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body))
+    expected = getattr(torch.nn.functional, pool)(torch.tensor(values, dtype=torch.float64), **kwargs).numpy()
+    np.testing.assert_allclose(out.numpy(), expected.astype(np.float32), rtol=1e-6, atol=0)
+
+
+def test_a_concatenations_staged_windows_fill_their_interiors_without_padding_checks() -> None:
+    """Windows computed by a concatenation's kernel (a ShuffleNet unit's average pool beside a branch) stage their
+    column results too, the fill loops cut where the padding checks stop."""
+    import torch
+    import torch.nn.functional as TF
+
+    values = _pool_input(3, 1, 3, 16, 16)
+    t = tg.tensor(values)
+    out = tg.cat([F.avg_pool2d(t, 3, 2, 1), F.max_pool2d(t, 3, 2, 1) * 2], 1)
+    (kernel,) = [k for k in schedule_kernels([out.node]).kernels if any(isinstance(s, Local) for s in walk(k.body))]
+    columns = 8 * 17  # 8 rows of windows down the padded 18 columns, cropped to the 17 that windows read
+    assert [s.size for s in walk(kernel.body) if isinstance(s, Local)] == [columns, columns]
+    busiest = max((s for s in walk(kernel.body) if isinstance(s, Loop) and not any(
+        isinstance(t, Loop) for t in walk(s.body))), key=lambda loop: loop.var.extent)
+    assert not any(isinstance(s, Let) and s.op in ("in_range", "zero_unless") for s in walk(busiest.body))
+    v = torch.tensor(values, dtype=torch.float64)
+    expected = torch.cat([TF.avg_pool2d(v, 3, 2, 1), TF.max_pool2d(v, 3, 2, 1) * 2], 1)
+    np.testing.assert_allclose(out.numpy(), expected.numpy().astype(np.float32), rtol=1e-6, atol=0)
+
+
+def test_column_results_read_at_several_channels_get_a_buffer_not_a_block_per_channel() -> None:
+    """A local response norm after a max pool reads the pool at five channels per output: staged, each channel's
+    column results would be computed five times, so they get a buffer (one kernel computes them once)."""
+    import torch
+
+    values = _pool_input(4, 1, 8, 41, 70)
+    out = F.local_response_norm(F.max_pool2d(tg.tensor(values), 3, 2), 5)
+    kernels = schedule_kernels([out.node]).kernels
+    assert len(kernels) == 2 and not any(isinstance(s, Local) for k in kernels for s in walk(k.body))
+    v = torch.tensor(values, dtype=torch.float64)
+    expected = torch.nn.functional.local_response_norm(torch.nn.functional.max_pool2d(v, 3, 2), 5)
+    np.testing.assert_allclose(out.numpy(), expected.numpy().astype(np.float32), rtol=1e-5, atol=0)

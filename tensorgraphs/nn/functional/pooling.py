@@ -160,9 +160,10 @@ def pool_windows(parts: Parts, combine: Combine, kernel: Sequence[int], stride: 
     `first_maximum`, the first maximum in the window's row-major order wins, as argmax over the window would pick.
     Along a dim, the strided views its taps see are combined in tap order; a long window (`long_window`) by
     doubling instead. A `separable` window's `larger` or `summed` (whose order is free) goes the first dim first
-    instead, each dim's results but the last's stored (`STORED_WINDOWS`): the columns' loads are contiguous and only
-    the last dim loads at its stride. `first_maximum`'s row results get their buffers from the scheduler (each tap
-    costs several operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
+    instead, each dim's results but the last's stored (`STORED_WINDOWS`: computed once each, a plane or a row at a
+    time in the kernel reading them, `lower.Lowering._staged_block`): the columns' loads are contiguous and only
+    the last dim loads at its stride, from an array in L1. `first_maximum`'s row results get their buffers from the
+    scheduler (each tap costs several operations: `lower.WINDOW_RECOMPUTE_LETS`)."""
     first = parts[0].ndim - len(kernel)
     along = _reduce_windows_along if long_window(kernel) else _combine_taps_along
     name = next((name for name, stored_combine in STORED_COMBINES.items() if stored_combine is combine), None)
@@ -214,7 +215,8 @@ def _along_decomposition(x: Tensor, *, combine: str, dim: int, kernel: int, stri
 
 STORED_WINDOWS = register(Composite("pool_windows_along", _along_infer, _along_decomposition, stored=True))
 """The windows along one dim combined (`_combine_taps_along` by a STORED_COMBINES name), stored: a separable
-window's partial results, read by the windows of the next dim."""
+window's partial results, computed once each (staged in the kernel of the windows of the next dim, which read
+them, where that kernel walks them a plane or a row at a time; else in a buffer)."""
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
