@@ -7,11 +7,11 @@ in float64.
 Each seed draws one case: a product (`gemm.matmul`) or a convolution (`gemm.conv2d`, every algorithm of
 `CONV_ALGORITHMS`, Winograd also with prepared weights). Sizes are biased to the edges of the kernels' paths:
 few rows (gemv.c), the register tile (6 x 64) and its remainders, a last few columns (n % 16 in 0..4), short
-reductions and reductions just past a K block (384), row and column blocks (256, 2048), batches broadcast or
-folded; operands plain, transposed, strided or slices, with prologues, every epilogue, an output with padded
-rows or in a slice of a wider one (whose other elements must stay untouched), bfloat16, and now and then
-NaN or Inf. The comparison is the kernel tests' (tests/kernels: assert_close's tolerance, Winograd's
-relative one, the bfloat16 bound).
+reductions and reductions just past a K block (384), row and column blocks (256, 2048), empty products and
+sums, batches broadcast or folded; operands plain, transposed, strided or slices, with prologues, every
+epilogue, an output with padded rows or in a slice of a wider one (whose other elements must stay untouched),
+bfloat16, and now and then NaN or Inf. The comparison is the kernel tests' (tests/kernels: assert_close's
+tolerance, Winograd's relative one, the bfloat16 bound), widened for float32's rounding of very long sums.
 
 The thread count picks the path (bands, a shared team, a problem per thread), and OpenMP reads it from the
 environment, so each thread count runs in its own process with OMP_NUM_THREADS set.
@@ -93,6 +93,8 @@ def _batches(rng: np.random.Generator) -> tuple[tuple[int, ...], tuple[int, ...]
 def draw_matmul(rng: np.random.Generator) -> Case:
     while True:
         m, n, k = _rows(rng), _columns(rng), _reduction(rng)
+        if rng.random() < 0.03:  # an empty product or an empty sum (the epilogue of zero)
+            m, n, k = ((0 if axis == rng.integers(0, 3) else size) for axis, size in enumerate((m, n, k)))
         a_batch, b_batch = _batches(rng)
         batch = int(np.prod(np.broadcast_shapes(a_batch, b_batch), dtype=np.int64))
         if m * n * k * batch <= 6e7 and m * n * batch <= 2e6:
@@ -292,7 +294,8 @@ def run_matmul(case: Case, seed: int) -> list[str]:
                      "bfloat16_f32": ("bfloat16", "float32")}[case["dtype"]]
     actual = gemm.matmul(a, b, dtype=dtype, result=result, bias=bias, residual=residual,
                          activation=case["activation"], alpha=case["alpha"], a_prologue=case["a_prologue"],
-                         b_prologue=case["b_prologue"], activation_after_residual=after, out=out)
+                         b_prologue=case["b_prologue"], activation_after_residual=after,
+                         out=out if out.size else None)  # (numpy gives an empty array strides 0, which out= refuses)
     a64, b64 = (ACTIVATIONS[case[f"{x}_prologue"]](_as64(v)) for x, v in (("a", a), ("b", b)))
     bound = None
     if dtype == "bfloat16":  # operands rounded after their prologue, as the kernel packs them
