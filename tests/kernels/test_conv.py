@@ -147,6 +147,18 @@ def test_nan_propagates_only_to_the_outputs_that_read_it(conv2d):
 
 
 @kernels
+@pytest.mark.parametrize(("kernel", "stride", "padding"), [((3, 3), 1, 1), ((1, 1), 1, 1), ((2, 2), 2, 0)], ids=str)
+def test_no_input_channels_give_the_epilogue_of_zero(conv2d, kernel, stride, padding):
+    """An empty sum: the implicit GEMM's explicit columns (a 1x1 kernel with padding, stride 2) and the direct conv
+    sized their tasks by the columns per input channel, and divided by zero."""
+    x, weight, bias = random((2, 0, 9, 8), 9), random((5, 0, *kernel), 10), random((5,), 11)
+    oh, ow = ((size + 2 * padding - k) // stride + 1 for size, k in zip((9, 8), kernel, strict=True))
+    residual = random((2, 5, oh, ow), 12)  # (torch gives no channels for no input channels)
+    actual = conv2d(x, weight, bias, stride, padding, residual=residual, activation="relu")
+    np.testing.assert_array_equal(actual, np.maximum(bias, 0)[:, None, None] + residual)
+
+
+@kernels
 def test_bad_arguments_are_refused(conv2d):
     with pytest.raises(ShapeError, match="conv2d"):
         conv2d(random((1, 1, 2, 2), 0), random((1, 1, 5, 5), 0))

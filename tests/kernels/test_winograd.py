@@ -128,6 +128,15 @@ def test_other_geometries_run_the_implicit_gemm():
         gemm.conv2d(x, weight, algorithm="fft")
 
 
+@pytest.mark.parametrize(("h", "w", "kernel"), [(2, 16, (1, 1)), (1, 10, (1, 7)), (9, 2, (3, 1))])
+def test_images_too_small_for_a_3x3_tile_run_the_implicit_gemm(h, w, kernel):
+    """A conv Winograd does not take on images under 3 rows or columns has no 3x3 tiles (dividing by their count
+    raised SIGFPE before the geometry was refused)."""
+    x, weight = random((2, 3, h, w), 5), random((4, 3, *kernel), 6)
+    expected = gemm.conv2d(x, weight, stride=(1, 2))
+    np.testing.assert_array_equal(gemm.conv2d(x, weight, stride=(1, 2), algorithm="winograd"), expected)
+
+
 @pytest.mark.parametrize("prepared", [False, True], ids=["in_call", "prepared"])
 @pytest.mark.parametrize("width", [9, 40])
 @pytest.mark.parametrize("where", ["input", "weight"])

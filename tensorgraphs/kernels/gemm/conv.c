@@ -306,6 +306,8 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1};
         return tg_run_gemm_batch(&g);
     }
-    if (!shifted_im2col(&geometry) && explicit_columns(&geometry)) return convolve_columns(&g, &geometry, n, x);
+    /* (no input channels: no columns to size tasks by; the GEMM gives the epilogue of an empty sum) */
+    if (depth > 0 && !shifted_im2col(&geometry) && explicit_columns(&geometry))
+        return convolve_columns(&g, &geometry, n, x);
     return merged ? run_merged(g, n) : tg_run_gemm_batch(&g);
 }

@@ -272,6 +272,9 @@ int tg_conv2d_direct_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
                                      dilation_w, out_bs, activation, &g);
     if (described != TG_GEMM_OK) return described;
     if (g.oh <= 0 || g.ow <= 0 || n <= 0 || cout <= 0) return TG_GEMM_OK;
+    if (cin <= 0) /* no taps to size bands by: the implicit GEMM's empty sum, the epilogue of zero */
+        return tg_conv2d_f32(n, cin, h, w, cout, kh, kw, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, x,
+                             weight, bias, out, out_bs, alpha, residual, activation);
     int flat = stride_h == 1 && stride_w == 1;
     padded_band one_row = band_of(&g, 1);
     int64_t row_floats = cin * stride_h * stride_w * one_row.phase_width; /* a band's floats per output row */

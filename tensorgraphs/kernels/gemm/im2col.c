@@ -139,6 +139,15 @@ int tg_conv2d_im2col_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t c
                                      dilation_w, out_bs, activation, &g);
     if (described != TG_GEMM_OK) return described;
     if (g.oh <= 0 || g.ow <= 0 || n <= 0 || cout <= 0) return TG_GEMM_OK;
+    if (cin <= 0) { /* an empty sum, and no columns to size blocks and chunks by: the epilogue of zero */
+        float *zeros = calloc((size_t)(g.oh * g.ow), sizeof(float));
+        for (int64_t image = 0; zeros && image < n; image++)
+            finish_rows(zeros, 0, cout, g.oh * g.ow, bias, residual ? residual + image * cout * g.oh * g.ow : NULL,
+                        activation, out + image * out_bs, g.oh * g.ow);
+        int status = zeros ? TG_GEMM_OK : TG_GEMM_NO_MEMORY;
+        free(zeros);
+        return status;
+    }
     /* OpenBLAS's thread count is global: programs run their kernels one at a time, so it is restored before any
      * other BLAS call */
     int blas_threads = scipy_openblas_get_num_threads();

@@ -314,7 +314,9 @@ static int winograd_geometry(int64_t n, int64_t cin, int64_t h, int64_t w, int64
                              int64_t dilation_w, int64_t out_bs, int32_t activation, geometry *g) {
     *g = (geometry){n, cin, h, w, cout, pad_h, pad_w, h + 2 * pad_h - 2, w + 2 * pad_w - 2};
     g->tiles_h = (g->oh + TILE - 1) / TILE, g->tiles_w = (g->ow + TILE - 1) / TILE;
-    int64_t per_image = g->tiles_h * g->tiles_w, group = per_image >= GROUP_TILES ? 1 : GROUP_TILES / per_image;
+    /* a conv Winograd does not take (a 1x1 kernel on an image under 3 rows) may have no 3x3 tiles: no group */
+    int64_t per_image = g->tiles_h * g->tiles_w;
+    int64_t group = per_image >= GROUP_TILES || per_image <= 0 ? 1 : GROUP_TILES / per_image;
     g->n = group < n ? group : n, g->tiles = g->n * per_image;
     return kh == 3 && kw == 3 && stride_h == 1 && stride_w == 1 && dilation_h == 1 && dilation_w == 1 && pad_h >= 0 &&
            pad_w >= 0 && tg_conv_activation_known(activation) && g->oh > 0 && g->ow > 0 && n > 0 && cin > 0 &&
