@@ -42,6 +42,8 @@ CASES = [
     (3, 4, 16, 16, 6, (3, 3), 1, 1, 1),  # ...from 256 positions (conv.c, MERGE_IMAGES_BELOW)
     (3, 20, 14, 14, 24, (1, 1), 1, 0, 1),  # a 1x1 kernel's images from 128 (each a plain matrix)
     (3, 20, 11, 11, 24, (1, 1), 1, 0, 1),  # ...merged below
+    (2, 40, 16, 17, 70, (1, 1), 1, 0, 1),  # ...whole panels of the image read in place at any M (gemm.c)
+    (1, 400, 9, 15, 45, (1, 1), 1, 0, 1),  # ...across K blocks
     (2, 64, 40, 37, 4, (3, 3), 1, 1, 1),  # im2col: blocks of 6 output rows, the last one of 4
     (2, 16, 66, 63, 5, (3, 3), (2, 3), (2, 1), (1, 2)),  # im2col: blocks, strides 2 and 3, dilation
     (2, 6, 33, 40, 3, (1, 1), 1, 0, 1),  # a 1x1 kernel over 256 positions (im2col: the image is the columns)

@@ -303,7 +303,7 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     int pointwise = kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
     int merged = n > 1 && positions < (pointwise ? MERGE_POINTWISE_BELOW : MERGE_IMAGES_BELOW);
     if (pointwise && !merged) {
-        g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1};
+        g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1, .rows_in_place = 1};
         return tg_run_gemm_batch(&g);
     }
     /* (no input channels: no columns to size tasks by; the GEMM gives the epilogue of an empty sum) */

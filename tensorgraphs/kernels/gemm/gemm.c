@@ -455,14 +455,17 @@ static int a_read_in_place(const gemm_problem *p, int64_t panels) {
 }
 
 /* Whether the whole panels of B are multiplied where B lies rather than packed (a last partial panel is packed
- * still): for plain rows of B (a pointwise conv's image) that few enough row tiles read. Each row tile reads the
- * panel's kc rows again, from cache, where packing would have copied them once: with few rows of A (a squeeze
- * layer's 16 output channels) the copy is a large part of the work. */
+ * still): for plain rows of B that few enough row tiles read, or a pointwise conv's image (`rows_in_place`). Each
+ * row tile reads the panel's kc rows again, from cache, where packing would have copied them once: with few rows
+ * of A (a squeeze layer's 16 output channels) the copy is a large part of the work, and in a whole model, where
+ * images lie in the arena's huge pages, ResNet-50's 1x1 convs (64 to 2048 output channels) ran 5-13% faster
+ * reading them in place. A matrix in 4 KiB pages with rows far apart (96 x 64 x 50000) ran 17% slower: each of a
+ * panel's rows is a page of its own (bench/NOTES.md). */
 enum { B_IN_PLACE_ROWS = 32 };
 
 static int b_read_in_place(const gemm_problem *p) {
     return p->b_src->pack == tg_pack_b_strided && p->b_src->cs == 1 && !p->b_prologue && !p->bf16 &&
-           p->m <= B_IN_PLACE_ROWS;
+           (p->m <= B_IN_PLACE_ROWS || p->b_src->rows_in_place);
 }
 
 /* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L1: the next row tile's rows of A read in

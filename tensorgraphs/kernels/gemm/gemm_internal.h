@@ -64,6 +64,7 @@ struct b_source {
     pack_b_fn pack;
     int64_t rs, cs;             /* strided matrix B */
     const conv_geometry *conv;  /* implicit im2col of one image */
+    int rows_in_place;          /* a pointwise conv's image: its whole panels read in place at any M (gemm.c) */
 };
 
 /* A batch of problems that differ only by per-operand batch offsets (stride 0 broadcasts). */
