@@ -9,6 +9,7 @@ up as NaN (or a wrong integer) in tests instead of reading a stale value.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 
@@ -32,7 +33,8 @@ class Arena:
         self._map = mmap.mmap(-1, max(nbytes, 1) + (HUGE_PAGE_BYTES if huge else 0),
                               flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned, zero until touched
         if huge:
-            self._map.madvise(mmap.MADV_HUGEPAGE)
+            with contextlib.suppress(OSError):  # a kernel built without transparent huge pages refuses the advice
+                self._map.madvise(mmap.MADV_HUGEPAGE)
         whole = np.frombuffer(self._map, np.uint8)
         start = -whole.ctypes.data % HUGE_PAGE_BYTES if huge else 0
         self.bytes = whole[start:start + nbytes]
