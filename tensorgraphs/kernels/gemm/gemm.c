@@ -468,6 +468,9 @@ static int b_read_in_place(const gemm_problem *p) {
            (p->m <= B_IN_PLACE_ROWS || p->b_src->rows_in_place);
 }
 
+/* Whether panel `panel` of a block of nc columns is multiplied in place: a whole one, of a B read in place. */
+static int panel_in_place(int b_in_place, int64_t panel, int64_t nc) { return b_in_place && (panel + 1) * TG_NR <= nc; }
+
 /* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L1: the next row tile's rows of A read in
  * place, fetched while the current tile multiplies, when the first panel of a block is the first to read them (a
  * layer's weights in a whole model come from L3 or memory; each later panel finds them in L2). Only for narrow
@@ -544,7 +547,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
         for (int64_t kb = 0; kb < k_blocks; kb++, (*step)++) {
             int64_t pc = kb * k_step, kc = min_i64(k_step, p->k - pc), parity = *step & 1;
             for (int64_t panel; !lazy && (panel = claim(&work->next[0][parity], nthreads)) < panels;)
-                if (!b_in_place || (panel + 1) * TG_NR > nc)
+                if (!panel_in_place(b_in_place, panel, nc))
                     pack_b_panel(p, pc, kc, jc, nc, panel, b_pack + panel * TG_NR * kc);
             tile_job job = tile_job_of(p, kc, kb > 0, kb == k_blocks - 1 ? &p->ep : NULL, along_rows);
             tile_job b_job = job; /* B's whole panels read in place */
@@ -580,7 +583,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                 for (int64_t tile = 0; tile < tiles; tile++) {
                     int64_t panel = first + (along_rows ? tile % count : tile / sweeps);
                     int64_t ir = (along_rows ? tile / count : tile % sweeps) * TG_MR, jr = jc + panel * TG_NR;
-                    int whole_in_place = b_in_place && (panel + 1) * TG_NR <= nc;
+                    int whole_in_place = panel_in_place(b_in_place, panel, nc);
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
                     if (lazy && block == 0 && ir == 0 && !whole_in_place)
                         pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
