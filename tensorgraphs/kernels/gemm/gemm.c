@@ -471,16 +471,15 @@ static int b_read_in_place(const gemm_problem *p) {
 /* Whether panel `panel` of a block of nc columns is multiplied in place: a whole one, of a B read in place. */
 static int panel_in_place(int b_in_place, int64_t panel, int64_t nc) { return b_in_place && (panel + 1) * TG_NR <= nc; }
 
-/* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L1: the next row tile's rows of A read in
- * place, fetched while the current tile multiplies, when the first panel of a block is the first to read them (a
- * layer's weights in a whole model come from L3 or memory; each later panel finds them in L2). Only for narrow
- * panels (AVX2's 16 columns): a 64-column tile multiplies long enough for the hardware to fetch the rows, and the
- * prefetches only crowded its own misses (AVX-512: 7x7 layers 3-4% slower with them; bench/NOTES.md). */
-enum { PREFETCH_NEXT_ROWS = TG_NR <= 16 };
-
+/* The kc floats of each of the TG_MR rows from `a` (a stride apart) into L2: the next row tile's rows of A read in
+ * place, fetched while the current tile multiplies, when the first panel of a block is the first to read them. A
+ * layer's weights in a whole model come from memory (ResNet-50's 100 MB pass through L3 between two calls), in
+ * short runs (a block's kc floats per row) the hardware prefetcher starts on late: ResNet-50 at batch 1 ran 3%
+ * faster, Inception v1 7% (bench/NOTES.md). Into L2, not L1: there they crowded the tile's own B panel (7x7 layers
+ * 3-4% slower). */
 static void prefetch_rows(const float *a, int64_t rs, int64_t kc) {
     for (int64_t i = 0; i < TG_MR; i++)
-        for (int64_t k = 0; k < kc; k += 16) _mm_prefetch((const char *)(a + i * rs + k), _MM_HINT_T0);
+        for (int64_t k = 0; k < kc; k += 16) _mm_prefetch((const char *)(a + i * rs + k), _MM_HINT_T1);
 }
 
 /* The most rows a row block holds: TG_MC in whole micro-panels (row_block rounds up to them). */
@@ -587,7 +586,7 @@ static void gemm_blocks(const gemm_problem *problem, float *b_pack, float *a_pac
                     float *b_panel = b_pack + (one_slot ? 0 : panel) * TG_NR * kc;
                     if (lazy && block == 0 && ir == 0 && !whole_in_place)
                         pack_b_panel(p, pc, kc, jc, nc, panel, b_panel);
-                    if (PREFETCH_NEXT_ROWS && panel == first && ir + 2 * TG_MR <= packed)
+                    if (panel == first && ir + 2 * TG_MR <= packed)
                         prefetch_rows(a_block + (ir + TG_MR) * p->a_rs, p->a_rs, kc);
                     if (whole_in_place)
                         TG_TILE_AT(b_job, ir, b_rows + panel * TG_NR, p->c + (ic + ir) * p->c_rs + jr, mcur - ir,
