@@ -83,6 +83,15 @@ CASES = [
     (2, 20, 12, 11, 16, (3, 3), 1, 1, 1),
     (1, 5, 4, 3, 32, (3, 3), 1, 1, 1),
     (1, 6, 9, 10, 16, (3, 3), 1, 2, 2),
+    # stride 2 on AVX-512 multiplies phase planes (conv.c, phase_planes_fit): a 5x5 kernel whose last taps read
+    # the planes' last row, a 1x1 with padding (one phase plane, the odd one), a 1x1 without (the image subsampled,
+    # read in place across K blocks), a 3x3 without padding whose last tap reads past the planes (the implicit
+    # packing instead), a 2x2 patch kernel
+    (1, 4, 11, 13, 6, (5, 5), 2, 2, 1),
+    (2, 3, 10, 9, 4, (1, 1), 2, 1, 1),
+    (1, 400, 30, 34, 9, (1, 1), 2, 0, 1),
+    (1, 5, 20, 20, 7, (3, 3), 2, 0, 1),
+    (2, 6, 16, 12, 5, (2, 2), 2, 0, 1),
 ]
 
 

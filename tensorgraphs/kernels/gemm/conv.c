@@ -1,10 +1,10 @@
 /* conv2d lowered to GEMM with an implicit im2col: out[img] (cout x oh*ow) = weight (cout x cin*kh*kw) @ cols,
  * where the columns are never materialized: packing a B panel reads them straight from the image (stride-1
- * rows become contiguous copies, and with "same" width whole images shift). Large images are the batch of the
- * GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen by measurement on AVX-512
- * (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole implicit conv, and building the
- * columns costs more than that. On AVX2 only the shifted images are packed implicitly: strided convs multiply
- * explicit columns (convolve_columns). */
+ * rows become contiguous copies, and with "same" width whole images shift, as do stride 2's phase planes). Large
+ * images are the batch of the GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen
+ * by measurement on AVX-512 (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole
+ * implicit conv, and building the columns costs more than that. On AVX2 only the shifted images are packed
+ * implicitly: strided convs multiply explicit columns (convolve_columns). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,15 +113,107 @@ static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, i
  * positions reads a run of consecutive input positions at one offset per tap, with the lanes that fall off the
  * image masked off. Images of at least 16 positions put at most two images in a 16-column vector, so each
  * vector of a packed row is two masked loads, against a masked copy per output row segment in pack_b_im2col
- * (about 10 per panel row for 7x7 images). */
+ * (about 10 per panel row for 7x7 images). Stride 2 reads its image so once split into phase planes (below). */
+enum { SHIFTED_MIN_POSITIONS = 16 };
+
 static int shifted_im2col(const conv_geometry *g) {
-    return g->stride_h == 1 && g->stride_w == 1 && g->ow == g->w && g->oh * g->ow >= 16;
+    return g->stride_h == 1 && g->stride_w == 1 && g->ow == g->w && g->oh * g->ow >= SHIFTED_MIN_POSITIONS;
+}
+
+/* The image as its own planes (shifted_im2col): offsets[0:kh] the rows', [kh:kh+kw] the columns', then the taps'. */
+static shifted_view image_view(const conv_geometry *g, int64_t *offsets) {
+    int64_t *rows = offsets, *columns = rows + g->kh, *taps = columns + g->kw;
+    for (int64_t ki = 0; ki < g->kh; ki++) rows[ki] = ki * g->dilation_h - g->pad_h;
+    for (int64_t kj = 0; kj < g->kw; kj++) columns[kj] = kj * g->dilation_w - g->pad_w;
+    for (int64_t t = 0; t < g->kh * g->kw; t++) taps[t] = rows[t / g->kw] * g->w + columns[t % g->kw];
+    return (shifted_view){g->h, g->w, g->h * g->w, g->cin * g->h * g->w, rows, columns, taps};
+}
+
+/* A stride-2 conv as the shifted im2col of phase planes: plane (pi, pj) of a channel holds its input rows 2y + pi
+ * and columns 2x + pj, as many as the output has (zero past the input), so that under tap (ki, kj), which reads
+ * row 2 * oy + ki - pad_h, output row oy reads plane row oy + floor((ki - pad_h) / 2) of phase (ki - pad_h) mod 2,
+ * and likewise the columns: every tap a run of consecutive floats, as at stride 1. The implicit packing's stride-2
+ * gather (two loads and a permute per vector, for each short row segment) took a fifth of a 3x3/2 conv to 28x28,
+ * and explicit columns are a pass over nine times the input (bench/NOTES.md). Only the phases some tap reads are
+ * made: a 1x1/2 conv's one plane is its image subsampled, multiplied as a pointwise conv's. */
+typedef struct {
+    int used[2], first[2]; /* per axis (rows, columns): how many phases the taps read, 1 or 2, from which */
+} phase_set;
+
+static int64_t floor_half(int64_t v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
+
+/* The phases of one axis that a kernel of `taps` taps with `pad` reads, and whether the planes (`out` rows, of
+ * an input of `extent`) hold every input row it reads: a tap reading past the planes' last row must read padding. */
+static int axis_phases(int64_t taps, int64_t pad, int64_t extent, int64_t out, int *used, int *first) {
+    int seen[2] = {0, 0};
+    for (int64_t k = 0; k < taps; k++) {
+        int64_t shift = floor_half(k - pad), phase = k - pad - 2 * shift;
+        seen[phase] = 1;
+        if (out - 1 + shift >= out && 2 * out + phase < extent) return 0;
+    }
+    *used = seen[0] + seen[1], *first = seen[0] ? 0 : 1;
+    return 1;
+}
+
+static int phase_planes_fit(const conv_geometry *g, phase_set *phases) {
+#ifdef __AVX512F__
+    return g->stride_h == 2 && g->stride_w == 2 && g->dilation_h == 1 && g->dilation_w == 1 &&
+           g->oh * g->ow >= SHIFTED_MIN_POSITIONS &&
+           axis_phases(g->kh, g->pad_h, g->h, g->oh, &phases->used[0], &phases->first[0]) &&
+           axis_phases(g->kw, g->pad_w, g->w, g->ow, &phases->used[1], &phases->first[1]);
+#else
+    (void)g, (void)phases; /* AVX2 multiplies explicit columns (explicit_columns) */
+    return 0;
+#endif
+}
+
+/* Floats of one image's planes. */
+static int64_t phases_floats(const conv_geometry *g, const phase_set *phases) {
+    return g->cin * phases->used[0] * phases->used[1] * g->oh * g->ow;
+}
+
+static shifted_view phase_view(const conv_geometry *g, const phase_set *phases, int64_t *offsets) {
+    int64_t *rows = offsets, *columns = rows + g->kh, *taps = columns + g->kw, plane = g->oh * g->ow;
+    for (int64_t ki = 0; ki < g->kh; ki++) rows[ki] = floor_half(ki - g->pad_h);
+    for (int64_t kj = 0; kj < g->kw; kj++) columns[kj] = floor_half(kj - g->pad_w);
+    for (int64_t t = 0; t < g->kh * g->kw; t++) {
+        int64_t ki = t / g->kw, kj = t % g->kw;
+        int64_t pi = ki - g->pad_h - 2 * rows[ki] - phases->first[0]; /* the plane's phase, from the first read */
+        int64_t pj = kj - g->pad_w - 2 * columns[kj] - phases->first[1];
+        taps[t] = (pi * phases->used[1] + pj) * plane + rows[ki] * g->ow + columns[kj];
+    }
+    return (shifted_view){g->oh, g->ow, phases_floats(g, phases) / g->cin, phases_floats(g, phases), rows, columns,
+                          taps};
+}
+
+/* The phase planes of n images (phase_view's layout). */
+static void split_phases(const conv_geometry *g, const phase_set *phases, const float *x, int64_t n,
+                         float *planes) {
+    int64_t plane = g->oh * g->ow, per_channel = phases->used[0] * phases->used[1];
+#pragma omp parallel for collapse(2) schedule(static) if (n * g->cin * g->h * g->w > 1 << 16)
+    for (int64_t image = 0; image < n; image++)
+        for (int64_t channel = 0; channel < g->cin; channel++) {
+            const float *from = x + (image * g->cin + channel) * g->h * g->w;
+            float *to = planes + (image * g->cin + channel) * per_channel * plane;
+            for (int pi = 0; pi < phases->used[0]; pi++)
+                for (int pj = 0; pj < phases->used[1]; pj++)
+                    for (int64_t y = 0; y < g->oh; y++) {
+                        int64_t iy = 2 * y + pi + phases->first[0];
+                        float *row = to + ((pi * phases->used[1] + pj) * g->oh + y) * g->ow;
+                        if (iy < g->h)
+                            copy_row(from + iy * g->w, columns_inside(pj + phases->first[1], 2, g->w, g->ow), 2,
+                                     g->ow, row);
+                        else
+                            memset(row, 0, sizeof(float) * (size_t)g->ow);
+                    }
+        }
 }
 
 static void pack_b_im2col_shifted(const b_source *src, const float *image, int64_t k0, int64_t kc, int64_t j0,
                                   int64_t nr, float *restrict dst) {
     const conv_geometry *g = src->conv;
-    int64_t positions = g->oh * g->ow, plane = g->h * g->w;
+    const shifted_view *view = src->shifted;
+    int64_t positions = g->oh * g->ow;
     int32_t out_row[TG_NR], out_col[TG_NR];
     const float *first[TG_NV], *second[TG_NV]; /* lane i of vector v reads first[v] + i or second[v] + i */
     __mmask16 in_first[TG_NV], valid[TG_NV];
@@ -133,26 +225,26 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
             out_row[16 * v + i] = row, out_col[16 * v + i] = col;
             if (++col == g->ow) col = 0, row++;
         }
-        first[v] = image + img * g->cin * plane + p, second[v] = image + (img + 1) * g->cin * plane - split;
+        first[v] = image + img * view->image_size + p, second[v] = image + (img + 1) * view->image_size - split;
         in_first[v] = tg_tail_mask(split), valid[v] = tg_tail_mask(nr - 16 * v);
     }
-    /* Lanes whose input row under each kernel row, and column under each kernel column, lie in the image (unsigned
+    /* Lanes whose input row under each kernel row, and column under each kernel column, lie in the planes (unsigned
      * compares: negative rows and columns are out too): a tap's lanes are one of each, the same for every channel. */
     __mmask16 rows_in[g->kh][TG_NV], columns_in[g->kw][TG_NV];
     for (int v = 0; v < TG_NV; v++) {
         __m512i rows = _mm512_loadu_si512(out_row + 16 * v), columns = _mm512_loadu_si512(out_col + 16 * v);
         for (int64_t ki = 0; ki < g->kh; ki++)
             rows_in[ki][v] = valid[v] & _mm512_cmplt_epu32_mask(
-                _mm512_add_epi32(rows, _mm512_set1_epi32((int32_t)(ki * g->dilation_h - g->pad_h))),
-                _mm512_set1_epi32((int32_t)g->h));
+                _mm512_add_epi32(rows, _mm512_set1_epi32((int32_t)view->row_offset[ki])),
+                _mm512_set1_epi32((int32_t)view->h));
         for (int64_t kj = 0; kj < g->kw; kj++)
             columns_in[kj][v] = _mm512_cmplt_epu32_mask(
-                _mm512_add_epi32(columns, _mm512_set1_epi32((int32_t)(kj * g->dilation_w - g->pad_w))),
-                _mm512_set1_epi32((int32_t)g->w));
+                _mm512_add_epi32(columns, _mm512_set1_epi32((int32_t)view->column_offset[kj])),
+                _mm512_set1_epi32((int32_t)view->w));
     }
-    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
+    int64_t taps = g->kh * g->kw, channel = k0 / taps, tap = k0 % taps, ki = tap / g->kw, kj = tap % g->kw;
     for (int64_t k = 0; k < kc; k++) {
-        int64_t shift = channel * plane + (ki * g->dilation_h - g->pad_h) * g->w + kj * g->dilation_w - g->pad_w;
+        int64_t shift = channel * view->channel_size + view->tap_offset[tap];
         /* what the next panel reads under this tap: as in pack_b_im2col, one stream per channel row is more than
          * the prefetcher follows (a prefetch never faults, past the image included) */
         _mm_prefetch((const char *)(first[0] + shift + TG_NR), _MM_HINT_T1);
@@ -164,9 +256,10 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
                 x = _mm512_mask_loadu_ps(x, from_second, second[v] + shift);
             _mm512_store_ps(dst + k * TG_NR + 16 * v, x);
         }
+        tap++;
         if (++kj == g->kw) {
             kj = 0;
-            if (++ki == g->kh) ki = 0, channel++;
+            if (++ki == g->kh) ki = 0, tap = 0, channel++;
         }
     }
 }
@@ -267,8 +360,9 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
  * long rows, it stays ahead (3x3/2 to 28x28 outputs: 6% faster than explicit columns; bench/NOTES.md). */
 enum { EXPLICIT_COLUMNS_BELOW = 256 };
 
-/* Whether a conv whose output rows are not shifted input rows multiplies explicit columns (convolve_columns): on
- * AVX2 all of them, on AVX-512 those with few output positions per image. */
+/* Whether a conv whose output rows are not shifted input rows (nor, on AVX-512, shifted phase planes:
+ * phase_planes_fit) multiplies explicit columns (convolve_columns): on AVX2 all of them, on AVX-512 those with few
+ * output positions per image. */
 static int explicit_columns(const conv_geometry *g) {
 #ifdef __AVX512F__
     return g->oh * g->ow < EXPLICIT_COLUMNS_BELOW;
@@ -276,6 +370,28 @@ static int explicit_columns(const conv_geometry *g) {
     (void)g;
     return 1;
 #endif
+}
+
+/* split_phases' planes, reused across calls up to PHASE_PLANES_KEPT floats (as large as the input: a large batch's
+ * would otherwise stay allocated for good). */
+static _Thread_local tg_scratch phase_scratch;
+enum { PHASE_PLANES_KEPT = 4 << 20 };
+
+/* The product of a described conv: its images one GEMM each, merged into one, or (AVX2's strided convs) explicit
+ * columns; a 1x1 kernel with no padding and stride 1 (or stride 2 on its one phase plane) multiplies each image
+ * itself (cin rows of h*w): packed as any strided matrix, a load per vector, cheaper than the shifted im2col's
+ * pair of masked loads. Merged images (run_merged) are columns of several images, which only the im2col's view
+ * spans. */
+static int multiply(gemm_batch g, const conv_geometry *geometry, int64_t n, int pointwise, int shifted) {
+    int64_t positions = g.n;
+    int merged = n > 1 && positions < (pointwise ? MERGE_POINTWISE_BELOW : MERGE_IMAGES_BELOW);
+    if (pointwise && !merged) {
+        g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1, .rows_in_place = 1};
+        return tg_run_gemm_batch(&g);
+    }
+    /* (no input channels: no columns to size tasks by; the GEMM gives the epilogue of an empty sum) */
+    if (g.k > 0 && !shifted && explicit_columns(geometry)) return convolve_columns(&g, geometry, n, g.b);
+    return merged ? run_merged(g, n) : tg_run_gemm_batch(&g);
 }
 
 int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, int64_t kh, int64_t kw,
@@ -288,26 +404,35 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     if (described != TG_GEMM_OK) return described;
     int64_t positions = geometry.oh * geometry.ow, depth = cin * kh * kw;
     if (geometry.oh <= 0 || geometry.ow <= 0 || n <= 0) return TG_GEMM_OK;
+    int64_t *offsets = malloc(sizeof(int64_t) * (size_t)(kh + kw + kh * kw)); /* a kernel's size: not the stack */
+    phase_set phases;
+    int phased = depth > 0 && phase_planes_fit(&geometry, &phases), shifted = phased || shifted_im2col(&geometry);
+    float *planes = phased ? tg_scratch_reserve(&phase_scratch, (size_t)(n * phases_floats(&geometry, &phases)))
+                           : NULL;
+    if (!offsets || (phased && !planes)) {
+        free(offsets);
+        return TG_GEMM_NO_MEMORY;
+    }
+    shifted_view view = phased ? phase_view(&geometry, &phases, offsets) : image_view(&geometry, offsets);
+    if (phased) {
+        split_phases(&geometry, &phases, x, n, planes);
+        x = planes;
+    }
     gemm_batch g = {
         .batch = n, .m = cout, .n = positions, .k = depth,
         .a = weight, .a_bs = 0, .a_rs = depth, .a_cs = 1,
-        .b = x, .b_bs = cin * h * w,
-        .b_src = {.pack = shifted_im2col(&geometry) ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry},
+        .b = x, .b_bs = shifted ? view.image_size : cin * h * w,
+        .b_src = {.pack = shifted ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry, .shifted = &view},
         .c = out, .c_bs = out_bs, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = tg_epilogue_of(alpha, activation, bias, 1, 0, residual, positions),
     };
-    /* A 1x1 kernel with stride 1 and no padding multiplies each image itself (cin rows of h*w): packed as any
-     * strided matrix, a load per vector, cheaper than the shifted im2col's pair of masked loads. Merged images
-     * (run_merged) are columns of several images, which only the im2col's view spans. */
-    int pointwise = kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
-    int merged = n > 1 && positions < (pointwise ? MERGE_POINTWISE_BELOW : MERGE_IMAGES_BELOW);
-    if (pointwise && !merged) {
-        g.b_src = (b_source){.pack = tg_pack_b_strided, .rs = positions, .cs = 1, .rows_in_place = 1};
-        return tg_run_gemm_batch(&g);
+    int pointwise = kh == 1 && kw == 1 && pad_h == 0 && pad_w == 0 && (phased || (stride_h == 1 && stride_w == 1));
+    int status = multiply(g, &geometry, n, pointwise, shifted);
+    free(offsets);
+    if (phase_scratch.capacity > PHASE_PLANES_KEPT) {
+        free(phase_scratch.data);
+        phase_scratch = (tg_scratch){0};
     }
-    /* (no input channels: no columns to size tasks by; the GEMM gives the epilogue of an empty sum) */
-    if (depth > 0 && !shifted_im2col(&geometry) && explicit_columns(&geometry))
-        return convolve_columns(&g, &geometry, n, x);
-    return merged ? run_merged(g, n) : tg_run_gemm_batch(&g);
+    return status;
 }

@@ -60,10 +60,21 @@ typedef struct b_source b_source;
 typedef void (*pack_b_fn)(const b_source *src, const float *data, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
                           float *dst);
 
+/* Where the shifted im2col (conv.c) finds what an output position reads: planes of h x w floats with as many
+ * columns as the output (the image itself at stride 1, its phase planes at stride 2). Under tap (ki, kj) output
+ * position p, in output row r and column c of an image, reads float p + tap_offset[ki * kw + kj] of the image's
+ * planes (image_size floats an image, channel_size a channel, from channel 0's) if r + row_offset[ki] lies in
+ * [0, h) and c + column_offset[kj] in [0, w), else the padding. */
+typedef struct {
+    int64_t h, w, channel_size, image_size;
+    const int64_t *row_offset, *column_offset, *tap_offset;
+} shifted_view;
+
 struct b_source {
     pack_b_fn pack;
     int64_t rs, cs;             /* strided matrix B */
     const conv_geometry *conv;  /* implicit im2col of one image */
+    const shifted_view *shifted; /* the shifted im2col's view of it */
     int rows_in_place;          /* a pointwise conv's image: its whole panels read in place at any M (gemm.c) */
 };
 
