@@ -201,8 +201,7 @@ static void split_phases(const conv_geometry *g, const phase_set *phases, const 
                         int64_t iy = 2 * y + pi + phases->first[0];
                         float *row = to + ((pi * phases->used[1] + pj) * g->oh + y) * g->ow;
                         if (iy < g->h)
-                            copy_row(from + iy * g->w, columns_inside(pj + phases->first[1], 2, g->w, g->ow), 2,
-                                     g->ow, row);
+                            copy_row_segment(from + iy * g->w, pj + phases->first[1], 2, g->w, g->ow, row, g->ow);
                         else
                             memset(row, 0, sizeof(float) * (size_t)g->ow);
                     }
