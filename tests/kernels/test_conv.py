@@ -53,7 +53,7 @@ CASES = [
     (1, 400, 9, 21, 13, (1, 1), 1, 0, 1),
     (2, 390, 32, 33, 7, (1, 1), 1, 0, 1),
     (10, 512, 7, 7, 3, (3, 3), 1, 1, 1),  # im2col: small images merged in two chunks (9 images, then 1)
-    (12, 512, 13, 13, 3, (3, 3), 2, 1, 1),  # small strided images merged in chunks (AVX2's explicit columns: 3 of 4)
+    (12, 512, 13, 13, 3, (3, 3), 2, 1, 1),  # small strided images merged (AVX2's explicit columns: in chunks, 3 of 4)
     (1, 1, 1, 1, 1, (1, 1), 1, 0, 1),  # one of everything
     (2, 3, 9, 35, 4, (3, 3), 2, 1, 1),  # stride 2, rows of 18: segments wholly inside the image, then past its edge
     (2, 5, 6, 34, 3, (1, 1), 2, 0, 1),  # ...and a 1x1 whose second load ends one column past the row
@@ -85,8 +85,8 @@ CASES = [
     (1, 6, 9, 10, 16, (3, 3), 1, 2, 2),
     # stride 2 on AVX-512 multiplies phase planes (conv.c, phase_planes_fit): a 5x5 kernel whose last taps read
     # the planes' last row, a 1x1 with padding (one phase plane, the odd one), a 1x1 without (the image subsampled,
-    # read in place across K blocks), a 3x3 without padding whose last tap reads past the planes (the implicit
-    # packing instead), a 2x2 patch kernel
+    # read in place across K blocks), a 3x3 without padding whose last tap reads past the planes (explicit columns
+    # instead), a 2x2 patch kernel
     (1, 4, 11, 13, 6, (5, 5), 2, 2, 1),
     (2, 3, 10, 9, 4, (1, 1), 2, 1, 1),
     (1, 400, 30, 34, 9, (1, 1), 2, 0, 1),
@@ -234,8 +234,8 @@ def test_activation_after_the_residual_keeps_nan_inf_and_signed_zeros_like_torch
     np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-5, atol=1e-4)
 
 
-# (batch, cin, h, w, cout, kernel, stride, padding): merged small images (7x7; 13x13 strided, AVX2's explicit columns
-# merged), large ones (one GEMM each; AVX2's column blocks of output rows), odd channel counts, one image
+# (batch, cin, h, w, cout, kernel, stride, padding): merged small images (7x7; 13x13 strided: phase planes, AVX2's
+# explicit columns merged), large ones (one GEMM each; AVX2's column blocks of output rows), odd channel counts, one image
 STRIDED_OUT_CASES = [
     (8, 16, 7, 7, 12, (3, 3), 1, 1),
     (3, 5, 9, 11, 7, (3, 3), 1, 1),
@@ -308,8 +308,8 @@ def unreadable_after():
 def test_nothing_is_read_past_the_input(unreadable_after, algorithm, size, kernel, stride, padding):
     """An input that ends where memory with no access begins: a read past it faults, a masked-off lane there does
     not (but one vector's load with no lane at all, past the image, took a slow assist on Zen 4: bench/NOTES.md).
-    Every kernel and packing path: the shifted images, strided rows (implicit, and explicit columns for few output
-    positions), a 1x1 image as a matrix, "valid" padding; values against torch."""
+    Every kernel and packing path: the shifted images, stride 2's phase planes, explicit columns, a 1x1 image as a
+    matrix, "valid" padding; values against torch."""
     x = random((1, 32, size, size), 21)
     weight, bias = random((24, 32, kernel, kernel), 22), random((24,), 23)
     at_the_edge = unreadable_after(x.shape)

@@ -1,10 +1,10 @@
 /* conv2d lowered to GEMM with an implicit im2col: out[img] (cout x oh*ow) = weight (cout x cin*kh*kw) @ cols,
  * where the columns are never materialized: packing a B panel reads them straight from the image (stride-1
  * rows become contiguous copies, and with "same" width whole images shift, as do stride 2's phase planes). Large
- * images are the batch of the GEMM driver; small ones are merged into one wider GEMM. Implicit im2col was chosen
- * by measurement on AVX-512 (bench/NOTES.md): a GEMM on ready-made columns is barely faster than the whole
- * implicit conv, and building the columns costs more than that. On AVX2 only the shifted images are packed
- * implicitly: strided convs multiply explicit columns (convolve_columns). */
+ * images are the batch of the GEMM driver; small ones are merged into one wider GEMM. For these convs implicit
+ * im2col was chosen by measurement on AVX-512 (bench/NOTES.md): a GEMM on ready-made columns is barely faster than
+ * the whole implicit conv, and building the columns costs more than that. Convs whose rows do not shift (strided
+ * ones without phase planes, all of them on AVX2, and "valid" ones) multiply explicit columns (convolve_columns). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,106 +14,23 @@
 
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* The columns j0..j0+nr of a panel (output positions, images one after another), cut where they wrap to the
- * next output row. */
-typedef struct {
-    int64_t count, image[TG_NR], oh[TG_NR], ow[TG_NR], start[TG_NR], length[TG_NR];
-} panel_rows;
-
-static void split_panel(const conv_geometry *g, int64_t j0, int64_t nr, panel_rows *rows) {
-    int64_t row = j0 / g->ow, ow = j0 % g->ow, image = row / g->oh, oh = row % g->oh;
-    rows->count = 0;
-    for (int64_t jj = 0; jj < nr; ow = 0) {
-        int64_t length = min_i64(nr - jj, g->ow - ow), r = rows->count++;
-        rows->image[r] = image, rows->oh[r] = oh, rows->ow[r] = ow, rows->start[r] = jj, rows->length[r] = length;
-        jj += length;
-        if (++oh == g->oh) oh = 0, image++;
-    }
-}
-
-/* Lanes of `column` (from `first` up to `last`) inside [0, width): all of them, without a compare, for a segment
- * that lies inside (most do). */
-static inline __mmask16 inside(__m512i column, int64_t first, int64_t last, int64_t width) {
-    if (first >= 0 && last < width) return 0xFFFF;
-    return _mm512_cmpge_epi32_mask(column, _mm512_setzero_si512()) &
-           _mm512_cmplt_epi32_mask(column, _mm512_set1_epi32((int32_t)width));
-}
-
-/* dst[t] = row[iw0 + t*stride] where that column lies in [0, width), else 0, for t < length; the `room` floats
- * from dst may take junk past length (stores after this one overwrite it). Masked loads never touch out-of-image
- * lanes, so padding costs no branches: stride 1 is one load, stride 2 two loads and a permute, larger strides a
- * gather. */
-static void copy_row_segment(const float *row, int64_t iw0, int64_t stride, int64_t width, int64_t length,
-                             float *dst, int64_t room) {
-    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    for (int64_t t = 0; t < length; t += 16) {
-        int64_t first = iw0 + t * stride;
-        __mmask16 store = tg_tail_mask(length - t);
-        __m512i contiguous = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first), lanes);
-        __m512 values;
-        if (stride == 1) {
-            values = tg_load_lanes_ps(store & inside(contiguous, first, first + 15, width), row + first);
-        } else if (stride == 2) {
-            __m512i upper = _mm512_add_epi32(contiguous, _mm512_set1_epi32(16));
-            values = tg_even_lanes_ps(
-                tg_load_lanes_ps(inside(contiguous, first, first + 15, width), row + first),
-                tg_load_lanes_ps(inside(upper, first + 16, first + 31, width), row + first + 16));
-        } else {
-            __m512i column = _mm512_add_epi32(_mm512_set1_epi32((int32_t)first),
-                                              _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int32_t)stride)));
-            __mmask16 read = store & inside(column, first, first + 15 * stride, width);
-            values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), read, column, row, 4);
-        }
-        tg_store_prefix(dst + t, length - t, room - t, values);
-    }
-}
-
-/* Segment r's input row under tap (channel, ki, kj), NULL where it lies in the padding; *iw0 its first column. */
-static inline const float *segment_row(const conv_geometry *g, const float *image, const panel_rows *rows, int64_t r,
-                                       int64_t channel, int64_t ki, int64_t kj, int64_t *iw0) {
-    int64_t ih = rows->oh[r] * g->stride_h - g->pad_h + ki * g->dilation_h;
-    *iw0 = rows->ow[r] * g->stride_w - g->pad_w + kj * g->dilation_w;
-    return ih >= 0 && ih < g->h ? image + ((rows->image[r] * g->cin + channel) * g->h + ih) * g->w : NULL;
-}
-
-/* A panel reads one row per channel in turn, more streams than the hardware prefetcher follows, and stalls on each:
- * so while it packs a row, what the next panel reads under the same tap is fetched into cache (a prefetch never
- * faults, past the last image included). */
-static void pack_b_im2col(const b_source *src, const float *image, int64_t k0, int64_t kc, int64_t j0, int64_t nr,
-                          float *restrict dst) {
-    const conv_geometry *g = src->conv;
-    panel_rows rows, next;
-    split_panel(g, j0, nr, &rows);
-    split_panel(g, j0 + nr, TG_NR, &next);
-    int64_t taps = g->kh * g->kw, channel = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw, iw0;
-    for (int64_t k = 0; k < kc; k++) {
-        float *restrict d = dst + k * TG_NR;
-        for (int64_t r = 0; r < next.count; r++) {
-            const float *row = segment_row(g, image, &next, r, channel, ki, kj, &iw0);
-            for (int64_t at = 0; row && at < next.length[r] * g->stride_w; at += 16)
-                _mm_prefetch((const char *)(row + iw0 + at), _MM_HINT_T0);
-        }
-        for (int64_t r = 0; r < rows.count; r++) {
-            const float *row = segment_row(g, image, &rows, r, channel, ki, kj, &iw0);
-            if (row)
-                copy_row_segment(row, iw0, g->stride_w, g->w, rows.length[r], d + rows.start[r],
-                                 TG_NR - rows.start[r]); /* later segments, then the padding, overwrite */
-            else
-                for (int64_t t = 0; t < rows.length[r]; t++) d[rows.start[r] + t] = 0.0f;
-        }
-        for (int64_t jj = nr; jj < TG_NR; jj++) d[jj] = 0.0f;
-        if (++kj == g->kw) { /* next tap, then next channel, without dividing */
-            kj = 0;
-            if (++ki == g->kh) ki = 0, channel++;
-        }
+/* dst[t] = row[first + 2t] where that column lies below `width`, else 0, for t < count (first >= 0): two masked
+ * loads and a permute per vector, the masks keeping the loads off the columns past the row (no branch at the
+ * edge). */
+static void copy_even_columns(const float *row, int64_t first, int64_t width, int64_t count, float *dst) {
+    for (int64_t t = 0; t < count; t += 16) {
+        int64_t column = first + 2 * t;
+        __m512 values = tg_even_lanes_ps(tg_load_lanes_ps(tg_tail_mask(width - column), row + column),
+                                         tg_load_lanes_ps(tg_tail_mask(width - column - 16), row + column + 16));
+        _mm512_mask_storeu_ps(dst + t, tg_tail_mask(count - t), values);
     }
 }
 
 /* Stride 1 with as many output columns as input columns ("same" width): an image's run of consecutive output
  * positions reads a run of consecutive input positions at one offset per tap, with the lanes that fall off the
  * image masked off. Images of at least 16 positions put at most two images in a 16-column vector, so each
- * vector of a packed row is two masked loads, against a masked copy per output row segment in pack_b_im2col
- * (about 10 per panel row for 7x7 images). Stride 2 reads its image so once split into phase planes (below). */
+ * vector of a packed row is two masked loads. Stride 2 reads its image so once split into phase planes (below);
+ * other convs multiply explicit columns (convolve_columns). */
 enum { SHIFTED_MIN_POSITIONS = 16 };
 
 static int shifted_im2col(const conv_geometry *g) {
@@ -162,7 +79,7 @@ static int phase_planes_fit(const conv_geometry *g, phase_set *phases) {
            axis_phases(g->kh, g->pad_h, g->h, g->oh, &phases->used[0], &phases->first[0]) &&
            axis_phases(g->kw, g->pad_w, g->w, g->ow, &phases->used[1], &phases->first[1]);
 #else
-    (void)g, (void)phases; /* AVX2 multiplies explicit columns (explicit_columns) */
+    (void)g, (void)phases; /* AVX2 multiplies explicit columns (not measured there) */
     return 0;
 #endif
 }
@@ -201,7 +118,7 @@ static void split_phases(const conv_geometry *g, const phase_set *phases, const 
                         int64_t iy = 2 * y + pi + phases->first[0];
                         float *row = to + ((pi * phases->used[1] + pj) * g->oh + y) * g->ow;
                         if (iy < g->h)
-                            copy_row_segment(from + iy * g->w, pj + phases->first[1], 2, g->w, g->ow, row, g->ow);
+                            copy_even_columns(from + iy * g->w, pj + phases->first[1], g->w, g->ow, row);
                         else
                             memset(row, 0, sizeof(float) * (size_t)g->ow);
                     }
@@ -244,8 +161,8 @@ static void pack_b_im2col_shifted(const b_source *src, const float *image, int64
     int64_t taps = g->kh * g->kw, channel = k0 / taps, tap = k0 % taps, ki = tap / g->kw, kj = tap % g->kw;
     for (int64_t k = 0; k < kc; k++) {
         int64_t shift = channel * view->channel_size + view->tap_offset[tap];
-        /* what the next panel reads under this tap: as in pack_b_im2col, one stream per channel row is more than
-         * the prefetcher follows (a prefetch never faults, past the image included) */
+        /* what the next panel reads under this tap: one stream per channel row is more than the prefetcher
+         * follows (a prefetch never faults, past the image included) */
         _mm_prefetch((const char *)(first[0] + shift + TG_NR), _MM_HINT_T1);
         _mm_prefetch((const char *)(first[0] + shift + 2 * TG_NR - 1), _MM_HINT_T1);
         for (int v = 0; v < TG_NV; v++) {
@@ -307,10 +224,11 @@ static int run_merged(gemm_batch g, int64_t images) {
     return status;
 }
 
-/* A conv whose output rows are not its input rows shifted (strided, or "valid") multiplies explicit columns
- * (columns.h) where explicit_columns says: the implicit packing gathers each panel from one input row per channel in
- * turn, more streams than the prefetcher follows, and on AVX2 cost more than the product for a 1x1/2 downsample,
- * where writing the columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). The work is
+/* A conv whose output rows are not its input rows shifted (strided, or "valid") nor its phase planes' multiplies
+ * explicit columns (columns.h): gathering each panel from one input row segment per channel in turn took more
+ * streams than the prefetcher follows, and ran 0-12% slower on AVX-512 (a 3x3/2 stem without padding, a stride 3,
+ * "valid" 3x3 and 5x5 convs) and more than the product itself on AVX2 for a 1x1/2 downsample, where writing the
+ * columns as their own pass and packing plain rows of them is cheap (bench/NOTES.md). The work is
  * tasks that each fill their columns and multiply them alone, handed to the threads one at a time with no barrier
  * (a descheduled thread holds back no one): an image's block of output rows, COLUMN_BYTES of columns (cached when
  * the GEMM packs them) and at least a few columns per output channel; or, for small images, a group of them merged
@@ -354,33 +272,16 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
     return failed ? TG_GEMM_NO_MEMORY : TG_GEMM_OK;
 }
 
-/* Below this many output positions per image AVX-512's implicit packing copies rows of a few columns each, 7 for a
- * 7x7 output (ResNet-50's last stride-2 convs ran 7-12% faster on explicit columns); above it, where it copies
- * long rows, it stays ahead (3x3/2 to 28x28 outputs: 6% faster than explicit columns; bench/NOTES.md). */
-enum { EXPLICIT_COLUMNS_BELOW = 256 };
-
-/* Whether a conv whose output rows are not shifted input rows (nor, on AVX-512, shifted phase planes:
- * phase_planes_fit) multiplies explicit columns (convolve_columns): on AVX2 all of them, on AVX-512 those with few
- * output positions per image. */
-static int explicit_columns(const conv_geometry *g) {
-#ifdef __AVX512F__
-    return g->oh * g->ow < EXPLICIT_COLUMNS_BELOW;
-#else
-    (void)g;
-    return 1;
-#endif
-}
-
 /* split_phases' planes, reused across calls up to PHASE_PLANES_KEPT floats (as large as the input: a large batch's
  * would otherwise stay allocated for good). */
 static _Thread_local tg_scratch phase_scratch;
 enum { PHASE_PLANES_KEPT = 4 << 20 };
 
-/* The product of a described conv: its images one GEMM each, merged into one, or (AVX2's strided convs) explicit
- * columns; a 1x1 kernel with no padding and stride 1 (or stride 2 on its one phase plane) multiplies each image
- * itself (cin rows of h*w): packed as any strided matrix, a load per vector, cheaper than the shifted im2col's
- * pair of masked loads. Merged images (run_merged) are columns of several images, which only the im2col's view
- * spans. */
+/* The product of a described conv: its images one GEMM each, merged into one, or explicit columns (a conv that
+ * neither shifts nor splits into phase planes); a 1x1 kernel with no padding and stride 1 (or stride 2 on its one
+ * phase plane) multiplies each image itself (cin rows of h*w): packed as any strided matrix, a load per vector,
+ * cheaper than the shifted im2col's pair of masked loads. Merged images (run_merged) are columns of several images,
+ * which only the im2col's view spans. */
 static int multiply(gemm_batch g, const conv_geometry *geometry, int64_t n, int pointwise, int shifted) {
     int64_t positions = g.n;
     int merged = n > 1 && positions < (pointwise ? MERGE_POINTWISE_BELOW : MERGE_IMAGES_BELOW);
@@ -389,7 +290,7 @@ static int multiply(gemm_batch g, const conv_geometry *geometry, int64_t n, int 
         return tg_run_gemm_batch(&g);
     }
     /* (no input channels: no columns to size tasks by; the GEMM gives the epilogue of an empty sum) */
-    if (g.k > 0 && !shifted && explicit_columns(geometry)) return convolve_columns(&g, geometry, n, g.b);
+    if (g.k > 0 && !shifted) return convolve_columns(&g, geometry, n, g.b);
     return merged ? run_merged(g, n) : tg_run_gemm_batch(&g);
 }
 
@@ -421,7 +322,7 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
         .batch = n, .m = cout, .n = positions, .k = depth,
         .a = weight, .a_bs = 0, .a_rs = depth, .a_cs = 1,
         .b = x, .b_bs = shifted ? view.image_size : cin * h * w,
-        .b_src = {.pack = shifted ? pack_b_im2col_shifted : pack_b_im2col, .conv = &geometry, .shifted = &view},
+        .b_src = {.pack = shifted ? pack_b_im2col_shifted : tg_pack_b_strided, .conv = &geometry, .shifted = &view},
         .c = out, .c_bs = out_bs, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
         .ep = tg_epilogue_of(alpha, activation, bias, 1, 0, residual, positions),
