@@ -235,7 +235,8 @@ def test_activation_after_the_residual_keeps_nan_inf_and_signed_zeros_like_torch
 
 
 # (batch, cin, h, w, cout, kernel, stride, padding): merged small images (7x7; 13x13 strided: phase planes, AVX2's
-# explicit columns merged), large ones (one GEMM each; AVX2's column blocks of output rows), odd channel counts, one image
+# explicit columns merged), large ones (one GEMM each; AVX2's column blocks of output rows), odd channel counts, one
+# image
 STRIDED_OUT_CASES = [
     (8, 16, 7, 7, 12, (3, 3), 1, 1),
     (3, 5, 9, 11, 7, (3, 3), 1, 1),
