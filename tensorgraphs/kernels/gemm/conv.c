@@ -49,10 +49,10 @@ static shifted_view image_view(const conv_geometry *g, int64_t *offsets) {
 /* A stride-2 conv as the shifted im2col of phase planes: plane (pi, pj) of a channel holds its input rows 2y + pi
  * and columns 2x + pj, as many as the output has (zero past the input), so that under tap (ki, kj), which reads
  * row 2 * oy + ki - pad_h, output row oy reads plane row oy + floor((ki - pad_h) / 2) of phase (ki - pad_h) mod 2,
- * and likewise the columns: every tap a run of consecutive floats, as at stride 1. The implicit packing's stride-2
- * gather (two loads and a permute per vector, for each short row segment) took a fifth of a 3x3/2 conv to 28x28,
- * and explicit columns are a pass over nine times the input (bench/NOTES.md). Only the phases some tap reads are
- * made: a 1x1/2 conv's one plane is its image subsampled, multiplied as a pointwise conv's. */
+ * and likewise the columns: every tap a run of consecutive floats, as at stride 1. Gathering every other column
+ * of each short row segment instead took a fifth of a 3x3/2 conv to 28x28, and explicit columns are a pass over
+ * nine times the input (bench/NOTES.md). Only the phases some tap reads are made: a 1x1/2 conv's one plane is its
+ * image subsampled, multiplied as a pointwise conv's. */
 typedef struct {
     int used[2], first[2]; /* per axis (rows, columns): how many phases the taps read, 1 or 2, from which */
 } phase_set;
