@@ -33,12 +33,12 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from builds import load_builds  # noqa: E402
 from peak import fma_peak  # noqa: E402
 from train import MODELS, tg_training_step  # noqa: E402
 
 from tensorgraphs.codegen.loop_ir import GemmCall, walk  # noqa: E402
 from tensorgraphs.kernels import gemm  # noqa: E402
-from tensorgraphs.kernels.gemm.build import load_library  # noqa: E402
 
 CALLS_PER_TURN = 3
 # one thread: its CPU time; more (OMP_NUM_THREADS): the CPU time of all, e.g. two threads pinned to one core by
@@ -201,12 +201,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--product", default="", help="only the products whose printed label contains this text")
     args = parser.parse_args()
-    builds = {}
-    for entry in args.builds.split(","):
-        name, folder = entry.split("=")
-        function = load_library(gemm.LIBRARY, gemm.SOURCES, source_dir=Path(folder).resolve()).tg_gemm_f32
-        function.argtypes, function.restype = gemm.GEMM_ARGTYPES, ctypes.c_int
-        builds[name] = function
+    builds = load_builds(args.builds, "tg_gemm_f32", gemm.GEMM_ARGTYPES)
     products: Counter[GemmCall] = Counter()
     for model in args.models.split(","):
         products.update(call for call in step_products(model).elements() if args.product in label(call))
