@@ -66,7 +66,7 @@ static int axis_phases(int64_t taps, int64_t pad, int64_t extent, int64_t out, i
     for (int64_t k = 0; k < taps; k++) {
         int64_t shift = floor_half(k - pad), phase = k - pad - 2 * shift;
         seen[phase] = 1;
-        if (out - 1 + shift >= out && 2 * out + phase < extent) return 0;
+        if (shift > 0 && 2 * out + phase < extent) return 0; /* the last output row reads past the planes */
     }
     *used = seen[0] + seen[1], *first = seen[0] ? 0 : 1;
     return 1;
@@ -84,9 +84,9 @@ static int phase_planes_fit(const conv_geometry *g, phase_set *phases) {
 #endif
 }
 
-/* Floats of one image's planes. */
-static int64_t phases_floats(const conv_geometry *g, const phase_set *phases) {
-    return g->cin * phases->used[0] * phases->used[1] * g->oh * g->ow;
+/* Floats of one channel's planes. */
+static int64_t channel_planes_floats(const conv_geometry *g, const phase_set *phases) {
+    return phases->used[0] * phases->used[1] * g->oh * g->ow;
 }
 
 static shifted_view phase_view(const conv_geometry *g, const phase_set *phases, int64_t *offsets) {
@@ -99,19 +99,19 @@ static shifted_view phase_view(const conv_geometry *g, const phase_set *phases, 
         int64_t pj = kj - g->pad_w - 2 * columns[kj] - phases->first[1];
         taps[t] = (pi * phases->used[1] + pj) * plane + rows[ki] * g->ow + columns[kj];
     }
-    return (shifted_view){g->oh, g->ow, phases_floats(g, phases) / g->cin, phases_floats(g, phases), rows, columns,
-                          taps};
+    int64_t channel_size = channel_planes_floats(g, phases);
+    return (shifted_view){g->oh, g->ow, channel_size, g->cin * channel_size, rows, columns, taps};
 }
 
 /* The phase planes of n images (phase_view's layout). */
 static void split_phases(const conv_geometry *g, const phase_set *phases, const float *x, int64_t n,
                          float *planes) {
-    int64_t plane = g->oh * g->ow, per_channel = phases->used[0] * phases->used[1];
+    int64_t channel_size = channel_planes_floats(g, phases);
 #pragma omp parallel for collapse(2) schedule(static) if (n * g->cin * g->h * g->w > 1 << 16)
     for (int64_t image = 0; image < n; image++)
         for (int64_t channel = 0; channel < g->cin; channel++) {
             const float *from = x + (image * g->cin + channel) * g->h * g->w;
-            float *to = planes + (image * g->cin + channel) * per_channel * plane;
+            float *to = planes + (image * g->cin + channel) * channel_size;
             for (int pi = 0; pi < phases->used[0]; pi++)
                 for (int pj = 0; pj < phases->used[1]; pj++)
                     for (int64_t y = 0; y < g->oh; y++) {
@@ -307,8 +307,8 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     int64_t *offsets = malloc(sizeof(int64_t) * (size_t)(kh + kw + kh * kw)); /* a kernel's size: not the stack */
     phase_set phases;
     int phased = depth > 0 && phase_planes_fit(&geometry, &phases), shifted = phased || shifted_im2col(&geometry);
-    float *planes = phased ? tg_scratch_reserve(&phase_scratch, (size_t)(n * phases_floats(&geometry, &phases)))
-                           : NULL;
+    size_t planes_floats = phased ? (size_t)(n * cin * channel_planes_floats(&geometry, &phases)) : 0;
+    float *planes = phased ? tg_scratch_reserve(&phase_scratch, planes_floats) : NULL;
     if (!offsets || (phased && !planes)) {
         free(offsets);
         return TG_GEMM_NO_MEMORY;
@@ -321,7 +321,7 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     gemm_batch g = {
         .batch = n, .m = cout, .n = positions, .k = depth,
         .a = weight, .a_bs = 0, .a_rs = depth, .a_cs = 1,
-        .b = x, .b_bs = shifted ? view.image_size : cin * h * w,
+        .b = x, .b_bs = view.image_size,
         .b_src = {.pack = shifted ? pack_b_im2col_shifted : tg_pack_b_strided, .conv = &geometry, .shifted = &view},
         .c = out, .c_bs = out_bs, .c_rs = positions,
         .bias_bs = 0, .residual_bs = cout * positions,
