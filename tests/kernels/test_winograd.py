@@ -20,8 +20,8 @@ CASES = [
     (1, 1, 3, 3, 1, 0),  # one output element
     (2, 20, 7, 7, 40, (1, 0)),  # ResNet's last stage shape, rectangular padding
     (1, 4, 30, 2, 3, 1),  # a tall strip: more tiles than one 16-tile vector in one image column
-    # tile rows long enough to be loaded as rows on AVX2 (winograd.c, long_tile_rows): 16, 12, 17 (a second vector
-    # of one tile), 10 and 8 tiles, padding 0 and rectangular
+    # tile rows long enough to be loaded as rows (winograd.c, long_tile_rows): 16, 12, 17 (a second vector of one
+    # tile), 10 and 8 tiles, padding 0 and rectangular
     (2, 3, 6, 62, 5, 1),
     (1, 2, 9, 45, 3, 1),
     (2, 3, 5, 68, 4, 1),

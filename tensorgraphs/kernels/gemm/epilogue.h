@@ -16,6 +16,13 @@
 static inline __attribute__((always_inline)) __m512 tg_even_lanes_ps(__m512 a, __m512 b) {
     return _mm512_permutex2var_ps(a, _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0), b);
 }
+/* The AVX-512 forms of names avx512_on_avx2.h gives AVX2: a vector of 16 from two halves; 8 lanes by `bits`. */
+static inline __attribute__((always_inline)) __m512 tg_f32x16_of(__m256 lo, __m256 hi) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+static inline __attribute__((always_inline)) __m256 tg_maskz_loadu8(unsigned bits, const float *f) {
+    return _mm256_maskz_loadu_ps((__mmask8)bits, f);
+}
 /* r[c] = lane c of each of r[0..15]: a 16x16 transpose in registers (32-bit, 64-bit, then 128-bit interleaves). */
 static inline __attribute__((always_inline)) void tg_transpose_16x16(__m512 r[16]) {
     __m512 t[16];

@@ -11,11 +11,12 @@
  * for 256 channels each side) and the tiles few (16 for a 14x14 image), and the GEMM reads a row-major A in place
  * where the tiles fit its panels (gemm.c, a_read_in_place) while it packs every B panel per call, a second pass
  * over U (bench/NOTES.md). Where the tiles are many, taking them as rows pads the register tiles less.
- * The transforms are vectorized over 16 tiles (input: masked gathers from the image, zero in the padding; on AVX2
- * plain loads along tile rows where they are long), 16 of M's columns (output: tiles or channels, then transposed
+ * The transforms are vectorized over 16 tiles (input: plain loads along tile rows where they are long, else masked
+ * gathers from the image, zero in the padding), 16 of M's columns (output: tiles or channels, then transposed
  * in registers and stored row by row) or 16 input channels (weights). V and M live in scratch the calling thread
  * keeps for its next call (`work_scratch`), and so does U where the call transforms the weights itself
  * (tg_conv2d_winograd_f32). */
+#include <float.h>
 #include <stdlib.h>
 
 #include "gemm_internal.h"
@@ -94,27 +95,38 @@ typedef struct {
     int64_t n, cin, h, w, cout, pad_h, pad_w, oh, ow, tiles_h, tiles_w, tiles;
 } geometry;
 
+/* Where a tile lies: its image and its tile row and column, stepped along without dividing. */
+typedef struct {
+    int64_t image, row, column;
+} tile_place;
+
+static tile_place tile_place_of(const geometry *g, int64_t p) {
+    int64_t per_image = g->tiles_h * g->tiles_w;
+    return (tile_place){p / per_image, p % per_image / g->tiles_w, p % g->tiles_w};
+}
+
+static void next_tile(const geometry *g, tile_place *t) {
+    if (++t->column < g->tiles_w) return;
+    t->column = 0;
+    if (++t->row == g->tiles_h) t->row = 0, t->image++;
+}
+
 /* For the 16 tiles from p0: the image offset of each patch's corner, and its row and column (negative in the
- * padding), stepping through tiles without dividing. */
+ * padding). */
 static void tile_corners(const geometry *g, int64_t p0, int32_t first[16], int32_t top[16], int32_t left[16]) {
-    int64_t per_image = g->tiles_h * g->tiles_w, image = p0 / per_image;
-    int64_t row = p0 % per_image / g->tiles_w, column = p0 % g->tiles_w;
-    for (int l = 0; l < 16; l++) {
-        top[l] = (int32_t)(row * TILE - g->pad_h), left[l] = (int32_t)(column * TILE - g->pad_w);
-        first[l] = (int32_t)(image * g->cin * g->h * g->w + (int64_t)top[l] * g->w + left[l]);
-        if (++column == g->tiles_w) {
-            column = 0;
-            if (++row == g->tiles_h) row = 0, image++;
-        }
+    tile_place place = tile_place_of(g, p0);
+    for (int l = 0; l < 16; l++, next_tile(g, &place)) {
+        top[l] = (int32_t)(place.row * TILE - g->pad_h), left[l] = (int32_t)(place.column * TILE - g->pad_w);
+        first[l] = (int32_t)(place.image * g->cin * g->h * g->w + (int64_t)top[l] * g->w + left[l]);
     }
 }
 
-#ifndef __AVX512F__
-/* On AVX2 a gather costs about one cycle per element plus its latency, and the input transform spent most of its
- * time in them (bench/NOTES.md). Where tile rows are long enough to fill most of a 16-tile vector, it instead copies
- * each image channel once into a buffer with zero borders and loads 16 tiles of a tile row a patch row at a time as
- * plain vectors, each 8 tiles' 32 floats split into patch columns 0-3 by shuffles (stride 4), columns 4 and 5 being
- * columns 0 and 1 of the next tile. */
+/* A gather costs about one cycle per element plus its latency, and the input transform spent most of its time in
+ * them (AVX2; on AVX-512 the 55x55 and 56x56 layers ran 8-15% faster without them: bench/NOTES.md). Where tile
+ * rows are long enough to fill most of a 16-tile vector, it instead copies each image channel once into a buffer
+ * with zero borders and loads 16 tiles of a tile row a patch row at a time as plain vectors, each 8 tiles' 32
+ * floats split into patch columns 0-3 by shuffles (stride 4), columns 4 and 5 being columns 0 and 1 of the next
+ * tile. */
 enum { ROW_TILES = 16 };
 
 /* Patch columns 0..5 of 8 tiles consecutive in a tile row, from their patch row at `p` (34 floats): lane t of
@@ -201,14 +213,11 @@ static int transform_input_by_rows(const geometry *g, const float *x, float *v) 
     }
     return !bad;
 }
-#endif
 
 /* V[point][ci][p] = B^T d B for tiles p (images, tile rows, tile columns in order); whether every input read is
  * finite (every input element lies in some patch). */
 static int transform_input(const geometry *g, const float *x, float *v) {
-#ifndef __AVX512F__
     if (long_tile_rows(g)) return transform_input_by_rows(g, x, v);
-#endif
     int bad = 0;
 #pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
     for (int64_t ci = 0; ci < g->cin; ci++)
@@ -248,10 +257,12 @@ static int transform_input(const geometry *g, const float *x, float *v) {
 
 /* out = epilogue(A^T M A) (images of out `out_bs` floats apart), each 4x4 tile cut at the output's edge: 16 values
  * of M's rows at a time (16 tiles of an output channel, or 16 output channels of a tile where M's rows are tiles),
- * transposed in registers so each tile is four short row stores. */
+ * transposed in registers so each tile is four short row stores. Without a residual the epilogue applies before
+ * the transpose, to the 16 points of the tiles (lanes: the tiles, of one bias, or the channels, a bias each); a
+ * residual is read tile by tile after it. */
 static void transform_output(const geometry *g, const float *m, int tiles_as_rows, const float *bias, float alpha,
                              const float *residual, int32_t activation, float *out, int64_t out_bs) {
-    int64_t positions = g->oh * g->ow, per_image = g->tiles_h * g->tiles_w;
+    int64_t positions = g->oh * g->ow;
     int64_t rows = tiles_as_rows ? g->tiles : g->cout, columns = tiles_as_rows ? g->cout : g->tiles;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t r = 0; r < rows; r++)
@@ -268,28 +279,36 @@ static void transform_output(const geometry *g, const float *m, int tiles_as_row
                 output_transform(column, y);
                 for (int i = 0; i < TILE; i++) tile_values[i * TILE + j] = y[i];
             }
+            int64_t co = tiles_as_rows ? c0 : r;
+            if (!residual) {
+                tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co : NULL, 0, tiles_as_rows, NULL, 0);
+                for (int k = 0; k < 16; k++) tile_values[k] = tg_epilogue_apply(tile_values[k], &ep, 0, 0, valid);
+            }
             tg_transpose_16x16(tile_values); /* tile_values[lane], lane i * 4 + j of its tile */
             float values[16] __attribute__((aligned(64))), residual_tile[16] __attribute__((aligned(64)));
-            int64_t p = tiles_as_rows ? r : c0, co = tiles_as_rows ? c0 : r;
-            int64_t image = p / per_image, tile = p % per_image;
+            tile_place place = tile_place_of(g, tiles_as_rows ? r : c0);
             for (int64_t l = 0; l < 16 && c0 + l < columns; l++) { /* lane l: the next tile, or the next channel */
-                int64_t top = tile / g->tiles_w * TILE, left = tile % g->tiles_w * TILE;
+                int64_t top = place.row * TILE, left = place.column * TILE;
                 int64_t height = g->oh - top < TILE ? g->oh - top : TILE;
                 __mmask8 width = (__mmask8)((1u << (g->ow - left < TILE ? g->ow - left : TILE)) - 1);
                 int64_t at = co * positions + top * g->ow + left;
-                const float *add = residual ? residual + image * g->cout * positions + at : NULL;
-                for (int64_t i = 0; add && i < TILE; i++) /* the tile's residual, laid out as tile_values[l] */
-                    _mm_store_ps(residual_tile + TILE * i,
-                                 i < height ? _mm_maskz_loadu_ps(width, add + i * g->ow) : _mm_setzero_ps());
-                tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co : NULL, 0, 0,
-                                                residual ? residual_tile : NULL, 0);
-                _mm512_store_ps(values, tg_epilogue_apply(tile_values[l], &ep, 0, 0, (__mmask16)0xFFFF));
+                v16 tile = tile_values[l];
+                if (residual) {
+                    const float *add = residual + place.image * g->cout * positions + at;
+                    for (int64_t i = 0; i < TILE; i++) /* the tile's residual, laid out as tile_values[l] */
+                        _mm_store_ps(residual_tile + TILE * i,
+                                     i < height ? _mm_maskz_loadu_ps(width, add + i * g->ow) : _mm_setzero_ps());
+                    tg_epilogue ep = tg_epilogue_of(alpha, activation, bias ? bias + co : NULL, 0, 0, residual_tile, 0);
+                    tile = tg_epilogue_apply(tile, &ep, 0, 0, (__mmask16)0xFFFF);
+                }
+                _mm512_store_ps(values, tile);
                 for (int64_t i = 0; i < height; i++)
-                    _mm_mask_storeu_ps(out + image * out_bs + at + i * g->ow, width, _mm_load_ps(values + TILE * i));
+                    _mm_mask_storeu_ps(out + place.image * out_bs + at + i * g->ow, width,
+                                       _mm_load_ps(values + TILE * i));
                 if (tiles_as_rows)
                     co++;
-                else if (++tile == per_image)
-                    tile = 0, image++;
+                else
+                    next_tile(g, &place);
             }
         }
 }
