@@ -20,13 +20,17 @@ CASES = [
     (1, 1, 3, 3, 1, 0),  # one output element
     (2, 20, 7, 7, 40, (1, 0)),  # ResNet's last stage shape, rectangular padding
     (1, 4, 30, 2, 3, 1),  # a tall strip: more tiles than one 16-tile vector in one image column
-    # tile rows long enough to be loaded as rows (winograd.c, long_tile_rows): 16, 12, 17 (a second vector of one
+    # tile rows loaded as rows (winograd.c, tile_rows_per_vector): one a vector, 16, 12, 17 (a second vector of one
     # tile), 10 and 8 tiles, padding 0 and rectangular
     (2, 3, 6, 62, 5, 1),
     (1, 2, 9, 45, 3, 1),
     (2, 3, 5, 68, 4, 1),
     (1, 2, 10, 40, 17, 0),
     (3, 2, 4, 30, 3, (2, 1)),
+    # two a vector: 5 tiles in 3 rows (the last one alone), 5 in 6, 7 in 3 over 3 images with rectangular padding
+    (2, 3, 9, 17, 4, 1),
+    (1, 5, 24, 22, 6, 0),
+    (3, 2, 11, 23, 3, (1, 2)),
     # images taken in groups (winograd.c, GROUP_TILES): one image of 256 tiles a group, and groups of 16 images of
     # 16 tiles with a shorter last one
     (3, 4, 62, 62, 5, 1),

@@ -122,11 +122,11 @@ static void tile_corners(const geometry *g, int64_t p0, int32_t first[16], int32
 }
 
 /* A gather costs about one cycle per element plus its latency, and the input transform spent most of its time in
- * them (AVX2; on AVX-512 the 55x55 and 56x56 layers ran 8-15% faster without them: bench/NOTES.md). Where tile
- * rows are long enough to fill most of a 16-tile vector, it instead copies each image channel once into a buffer
- * with zero borders and loads 16 tiles of a tile row a patch row at a time as plain vectors, each 8 tiles' 32
- * floats split into patch columns 0-3 by shuffles (stride 4), columns 4 and 5 being columns 0 and 1 of the next
- * tile. */
+ * them (AVX2; on AVX-512 the 55x55 and 56x56 layers ran 8-15% faster without them, 28x28 and 27x27 7-13%:
+ * bench/NOTES.md). Where tile rows are long enough to fill most of a 16-tile vector (or of its halves, 8 tiles
+ * each), it instead copies each image channel once into a buffer with zero borders and loads 16 tiles of a tile
+ * row (8 of each of two) a patch row at a time as plain vectors, each 8 tiles' 32 floats split into patch columns
+ * 0-3 by shuffles (stride 4), columns 4 and 5 being columns 0 and 1 of the next tile. */
 enum { ROW_TILES = 16 };
 
 /* Patch columns 0..5 of 8 tiles consecutive in a tile row, from their patch row at `p` (34 floats): lane t of
@@ -146,9 +146,14 @@ static inline __attribute__((always_inline)) void patch_columns8(const float *p,
     c[5] = _mm256_blend_ps(_mm256_permutevar8x32_ps(c[1], next_tile), _mm256_broadcast_ss(p + 33), 0x80);
 }
 
-/* Whether tile rows fill at least half the 16-tile vectors that cover them. */
-static int long_tile_rows(const geometry *g) {
-    return 2 * g->tiles_w >= ROW_TILES * ((g->tiles_w + ROW_TILES - 1) / ROW_TILES);
+/* How many tile rows a 16-tile vector loads as rows: one where tile rows fill at least half the vectors that cover
+ * them, two (one a half) for rows of SHORT_ROW_TILES to 7 tiles, else none (the gathers: rows of 4 tiles, 13x13
+ * and 14x14 images, ran as fast or 7% faster by them). */
+enum { SHORT_ROW_TILES = 5 };
+
+static int tile_rows_per_vector(const geometry *g) {
+    if (2 * g->tiles_w >= ROW_TILES * ((g->tiles_w + ROW_TILES - 1) / ROW_TILES)) return 1;
+    return g->tiles_w >= SHORT_ROW_TILES ? 2 : 0;
 }
 
 /* Copies one image channel (h x w) into `padded` at (pad_h, pad_w), rows `stride` apart, each row's last vector
@@ -167,8 +172,9 @@ static int pad_channel(const geometry *g, const float *channel, int64_t stride, 
     return _mm256_movemask_ps(not_finite_lanes) == 0;
 }
 
-/* transform_input by tile rows (see above); whether every input is finite (0 also where memory ran out). */
-static int transform_input_by_rows(const geometry *g, const float *x, float *v) {
+/* transform_input by tile rows (see above), `pair`: two rows a vector; whether every input is finite (0 also
+ * where memory ran out). */
+static int transform_input_by_rows(const geometry *g, int pair, const float *x, float *v) {
     int64_t per_image = g->tiles_h * g->tiles_w, rows = g->tiles_h * TILE + 2;
     int64_t stride = (g->tiles_w + ROW_TILES - 1) / ROW_TILES * ROW_TILES * TILE + 8; /* 34 floats past a corner */
     if (stride < g->pad_w + (g->w + 7) / 8 * 8) stride = g->pad_w + (g->w + 7) / 8 * 8;
@@ -184,28 +190,37 @@ static int transform_input_by_rows(const geometry *g, const float *x, float *v) 
                     bad = 1;
                     continue;
                 }
-                for (int64_t tr = 0; tr < g->tiles_h; tr++)
+                for (int64_t tr = 0; tr < g->tiles_h; tr += pair ? 2 : 1)
                     for (int64_t tc = 0; tc < g->tiles_w; tc += ROW_TILES) {
+                        /* the vector's second half: the next 8 tiles of the row, or the next row (this one again
+                         * past the last row, not stored) */
                         const float *corner = padded + tr * TILE * stride + tc * TILE;
+                        const float *second = !pair ? corner + 8 * TILE : tr + 1 < g->tiles_h ? corner + TILE * stride
+                                                                                              : corner;
                         v16 rows_t[PATCH][PATCH], column[PATCH], transformed[PATCH];
                         for (int r = 0; r < PATCH; r++) { /* B to each patch row */
                             __m256 lo[PATCH], hi[PATCH];
                             patch_columns8(corner + r * stride, lo);
-                            patch_columns8(corner + r * stride + 8 * TILE, hi);
+                            patch_columns8(second + r * stride, hi);
                             for (int c = 0; c < PATCH; c++) column[c] = tg_f32x16_of(lo[c], hi[c]);
                             input_transform(column, rows_t[r]);
                         }
-                        /* lanes past the tile row are the next row's tiles, written again in order; never past the
-                         * image's, which another thread may write */
-                        int64_t p = tr * g->tiles_w + tc;
-                        __mmask16 valid = tg_tail_mask(per_image - p);
+                        /* one row: lanes past it are the next row's tiles, written again in order, never past the
+                         * image's, which another thread may write; two: each half's first tiles_w lanes, the second
+                         * stored from 8 lanes before its place */
+                        int64_t p = tr * g->tiles_w + tc, second_at = g->tiles_w - 8;
+                        __mmask16 row = tg_tail_mask(g->tiles_w);
+                        __mmask16 first = pair ? row : tg_tail_mask(per_image - p);
+                        __mmask16 next = pair && tr + 1 < g->tiles_h ? (__mmask16)(row << 8) : 0;
                         float *at = v + ci * g->tiles + image * per_image + p;
                         for (int nu = 0; nu < PATCH; nu++) { /* then B^T to each column */
                             for (int r = 0; r < PATCH; r++) column[r] = rows_t[r][nu];
                             input_transform(column, transformed);
-                            for (int xi = 0; xi < PATCH; xi++)
-                                _mm512_mask_storeu_ps(at + (xi * PATCH + nu) * g->cin * g->tiles, valid,
-                                                      transformed[xi]);
+                            for (int xi = 0; xi < PATCH; xi++) {
+                                float *point = at + (xi * PATCH + nu) * g->cin * g->tiles;
+                                _mm512_mask_storeu_ps(point, first, transformed[xi]);
+                                if (next) _mm512_mask_storeu_ps(point + second_at, next, transformed[xi]);
+                            }
                         }
                     }
             }
@@ -217,7 +232,8 @@ static int transform_input_by_rows(const geometry *g, const float *x, float *v) 
 /* V[point][ci][p] = B^T d B for tiles p (images, tile rows, tile columns in order); whether every input read is
  * finite (every input element lies in some patch). */
 static int transform_input(const geometry *g, const float *x, float *v) {
-    if (long_tile_rows(g)) return transform_input_by_rows(g, x, v);
+    int rows_per_vector = tile_rows_per_vector(g);
+    if (rows_per_vector) return transform_input_by_rows(g, rows_per_vector == 2, x, v);
     int bad = 0;
 #pragma omp parallel for collapse(2) schedule(static) reduction(| : bad)
     for (int64_t ci = 0; ci < g->cin; ci++)
