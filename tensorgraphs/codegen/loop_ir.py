@@ -298,6 +298,7 @@ class ConvCall:
     activation_after_residual: bool = False
     out_image_stride: int = 0
     prepared: str | None = None  # the Winograd kernel's weights transformed (tg_winograd_weights_f32)
+    residual_over_output: bool = False  # `function` reads each element's residual before writing it (gemm.h)
 
     @property
     def out_stride(self) -> int:
@@ -316,6 +317,13 @@ class ConvCall:
         contiguous = self.out_channels * math.prod(self.out_size)
         apart = f"[images {self.out_stride} apart]" if self.out_stride != contiguous else ""
         return f"{_at_offset(self.out, self.out_offset)}{apart} = {text} by {self.function}"
+
+    def adds_in_place(self, donor: str, output: str) -> bool:
+        """Whether `output` may take the bytes of `donor`, the residual it adds, element for element: `function`
+        reads each element's residual before it writes the element, and the output fills its own buffer."""
+        contiguous = self.out_channels * math.prod(self.out_size)
+        return (self.residual_over_output and self.residual == donor and self.out == output and self.out_offset == 0
+                and self.out_stride == contiguous and donor not in (self.x, self.weight, self.bias, self.prepared))
 
     @property
     def flops(self) -> float:

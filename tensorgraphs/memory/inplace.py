@@ -5,7 +5,8 @@ at that same element of the input earlier in the same loop body: then no load
 ever sees an element the kernel has already overwritten, whatever order the
 iterations (or threads) run in. Anything else (reductions over the input, views
 that read other elements, staging tiles, several or accumulating stores to the
-output) keeps the output in bytes of its own. A kernel storing several outputs
+output) keeps the output in bytes of its own. A library conv does the same with
+its residual where its kernel's contract says so (`ConvCall.adds_in_place`). A kernel storing several outputs
 (an optimizer's update and its new state, `schedule.fusion.store_in_consumers`)
 is checked output by output: stores to other arrays never touch the donor.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tensorgraphs.codegen.loop_ir import Kernel, Load, Local, Loop, Reduce, Stmt, Store, rename_buffer
+from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, Load, Local, Loop, Reduce, Stmt, Store, rename_buffer
 
 
 def _blocks(body: list[Stmt]) -> list[list[Stmt]]:
@@ -31,6 +32,8 @@ def writes_in_place_safely(kernel: Kernel, donor: str, output: str) -> bool:
     writes = {b.name: b.writes for b in kernel.buffers}
     if writes.get(donor, True) or not writes.get(output, False):
         return False
+    if len(kernel.body) == 1 and isinstance(kernel.body[0], ConvCall):
+        return kernel.body[0].adds_in_place(donor, output)
     blocks = _blocks(kernel.body)
     if any(isinstance(s, Local) for block in blocks for s in block):
         return False

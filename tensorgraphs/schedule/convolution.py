@@ -219,6 +219,9 @@ C_FUNCTIONS = {**{name: gemm.C_FUNCTIONS[gemm.CONV_ALGORITHMS[name]] for name in
 """The kernel's C function by candidate (Winograd's reads its weights' transform: `prepare_winograd_weights`)."""
 WINOGRAD_WEIGHTS_FUNCTION = gemm.C_FUNCTIONS["winograd_weights"]
 """The kernel making the transform."""
+RESIDUAL_OVER_OUTPUT = frozenset({IMPLICIT_GEMM, DIRECT, WINOGRAD})
+"""The algorithms whose kernels take the output as their own residual (gemm.h, tg_conv2d_fn): the memory plan may
+put a conv's output over a residual that dies in it."""
 
 
 def _epilogue_decomposition(x: Any, weight: Any, *operands: Any, alpha: float, bias: bool, bias_offset: int,
@@ -437,7 +440,8 @@ class ConvLowering(LibraryCallLowering):
             tuple(before for before, _ in params["padding"]), params["dilation"], self.buffers[x_base],
             self.buffers[w_base], out, C_FUNCTIONS[algorithm], x_offset, w_offset, bias, epilogue.bias_offset,
             residual, epilogue.alpha, epilogue.activation,
-            activation_after_residual=epilogue.activation_after_residual, prepared=prepared)
+            activation_after_residual=epilogue.activation_after_residual, prepared=prepared,
+            residual_over_output=algorithm in RESIDUAL_OVER_OUTPUT)
         assert math.prod(call.out_size) * call.batch * call.out_channels == self.node.size, call
         return Kernel(self.name, buffers, [call])
 

@@ -269,6 +269,46 @@ def test_output_images_are_written_into_a_slice_of_the_channels(conv2d, case):
     assert np.isnan(np.delete(concatenation, np.s_[4 : 4 + cout], 1)).all(), f"{case}: wrote outside its slice"
 
 
+# (batch, cin, h, w, cout, kernel, stride, padding, algorithm): the library's kernels with `out` the residual itself
+# (gemm.h): a 1x1 whose K fits one cache block and one across blocks (partial sums in C: the residual copied
+# first), a 3x3 across blocks, merged small images, Winograd (its fallback's implicit GEMM too), the direct conv
+OVER_RESIDUAL_CASES = [
+    (2, 64, 9, 10, 70, (1, 1), 1, 0, "implicit_gemm"),
+    (1, 400, 9, 21, 13, (1, 1), 1, 0, "implicit_gemm"),
+    (2, 48, 20, 19, 9, (3, 3), 1, 1, "implicit_gemm"),
+    (4, 33, 7, 7, 40, (3, 3), 1, 1, "implicit_gemm"),
+    (2, 45, 18, 17, 20, (3, 3), 1, 1, "winograd"),
+    (1, 3, 23, 21, 8, (7, 7), 2, 3, "direct"),
+]
+
+
+@pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+@pytest.mark.parametrize("after", [False, True], ids=["relu_then_residual", "residual_then_relu"])
+@pytest.mark.parametrize("case", OVER_RESIDUAL_CASES, ids=str)
+def test_the_output_may_be_the_residual(case, after):
+    """out= the residual's own array: each element's residual is read before it is overwritten, also where the
+    reduction spans K blocks."""
+    batch, cin, h, w, cout, kernel, stride, padding, algorithm = case
+    x, weight, bias = random((batch, cin, h, w), 21), random((cout, cin, *kernel), 22), random((cout,), 23)
+    conv = _expected(x, weight, bias, stride, padding, 1)
+    residual = random(tuple(conv.shape), 24)
+    summed = conv + torch.from_numpy(residual)
+    expected = torch.relu(summed) if after else torch.relu(conv) + torch.from_numpy(residual)
+    got = gemm.conv2d(x, weight, bias, stride, padding, residual=residual, activation="relu",
+                      activation_after_residual=after, out=residual, algorithm=algorithm)
+    assert got is residual
+    scale = float(expected.abs().max())  # Winograd's error is ~1e-5 of the largest output (test_winograd.py)
+    np.testing.assert_allclose(got, expected.numpy(), rtol=1e-4, atol=3e-5 * scale)
+
+
+def test_an_output_over_the_residual_is_refused_where_the_kernel_writes_it_first():
+    """The BLAS kernel writes the product before it adds the residual: `out` may not be its residual."""
+    x, weight = random((1, 3, 5, 5), 25), random((4, 3, 1, 1), 26)
+    residual = random((1, 4, 5, 5), 27)
+    with pytest.raises(ArgumentError, match="overlap"):
+        gemm.call_conv(lambda *_: 0, x, weight, residual=residual, out=residual)
+
+
 def test_overlapping_output_images_are_refused():
     x, weight = random((2, 3, 5, 5), 15), random((4, 3, 1, 1), 16)
     overlapping = np.lib.stride_tricks.as_strided(np.zeros(200, np.float32), (2, 4, 5, 5), (40, 100, 20, 4))

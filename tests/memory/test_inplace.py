@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 import tensorgraphs as tg
 import tensorgraphs.nn.functional as F
 from tensorgraphs.codegen.index import Var
-from tensorgraphs.codegen.loop_ir import Kernel, KernelParam, Let, Lit, Load, Loop, Ref, Store
+from tensorgraphs.codegen.loop_ir import ConvCall, Kernel, KernelParam, Let, Lit, Load, Loop, Ref, Store
 from tensorgraphs.graph.ops import Op
+from tensorgraphs.kernels import gemm
 from tensorgraphs.memory.inplace import alias_free, writes_in_place_safely
 from tensorgraphs.memory.order import order_for_memory
 from tensorgraphs.memory.packing import plan_memory
@@ -101,3 +103,39 @@ def test_a_kernel_storing_several_outputs_hands_each_the_bytes_of_an_input_it_re
     verify_plan(reloading, reloading_plan)
     with pytest.raises(MemoryPlanError, match="m and m2 share bytes"):
         verify_plan(reloading, plan)
+
+
+@pytest.mark.skipif(not gemm.available(), reason="needs AVX-512F and a C compiler")
+def test_a_conv_writes_its_output_over_the_residual_it_adds() -> None:
+    """A residual that dies in the conv adding it lends the output its bytes (gemm.h, tg_conv2d_fn), and the block
+    still computes torch's values."""
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.normal(size=shape).astype(np.float32) for shape in [(1, 16, 12, 12), (16, 16, 1, 1),
+                                                                          (16, 16, 3, 3)])
+
+    def block(x: tg.Tensor) -> tg.Tensor:  # its sum over the channels: the block's result is a temporary too
+        shortcut = F.conv2d(x, tg.tensor(w1))
+        return F.relu(F.conv2d(F.relu(shortcut), tg.tensor(w2), padding=1) + shortcut).sum(1)
+
+    schedule = schedule_kernels([block(tg.tensor(x)).node])
+    adds = [k for k in schedule.kernels if len(k.body) == 1 and isinstance(k.body[0], ConvCall) and k.body[0].residual]
+    assert len(adds) == 1
+    call = adds[0].body[0]
+    assert (call.residual, call.out) in plan_memory(order_for_memory(schedule)).in_place
+    torch = pytest.importorskip("torch")
+    shortcut = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w1))
+    expected = torch.relu(torch.nn.functional.conv2d(torch.relu(shortcut), torch.from_numpy(w2), padding=1)
+                          + shortcut).sum(1)
+    np.testing.assert_allclose(tg.compile(block)(tg.tensor(x)).numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_whose_kernel_writes_before_it_reads_keeps_its_output_apart() -> None:
+    """The BLAS conv kernel writes its product before adding the residual: no handoff there, nor into a slice."""
+    call = ConvCall(1, 4, 5, 5, 4, (1, 1), (1, 1), (0, 0), (1, 1), "x", "w", "out", "tg_conv2d_im2col_f32",
+                    residual="r")
+    kernel = Kernel("k", [KernelParam(n, tg.float32, 100, n == "out") for n in ("x", "w", "r", "out")], [call])
+    assert not writes_in_place_safely(kernel, "r", "out")
+    over = dataclasses.replace(call, residual_over_output=True)
+    assert writes_in_place_safely(dataclasses.replace(kernel, body=[over]), "r", "out")
+    sliced = dataclasses.replace(over, out_offset=4)
+    assert not writes_in_place_safely(dataclasses.replace(kernel, body=[sliced]), "r", "out")

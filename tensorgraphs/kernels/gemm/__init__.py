@@ -330,12 +330,14 @@ def call_conv(
     alpha: float = 1.0,
     activation_after_residual: bool = False,
     out: np.ndarray | None = None,
+    out_over_residual: bool = False,
 ) -> np.ndarray:
     """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue,
     out = activation(alpha * conv2d(x, weight) + bias) + residual (with `activation_after_residual`,
     activation(alpha * conv2d(x, weight) + bias + residual)), by `function` (any C function with the signature
     tg_conv2d_fn, gemm.h). `out`, if given, may have its images any distance apart, each contiguous (a slice of a
-    concatenation along the channels); nothing else of its buffer is written."""
+    concatenation along the channels); nothing else of its buffer is written. With `out_over_residual` (a kernel
+    of this library: gemm.h) `out` may be the residual itself, contiguous, overwritten by the result."""
     x, weight = (np.ascontiguousarray(_float32("conv2d", name, v)) for name, v in (("x", x), ("weight", weight)))
     if x.ndim != 4 or weight.ndim != 4 or x.shape[1] != weight.shape[1]:
         fail("conv2d", f"input {x.shape} and weight {weight.shape} do not fit (need NCHW and (Cout, Cin, kH, kW))")
@@ -347,7 +349,8 @@ def call_conv(
     oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
         fail("conv2d", f"input {x.shape} with padding {(ph, pw)} is smaller than the kernel {weight.shape}")
-    out = _conv_out(out, (batch, cout, oh, ow), x, weight, bias, residual)
+    over_residual = out_over_residual and out is not None and out is residual and out.flags.c_contiguous
+    out = _conv_out(out, (batch, cout, oh, ow), x, weight, bias, None if over_residual else residual)
     bias, residual = (
         None if value is None else np.ascontiguousarray(np.broadcast_to(_float32("conv2d", name, value), shape))
         for name, value, shape in (("bias", bias, (cout,)), ("residual", residual, out.shape))
@@ -382,12 +385,13 @@ def conv2d(
     prepared: np.ndarray | None = None,
     **kwargs: Any,
 ) -> np.ndarray:
-    """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue (arguments as `call_conv`), by `algorithm`
-    (`CONV_ALGORITHMS`): an implicit-im2col GEMM, a direct conv (any geometry; fast for few input channels), or
-    Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM), which takes the weights'
-    transform as `prepared` (`winograd_weights(weight)`) instead of making it."""
+    """torch.nn.functional.conv2d (NCHW, groups=1) with the GEMM's epilogue (arguments as `call_conv`; `out` may be
+    the residual), by `algorithm` (`CONV_ALGORITHMS`): an implicit-im2col GEMM, a direct conv (any geometry; fast for
+    few input channels), or Winograd F(4x4, 3x3) (3x3 kernels at stride 1; other convs run the implicit GEMM), which
+    takes the weights' transform as `prepared` (`winograd_weights(weight)`) instead of making it."""
     if algorithm not in CONV_ALGORITHMS:
         fail("conv2d", f"algorithm must be one of {sorted(CONV_ALGORITHMS)}, got {algorithm!r}", ArgumentError)
+    kwargs = {"out_over_residual": True, **kwargs}
     if prepared is None:
         return call_conv(_functions()[CONV_ALGORITHMS[algorithm]], x, weight, *args, **kwargs)
     if algorithm != "winograd":

@@ -62,7 +62,10 @@ tg_gemm_fn tg_blas_gemm_f32;
 /* The signature every conv2d kernel shares: conv2d in NCHW (PyTorch layout, groups = 1): x (n, cin, h, w), weight
  * (cout, cin, kh, kw), bias (cout) or NULL, out (n, cout, oh, ow) with its images `out_bs` floats apart (at least
  * cout*oh*ow: each image contiguous, as in a slice of a concatenation along the channels), with the same epilogue
- * (alpha, activation, residual shaped like out and contiguous). */
+ * (alpha, activation, residual shaped like out and contiguous). The residual may be `out` itself (contiguous
+ * images): each output element's residual is read before the element is written, so a residual that dies in the
+ * conv lends it its bytes and the output's lines are read once, not the residual's and then the output's. (The
+ * BLAS kernel, blas.c, writes the product before it adds the residual: not it.) */
 typedef int tg_conv2d_fn(int64_t n, int64_t cin, int64_t h, int64_t w,
                          int64_t cout, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
