@@ -9,9 +9,10 @@ Each seed draws one case: a product (`gemm.matmul`) or a convolution (`gemm.conv
 few rows (gemv.c), the register tile (6 x 64) and its remainders, a last few columns (n % 16 in 0..4), short
 reductions and reductions just past a K block (384), row and column blocks (256, 2048), empty products and
 sums, batches broadcast or folded; operands plain, transposed, strided or slices, with prologues, every
-epilogue, an output with padded rows or in a slice of a wider one (whose other elements must stay untouched),
-bfloat16, and now and then NaN or Inf. The comparison is the kernel tests' (tests/kernels: assert_close's
-tolerance, Winograd's relative one, the bfloat16 bound), widened for float32's rounding of very long sums.
+epilogue, an output with padded rows or in a slice of a wider one (whose other elements must stay untouched) or,
+for a conv, over its own residual, bfloat16, and now and then NaN or Inf. The comparison is the kernel tests'
+(tests/kernels: assert_close's tolerance, Winograd's relative one, the bfloat16 bound), widened for float32's
+rounding of very long sums.
 
 The thread count picks the path (bands, a shared team, a problem per thread), and OpenMP reads it from the
 environment, so each thread count runs in its own process with OMP_NUM_THREADS set.
@@ -143,7 +144,7 @@ def draw_conv(rng: np.random.Generator) -> Case:
         activation=str(rng.choice(("none", "relu", "gelu_tanh"), p=(0.4, 0.4, 0.2))),
         after_residual=bool(rng.random() < 0.4), alpha=float(rng.choice((1.0, 1.0, 0.5, -2.0))),
         x_layout=str(rng.choice(("plain", "permuted"), p=(0.85, 0.15))),
-        out=str(rng.choice(("new", "channel_slice"), p=(0.7, 0.3))),
+        out=str(rng.choice(("new", "channel_slice", "residual"), p=(0.5, 0.3, 0.2))),
         special=bool(rng.random() < 0.08),
     )
 
@@ -338,7 +339,11 @@ def run_conv(case: Case, seed: int) -> list[str]:
     problems = []
     for algorithm, prepared in runs:
         out, buffer = _output(tuple(expected.shape), case["out"] == "channel_slice", 1)
-        actual = gemm.conv2d(x, weight, **geometry, **epilogue, algorithm=algorithm, prepared=prepared, out=out)
+        over_residual = case["out"] == "residual" and residual is not None  # the residual's own array (gemm.h)
+        if over_residual:
+            out[...] = residual
+        actual = gemm.conv2d(x, weight, **geometry, **{**epilogue, "residual": out} if over_residual else epilogue,
+                             algorithm=algorithm, prepared=prepared, out=out)
         if algorithm == "winograd" and winograd:  # F(4x4, 3x3)'s own tolerance (tests/kernels/test_winograd.py)
             finite = np.isfinite(expected)
             largest = float(np.abs(expected[finite]).max(initial=0.0))
