@@ -1,17 +1,18 @@
 """Benchmark: ONNX models on tensorgraphs (`tg.onnx.load`, compiled with `tg.compile`) vs ONNX Runtime.
 
-    .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10] [--threads 1]
-                                   [--clock wall|cpu] [--layers]
+    .venv/bin/python bench/onnx.py [--models resnet50,squeezenet] [--batches 1,8] [--repeat 10] [--min-time 1]
+                                   [--threads 1] [--clock wall|cpu] [--layers]
 
 Models: the graphs the onnx wheel ships under backend/test/data/light (their weights are ConstantOfShape
 placeholders), given seeded random weights (He-scaled normal; vectors (biases, batch-norm statistics) uniform in
 [0.5, 1.5], so variances are positive and activations stay in range) and the batch size (a Reshape to a constant
 batch of 1 gets -1).
 Each (framework, model, batch) runs in its own subprocess: the median latency of `--repeat` calls after one
-warm-up, the compile time (tg: trace and compile; ORT: session creation) and the process's peak RSS. Both use
-`--threads` threads, every core by default (ORT: intra_op_num_threads; tg: OMP_NUM_THREADS). On a machine shared
-with other work, `--threads 1 --clock cpu` times each call by the process's CPU time (time it was descheduled
-does not count), as bench/gemm.py does.
+warm-up, and of more until they took `--min-time` seconds (a model of a few milliseconds is otherwise timed over a
+fraction of a second, which one phase of a shared machine's neighbours decides), the compile time (tg: trace and
+compile; ORT: session creation) and the process's peak RSS. Both use `--threads` threads, every core by default
+(ORT: intra_op_num_threads; tg: OMP_NUM_THREADS). On a machine shared with other work, `--threads 1 --clock cpu`
+times each call by the process's CPU time (time it was descheduled does not count), as bench/gemm.py does.
 
 `--layers` times each distinct conv of the models instead (its input shape, weight, strides, padding, groups, at the
 first batch of `--batches`), as a small model (Conv with a bias, and the Relu where the model's conv is followed by
@@ -239,17 +240,18 @@ def example(model, batch: int) -> np.ndarray:
     return np.random.default_rng(1).standard_normal([batch, *dims[1:]]).astype(np.float32)
 
 
-def median_ms(call: Callable[[], object], repeat: int, clock: str) -> float:
-    """Median milliseconds of `repeat` calls by `clock` (CLOCKS)."""
+def median_ms(call: Callable[[], object], repeat: int, clock: str, min_seconds: float = 0.0) -> float:
+    """Median milliseconds of at least `repeat` calls by `clock` (CLOCKS), and of as many more as take the calls to
+    `min_seconds` in all."""
     now, times = CLOCKS[clock], []
-    for _ in range(repeat):
+    while len(times) < repeat or sum(times) < min_seconds:
         start = now()
         call()
         times.append(now() - start)
     return statistics.median(times) * 1e3
 
 
-def run_ours(name: str, batch: int, repeat: int, clock: str) -> dict:
+def run_ours(name: str, batch: int, repeat: int, clock: str, min_seconds: float) -> dict:
     import tensorgraphs as tg
 
     model = light_model(name, batch)
@@ -259,11 +261,11 @@ def run_ours(name: str, batch: int, repeat: int, clock: str) -> dict:
     start = time.perf_counter()
     out = forward(tg.tensor(x)).numpy()
     compile_s = time.perf_counter() - start
-    return {"ms": median_ms(lambda: forward(tg.tensor(x)).numpy(), repeat, clock), "compile_s": compile_s,
+    return {"ms": median_ms(lambda: forward(tg.tensor(x)).numpy(), repeat, clock, min_seconds), "compile_s": compile_s,
             "rss": peak_rss_mib(), "checksum": float(np.abs(out).sum())}
 
 
-def run_ort(name: str, batch: int, repeat: int, clock: str) -> dict:
+def run_ort(name: str, batch: int, repeat: int, clock: str, min_seconds: float) -> dict:
     import onnxruntime as ort
 
     model = light_model(name, batch)
@@ -275,13 +277,13 @@ def run_ort(name: str, batch: int, repeat: int, clock: str) -> dict:
     feed = {model.graph.input[0].name: x}
     out = session.run(None, feed)[0]
     compile_s = time.perf_counter() - start
-    return {"ms": median_ms(lambda: session.run(None, feed), repeat, clock), "compile_s": compile_s,
+    return {"ms": median_ms(lambda: session.run(None, feed), repeat, clock, min_seconds), "compile_s": compile_s,
             "rss": peak_rss_mib(), "checksum": float(np.abs(out).sum())}
 
 
-def measure(framework: str, name: str, batch: int, repeat: int, threads: int, clock: str) -> dict:
+def measure(framework: str, name: str, batch: int, repeat: int, threads: int, clock: str, min_seconds: float) -> dict:
     """One measurement in a fresh process (so its peak RSS is its own) with `threads` threads."""
-    command = [sys.executable, __file__, "--child", framework, name, str(batch), str(repeat), clock]
+    command = [sys.executable, __file__, "--child", framework, name, str(batch), str(repeat), clock, str(min_seconds)]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
@@ -292,8 +294,8 @@ def measure_rounds(name: str, batch: int, args: argparse.Namespace) -> tuple[dic
     """tg's and ORT's measurements of a row: `args.rounds` alternating pairs of processes (load that comes and goes
     hits both), each framework's first with the median of its rounds' times."""
     frameworks = ("tg", "ort")
-    rounds = [tuple(measure(framework, name, batch, args.repeat, args.threads, args.clock) for framework in frameworks)
-              for _ in range(args.rounds)]
+    rounds = [tuple(measure(framework, name, batch, args.repeat, args.threads, args.clock, args.min_time)
+                    for framework in frameworks) for _ in range(args.rounds)]
     failed = [r for pair in rounds for r in pair if "error" in r]
     if failed:
         return failed[0], failed[0]
@@ -306,18 +308,19 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--min-time", type=float, default=1.0, help="seconds of calls at least, per measurement")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu needs --threads 1")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of one tg and one ORT process per row, alternating; their median times shown")
     parser.add_argument("--layers", action="store_true", help="time each distinct conv against ORT's")
     parser.add_argument("--conv", help="with --layers: the conv candidate tg runs (e.g. winograd, implicit_gemm)")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        framework, name, batch, repeat, clock = args.child
+        framework, name, batch, repeat, clock, min_seconds = args.child
         run = run_ours if framework == "tg" else run_ort
-        print(json.dumps(run(name, int(batch), int(repeat), clock)))
+        print(json.dumps(run(name, int(batch), int(repeat), clock, float(min_seconds))))
         return
     if args.clock == "cpu" and args.threads != 1:
         parser.error("--clock cpu measures one thread: add --threads 1")
