@@ -1,6 +1,7 @@
 /* An explicit im2col (columns.c), shared by the conv kernels that multiply ready-made columns: the OpenBLAS one
- * (im2col.c) and, on AVX2, the GEMM library's strided convs (conv.c); and the row copy it is made of, which the
- * direct conv (direct.c) pads its images with. Portable C. */
+ * (im2col.c) and the GEMM library's convs whose rows neither shift nor split into phase planes (conv.c); and the row
+ * copy it is made of, which the direct conv (direct.c) pads its images with and the implicit GEMM splits stride 2's
+ * phase planes with (conv.c). Portable C. */
 #ifndef TG_COLUMNS_H
 #define TG_COLUMNS_H
 #include <stdint.h>

@@ -14,18 +14,6 @@
 
 static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* dst[t] = row[first + 2t] where that column lies below `width`, else 0, for t < count (first >= 0): two masked
- * loads and a permute per vector, the masks keeping the loads off the columns past the row (no branch at the
- * edge). */
-static void copy_even_columns(const float *row, int64_t first, int64_t width, int64_t count, float *dst) {
-    for (int64_t t = 0; t < count; t += 16) {
-        int64_t column = first + 2 * t;
-        __m512 values = tg_even_lanes_ps(tg_load_lanes_ps(tg_tail_mask(width - column), row + column),
-                                         tg_load_lanes_ps(tg_tail_mask(width - column - 16), row + column + 16));
-        _mm512_mask_storeu_ps(dst + t, tg_tail_mask(count - t), values);
-    }
-}
-
 /* Stride 1 with as many output columns as input columns ("same" width): an image's run of consecutive output
  * positions reads a run of consecutive input positions at one offset per tap, with the lanes that fall off the
  * image masked off. Images of at least 16 positions put at most two images in a 16-column vector, so each
@@ -113,15 +101,17 @@ static void split_phases(const conv_geometry *g, const phase_set *phases, const 
             const float *from = x + (image * g->cin + channel) * g->h * g->w;
             float *to = planes + (image * g->cin + channel) * channel_size;
             for (int pi = 0; pi < phases->used[0]; pi++)
-                for (int pj = 0; pj < phases->used[1]; pj++)
+                for (int pj = 0; pj < phases->used[1]; pj++) {
+                    column_range columns = columns_inside(pj + phases->first[1], 2, g->w, g->ow);
                     for (int64_t y = 0; y < g->oh; y++) {
                         int64_t iy = 2 * y + pi + phases->first[0];
                         float *row = to + ((pi * phases->used[1] + pj) * g->oh + y) * g->ow;
                         if (iy < g->h)
-                            copy_even_columns(from + iy * g->w, pj + phases->first[1], g->w, g->ow, row);
+                            copy_row(from + iy * g->w, columns, 2, g->ow, row);
                         else
                             memset(row, 0, sizeof(float) * (size_t)g->ow);
                     }
+                }
         }
 }
 
