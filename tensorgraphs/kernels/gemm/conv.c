@@ -263,17 +263,9 @@ static int convolve_columns(const gemm_batch *conv, const conv_geometry *geo, in
 }
 
 /* split_phases' planes, reused across calls up to PHASE_PLANES_KEPT floats (as large as the input: a large batch's
- * would otherwise stay allocated for good); and a residual given as the output itself where the GEMM would write
- * partial sums over it before it reads it (more than one K block), copied first (the same bound). */
-static _Thread_local tg_scratch phase_scratch, residual_scratch;
+ * would otherwise stay allocated for good). */
+static _Thread_local tg_scratch phase_scratch;
 enum { PHASE_PLANES_KEPT = 4 << 20 };
-
-/* Keeps `scratch` across calls while it holds at most PHASE_PLANES_KEPT floats. */
-static void trim_scratch(tg_scratch *scratch) {
-    if (scratch->capacity <= PHASE_PLANES_KEPT) return;
-    free(scratch->data);
-    *scratch = (tg_scratch){0};
-}
 
 /* The product of a described conv: its images one GEMM each, merged into one, or explicit columns (a conv that
  * neither shifts nor splits into phase planes); a 1x1 kernel with no padding and stride 1 (or stride 2 on its one
@@ -302,13 +294,6 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     if (described != TG_GEMM_OK) return described;
     int64_t positions = geometry.oh * geometry.ow, depth = cin * kh * kw;
     if (geometry.oh <= 0 || geometry.ow <= 0 || n <= 0) return TG_GEMM_OK;
-    if (residual && residual == out && depth > TG_KC) { /* gemm.h: a residual over the output */
-        size_t count = (size_t)(n * cout * positions);
-        float *copy = tg_scratch_reserve(&residual_scratch, count);
-        if (!copy) return TG_GEMM_NO_MEMORY;
-        memcpy(copy, residual, count * sizeof(float));
-        residual = copy;
-    }
     int64_t *offsets = malloc(sizeof(int64_t) * (size_t)(kh + kw + kh * kw)); /* a kernel's size: not the stack */
     phase_set phases;
     int phased = depth > 0 && phase_planes_fit(&geometry, &phases), shifted = phased || shifted_im2col(&geometry);
@@ -335,7 +320,6 @@ int tg_conv2d_f32(int64_t n, int64_t cin, int64_t h, int64_t w, int64_t cout, in
     int pointwise = kh == 1 && kw == 1 && pad_h == 0 && pad_w == 0 && (phased || (stride_h == 1 && stride_w == 1));
     int status = multiply(g, &geometry, n, pointwise, shifted);
     free(offsets);
-    trim_scratch(&phase_scratch);
-    trim_scratch(&residual_scratch);
+    tg_scratch_trim(&phase_scratch, PHASE_PLANES_KEPT);
     return status;
 }

@@ -6,6 +6,7 @@
  * activated, is rewritten in place as bfloat16 pairs, and the micro-kernel sums them by VDPBF16PS. */
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gemm_internal.h"
 
@@ -21,6 +22,12 @@ float *tg_scratch_reserve(tg_scratch *s, size_t count) {
     s->data = aligned_alloc(4096, bytes);
     s->capacity = s->data ? bytes / sizeof(float) : 0;
     return s->data;
+}
+
+void tg_scratch_trim(tg_scratch *s, size_t kept) {
+    if (s->capacity <= kept) return;
+    free(s->data);
+    *s = (tg_scratch){0};
 }
 
 static _Thread_local tg_scratch pack_scratch;
@@ -692,19 +699,34 @@ static void run_band(const gemm_problem *p, enum band_split split, int part, int
 
 static _Atomic int64_t path_counts[2]; /* tg_gemm_path_counts */
 
-/* Products of at most a few rows read B in place (gemv.c). Otherwise three ways to use the threads, cheapest
- * synchronization first:
+/* A residual that is C itself (gemm.h), where the blocked driver would store partial sums over it (more than one
+ * K block: gemm_blocks) before its last block reads it: copied first, into scratch the calling thread keeps up to
+ * RESIDUAL_KEPT floats; whether there was memory for it. The few-row kernel (gemv.c) sums the whole reduction
+ * before it stores: it reads the residual where it lies. */
+static _Thread_local tg_scratch residual_scratch;
+enum { RESIDUAL_KEPT = 4 << 20 };
+
+static int residual_apart(gemm_batch *g) {
+    if (!g->ep.residual || g->ep.residual != g->c || g->k <= TG_KC) return 1;
+    float *copy = tg_scratch_reserve(&residual_scratch, (size_t)(g->batch * g->m * g->n));
+    if (!copy) return 0;
+    for (int64_t index = 0; index < g->batch; index++)
+        for (int64_t i = 0; i < g->m; i++)
+            memcpy(copy + (index * g->m + i) * g->n, g->ep.residual + index * g->residual_bs + i * g->ep.residual_rs,
+                   sizeof(float) * (size_t)g->n);
+    g->ep.residual = copy, g->ep.residual_rs = g->n, g->residual_bs = g->m * g->n;
+    return 1;
+}
+
+/* A product of more rows than the few-row kernel takes (gemv.c, which reads B in place), by the blocked driver, in
+ * one of three ways to use the threads, cheapest synchronization first:
  *  - a batch of small problems: one problem per thread at a time;
  *  - large problems: each thread takes a band of rows (or of columns, see band_split) and packs its own copy
  *    of B (of A), with no synchronization at all (that operand is packed once per thread instead of once, a few
  *    percent; measured on a shared machine, barriers cost far more whenever the OS deschedules one thread);
  *  - problems too small in both M and N for bands: the whole team shares the packed B (blocks handed out by
  *    counters, two barriers per K block). */
-int tg_run_gemm_batch(const gemm_batch *g) {
-    if (g->m <= 0 || g->n <= 0 || g->batch <= 0) return TG_GEMM_OK;
-    int few_rows = tg_gemv_fits(g);
-    path_counts[!few_rows]++;
-    if (few_rows) return tg_run_gemv(g);
+static int run_blocked(const gemm_batch *g) {
     int nthreads = omp_get_max_threads();
     int team = nthreads > 1 && (double)g->batch * g->m * g->n * g->k >= 1 << 18 ? nthreads : 1; /* ~5 us of work */
     enum band_split split = band_split(g, team);
@@ -741,6 +763,17 @@ int tg_run_gemm_batch(const gemm_batch *g) {
         }
     }
     return TG_GEMM_OK;
+}
+
+int tg_run_gemm_batch(const gemm_batch *batch) {
+    if (batch->m <= 0 || batch->n <= 0 || batch->batch <= 0) return TG_GEMM_OK;
+    int few_rows = tg_gemv_fits(batch);
+    path_counts[!few_rows]++;
+    if (few_rows) return tg_run_gemv(batch);
+    gemm_batch apart = *batch;
+    int status = residual_apart(&apart) ? run_blocked(&apart) : TG_GEMM_NO_MEMORY;
+    tg_scratch_trim(&residual_scratch, RESIDUAL_KEPT);
+    return status;
 }
 
 /* ---------------------------------------------------------------- public entry */

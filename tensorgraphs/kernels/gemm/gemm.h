@@ -9,8 +9,10 @@
  * or, with TG_ACT_AFTER_RESIDUAL OR'd into the activation (a ResNet block's relu after its skip connection),
  *   c = activation(alpha * sum_k a(i,k) b(k,j) + bias(i,j) + residual(i,j)).
  * bias(i, j) = bias[b*bias_bs + i*bias_rs + j*bias_cs] with bias_cs in {0, 1}: a row vector (rs 0, cs 1)
- * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL. c must not overlap any input, the
- * residual included (partial sums are stored in c before the residual is read).
+ * or a per-row column vector (rs 1, cs 0). bias / residual may be NULL. c must not overlap any input, but the
+ * library's own products (not the BLAS kernel's, which writes c before it adds the residual) take a residual that
+ * is c itself, with c's strides: each element's residual is read before the element is written (the blocked
+ * driver copies it first where it stores partial sums in c: gemm.c, residual_apart).
  *
  * The gradient activation TG_ACT_GELU_TANH_GRAD (epilogue only) reads the residual as the input h of a gelu
  * (tanh form) instead of adding it: c = (alpha * sum_k a(i,k) b(k,j) + bias(i,j)) * gelu'(h(i,j)), the gelu's
@@ -63,9 +65,9 @@ tg_gemm_fn tg_blas_gemm_f32;
  * (cout, cin, kh, kw), bias (cout) or NULL, out (n, cout, oh, ow) with its images `out_bs` floats apart (at least
  * cout*oh*ow: each image contiguous, as in a slice of a concatenation along the channels), with the same epilogue
  * (alpha, activation, residual shaped like out and contiguous). The residual may be `out` itself (contiguous
- * images): each output element's residual is read before the element is written, so a residual that dies in the
- * conv lends it its bytes and the output's lines are read once, not the residual's and then the output's. (The
- * BLAS kernel, blas.c, writes the product before it adds the residual: not it.) */
+ * images), as for the products above, so a residual that dies in the conv lends it its bytes and the output's
+ * lines are read once, not the residual's and then the output's. (The BLAS kernel, blas.c, writes the product
+ * before it adds the residual: not it.) */
 typedef int tg_conv2d_fn(int64_t n, int64_t cin, int64_t h, int64_t w,
                          int64_t cout, int64_t kh, int64_t kw,
                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,

@@ -114,6 +114,8 @@ typedef struct {
 
 /* Room for `count` floats in `s` (its old contents are lost when it grows); NULL when out of memory. */
 float *tg_scratch_reserve(tg_scratch *s, size_t count);
+/* Frees `s` when it holds more than `kept` floats: a large call's scratch is not kept for good. */
+void tg_scratch_trim(tg_scratch *s, size_t kept);
 
 /* Checks tg_gemm_f32's arguments and describes them as a batch (folded into one taller GEMM where possible) whose
  * B panels `pack` packs (NULL for a kernel that reads B itself) (describe.c). */
