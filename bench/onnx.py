@@ -243,11 +243,12 @@ def example(model, batch: int) -> np.ndarray:
 def median_ms(call: Callable[[], object], repeat: int, clock: str, min_seconds: float = 0.0) -> float:
     """Median milliseconds of at least `repeat` calls by `clock` (CLOCKS), and of as many more as take the calls to
     `min_seconds` in all."""
-    now, times = CLOCKS[clock], []
-    while len(times) < repeat or sum(times) < min_seconds:
+    now, times, total = CLOCKS[clock], [], 0.0
+    while len(times) < repeat or total < min_seconds:
         start = now()
         call()
         times.append(now() - start)
+        total += times[-1]
     return statistics.median(times) * 1e3
 
 

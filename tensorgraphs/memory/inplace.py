@@ -6,9 +6,10 @@ ever sees an element the kernel has already overwritten, whatever order the
 iterations (or threads) run in. Anything else (reductions over the input, views
 that read other elements, staging tiles, several or accumulating stores to the
 output) keeps the output in bytes of its own. A library conv does the same with
-its residual where its kernel's contract says so (`ConvCall.adds_in_place`). A kernel storing several outputs
-(an optimizer's update and its new state, `schedule.fusion.store_in_consumers`)
-is checked output by output: stores to other arrays never touch the donor.
+its residual where its kernel's contract says so (`ConvCall.adds_in_place`). A
+kernel storing several outputs (an optimizer's update and its new state,
+`schedule.fusion.store_in_consumers`) is checked output by output: stores to
+other arrays never touch the donor.
 """
 
 from __future__ import annotations
